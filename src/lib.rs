@@ -1,0 +1,38 @@
+//! vigil: a risk-control stream processor. Events in, exact sliding-window rules, decisions out.
+//!
+//! # Layout
+//!
+//! Pure core (no I/O; no tokio, redis, rdkafka or moka — tested in microseconds):
+//!
+//! - [`event`]: JSON bytes → [`event::Event`], decoding only the fields the rules use
+//!   (a [`event::Projection`]), with JSON-typed scalars and canonical keys.
+//! - [`window`]: exact bucket math of DESIGN §3 — bucket index, late events, the per-key
+//!   [`window::WindowState`] for count, sum and distinct.
+//! - [`rules`]: the TOML rule language. `compile` validates files and reports every error as
+//!   `file:line:col: message`; `plan` says which window and key an event touches; `decide` turns
+//!   window values into a [`rules::Decision`] and its JSON record.
+//!
+//! Around it:
+//!
+//! - [`store`]: the [`store::CounterStore`] trait (named windows, opaque keys — it does not know
+//!   rules) and the in-process [`store::MemoryStore`].
+//! - [`rule_files`]: reads rule files and directories from disk.
+//! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
+//!   decode → plan → count → decide for one event, [`pipeline::replay`] for a JSON-lines stream.
+//! - [`workload`]: deterministic synthetic events for benchmarks and tests.
+//! - `app` / `main`: the command line (`check`, `replay`, `bench`), the only users of `anyhow`.
+//!
+//! # Data flow
+//!
+//! ```text
+//! JSON line ─► event::decode ─► rules::plan (per rule: match? key bytes, delta)
+//!           ─► store.apply (window value, or late) ─► rules::decide ─► decision record
+//! ```
+
+pub mod event;
+pub mod pipeline;
+pub mod rule_files;
+pub mod rules;
+pub mod store;
+pub mod window;
+pub mod workload;

@@ -1,0 +1,217 @@
+//! The pipeline: decode → plan → count → decide → record. The only module that knows every stage.
+
+use std::io::{self, BufRead, Write};
+use std::time::{Duration, Instant};
+
+use crate::event::{decode, BadEvent, Event};
+use crate::rules::{decide, Decision, Hit, Plan, RuleSet, SkipReason, Source};
+use crate::store::{CounterStore, StoreError, WindowId};
+use crate::window::Applied;
+
+/// Per-rule-evaluation counts, for the replay summary and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvalCounts {
+    /// Events judged (decoded successfully).
+    pub events: u64,
+    /// (event, rule) pairs whose bucket had slid out of the key's window.
+    pub late: u64,
+    /// (event, rule) pairs skipped because a dimension or the aggregated field was unusable.
+    pub skipped_dimension: u64,
+    pub skipped_sum_field: u64,
+    pub skipped_distinct_field: u64,
+    /// Events with at least one hit.
+    pub decisions: u64,
+}
+
+impl EvalCounts {
+    pub fn skipped(&self) -> u64 {
+        self.skipped_dimension + self.skipped_sum_field + self.skipped_distinct_field
+    }
+}
+
+/// Evaluates events against a rule set over a counter store.
+pub struct Engine<S> {
+    rules: RuleSet,
+    store: S,
+    /// The store window of each active rule, by active position.
+    windows: Vec<WindowId>,
+    key: Vec<u8>,
+    counts: EvalCounts,
+}
+
+impl<S: CounterStore> Engine<S> {
+    pub fn new(rules: RuleSet, mut store: S) -> Engine<S> {
+        let windows = rules
+            .active()
+            .map(|index| {
+                let rule = rules.rule(index);
+                store.open_window(&rule.id, rule.window)
+            })
+            .collect();
+        Engine { rules, store, windows, key: Vec::with_capacity(64), counts: EvalCounts::default() }
+    }
+
+    pub fn rules(&self) -> &RuleSet {
+        &self.rules
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    pub fn counts(&self) -> EvalCounts {
+        self.counts
+    }
+
+    /// Counts `event` into every matching rule's window and returns the hits.
+    pub fn evaluate(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
+        self.counts.events += 1;
+        let mut decision = Decision::default();
+        for (position, index) in self.rules.active().enumerate() {
+            let delta = match self.rules.plan(position, event, &mut self.key) {
+                Plan::NoMatch => continue,
+                Plan::Skip(reason) => {
+                    *match reason {
+                        SkipReason::Dimension => &mut self.counts.skipped_dimension,
+                        SkipReason::SumField => &mut self.counts.skipped_sum_field,
+                        SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
+                    } += 1;
+                    continue;
+                }
+                Plan::Observe(delta) => delta,
+            };
+            match self.store.apply(self.windows[position], &self.key, event.ts, delta)? {
+                Applied::Late => self.counts.late += 1,
+                Applied::Counted(value) => {
+                    if decide::exceeds(value, self.rules.rule(index).limit) {
+                        decision.hits.push(Hit { rule: index, value });
+                    }
+                }
+            }
+        }
+        if !decision.is_empty() {
+            self.counts.decisions += 1;
+        }
+        Ok(decision)
+    }
+}
+
+/// Options of `vigil replay`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplayOptions {
+    /// Also print a record (action `allow`, no hits) for events without any hit.
+    pub emit_allow: bool,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplaySummary {
+    pub lines: u64,
+    pub bad_lines: u64,
+    pub counts: EvalCounts,
+    pub elapsed: Duration,
+}
+
+impl ReplaySummary {
+    pub fn events_per_second(&self) -> f64 {
+        self.counts.events as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+impl std::fmt::Display for ReplaySummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.counts;
+        write!(
+            f,
+            "replay: {} events read, {} decisions, {} bad lines, {} late, {} skipped for missing field \
+             ({} dimension, {} sum field, {} distinct field), {:.3}s, {:.0} events/s",
+            c.events,
+            c.decisions,
+            self.bad_lines,
+            c.late,
+            c.skipped(),
+            c.skipped_dimension,
+            c.skipped_sum_field,
+            c.skipped_distinct_field,
+            self.elapsed.as_secs_f64(),
+            self.events_per_second(),
+        )
+    }
+}
+
+/// An error that stops a replay: the output or input failed, or the store did.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ReplayError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ReplayError::Io(_) => "io",
+            ReplayError::Store(e) => e.code(),
+        }
+    }
+}
+
+/// Replays JSON lines from `input`: one decision record per line to `output`, one line per bad
+/// input line to `diagnostics`. Streams: memory is bounded by the longest line and the live keys.
+pub fn replay<S: CounterStore>(
+    engine: &mut Engine<S>,
+    mut input: impl BufRead,
+    mut output: impl Write,
+    mut diagnostics: impl Write,
+    options: ReplayOptions,
+) -> Result<ReplaySummary, ReplayError> {
+    let started = Instant::now();
+    let mut summary = ReplaySummary::default();
+    let mut line = Vec::with_capacity(1024);
+    let mut record = Vec::with_capacity(1024);
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        summary.lines += 1;
+        let text = trim_line(&line);
+        if text.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let event = match decode(text, engine.rules().projection()) {
+            Ok(event) => event,
+            Err(bad) => {
+                summary.bad_lines += 1;
+                report_bad_line(&mut diagnostics, summary.lines, &bad)?;
+                continue;
+            }
+        };
+        let decision = engine.evaluate(&event)?;
+        if !decision.is_empty() || options.emit_allow {
+            record.clear();
+            decide::write_record(&mut record, engine.rules(), &event, &decision, Source::Line(summary.lines));
+            record.push(b'\n');
+            output.write_all(&record)?;
+        }
+    }
+    output.flush()?;
+    engine.store_mut().flush()?;
+    summary.counts = engine.counts();
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+fn trim_line(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+fn report_bad_line(diagnostics: &mut impl Write, line: u64, bad: &BadEvent) -> io::Result<()> {
+    writeln!(diagnostics, "line {line}: bad event ({}): {bad}", bad.code())
+}

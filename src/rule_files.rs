@@ -1,0 +1,62 @@
+//! Reads rule files from disk: one `.toml` file, or every `*.toml` in a directory (sorted by
+//! name, so rule-file order is stable), and compiles them with [`RuleSet::from_sources`].
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::rules::{RuleErrors, RuleSet};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: cannot read: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: no rule files (*.toml) found")]
+    NoRuleFiles { path: String },
+    #[error("{0}")]
+    Invalid(RuleErrors),
+}
+
+impl LoadError {
+    /// Low-cardinality code for metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LoadError::Io { .. } => "io",
+            LoadError::NoRuleFiles { .. } => "no_rule_files",
+            LoadError::Invalid(e) => e.code(),
+        }
+    }
+}
+
+/// The rule files at `path`, in load order.
+pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let io = |source| LoadError::Io { path: path.display().to_string(), source };
+    if !fs::metadata(path).map_err(io)?.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in fs::read_dir(path).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let file = entry.path();
+        let is_toml = file.extension().is_some_and(|e| e == "toml");
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if is_toml && !hidden && file.is_file() {
+            files.push(file);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(LoadError::NoRuleFiles { path: path.display().to_string() });
+    }
+    Ok(files)
+}
+
+/// Loads and validates every rule at `path`; every error of every file is reported.
+pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
+    let mut sources = Vec::new();
+    for file in rule_files(path)? {
+        let text = fs::read_to_string(&file)
+            .map_err(|source| LoadError::Io { path: file.display().to_string(), source })?;
+        sources.push((file.display().to_string(), text));
+    }
+    RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(LoadError::Invalid)
+}

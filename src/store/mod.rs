@@ -1,0 +1,46 @@
+//! Counter stores: where sliding-window state lives (DESIGN §6). A store knows named windows and
+//! opaque keys, never rules: the pipeline maps each rule to a window and each event to a key.
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+use crate::window::{Applied, Delta, WindowSpec};
+
+/// Handle of a window opened on a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowId(pub u32);
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backing service could not be reached or refused the operation.
+    #[error("counter store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Low-cardinality code for metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+/// Sliding-window counters keyed by (window, canonical key bytes).
+pub trait CounterStore {
+    /// Opens (or finds again) the window called `name` with `spec`. The same name and spec give
+    /// the same handle, so counters survive a rule reload that leaves a rule unchanged.
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId;
+
+    /// Applies one observation at event time `ts_ms` to `key` in `window`, returning the key's
+    /// window value (DESIGN §3) or [`Applied::Late`].
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError>;
+
+    /// Makes every applied observation durable in the backing service (no-op in memory).
+    fn flush(&mut self) -> Result<(), StoreError>;
+
+    /// Number of (window, key) states currently held in this process.
+    fn live_keys(&self) -> usize;
+}

@@ -1,0 +1,350 @@
+//! Exact sliding windows over time buckets (DESIGN §3). Pure: no I/O, no clocks.
+//!
+//! For a window of `k` buckets of `b` ms, an event at `t` falls in bucket `i = floor(t / b)`. Per key
+//! the state keeps `head` (the largest bucket counted) and the buckets `head-k+1 ..= head`. An event
+//! with `i <= head - k` is late and changes nothing. Storage is sparse: only non-empty buckets are
+//! kept, so a key costs memory in proportion to its activity, not to `k`.
+
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
+
+/// What a window aggregates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Aggregate {
+    Count,
+    Sum,
+    Distinct,
+}
+
+impl Aggregate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Aggregate::Count => "count",
+            Aggregate::Sum => "sum",
+            Aggregate::Distinct => "distinct",
+        }
+    }
+}
+
+/// The shape of one sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowSpec {
+    /// Bucket width in milliseconds, > 0.
+    pub bucket_ms: i64,
+    /// Number of buckets `k` in the window, >= 1.
+    pub buckets: i64,
+    pub aggregate: Aggregate,
+}
+
+impl WindowSpec {
+    pub fn window_ms(&self) -> i64 {
+        self.bucket_ms * self.buckets
+    }
+
+    /// The bucket index of an event time (floor division, so it is right for any sign).
+    pub fn bucket_of(&self, ts_ms: i64) -> i64 {
+        ts_ms.div_euclid(self.bucket_ms)
+    }
+
+    /// Whether a key whose newest bucket is `head` can never again affect an event that is at most
+    /// `lateness_ms` older than `newest_ts`: its whole window ends a full window plus that lateness
+    /// before the newest event seen. Any such event's window starts after `head`.
+    pub fn is_expired(&self, head: i64, newest_ts: i64, lateness_ms: i64) -> bool {
+        let window_end = (head + 1).saturating_mul(self.bucket_ms);
+        window_end.saturating_add(self.window_ms()).saturating_add(lateness_ms) <= newest_ts
+    }
+}
+
+/// One observation to add to a window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Delta {
+    Count,
+    Sum(f64),
+    /// A distinct value, by the digest of its canonical encoding.
+    Distinct(u128),
+}
+
+/// The result of applying one observation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Applied {
+    /// The bucket had slid out of the key's window: nothing changed.
+    Late,
+    /// Counted; the key's window value afterwards.
+    Counted(f64),
+}
+
+/// The state of one (window, key): a bucket series for count/sum, a latest-bucket-per-value set
+/// for distinct.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WindowState {
+    Series(BucketSeries),
+    /// Boxed: a distinct set is several times larger than a series, and keeping it out of line
+    /// keeps every store entry small.
+    Distinct(Box<DistinctSet>),
+}
+
+impl WindowState {
+    pub fn new(aggregate: Aggregate) -> WindowState {
+        match aggregate {
+            Aggregate::Count | Aggregate::Sum => WindowState::Series(BucketSeries::default()),
+            Aggregate::Distinct => WindowState::Distinct(Box::default()),
+        }
+    }
+
+    pub fn head(&self) -> Option<i64> {
+        match self {
+            WindowState::Series(s) => s.head,
+            WindowState::Distinct(d) => d.head,
+        }
+    }
+
+    /// Applies an observation at bucket `bucket` (DESIGN §3 steps 1–3).
+    pub fn apply(&mut self, spec: &WindowSpec, bucket: i64, delta: Delta) -> Applied {
+        match (self, delta) {
+            (WindowState::Series(s), Delta::Count) => s.add(spec, bucket, 1.0),
+            (WindowState::Series(s), Delta::Sum(v)) => s.add(spec, bucket, v),
+            (WindowState::Distinct(d), Delta::Distinct(v)) => d.add(spec, bucket, v),
+            // The store opens a state per window spec, so a delta always matches its state.
+            (state, delta) => unreachable!("delta {delta:?} applied to {state:?}"),
+        }
+    }
+
+    /// The current window value (what [`Applied::Counted`] reported last).
+    pub fn value(&self, spec: &WindowSpec) -> f64 {
+        match self {
+            WindowState::Series(s) => s.value(spec),
+            WindowState::Distinct(d) => d.live as f64,
+        }
+    }
+}
+
+/// Non-empty buckets of a count or sum window, oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BucketSeries {
+    head: Option<i64>,
+    buckets: VecDeque<(i64, f64)>,
+}
+
+impl BucketSeries {
+    fn add(&mut self, spec: &WindowSpec, bucket: i64, amount: f64) -> Applied {
+        if let Some(head) = self.head {
+            if bucket <= head - spec.buckets {
+                return Applied::Late;
+            }
+        }
+        let head = self.head.map_or(bucket, |h| h.max(bucket));
+        self.head = Some(head);
+        // Events arrive mostly in order: search from the back.
+        match self.buckets.iter().rposition(|&(b, _)| b <= bucket) {
+            Some(pos) if self.buckets[pos].0 == bucket => self.buckets[pos].1 += amount,
+            Some(pos) => self.buckets.insert(pos + 1, (bucket, amount)),
+            None => self.buckets.push_front((bucket, amount)),
+        }
+        let oldest_live = head - spec.buckets + 1;
+        while self.buckets.front().is_some_and(|&(b, _)| b < oldest_live) {
+            self.buckets.pop_front();
+        }
+        Applied::Counted(self.value(spec))
+    }
+
+    /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend
+    /// on how the buckets were filled.
+    fn value(&self, _spec: &WindowSpec) -> f64 {
+        self.buckets.iter().map(|&(_, v)| v).sum()
+    }
+
+    /// Live buckets, oldest first.
+    pub fn buckets(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
+        self.buckets.iter().copied()
+    }
+}
+
+/// For a distinct window: each value's latest bucket, and per bucket how many values have it as
+/// their latest, so the live count follows the window without scanning the values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DistinctSet {
+    head: Option<i64>,
+    latest: HashMap<u128, i64, foldhash::fast::FixedState>,
+    /// (bucket, number of values whose latest bucket it is), oldest first, live buckets only.
+    per_bucket: VecDeque<(i64, u32)>,
+    live: u64,
+}
+
+impl DistinctSet {
+    fn add(&mut self, spec: &WindowSpec, bucket: i64, value: u128) -> Applied {
+        if let Some(head) = self.head {
+            if bucket <= head - spec.buckets {
+                return Applied::Late;
+            }
+        }
+        let head = self.head.map_or(bucket, |h| h.max(bucket));
+        self.head = Some(head);
+        let oldest_live = head - spec.buckets + 1;
+        match self.latest.get(&value).copied() {
+            Some(prev) if prev >= bucket => {}
+            Some(prev) => {
+                // Moves from `prev` to `bucket`; `prev` may already have slid out, in which case
+                // its count was dropped with it and the value comes back to life.
+                if !self.decrement(prev) {
+                    self.live += 1;
+                }
+                self.latest.insert(value, bucket);
+                self.increment(bucket);
+            }
+            None => {
+                self.latest.insert(value, bucket);
+                self.increment(bucket);
+                self.live += 1;
+            }
+        }
+        while let Some(&(b, n)) = self.per_bucket.front() {
+            if b >= oldest_live {
+                break;
+            }
+            self.per_bucket.pop_front();
+            self.live -= u64::from(n);
+        }
+        // Forget values that slid out once they outnumber the live ones.
+        if self.latest.len() > 2 * self.live as usize + 8 {
+            self.latest.retain(|_, b| *b >= oldest_live);
+        }
+        Applied::Counted(self.live as f64)
+    }
+
+    fn increment(&mut self, bucket: i64) {
+        match self.per_bucket.iter().rposition(|&(b, _)| b <= bucket) {
+            Some(pos) if self.per_bucket[pos].0 == bucket => self.per_bucket[pos].1 += 1,
+            Some(pos) => self.per_bucket.insert(pos + 1, (bucket, 1)),
+            None => self.per_bucket.push_front((bucket, 1)),
+        }
+    }
+
+    /// Decrements `bucket`'s count; false if the bucket is no longer held (it slid out).
+    fn decrement(&mut self, bucket: i64) -> bool {
+        match self.per_bucket.iter().rposition(|&(b, _)| b == bucket) {
+            Some(pos) => {
+                self.per_bucket[pos].1 -= 1;
+                if self.per_bucket[pos].1 == 0 {
+                    self.per_bucket.remove(pos);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Values still in the window, with their latest bucket.
+    pub fn live_values<'s>(&'s self, spec: &WindowSpec) -> impl Iterator<Item = (u128, i64)> + 's {
+        let oldest_live = self.head.map_or(i64::MAX, |h| h - spec.buckets + 1);
+        self.latest.iter().filter(move |(_, &b)| b >= oldest_live).map(|(&v, &b)| (v, b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(aggregate: Aggregate, bucket_ms: i64, buckets: i64) -> WindowSpec {
+        WindowSpec { bucket_ms, buckets, aggregate }
+    }
+
+    fn counted(a: Applied) -> f64 {
+        match a {
+            Applied::Counted(v) => v,
+            Applied::Late => panic!("unexpected late"),
+        }
+    }
+
+    #[test]
+    fn bucket_index_is_floor_division() {
+        let s = spec(Aggregate::Count, 1000, 10);
+        assert_eq!(s.bucket_of(0), 0);
+        assert_eq!(s.bucket_of(999), 0);
+        assert_eq!(s.bucket_of(1000), 1);
+        assert_eq!(s.bucket_of(-1), -1);
+        assert_eq!(s.window_ms(), 10_000);
+    }
+
+    #[test]
+    fn count_slides_and_drops_old_buckets() {
+        let s = spec(Aggregate::Count, 1000, 3);
+        let mut w = WindowState::new(Aggregate::Count);
+        assert_eq!(counted(w.apply(&s, 0, Delta::Count)), 1.0);
+        assert_eq!(counted(w.apply(&s, 1, Delta::Count)), 2.0);
+        assert_eq!(counted(w.apply(&s, 2, Delta::Count)), 3.0);
+        // Bucket 3 pushes bucket 0 out: window is 1..=3.
+        assert_eq!(counted(w.apply(&s, 3, Delta::Count)), 3.0);
+        // A jump far ahead empties the window.
+        assert_eq!(counted(w.apply(&s, 100, Delta::Count)), 1.0);
+    }
+
+    #[test]
+    fn late_is_exactly_head_minus_k_or_older() {
+        let s = spec(Aggregate::Count, 10, 3);
+        let mut w = WindowState::new(Aggregate::Count);
+        w.apply(&s, 10, Delta::Count);
+        assert_eq!(w.apply(&s, 7, Delta::Count), Applied::Late);
+        // Bucket 8 = head - k + 1 is still in the window.
+        assert_eq!(counted(w.apply(&s, 8, Delta::Count)), 2.0);
+        assert_eq!(w.head(), Some(10));
+    }
+
+    #[test]
+    fn out_of_order_within_window_is_counted_in_its_bucket() {
+        let s = spec(Aggregate::Sum, 10, 4);
+        let mut w = WindowState::new(Aggregate::Sum);
+        w.apply(&s, 5, Delta::Sum(1.0));
+        w.apply(&s, 3, Delta::Sum(2.0));
+        w.apply(&s, 4, Delta::Sum(4.0));
+        assert_eq!(counted(w.apply(&s, 5, Delta::Sum(8.0))), 15.0);
+        // Head 6 drops bucket 2 (none) and keeps 3..=6.
+        assert_eq!(counted(w.apply(&s, 6, Delta::Sum(16.0))), 31.0);
+        // Head 7 drops bucket 3 (2.0).
+        assert_eq!(counted(w.apply(&s, 7, Delta::Sum(0.5))), 29.5);
+        if let WindowState::Series(series) = &w {
+            let buckets: Vec<_> = series.buckets().collect();
+            assert_eq!(buckets, [(4, 4.0), (5, 9.0), (6, 16.0), (7, 0.5)]);
+        }
+    }
+
+    #[test]
+    fn distinct_counts_values_by_latest_bucket() {
+        let s = spec(Aggregate::Distinct, 10, 3);
+        let mut w = WindowState::new(Aggregate::Distinct);
+        assert_eq!(counted(w.apply(&s, 0, Delta::Distinct(1))), 1.0);
+        assert_eq!(counted(w.apply(&s, 0, Delta::Distinct(1))), 1.0);
+        assert_eq!(counted(w.apply(&s, 1, Delta::Distinct(2))), 2.0);
+        // Value 1 seen again in bucket 2: its latest moves, so it survives bucket 0 sliding out.
+        assert_eq!(counted(w.apply(&s, 2, Delta::Distinct(1))), 2.0);
+        assert_eq!(counted(w.apply(&s, 3, Delta::Distinct(3))), 3.0);
+        // Head 4: window 2..=4; value 2 (latest 1) is gone.
+        assert_eq!(counted(w.apply(&s, 4, Delta::Distinct(3))), 2.0);
+        // An older sighting (bucket 2) of value 3 does not move its latest back.
+        assert_eq!(counted(w.apply(&s, 2, Delta::Distinct(3))), 2.0);
+        // Value 2 returns after sliding out: counted afresh.
+        assert_eq!(counted(w.apply(&s, 4, Delta::Distinct(2))), 3.0);
+        assert_eq!(w.apply(&s, 1, Delta::Distinct(9)), Applied::Late);
+    }
+
+    #[test]
+    fn distinct_forgets_expired_values() {
+        let s = spec(Aggregate::Distinct, 1, 2);
+        let mut w = WindowState::new(Aggregate::Distinct);
+        for i in 0..10_000u128 {
+            w.apply(&s, i as i64, Delta::Distinct(i));
+        }
+        if let WindowState::Distinct(d) = &w {
+            assert!(d.latest.len() <= 2 * d.live as usize + 8, "{} retained", d.latest.len());
+            assert_eq!(d.live_values(&s).count(), 2);
+        }
+    }
+
+    #[test]
+    fn expiry_leaves_a_full_window_of_lateness() {
+        let s = spec(Aggregate::Count, 1000, 10);
+        // Head bucket 9 ends at 10_000; +window 10_000 +lateness 10_000 = 30_000.
+        assert!(!s.is_expired(9, 29_999, 10_000));
+        assert!(s.is_expired(9, 30_000, 10_000));
+    }
+}
