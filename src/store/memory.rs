@@ -212,15 +212,17 @@ mod tests {
         let w = s.open_window("w", COUNT_1S_X10);
         // "old" has head bucket 9: its window ends at 1000 ms.
         s.apply(w, b"old", 950, Delta::Count).unwrap();
+        // The newest time goes as far as it can while an event one window behind it could still
+        // reach bucket 9: an event at 1899 ms (bucket 18) has window 9..=18.
         for i in 0..100u64 {
-            s.apply(w, &i.to_le_bytes(), 2_000, Delta::Count).unwrap();
+            s.apply(w, &i.to_le_bytes(), 2_899, Delta::Count).unwrap();
         }
-        // An event one window (1000 ms) behind the newest still sees old's bucket 9.
-        assert_eq!(s.apply(w, b"old", 1_000, Delta::Count).unwrap(), Applied::Counted(2.0));
-        // Once the newest time is a window plus a window of lateness past old's window, it goes.
+        assert_eq!(s.apply(w, b"old", 1_899, Delta::Count).unwrap(), Applied::Counted(2.0));
+        // Old's head is now bucket 18 (window ends at 1900): once the newest time is a window
+        // plus a window of lateness past that, it goes.
         let before = s.live_keys();
         for i in 100..200u64 {
-            s.apply(w, &i.to_le_bytes(), 3_100, Delta::Count).unwrap();
+            s.apply(w, &i.to_le_bytes(), 3_900, Delta::Count).unwrap();
         }
         assert!(s.states.iter().all(|(k, _)| k.key.as_slice() != b"old"));
         assert!(s.live_keys() <= before + 100);

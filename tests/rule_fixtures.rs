@@ -1,0 +1,131 @@
+//! Every kind of rule-validation error has a fixture under `tests/fixtures/rules/invalid/`, and
+//! `vigil check` must report exactly the messages in its `.expected` file (`file:line:col: message`,
+//! every error at once) and exit 1.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use vigil::rule_files::{self, LoadError};
+
+const FIXTURES: &str = "tests/fixtures/rules/invalid";
+
+/// The error kinds the rule language must refuse; each needs its own fixture.
+const REQUIRED: [&str; 25] = [
+    "unknown_key",
+    "duplicate_id",
+    "bad_id",
+    "bad_duration",
+    "zero_duration",
+    "bucket_not_dividing",
+    "too_many_buckets",
+    "no_default_bucket",
+    "missing_field",
+    "forbidden_field",
+    "bad_action",
+    "bad_mode",
+    "bad_aggregate",
+    "empty_dimensions",
+    "too_many_dimensions",
+    "negative_limit",
+    "toml_syntax",
+    "missing_required",
+    "wrong_types",
+    "bad_match",
+    "bad_field_path",
+    "duplicate_dimension",
+    "unknown_top_level",
+    "rule_not_array",
+    "several_errors",
+];
+
+fn expected(path: &str) -> Vec<String> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines().map(str::to_owned).collect()
+}
+
+fn library_messages(path: &str) -> Vec<String> {
+    match rule_files::load(Path::new(path)) {
+        Err(LoadError::Invalid(errors)) => errors.0.iter().map(ToString::to_string).collect(),
+        Err(other) => panic!("{path}: expected rule errors, got {other}"),
+        Ok(_) => panic!("{path}: expected rule errors, but the rules loaded"),
+    }
+}
+
+#[test]
+fn every_required_error_kind_has_a_fixture() {
+    for name in REQUIRED {
+        for ext in ["toml", "expected"] {
+            let path = format!("{FIXTURES}/{name}.{ext}");
+            assert!(Path::new(&path).is_file(), "missing fixture {path}");
+        }
+    }
+}
+
+#[test]
+fn each_fixture_reports_exactly_its_expected_messages() {
+    let mut checked = 0;
+    for entry in fs::read_dir(FIXTURES).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let toml = path.to_str().unwrap().to_owned();
+            let want = expected(&toml.replace(".toml", ".expected"));
+            assert!(!want.is_empty(), "{toml}: empty .expected");
+            assert_eq!(library_messages(&toml), want, "{toml}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= REQUIRED.len());
+}
+
+#[test]
+fn duplicate_ids_are_found_across_files() {
+    let dir = "tests/fixtures/rules/duplicate_across_files";
+    assert_eq!(library_messages(dir), expected(&format!("{dir}.expected")));
+}
+
+fn vigil(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vigil")).args(args).output().expect("run vigil")
+}
+
+#[test]
+fn check_prints_every_error_and_exits_1() {
+    for name in ["several_errors", "wrong_types", "toml_syntax"] {
+        let toml = format!("{FIXTURES}/{name}.toml");
+        let out = vigil(&["check", &toml]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        let lines: Vec<&str> = stderr.lines().collect();
+        let want = expected(&format!("{FIXTURES}/{name}.expected"));
+        assert_eq!(&lines[..want.len()], want.as_slice(), "{name}");
+        let n = want.len();
+        let summary = format!("{n} error{} in rules at {toml}", if n == 1 { "" } else { "s" });
+        assert_eq!(lines[want.len()..], [summary.as_str()], "{name}");
+        assert!(out.stdout.is_empty(), "{name}: nothing on stdout when rules are refused");
+    }
+}
+
+#[test]
+fn check_lists_each_valid_rule_and_exits_0() {
+    let out = vigil(&["check", "rules"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 9, "{stdout}");
+    assert!(lines[0].starts_with("ok login-fail-user-10m: block/enforce count per user_id over 10m (bucket 10s)"));
+    assert!(lines.iter().any(|l| l.starts_with("ok login-users-ip-1h: review/shadow distinct(user_id) per ip")));
+    assert!(lines.iter().any(|l| l.contains("sum(amount) per user_id+geo.country over 1d (bucket 1h)")));
+    assert_eq!(lines[8], "8 rules (8 enabled) in 2 files OK");
+}
+
+#[test]
+fn check_refuses_missing_path_and_empty_directory() {
+    let out = vigil(&["check", "tests/fixtures/does-not-exist"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tests/fixtures/does-not-exist: cannot read"));
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = vigil(&["check", empty.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no rule files (*.toml) found"));
+}
