@@ -1,0 +1,158 @@
+//! `vigil replay` as a user runs it: decision records on stdout, bad lines and a summary on
+//! stderr, exit 0 unless rules or input cannot be opened.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+const RULES: &str = r#"
+[[rule]]
+id = "fails-per-user"
+action = "block"
+match = { type = "login", result = "fail" }
+dimensions = ["user_id"]
+window = "1m"
+bucket = "1s"
+limit = 2
+
+[[rule]]
+id = "amount-per-card"
+action = "review"
+mode = "shadow"
+match = { type = "payment" }
+dimensions = ["card.id"]
+window = "1h"
+aggregate = "sum"
+field = "amount"
+limit = 100
+"#;
+
+fn vigil(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn vigil");
+    let mut pipe = child.stdin.take().unwrap();
+    // vigil may exit before reading stdin (bad rules): a broken pipe here is expected.
+    let _ = pipe.write_all(stdin.unwrap_or("").as_bytes());
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn rules_file(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, RULES).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+const INPUT: &str = concat!(
+    r#"{"event_id":"a1","ts":100000,"type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    "this is not json\n",
+    r#"{"event_id":"a2","ts":101000,"type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    "\n",
+    "[1,2,3]\n",
+    r#"{"event_id":"a3","type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    r#"{"event_id":"a4","ts":"not a time","type":"login"}"#, "\n",
+    r#"{"event_id":17,"ts":"1970-01-01T00:01:42.000Z","type":"login","result":"fail","user_id":"u1"}"#, "\r\n",
+    r#"{"ts":103000,"type":"login","result":"fail","user_id":null}"#, "\n",
+    r#"{"event_id":"p1","ts":104000,"type":"payment","card":{"id":"c9"},"amount":99.5}"#, "\n",
+    r#"{"event_id":"p2","ts":105000,"type":"payment","card":{"id":"c9"},"amount":"12"}"#, "\n",
+    r#"{"event_id":"p3","ts":106000,"type":"payment","card":{"id":"c9"},"amount":0.75}"#, "\n",
+    r#"{"event_id":"late","ts":1,"type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    r#"{"ts":1"#,
+);
+
+#[test]
+fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let input = dir.path().join("events.jsonl");
+    std::fs::write(&input, INPUT).unwrap();
+    let out = vigil(&["replay", "--rules", &rules, "--input", input.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(0));
+
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            r#"{"event_id":17,"ts":102000,"action":"block","hits":[{"rule_id":"fails-per-user","mode":"enforce","action":"block","key":{"user_id":"u1"},"value":3,"limit":2,"window_ms":60000}],"source":{"line":8}}"#,
+            r#"{"event_id":"p3","ts":106000,"action":"allow","hits":[{"rule_id":"amount-per-card","mode":"shadow","action":"review","key":{"card.id":"c9"},"value":100.25,"limit":100,"window_ms":3600000}],"source":{"line":12}}"#,
+        ]
+    );
+
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 6, "{stderr}");
+    assert!(lines[0].starts_with("line 2: bad event (invalid_json): invalid JSON: expected ident at line 1 column 2"), "{}", lines[0]);
+    assert_eq!(lines[1], "line 5: bad event (not_an_object): not a JSON object (found array)");
+    assert_eq!(lines[2], "line 6: bad event (missing_ts): missing ts");
+    assert!(lines[3].starts_with("line 7: bad event (bad_ts): unusable ts: \"not a time\" is not RFC 3339"), "{}", lines[3]);
+    assert!(lines[4].starts_with("line 14: bad event (invalid_json): invalid JSON: EOF while parsing"), "{}", lines[4]);
+    assert!(
+        lines[5].starts_with(
+            "replay: 8 events read, 2 decisions, 5 bad lines, 1 late, 2 skipped for missing field \
+             (1 dimension, 1 sum field, 0 distinct field), "
+        ),
+        "{}",
+        lines[5]
+    );
+    assert!(lines[5].ends_with(" events/s"));
+}
+
+#[test]
+fn stdin_gives_the_same_records_as_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let input = dir.path().join("events.jsonl");
+    std::fs::write(&input, INPUT).unwrap();
+    let from_file = vigil(&["replay", "--rules", &rules, "--input", input.to_str().unwrap()], None);
+    let from_stdin = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(INPUT));
+    assert_eq!(from_stdin.status.code(), Some(0));
+    assert!(!from_file.stdout.is_empty());
+    assert_eq!(from_file.stdout, from_stdin.stdout);
+}
+
+#[test]
+fn emit_allow_prints_a_record_for_every_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let out = vigil(&["replay", "--rules", &rules, "--input", "-", "--emit-allow"], Some(INPUT));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 8);
+    assert!(stdout.starts_with(r#"{"event_id":"a1","ts":100000,"action":"allow","hits":[],"source":{"line":1}}"#));
+}
+
+#[test]
+fn unopenable_input_or_bad_rules_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let out = vigil(&["replay", "--rules", &rules, "--input", "/nonexistent/events.jsonl"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/events.jsonl: cannot open input"));
+
+    let out = vigil(&["replay", "--rules", "tests/fixtures/rules/invalid/bad_action.toml", "--input", "-"], Some(INPUT));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("tests/fixtures/rules/invalid/bad_action.toml:3:10: invalid action"));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn shipped_examples_show_every_kind_of_decision() {
+    let out = vigil(&["replay", "--rules", "rules", "--input", "examples/events.jsonl"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let records: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let fired = |rule: &str, action: &str| {
+        records.iter().any(|r| r["action"] == action && r["hits"].as_array().unwrap().iter().any(|h| h["rule_id"] == rule))
+    };
+    assert!(fired("login-fail-ip-1m", "block"), "credential stuffing");
+    assert!(fired("login-fail-user-10m", "block"), "brute force");
+    assert!(fired("login-devices-user-24h", "alert"), "account takeover");
+    assert!(fired("pay-declines-card-10m", "block"), "card testing");
+    assert!(fired("pay-amount-card-1h", "review"), "cash-out");
+    assert!(fired("login-users-ip-1h", "allow"), "shadow rule alone decides allow");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("replay: 127 events read, 25 decisions, 0 bad lines, 0 late"), "{stderr}");
+}
