@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests need (idempotent, cached),
+# then runs every test. `.ci/run` calls this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo not found: install the Rust toolchain (https://rustup.rs) first" >&2
+    exit 1
+fi
+
+# Build once, then run unit, property, fixture and CLI tests against the locked dependencies.
+cargo build --locked --all-targets
+cargo test --locked --all-targets
