@@ -51,6 +51,9 @@ enum Command {
         /// Generator seed: the same seed gives the same events.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Events per second of event time (how fast `ts` advances).
+        #[arg(long, default_value_t = 2_000)]
+        rate: u64,
     },
     /// Measure single-threaded replay throughput and peak memory on a generated workload.
     Bench {
@@ -80,9 +83,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
         Command::Replay { rules, input, emit_allow } => app::replay(&rules, &input, ReplayOptions { emit_allow }),
-        Command::Gen { events, users, skew, seed } => {
-            app::gen(WorkloadSpec { events, users, skew, seed, ..WorkloadSpec::default() })
-        }
+        Command::Gen { events, users, skew, seed, rate } => app::gen(WorkloadSpec {
+            events,
+            users,
+            skew,
+            seed,
+            rate_per_sec: rate.max(1),
+            ..WorkloadSpec::default()
+        }),
         Command::Bench { rules, input, events, users, skew, seed } => app::bench(app::BenchArgs {
             rules,
             input,

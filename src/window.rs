@@ -5,9 +5,8 @@
 //! with `i <= head - k` is late and changes nothing. Storage is sparse: only non-empty buckets are
 //! kept, so a key costs memory in proportion to its activity, not to `k`.
 
-use std::collections::VecDeque;
-
 use hashbrown::HashMap;
+use smallvec::SmallVec;
 
 /// What a window aggregates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -119,11 +118,42 @@ impl WindowState {
     }
 }
 
-/// Non-empty buckets of a count or sum window, oldest first.
+/// Non-empty buckets `(index, value)`, oldest first. Two fit inline in the owning entry, which
+/// covers most keys (a handful of events per window) without a heap allocation or the cache miss
+/// of following one.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Buckets<V>(SmallVec<[(i64, V); 2]>);
+
+impl<V: Copy + std::ops::AddAssign> Buckets<V> {
+    /// Adds `amount` to `bucket`, creating it in order if absent. Events arrive mostly in order,
+    /// so the search runs from the back.
+    fn add(&mut self, bucket: i64, amount: V) {
+        match self.0.iter().rposition(|&(b, _)| b <= bucket) {
+            Some(pos) if self.0[pos].0 == bucket => self.0[pos].1 += amount,
+            Some(pos) => self.0.insert(pos + 1, (bucket, amount)),
+            None => self.0.insert(0, (bucket, amount)),
+        }
+    }
+
+    /// Removes the buckets older than `oldest_live`, folding their values with `dropped`.
+    fn drop_before(&mut self, oldest_live: i64, mut dropped: impl FnMut(V)) {
+        let n = self.0.iter().take_while(|&&(b, _)| b < oldest_live).count();
+        if n > 0 {
+            self.0.iter().take(n).for_each(|&(_, v)| dropped(v));
+            self.0.drain(..n);
+        }
+    }
+
+    fn position(&self, bucket: i64) -> Option<usize> {
+        self.0.iter().rposition(|&(b, _)| b == bucket)
+    }
+}
+
+/// Non-empty buckets of a count or sum window.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BucketSeries {
     head: Option<i64>,
-    buckets: VecDeque<(i64, f64)>,
+    buckets: Buckets<f64>,
 }
 
 impl BucketSeries {
@@ -135,28 +165,83 @@ impl BucketSeries {
         }
         let head = self.head.map_or(bucket, |h| h.max(bucket));
         self.head = Some(head);
-        // Events arrive mostly in order: search from the back.
-        match self.buckets.iter().rposition(|&(b, _)| b <= bucket) {
-            Some(pos) if self.buckets[pos].0 == bucket => self.buckets[pos].1 += amount,
-            Some(pos) => self.buckets.insert(pos + 1, (bucket, amount)),
-            None => self.buckets.push_front((bucket, amount)),
-        }
-        let oldest_live = head - spec.buckets + 1;
-        while self.buckets.front().is_some_and(|&(b, _)| b < oldest_live) {
-            self.buckets.pop_front();
-        }
+        self.buckets.add(bucket, amount);
+        self.buckets.drop_before(head - spec.buckets + 1, |_| {});
         Applied::Counted(self.value(spec))
     }
 
     /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend
     /// on how the buckets were filled.
     fn value(&self, _spec: &WindowSpec) -> f64 {
-        self.buckets.iter().map(|&(_, v)| v).sum()
+        self.buckets.0.iter().map(|&(_, v)| v).sum()
     }
 
     /// Live buckets, oldest first.
     pub fn buckets(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
-        self.buckets.iter().copied()
+        self.buckets.0.iter().copied()
+    }
+}
+
+/// Values up to this many are kept in a small inline list scanned linearly; beyond, a hash map.
+const SMALL_DISTINCT: usize = 16;
+
+/// Each distinct value's latest bucket.
+#[derive(Debug, Clone, PartialEq)]
+enum Latest {
+    Small(SmallVec<[(u128, i64); 2]>),
+    Large(HashMap<u128, i64, foldhash::fast::FixedState>),
+}
+
+impl Default for Latest {
+    fn default() -> Self {
+        Latest::Small(SmallVec::new())
+    }
+}
+
+impl Latest {
+    fn get(&self, value: u128) -> Option<i64> {
+        match self {
+            Latest::Small(v) => v.iter().find(|(k, _)| *k == value).map(|&(_, b)| b),
+            Latest::Large(m) => m.get(&value).copied(),
+        }
+    }
+
+    fn set(&mut self, value: u128, bucket: i64) {
+        match self {
+            Latest::Small(v) => match v.iter().position(|(k, _)| *k == value) {
+                Some(pos) => v[pos].1 = bucket,
+                None if v.len() < SMALL_DISTINCT => v.push((value, bucket)),
+                None => {
+                    let mut map: HashMap<_, _, _> = v.drain(..).collect();
+                    map.insert(value, bucket);
+                    *self = Latest::Large(map);
+                }
+            },
+            Latest::Large(m) => {
+                m.insert(value, bucket);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Latest::Small(v) => v.len(),
+            Latest::Large(m) => m.len(),
+        }
+    }
+
+    fn retain_from(&mut self, oldest_live: i64) {
+        match self {
+            Latest::Small(v) => v.retain(|(_, b)| *b >= oldest_live),
+            Latest::Large(m) => m.retain(|_, b| *b >= oldest_live),
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = (u128, i64)> + '_> {
+        match self {
+            Latest::Small(v) => Box::new(v.iter().copied()),
+            Latest::Large(m) => Box::new(m.iter().map(|(&k, &b)| (k, b))),
+        }
     }
 }
 
@@ -165,9 +250,9 @@ impl BucketSeries {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DistinctSet {
     head: Option<i64>,
-    latest: HashMap<u128, i64, foldhash::fast::FixedState>,
-    /// (bucket, number of values whose latest bucket it is), oldest first, live buckets only.
-    per_bucket: VecDeque<(i64, u32)>,
+    latest: Latest,
+    /// Per live bucket, the number of values whose latest bucket it is.
+    per_bucket: Buckets<u32>,
     live: u64,
 }
 
@@ -181,52 +266,35 @@ impl DistinctSet {
         let head = self.head.map_or(bucket, |h| h.max(bucket));
         self.head = Some(head);
         let oldest_live = head - spec.buckets + 1;
-        match self.latest.get(&value).copied() {
+        match self.latest.get(value) {
             Some(prev) if prev >= bucket => {}
-            Some(prev) => {
-                // Moves from `prev` to `bucket`; `prev` may already have slid out, in which case
-                // its count was dropped with it and the value comes back to life.
-                if !self.decrement(prev) {
+            previous => {
+                // A value moving from `prev` to `bucket` stays live, unless `prev` already slid
+                // out, in which case its count went with it and the value comes back to life.
+                let still_live = previous.is_some_and(|prev| self.decrement(prev));
+                if !still_live {
                     self.live += 1;
                 }
-                self.latest.insert(value, bucket);
-                self.increment(bucket);
-            }
-            None => {
-                self.latest.insert(value, bucket);
-                self.increment(bucket);
-                self.live += 1;
+                self.latest.set(value, bucket);
+                self.per_bucket.add(bucket, 1);
             }
         }
-        while let Some(&(b, n)) = self.per_bucket.front() {
-            if b >= oldest_live {
-                break;
-            }
-            self.per_bucket.pop_front();
-            self.live -= u64::from(n);
-        }
+        let live = &mut self.live;
+        self.per_bucket.drop_before(oldest_live, |n| *live -= u64::from(n));
         // Forget values that slid out once they outnumber the live ones.
         if self.latest.len() > 2 * self.live as usize + 8 {
-            self.latest.retain(|_, b| *b >= oldest_live);
+            self.latest.retain_from(oldest_live);
         }
         Applied::Counted(self.live as f64)
     }
 
-    fn increment(&mut self, bucket: i64) {
-        match self.per_bucket.iter().rposition(|&(b, _)| b <= bucket) {
-            Some(pos) if self.per_bucket[pos].0 == bucket => self.per_bucket[pos].1 += 1,
-            Some(pos) => self.per_bucket.insert(pos + 1, (bucket, 1)),
-            None => self.per_bucket.push_front((bucket, 1)),
-        }
-    }
-
     /// Decrements `bucket`'s count; false if the bucket is no longer held (it slid out).
     fn decrement(&mut self, bucket: i64) -> bool {
-        match self.per_bucket.iter().rposition(|&(b, _)| b == bucket) {
+        match self.per_bucket.position(bucket) {
             Some(pos) => {
-                self.per_bucket[pos].1 -= 1;
-                if self.per_bucket[pos].1 == 0 {
-                    self.per_bucket.remove(pos);
+                self.per_bucket.0[pos].1 -= 1;
+                if self.per_bucket.0[pos].1 == 0 {
+                    self.per_bucket.0.remove(pos);
                 }
                 true
             }
@@ -237,7 +305,7 @@ impl DistinctSet {
     /// Values still in the window, with their latest bucket.
     pub fn live_values<'s>(&'s self, spec: &WindowSpec) -> impl Iterator<Item = (u128, i64)> + 's {
         let oldest_live = self.head.map_or(i64::MAX, |h| h - spec.buckets + 1);
-        self.latest.iter().filter(move |(_, &b)| b >= oldest_live).map(|(&v, &b)| (v, b))
+        self.latest.iter().filter(move |&(_, b)| b >= oldest_live)
     }
 }
 
@@ -338,6 +406,32 @@ mod tests {
             assert!(d.latest.len() <= 2 * d.live as usize + 8, "{} retained", d.latest.len());
             assert_eq!(d.live_values(&s).count(), 2);
         }
+    }
+
+    #[test]
+    fn distinct_large_sets_match_a_naive_count() {
+        // Hundreds of values per window, out of order: exercises the switch to a hash map.
+        let s = spec(Aggregate::Distinct, 10, 5);
+        let mut w = WindowState::new(Aggregate::Distinct);
+        let mut naive: std::collections::HashMap<u128, i64> = Default::default();
+        let mut head = i64::MIN;
+        let mut x: u64 = 1;
+        for step in 0..20_000i64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let value = u128::from((x >> 33) % 300);
+            let bucket = step / 50 - ((x >> 20) % 4) as i64;
+            let applied = w.apply(&s, bucket, Delta::Distinct(value));
+            if head != i64::MIN && bucket <= head - s.buckets {
+                assert_eq!(applied, Applied::Late);
+                continue;
+            }
+            head = head.max(bucket);
+            let latest = naive.entry(value).or_insert(bucket);
+            *latest = (*latest).max(bucket);
+            let live = naive.values().filter(|&&b| b > head - s.buckets).count();
+            assert_eq!(applied, Applied::Counted(live as f64), "step {step}");
+        }
+        assert!(matches!(&w, WindowState::Distinct(d) if matches!(d.latest, Latest::Large(_))));
     }
 
     #[test]
