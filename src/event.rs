@@ -456,7 +456,7 @@ impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
     }
 }
 
-impl<'de: 'a, 'a> ValueSeed<'_, '_, 'a> {
+impl<'a> ValueSeed<'_, '_, 'a> {
     fn set(self, value: FieldValue<'a>) {
         if let Some(slot) = self.node.slot {
             self.out[slot] = value;

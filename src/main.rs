@@ -39,18 +39,8 @@ enum Command {
     },
     /// Write synthetic JSON-lines events (zipf-skewed users, nested fields) to stdout.
     Gen {
-        /// Number of events.
-        #[arg(long, default_value_t = 1_000_000)]
-        events: u64,
-        /// Number of distinct users (zipf-skewed).
-        #[arg(long, default_value_t = 100_000)]
-        users: u64,
-        /// Zipf exponent of user and IP popularity.
-        #[arg(long, default_value_t = 0.8)]
-        skew: f64,
-        /// Generator seed: the same seed gives the same events.
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
+        #[command(flatten)]
+        workload: WorkloadArgs,
         /// Events per second of event time (how fast `ts` advances).
         #[arg(long, default_value_t = 2_000)]
         rate: u64,
@@ -63,19 +53,38 @@ enum Command {
         /// Replay this JSON-lines file instead of generating one.
         #[arg(long)]
         input: Option<PathBuf>,
-        /// Number of events to generate.
-        #[arg(long, default_value_t = 1_000_000)]
-        events: u64,
-        /// Number of distinct users (zipf-skewed).
-        #[arg(long, default_value_t = 100_000)]
-        users: u64,
-        /// Zipf exponent of user and IP popularity.
-        #[arg(long, default_value_t = 0.8)]
-        skew: f64,
-        /// Generator seed.
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
+        #[command(flatten)]
+        workload: WorkloadArgs,
     },
+}
+
+/// The shape of a generated workload.
+#[derive(clap::Args)]
+struct WorkloadArgs {
+    /// Number of events.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Number of distinct users (zipf-skewed).
+    #[arg(long, default_value_t = 100_000)]
+    users: u64,
+    /// Zipf exponent of user and IP popularity.
+    #[arg(long, default_value_t = 0.8)]
+    skew: f64,
+    /// Generator seed: the same seed gives the same events.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+impl WorkloadArgs {
+    fn spec(&self) -> WorkloadSpec {
+        WorkloadSpec {
+            events: self.events,
+            users: self.users.max(1),
+            skew: self.skew,
+            seed: self.seed,
+            ..WorkloadSpec::default()
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -83,19 +92,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
         Command::Replay { rules, input, emit_allow } => app::replay(&rules, &input, ReplayOptions { emit_allow }),
-        Command::Gen { events, users, skew, seed, rate } => app::gen(WorkloadSpec {
-            events,
-            users,
-            skew,
-            seed,
-            rate_per_sec: rate.max(1),
-            ..WorkloadSpec::default()
-        }),
-        Command::Bench { rules, input, events, users, skew, seed } => app::bench(app::BenchArgs {
-            rules,
-            input,
-            workload: WorkloadSpec { events, users, skew, seed, ..WorkloadSpec::default() },
-        }),
+        Command::Gen { workload, rate } => {
+            app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })
+        }
+        Command::Bench { rules, input, workload } => {
+            app::bench(app::BenchArgs { rules, input, workload: workload.spec() })
+        }
     };
     match result {
         Ok(code) => code,

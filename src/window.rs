@@ -50,7 +50,7 @@ impl WindowSpec {
     /// `lateness_ms` older than `newest_ts`: its whole window ends a full window plus that lateness
     /// before the newest event seen. Any such event's window starts after `head`.
     pub fn is_expired(&self, head: i64, newest_ts: i64, lateness_ms: i64) -> bool {
-        let window_end = (head + 1).saturating_mul(self.bucket_ms);
+        let window_end = head.saturating_add(1).saturating_mul(self.bucket_ms);
         window_end.saturating_add(self.window_ms()).saturating_add(lateness_ms) <= newest_ts
     }
 }
@@ -118,6 +118,18 @@ impl WindowState {
     }
 }
 
+/// DESIGN §3 steps 1–2 for the head: `None` if `bucket` is late (`<= head - k`), else the new
+/// head `max(head, bucket)`, stored.
+fn advance_head(head: &mut Option<i64>, spec: &WindowSpec, bucket: i64) -> Option<i64> {
+    let new_head = match *head {
+        Some(h) if bucket <= h - spec.buckets => return None,
+        Some(h) => h.max(bucket),
+        None => bucket,
+    };
+    *head = Some(new_head);
+    Some(new_head)
+}
+
 /// Non-empty buckets `(index, value)`, oldest first. Two fit inline in the owning entry, which
 /// covers most keys (a handful of events per window) without a heap allocation or the cache miss
 /// of following one.
@@ -158,13 +170,7 @@ pub struct BucketSeries {
 
 impl BucketSeries {
     fn add(&mut self, spec: &WindowSpec, bucket: i64, amount: f64) -> Applied {
-        if let Some(head) = self.head {
-            if bucket <= head - spec.buckets {
-                return Applied::Late;
-            }
-        }
-        let head = self.head.map_or(bucket, |h| h.max(bucket));
-        self.head = Some(head);
+        let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
         self.buckets.add(bucket, amount);
         self.buckets.drop_before(head - spec.buckets + 1, |_| {});
         Applied::Counted(self.value(spec))
@@ -258,13 +264,7 @@ pub struct DistinctSet {
 
 impl DistinctSet {
     fn add(&mut self, spec: &WindowSpec, bucket: i64, value: u128) -> Applied {
-        if let Some(head) = self.head {
-            if bucket <= head - spec.buckets {
-                return Applied::Late;
-            }
-        }
-        let head = self.head.map_or(bucket, |h| h.max(bucket));
-        self.head = Some(head);
+        let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
         let oldest_live = head - spec.buckets + 1;
         match self.latest.get(value) {
             Some(prev) if prev >= bucket => {}

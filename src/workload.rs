@@ -48,8 +48,11 @@ const OSES: [&str; 4] = ["ios", "android", "windows", "macos"];
 /// Writes `spec.events` JSON lines to `out`.
 pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()> {
     let mut rng = SmallRng::seed_from_u64(spec.seed);
-    let users = Zipf::new(spec.users as f64, spec.skew).expect("users >= 1 and skew > 0");
-    let ips = Zipf::new(spec.ips as f64, spec.skew).expect("ips >= 1 and skew > 0");
+    let invalid = |what: &str, e: rand_distr::ZipfError| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e} (need at least 1, and skew >= 0)"))
+    };
+    let users = Zipf::new(spec.users as f64, spec.skew).map_err(|e| invalid("users/skew", e))?;
+    let ips = Zipf::new(spec.ips as f64, spec.skew).map_err(|e| invalid("ips/skew", e))?;
     let mut line = Vec::with_capacity(512);
     for n in 0..spec.events {
         line.clear();

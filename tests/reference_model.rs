@@ -136,7 +136,7 @@ fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)>
                     }
                 }
                 // The timestamp is filled in by the caller (placeholder), so that time advances.
-                let encoded = match shape {
+                match shape {
                     1 => "this is not json".to_owned(),
                     2 => "[1,2,3]".to_owned(),
                     3 => "{\"ts\":-5}".to_owned(),
@@ -147,8 +147,7 @@ fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)>
                         obj.insert("ts".to_owned(), json!(if rfc3339 { "RFC3339" } else { "MS" }));
                         serde_json::to_string(&Value::Object(obj)).unwrap()
                     }
-                };
-                encoded
+                }
             })
         })
 }

@@ -156,3 +156,24 @@ fn shipped_examples_show_every_kind_of_decision() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("replay: 127 events read, 25 decisions, 0 bad lines, 0 late"), "{stderr}");
 }
+
+#[test]
+fn extreme_timestamps_are_judged_without_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let input = concat!(
+        r#"{"ts":9223372036854775807,"type":"login","result":"fail","user_id":"u"}"#, "\n",
+        r#"{"ts":9223372036854775807,"type":"login","result":"fail","user_id":"u"}"#, "\n",
+        r#"{"ts":9223372036854775807,"type":"login","result":"fail","user_id":"u"}"#, "\n",
+        r#"{"ts":0,"type":"login","result":"fail","user_id":"u"}"#, "\n",
+        r#"{"ts":9223372036854775808,"type":"login","result":"fail","user_id":"u"}"#, "\n",
+        r#"{"ts":"+262142-12-31T23:59:59Z","type":"login","result":"fail","user_id":"u"}"#, "\n",
+    );
+    let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(input));
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "third event exceeds the limit of 2: {stdout}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 5: bad event (bad_ts): unusable ts: 9223372036854775808 is out of range"), "{stderr}");
+    assert!(stderr.contains("1 late"), "{stderr}");
+}
