@@ -106,7 +106,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let input = match &args.input {
         Some(path) => path.clone(),
         None => {
-            generated = tempfile_path("vigil-bench.jsonl")?;
+            generated = std::env::temp_dir().join(format!("vigil-bench-{}.jsonl", std::process::id()));
             let started = Instant::now();
             let mut out = BufWriter::new(File::create(&generated).context("creating workload file")?);
             workload::generate(&args.workload, &mut out).context("writing workload")?;
@@ -159,11 +159,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let _ = std::fs::remove_file(&input);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn tempfile_path(name: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir();
-    Ok(dir.join(format!("{}-{name}", std::process::id())))
 }
 
 /// Peak resident set size (VmHWM) of this process, in KiB.

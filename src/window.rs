@@ -112,7 +112,7 @@ impl WindowState {
     /// The current window value (what [`Applied::Counted`] reported last).
     pub fn value(&self, spec: &WindowSpec) -> f64 {
         match self {
-            WindowState::Series(s) => s.value(spec),
+            WindowState::Series(s) => s.value(),
             WindowState::Distinct(d) => d.live as f64,
         }
     }
@@ -173,12 +173,12 @@ impl BucketSeries {
         let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
         self.buckets.add(bucket, amount);
         self.buckets.drop_before(head - spec.buckets + 1, |_| {});
-        Applied::Counted(self.value(spec))
+        Applied::Counted(self.value())
     }
 
     /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend
     /// on how the buckets were filled.
-    fn value(&self, _spec: &WindowSpec) -> f64 {
+    fn value(&self) -> f64 {
         self.buckets.0.iter().map(|&(_, v)| v).sum()
     }
 
