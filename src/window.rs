@@ -110,7 +110,7 @@ impl WindowState {
     }
 
     /// The current window value (what [`Applied::Counted`] reported last).
-    pub fn value(&self, spec: &WindowSpec) -> f64 {
+    pub fn value(&self) -> f64 {
         match self {
             WindowState::Series(s) => s.value(),
             WindowState::Distinct(d) => d.live as f64,
