@@ -9,6 +9,14 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+# redis-server: the Redis tests start their own servers on free loopback ports (Debian package).
+if ! command -v redis-server >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -q
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
+fi
+
 # Build once, then run unit, property, fixture and CLI tests against the locked dependencies.
 cargo build --locked --all-targets
 cargo test --locked --all-targets

@@ -12,7 +12,7 @@ use vigil::event::decode;
 use vigil::pipeline::{self, Engine, ReplayOptions};
 use vigil::rule_files::{self, LoadError};
 use vigil::rules::RuleSet;
-use vigil::store::{CounterStore, MemoryStore};
+use vigil::store::{CounterStore, MemoryStore, RedisStore, RedisStoreConfig};
 use vigil::workload::{self, WorkloadSpec};
 
 /// Loads rules, printing every error to stderr; `None` means the caller exits 1.
@@ -53,7 +53,7 @@ pub fn check(path: &Path) -> anyhow::Result<ExitCode> {
 }
 
 /// `vigil replay`: decisions to stdout, bad lines and the summary to stderr.
-pub fn replay(rules_path: &Path, input: &Path, options: ReplayOptions) -> anyhow::Result<ExitCode> {
+pub fn replay(rules_path: &Path, input: &Path, redis: Option<&str>, options: ReplayOptions) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let reader: Box<dyn BufRead> = if input == Path::new("-") {
         Box::new(io::stdin().lock())
@@ -66,17 +66,56 @@ pub fn replay(rules_path: &Path, input: &Path, options: ReplayOptions) -> anyhow
             }
         }
     };
-    let mut engine = Engine::new(rules, MemoryStore::new());
+    match redis {
+        None => run_replay(Engine::new(rules, MemoryStore::new()), reader, options, |_| {}),
+        Some(url) => {
+            let store = match RedisStore::connect(url, RedisStoreConfig::default()) {
+                Ok(store) => store,
+                Err(e) => {
+                    eprintln!("error: {}: {e}", redact_url(url));
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            run_replay(Engine::new(rules, store), reader, options, |store: &RedisStore| {
+                let s = store.stats();
+                eprintln!(
+                    "redis: {} script calls ({} flushes, {} key loads), {} retries, {} refused late",
+                    s.script_calls, s.flushes, s.loads, s.retries, s.refused_late
+                );
+            })
+        }
+    }
+}
+
+fn run_replay<S: CounterStore>(
+    mut engine: Engine<S>,
+    reader: Box<dyn BufRead>,
+    options: ReplayOptions,
+    report_store: impl Fn(&S),
+) -> anyhow::Result<ExitCode> {
     let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
     let stderr = io::stderr().lock();
     match pipeline::replay(&mut engine, reader, stdout, stderr, options) {
         Ok(summary) => {
             eprintln!("{summary}");
+            report_store(engine.store());
             Ok(ExitCode::SUCCESS)
         }
         // A closed stdout (`vigil replay ... | head`) is a normal way to stop reading.
         Err(pipeline::ReplayError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e).context("replay failed"),
+    }
+}
+
+/// A Redis URL without its password, for messages.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }
 

@@ -36,6 +36,9 @@ enum Command {
         /// Also print a record (action "allow", no hits) for events that hit nothing.
         #[arg(long)]
         emit_allow: bool,
+        /// Count in Redis (redis://[user:pass@]host:port[/db] or rediss://) instead of in process.
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
     },
     /// Write synthetic JSON-lines events (zipf-skewed users, nested fields) to stdout.
     Gen {
@@ -91,7 +94,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
-        Command::Replay { rules, input, emit_allow } => app::replay(&rules, &input, ReplayOptions { emit_allow }),
+        Command::Replay { rules, input, emit_allow, redis } => {
+            app::replay(&rules, &input, redis.as_deref(), ReplayOptions { emit_allow })
+        }
         Command::Gen { workload, rate } => {
             app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })
         }

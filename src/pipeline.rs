@@ -63,6 +63,11 @@ impl<S: CounterStore> Engine<S> {
         &mut self.store
     }
 
+    /// Gives the store back (flush it first if it buffers).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
     pub fn counts(&self) -> EvalCounts {
         self.counts
     }

@@ -91,6 +91,37 @@ impl WindowState {
         }
     }
 
+    /// Rebuilds a key's state from a window read back from a shared store: its head, the live
+    /// buckets (count/sum) or the live values with their latest bucket (distinct). Entries that
+    /// are not live for `head` are ignored.
+    pub fn from_window(
+        spec: &WindowSpec,
+        head: i64,
+        buckets: impl IntoIterator<Item = (i64, f64)>,
+        values: impl IntoIterator<Item = (u128, i64)>,
+    ) -> WindowState {
+        let oldest_live = head - spec.buckets + 1;
+        match spec.aggregate {
+            Aggregate::Count | Aggregate::Sum => {
+                let mut live: SmallVec<[(i64, f64); 2]> =
+                    buckets.into_iter().filter(|&(b, _)| (oldest_live..=head).contains(&b)).collect();
+                live.sort_by_key(|&(b, _)| b);
+                WindowState::Series(BucketSeries { head: Some(head), buckets: Buckets(live) })
+            }
+            Aggregate::Distinct => {
+                let mut set = DistinctSet { head: Some(head), ..DistinctSet::default() };
+                for (value, bucket) in values {
+                    if (oldest_live..=head).contains(&bucket) && set.latest.get(value).is_none() {
+                        set.latest.set(value, bucket);
+                        set.per_bucket.add(bucket, 1);
+                        set.live += 1;
+                    }
+                }
+                WindowState::Distinct(Box::new(set))
+            }
+        }
+    }
+
     pub fn head(&self) -> Option<i64> {
         match self {
             WindowState::Series(s) => s.head,
@@ -432,6 +463,36 @@ mod tests {
             assert_eq!(applied, Applied::Counted(live as f64), "step {step}");
         }
         assert!(matches!(&w, WindowState::Distinct(d) if matches!(d.latest, Latest::Large(_))));
+    }
+
+    #[test]
+    fn from_window_rebuilds_the_same_state() {
+        let s = spec(Aggregate::Sum, 10, 3);
+        let mut built = WindowState::new(Aggregate::Sum);
+        for (b, v) in [(4, 1.5), (5, 2.0), (6, 0.25), (6, 1.0)] {
+            built.apply(&s, b, Delta::Sum(v));
+        }
+        let WindowState::Series(series) = &built else { panic!() };
+        let buckets: Vec<_> = series.buckets().collect();
+        // Out of order and with a bucket that is no longer live: both handled.
+        let mut shuffled = buckets.clone();
+        shuffled.reverse();
+        shuffled.push((3, 99.0));
+        let rebuilt = WindowState::from_window(&s, 6, shuffled, []);
+        assert_eq!(rebuilt, built);
+
+        let d = spec(Aggregate::Distinct, 10, 3);
+        let mut built = WindowState::new(Aggregate::Distinct);
+        for (b, v) in [(1, 7u128), (2, 8), (3, 7), (3, 9)] {
+            built.apply(&d, b, Delta::Distinct(v));
+        }
+        let WindowState::Distinct(set) = &built else { panic!() };
+        let values: Vec<_> = set.live_values(&d).collect();
+        let mut rebuilt = WindowState::from_window(&d, 3, [], values);
+        assert_eq!(rebuilt.value(), built.value());
+        // Both continue identically.
+        assert_eq!(rebuilt.apply(&d, 4, Delta::Distinct(8)), built.apply(&d, 4, Delta::Distinct(8)));
+        assert_eq!(rebuilt.apply(&d, 5, Delta::Distinct(1)), built.apply(&d, 5, Delta::Distinct(1)));
     }
 
     #[test]

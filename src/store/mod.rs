@@ -1,9 +1,13 @@
 //! Counter stores: where sliding-window state lives (DESIGN §6). A store knows named windows and
 //! opaque keys, never rules: the pipeline maps each rule to a window and each event to a key.
 
+mod keys;
 pub mod memory;
+pub mod redis;
+mod scripts;
 
 pub use memory::MemoryStore;
+pub use redis::{RedisStore, RedisStoreConfig};
 
 use crate::window::{Applied, Delta, WindowSpec};
 
@@ -17,6 +21,9 @@ pub enum StoreError {
     /// The backing service could not be reached or refused the operation.
     #[error("counter store unavailable: {0}")]
     Unavailable(String),
+    /// The backing service answered something this version does not understand.
+    #[error("counter store protocol error: {0}")]
+    Protocol(String),
 }
 
 impl StoreError {
@@ -24,6 +31,7 @@ impl StoreError {
     pub fn code(&self) -> &'static str {
         match self {
             StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
         }
     }
 }

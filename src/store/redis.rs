@@ -1,0 +1,310 @@
+//! The Redis store (DESIGN §5–§6): per key, the last window read from Redis merged with this
+//! process's pending deltas; pending deltas flushed in pipelined script calls, one per key.
+//!
+//! Exactness: a single process sees exactly what the in-memory store sees. Counts are integers;
+//! sums are sent as the individual amounts in counting order and added by the script in that same
+//! order in IEEE doubles (Lua's numbers), stored with 17 significant digits so they read back
+//! bit-for-bit; distinct values keep their latest bucket. After a flush the key's local state is
+//! rebuilt from the window the script returns, which then also includes other workers' deltas.
+
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+
+use super::keys::{KeyBytes, KeyRef, StoredKey};
+use super::scripts::APPLY_WINDOW;
+use super::{CounterStore, StoreError, WindowId};
+use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
+
+/// Tuning of the Redis store.
+#[derive(Debug, Clone)]
+pub struct RedisStoreConfig {
+    /// Flush pending deltas at least this often.
+    pub flush_interval: Duration,
+    /// Flush as soon as this many observations are pending.
+    pub max_pending: usize,
+    /// Attempts per flush or load before giving up (pending deltas are kept either way).
+    pub attempts: u32,
+    /// First retry delay; doubles per attempt.
+    pub retry_backoff: Duration,
+}
+
+impl Default for RedisStoreConfig {
+    fn default() -> Self {
+        RedisStoreConfig {
+            flush_interval: Duration::from_millis(50),
+            max_pending: 10_000,
+            attempts: 5,
+            retry_backoff: Duration::from_millis(20),
+        }
+    }
+}
+
+/// What the store did, for the summary and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Script calls made (flushed keys + loaded keys).
+    pub script_calls: u64,
+    pub flushes: u64,
+    /// Keys read from Redis on a local miss.
+    pub loads: u64,
+    /// Failed attempts that were retried.
+    pub retries: u64,
+    /// Deltas the script refused as late (another worker had moved the key's head on).
+    pub refused_late: u64,
+    /// Deltas skipped as already applied (offset at or below the recorded one).
+    pub skipped_applied: u64,
+}
+
+struct WindowInfo {
+    name: String,
+    spec: WindowSpec,
+}
+
+/// Local state of one key: the merged view and what Redis has not seen yet.
+struct Local {
+    state: WindowState,
+    pending: Vec<(i64, Delta)>,
+}
+
+pub struct RedisStore {
+    conn: redis::Connection,
+    config: RedisStoreConfig,
+    windows: Vec<WindowInfo>,
+    local: HashMap<StoredKey, Local, foldhash::fast::RandomState>,
+    /// Keys with pending deltas, in the order they first became dirty.
+    dirty: Vec<StoredKey>,
+    pending: usize,
+    last_flush: Instant,
+    stats: RedisStats,
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://`, `redis://user:pass@host`, `rediss://`).
+    pub fn connect(url: &str, config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let conn = client.get_connection().map_err(unavailable)?;
+        Ok(RedisStore {
+            conn,
+            config,
+            windows: Vec::new(),
+            local: HashMap::default(),
+            dirty: Vec::new(),
+            pending: 0,
+            last_flush: Instant::now(),
+            stats: RedisStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> RedisStats {
+        self.stats
+    }
+
+    /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
+    /// covers the window's shape and the key, so user bytes never reach Redis raw and a rule whose
+    /// window changes starts on fresh counters.
+    pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
+        let info = &self.windows[window.0 as usize];
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&info.spec.bucket_ms.to_le_bytes());
+        hasher.update(&info.spec.buckets.to_le_bytes());
+        hasher.update(info.spec.aggregate.as_str().as_bytes());
+        hasher.update(key);
+        let digest = hasher.finalize();
+        let mut name = String::with_capacity(4 + info.name.len() + 32);
+        name.push_str("vg:");
+        name.push_str(&info.name);
+        name.push(':');
+        for byte in &digest.as_bytes()[..16] {
+            name.push_str(&format!("{byte:02x}"));
+        }
+        name
+    }
+
+    /// One script invocation for `deltas` on a key (none: just read the window).
+    fn invocation<'s>(&self, window: WindowId, key: &[u8], deltas: &[(i64, Delta)]) -> redis::ScriptInvocation<'s> {
+        let spec = self.windows[window.0 as usize].spec;
+        let mut inv = APPLY_WINDOW.prepare_invoke();
+        inv.key(self.redis_key(window, key))
+            .arg(match spec.aggregate {
+                Aggregate::Count => "c",
+                Aggregate::Sum => "s",
+                Aggregate::Distinct => "d",
+            })
+            .arg(spec.buckets)
+            .arg(2 * spec.window_ms())
+            .arg(2);
+        match spec.aggregate {
+            Aggregate::Count => {
+                // Increments commute: one per bucket.
+                let mut per_bucket: Vec<(i64, i64)> = Vec::new();
+                for &(bucket, _) in deltas {
+                    match per_bucket.iter_mut().find(|(b, _)| *b == bucket) {
+                        Some(entry) => entry.1 += 1,
+                        None => per_bucket.push((bucket, 1)),
+                    }
+                }
+                for (bucket, n) in per_bucket {
+                    inv.arg(bucket).arg(n);
+                }
+            }
+            Aggregate::Sum => {
+                for &(bucket, delta) in deltas {
+                    if let Delta::Sum(amount) = delta {
+                        // `{:?}` is the shortest text that parses back to the same double.
+                        inv.arg(bucket).arg(format!("{amount:?}"));
+                    }
+                }
+            }
+            Aggregate::Distinct => {
+                for &(bucket, delta) in deltas {
+                    if let Delta::Distinct(value) = delta {
+                        inv.arg(bucket).arg(&value.to_le_bytes()[..]);
+                    }
+                }
+            }
+        }
+        inv
+    }
+
+    /// Parses the script's reply into a window state (`None`: the key holds nothing).
+    fn parse_window(&mut self, window: WindowId, reply: Vec<Vec<u8>>) -> Result<Option<WindowState>, StoreError> {
+        let spec = self.windows[window.0 as usize].spec;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
+        let number = |bytes: &[u8]| -> Result<f64, StoreError> {
+            std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<f64>().ok()).ok_or_else(|| bad("not a number"))
+        };
+        if reply.len() < 3 || reply.len() % 2 == 0 {
+            return Err(bad("wrong length"));
+        }
+        let head = number(&reply[0])? as i64;
+        self.stats.refused_late += number(&reply[1])? as u64;
+        self.stats.skipped_applied += number(&reply[2])? as u64;
+        let mut buckets = Vec::new();
+        let mut values = Vec::new();
+        for pair in reply[3..].chunks_exact(2) {
+            let (field, value) = (&pair[0], &pair[1]);
+            match field.first() {
+                Some(b'b') => buckets.push((number(&field[1..])? as i64, number(value)?)),
+                Some(b'd') if field.len() == 17 => {
+                    let mut digest = [0u8; 16];
+                    digest.copy_from_slice(&field[1..]);
+                    values.push((u128::from_le_bytes(digest), number(value)? as i64));
+                }
+                _ => return Err(bad("unknown field")),
+            }
+        }
+        Ok(Some(WindowState::from_window(&spec, head, buckets, values)))
+    }
+
+    /// Runs `pipe`, loading the script and retrying on NOSCRIPT, and retrying with backoff on
+    /// connection errors.
+    fn query(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+        let mut delay = self.config.retry_backoff;
+        let mut attempt = 1;
+        loop {
+            match pipe.query::<Vec<Vec<Vec<u8>>>>(&mut self.conn) {
+                Ok(replies) => return Ok(replies),
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    self.stats.retries += 1;
+                    APPLY_WINDOW.prepare_invoke().load(&mut self.conn).map_err(unavailable)?;
+                }
+                Err(e) if attempt >= self.config.attempts => return Err(unavailable(e)),
+                Err(_) => {
+                    self.stats.retries += 1;
+                    std::thread::sleep(delay);
+                    delay *= 2;
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Reads a key's window from Redis into the local map.
+    fn load(&mut self, window: WindowId, key: &[u8]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&self.invocation(window, key, &[]));
+        let mut replies = self.query(&pipe)?;
+        self.stats.loads += 1;
+        self.stats.script_calls += 1;
+        let spec = self.windows[window.0 as usize].spec;
+        let reply = replies.pop().ok_or_else(|| StoreError::Protocol("empty pipeline reply".into()))?;
+        let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
+        self.local.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Local { state, pending: Vec::new() });
+        Ok(())
+    }
+}
+
+impl CounterStore for RedisStore {
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        let position = self.windows.iter().position(|w| w.name == name && w.spec == spec).unwrap_or_else(|| {
+            self.windows.push(WindowInfo { name: name.to_owned(), spec });
+            self.windows.len() - 1
+        });
+        WindowId(position as u32)
+    }
+
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
+        let spec = self.windows[window.0 as usize].spec;
+        let lookup = KeyRef { window: window.0, key };
+        if !self.local.contains_key(&lookup) {
+            self.load(window, key)?;
+        }
+        let local = self.local.get_mut(&lookup).expect("loaded above");
+        let bucket = spec.bucket_of(ts_ms);
+        let applied = local.state.apply(&spec, bucket, delta);
+        if let Applied::Counted(_) = applied {
+            if local.pending.is_empty() {
+                self.dirty.push(StoredKey { window: window.0, key: KeyBytes::new(key) });
+            }
+            local.pending.push((bucket, delta));
+            self.pending += 1;
+        }
+        if self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval {
+            self.flush()?;
+        }
+        Ok(applied)
+    }
+
+    /// Sends every pending delta, one script call per dirty key, in one pipeline. On failure the
+    /// deltas stay pending and are sent by the next flush.
+    fn flush(&mut self) -> Result<(), StoreError> {
+        self.last_flush = Instant::now();
+        if self.dirty.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for stored in &self.dirty {
+            let local = &self.local[stored];
+            pipe.invoke_script(&self.invocation(WindowId(stored.window), stored.key.as_slice(), &local.pending));
+        }
+        let replies = self.query(&pipe)?;
+        if replies.len() != self.dirty.len() {
+            return Err(StoreError::Protocol(format!("{} replies for {} keys", replies.len(), self.dirty.len())));
+        }
+        self.stats.flushes += 1;
+        self.stats.script_calls += replies.len() as u64;
+        let dirty = std::mem::take(&mut self.dirty);
+        for (stored, reply) in dirty.iter().zip(replies) {
+            let window = WindowId(stored.window);
+            let spec = self.windows[stored.window as usize].spec;
+            let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
+            let local = self.local.get_mut(stored).expect("dirty keys are held locally");
+            local.state = state;
+            local.pending.clear();
+        }
+        self.pending = 0;
+        Ok(())
+    }
+
+    fn live_keys(&self) -> usize {
+        self.local.len()
+    }
+}

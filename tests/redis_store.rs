@@ -1,0 +1,238 @@
+//! The Redis store against real `redis-server` processes started by the test harness.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use support::RedisServer;
+use vigil::pipeline::{replay, Engine, ReplayOptions};
+use vigil::rules::RuleSet;
+use vigil::store::{CounterStore, MemoryStore, RedisStore, RedisStoreConfig};
+use vigil::workload::{generate, WorkloadSpec};
+
+fn script() -> redis::Script {
+    redis::Script::new(include_str!("../lua/apply_window.lua"))
+}
+
+type Reply = Vec<Vec<u8>>;
+
+fn call(conn: &mut redis::Connection, key: &str, kind: &str, k: i64, stride: i64, args: &[&str]) -> Vec<String> {
+    let script = script();
+    let mut inv = script.key(key);
+    inv.arg(kind).arg(k).arg(60_000).arg(stride);
+    for a in args {
+        inv.arg(*a);
+    }
+    let reply: Reply = inv.invoke(conn).unwrap();
+    reply.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+}
+
+#[test]
+fn script_counts_refuses_late_prunes_and_sets_ttl() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    // k = 3 buckets. Buckets 10, 11, 10 → head 11, window 9..=11.
+    let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["10", "2", "11", "1", "10", "1"]);
+    assert_eq!(out[..3], ["11", "0", "0"]);
+    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(window, BTreeMap::from([("b10".into(), "3".into()), ("b11".into(), "1".into())]));
+    // Bucket 8 is late (8 <= 11 - 3); bucket 13 moves the head and prunes bucket 10.
+    let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["8", "1", "13", "5"]);
+    assert_eq!(out[..3], ["13", "1", "0"]);
+    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(window, BTreeMap::from([("b11".into(), "1".into()), ("b13".into(), "5".into())]));
+    let fields: Vec<String> = redis::cmd("HKEYS").arg("vg:t:a").query(&mut conn).unwrap();
+    assert!(!fields.contains(&"b10".to_owned()), "pruned in Redis too: {fields:?}");
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:t:a").query(&mut conn).unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "ttl {ttl}");
+    // A read with no deltas returns the window and does not write.
+    assert_eq!(call(&mut conn, "vg:t:a", "c", 3, 2, &[])[..1], ["13"]);
+    assert!(call(&mut conn, "vg:t:missing", "c", 3, 2, &[]).is_empty());
+    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:missing").query(&mut conn).unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[test]
+fn script_sums_in_order_with_exact_doubles_and_tracks_distinct_latest() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let out = call(&mut conn, "vg:t:s", "s", 5, 2, &["1", "0.1", "1", "0.2", "2", "1e300", "2", "-1e300"]);
+    let expected_b1 = 0.1f64 + 0.2;
+    assert_eq!(out[3], "b1");
+    assert_eq!(out[4].parse::<f64>().unwrap(), expected_b1, "{}", out[4]);
+    assert_eq!(out[6].parse::<f64>().unwrap(), 0.0);
+
+    let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
+    call(&mut conn, "vg:t:d", "d", 3, 2, &["5", a, "4", b, "3", a]);
+    // a's latest stays 5 (an older sighting does not move it back); head 7 drops b (latest 4).
+    let out = call(&mut conn, "vg:t:d", "d", 3, 2, &["7", b]);
+    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(window, BTreeMap::from([(format!("d{a}"), "5".into()), (format!("d{b}"), "7".into())]));
+}
+
+#[test]
+fn script_skips_deltas_at_or_below_the_recorded_offset() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    // (bucket, value, partition, offset)
+    let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101"]);
+    assert_eq!(out[..5], ["1", "0", "0", "b1", "2"]);
+    // After a crash the same events are replayed, followed by a new one.
+    let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101", "1", "1", "3", "102", "1", "1", "0", "7"]);
+    assert_eq!(out[..5], ["1", "0", "2", "b1", "4"]);
+    let recorded: Vec<String> = redis::cmd("HMGET").arg("vg:t:o").arg("o3").arg("o0").query(&mut conn).unwrap();
+    assert_eq!(recorded, ["102", "7"]);
+}
+
+const RULES: &str = "rules";
+
+fn workload(events: u64) -> Vec<u8> {
+    let spec = WorkloadSpec { events, users: 5_000, ips: 2_000, rate_per_sec: 200, late: 0.01, out_of_order: 0.05, seed: 3, ..WorkloadSpec::default() };
+    let mut out = Vec::new();
+    generate(&spec, &mut out).unwrap();
+    // Bad lines in the middle: skipped by both stores alike.
+    let mut text = String::from_utf8(out).unwrap();
+    text.insert_str(text.len() / 2, "not json\n[1]\n{\"no\":\"ts\"}\n");
+    text.into_bytes()
+}
+
+fn replay_with<S: CounterStore>(store: S, input: &[u8]) -> (Vec<u8>, Engine<S>) {
+    let rules = vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
+    let mut engine = Engine::new(rules, store);
+    let mut out = Vec::new();
+    replay(&mut engine, input, &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    (out, engine)
+}
+
+#[test]
+fn redis_replay_decides_exactly_like_the_memory_store() {
+    let redis = RedisServer::start();
+    let input = workload(100_000);
+    let (memory, _) = replay_with(MemoryStore::new(), &input);
+    let config = RedisStoreConfig { max_pending: 2_000, ..RedisStoreConfig::default() };
+    let (from_redis, engine) = replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
+    let stats = engine.store().stats();
+    assert!(memory.len() > 10_000, "the workload must produce decisions");
+    assert_eq!(String::from_utf8(from_redis).unwrap(), String::from_utf8(memory).unwrap());
+    assert!(stats.flushes > 10, "{stats:?}");
+    assert_eq!(stats.refused_late, 0, "a single writer never has deltas refused");
+}
+
+/// Decision records without `source` (line numbers restart when input is replayed in parts).
+fn decisions(bytes: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("source");
+            v
+        })
+        .collect()
+}
+
+/// Replays the first half of `input` with `first`, runs `between`, then the second half with the
+/// store `between` returns (the same one, or a fresh process's).
+fn replay_in_halves(
+    input: &[u8],
+    first: RedisStore,
+    between: impl FnOnce(RedisStore) -> RedisStore,
+) -> (Vec<u8>, RedisStore) {
+    let rules = || vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
+    let lines: Vec<&[u8]> = input.split_inclusive(|&b| b == b'\n').collect();
+    let (head, tail) = (lines[..lines.len() / 2].concat(), lines[lines.len() / 2..].concat());
+    let mut out = Vec::new();
+    let mut engine = Engine::new(rules(), first);
+    replay(&mut engine, head.as_slice(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    let mut engine = Engine::new(rules(), between(engine.into_store()));
+    replay(&mut engine, tail.as_slice(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    (out, engine.into_store())
+}
+
+#[test]
+fn script_flush_mid_run_is_recovered_without_losing_deltas() {
+    let redis = RedisServer::start();
+    let input = workload(20_000);
+    let (memory, _) = replay_with(MemoryStore::new(), &input);
+    let config = RedisStoreConfig { max_pending: 500, ..RedisStoreConfig::default() };
+    let mut admin = redis.connection();
+    let (out, store) = replay_in_halves(&input, RedisStore::connect(&redis.url(), config).unwrap(), |store| {
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+        store
+    });
+    assert!(store.stats().retries >= 1, "NOSCRIPT was seen and handled");
+    assert_eq!(decisions(&out), decisions(&memory));
+}
+
+#[test]
+fn a_new_process_continues_from_the_counters_in_redis() {
+    let redis = RedisServer::start();
+    let input = workload(20_000);
+    let (memory, _) = replay_with(MemoryStore::new(), &input);
+    let connect = || RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    // The first process flushes on its way out (replay ends with a flush); the second starts
+    // with nothing local and must load every key it touches from Redis.
+    let (out, store) = replay_in_halves(&input, connect(), |first| {
+        drop(first);
+        connect()
+    });
+    assert!(store.stats().loads > 1_000);
+    assert_eq!(decisions(&out), decisions(&memory));
+}
+
+/// Sum of every live count bucket and the number of live distinct values, per Redis key.
+fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (f64, usize)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
+            let total: f64 = fields.iter().filter(|(f, _)| f[0] == b'b').map(|(_, v)| v.parse::<f64>().unwrap()).sum();
+            let distinct = fields.iter().filter(|(f, _)| f[0] == b'd').count();
+            (key, (total, distinct))
+        })
+        .collect()
+}
+
+#[test]
+fn two_processes_into_one_redis_end_with_exact_totals() {
+    // Event time spans 50 s, inside every rule's window: nothing can be late in any interleaving,
+    // so the final counters must equal one process replaying everything.
+    let spec = WorkloadSpec { events: 40_000, users: 3_000, ips: 1_000, rate_per_sec: 800, late: 0.0, out_of_order: 0.0, seed: 5, ..WorkloadSpec::default() };
+    let mut all = Vec::new();
+    generate(&spec, &mut all).unwrap();
+    let lines: Vec<&[u8]> = all.split_inclusive(|&b| b == b'\n').collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (odd, even) = (dir.path().join("odd.jsonl"), dir.path().join("even.jsonl"));
+    std::fs::write(&odd, lines.iter().step_by(2).copied().collect::<Vec<_>>().concat()).unwrap();
+    std::fs::write(&even, lines.iter().skip(1).step_by(2).copied().collect::<Vec<_>>().concat()).unwrap();
+
+    let shared = RedisServer::start();
+    let spawn = |input: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["replay", "--rules", RULES, "--input", input.to_str().unwrap(), "--redis", &shared.url()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(&odd), spawn(&even));
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    let single = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    replay_with(RedisStore::connect(&single.url(), config).unwrap(), &all);
+
+    let concurrent = redis_totals(&mut shared.connection());
+    let reference = redis_totals(&mut single.connection());
+    assert_eq!(concurrent.len(), reference.len(), "same keys");
+    assert!(reference.len() > 1_000);
+    for (key, (total, distinct)) in &reference {
+        let (got_total, got_distinct) = concurrent[key];
+        assert_eq!(got_distinct, *distinct, "{key}");
+        // Sums of decimal amounts may differ in the last bits with a different addition order.
+        assert!((got_total - total).abs() <= 1e-9 * total.abs().max(1.0), "{key}: {got_total} vs {total}");
+    }
+}
