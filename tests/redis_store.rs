@@ -7,7 +7,6 @@ use std::process::Command;
 
 use support::RedisServer;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
-use vigil::rules::RuleSet;
 use vigil::store::{CounterStore, MemoryStore, RedisStore, RedisStoreConfig};
 use vigil::workload::{generate, WorkloadSpec};
 
@@ -117,6 +116,20 @@ fn redis_replay_decides_exactly_like_the_memory_store() {
     assert_eq!(String::from_utf8(from_redis).unwrap(), String::from_utf8(memory).unwrap());
     assert!(stats.flushes > 10, "{stats:?}");
     assert_eq!(stats.refused_late, 0, "a single writer never has deltas refused");
+}
+
+#[test]
+fn a_tiny_read_cache_evicts_and_reloads_without_changing_a_decision() {
+    let redis = RedisServer::start();
+    let input = workload(30_000);
+    let (memory, _) = replay_with(MemoryStore::new(), &input);
+    let config = RedisStoreConfig { cache_capacity: 64, max_pending: 300, ..RedisStoreConfig::default() };
+    let (from_redis, engine) = replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
+    let stats = engine.store().stats();
+    assert_eq!(String::from_utf8(from_redis).unwrap(), String::from_utf8(memory).unwrap());
+    // Far more loads than keys: evicted windows were read back from Redis.
+    assert!(engine.store().live_keys() <= 64 + 300 + 64, "{}", engine.store().live_keys());
+    assert!(stats.loads > 30_000, "{stats:?}");
 }
 
 /// Decision records without `source` (line numbers restart when input is replayed in parts).

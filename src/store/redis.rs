@@ -7,6 +7,7 @@
 //! bit-for-bit; distinct values keep their latest bucket. After a flush the key's local state is
 //! rebuilt from the window the script returns, which then also includes other workers' deltas.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
@@ -27,6 +28,10 @@ pub struct RedisStoreConfig {
     pub attempts: u32,
     /// First retry delay; doubles per attempt.
     pub retry_backoff: Duration,
+    /// Most clean windows (read from Redis, nothing pending) kept in the local cache.
+    pub cache_capacity: u64,
+    /// A clean window not used for this long is dropped from the local cache.
+    pub cache_time_to_idle: Duration,
 }
 
 impl Default for RedisStoreConfig {
@@ -36,6 +41,8 @@ impl Default for RedisStoreConfig {
             max_pending: 10_000,
             attempts: 5,
             retry_backoff: Duration::from_millis(20),
+            cache_capacity: 1_000_000,
+            cache_time_to_idle: Duration::from_secs(600),
         }
     }
 }
@@ -61,8 +68,8 @@ struct WindowInfo {
     spec: WindowSpec,
 }
 
-/// Local state of one key: the merged view and what Redis has not seen yet.
-struct Local {
+/// A key with deltas Redis has not seen yet: the merged view and those deltas.
+struct Dirty {
     state: WindowState,
     pending: Vec<(i64, Delta)>,
 }
@@ -71,9 +78,10 @@ pub struct RedisStore {
     conn: redis::Connection,
     config: RedisStoreConfig,
     windows: Vec<WindowInfo>,
-    local: HashMap<StoredKey, Local, foldhash::fast::RandomState>,
-    /// Keys with pending deltas, in the order they first became dirty.
-    dirty: Vec<StoredKey>,
+    /// Keys with pending deltas. Never evicted: nothing counted is dropped before Redis has it.
+    dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
+    /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
+    cache: moka::sync::Cache<StoredKey, Arc<WindowState>, foldhash::fast::RandomState>,
     pending: usize,
     last_flush: Instant,
     stats: RedisStats,
@@ -90,13 +98,16 @@ impl RedisStore {
         let conn = client.get_connection().map_err(unavailable)?;
         Ok(RedisStore {
             conn,
-            config,
             windows: Vec::new(),
-            local: HashMap::default(),
-            dirty: Vec::new(),
+            dirty: HashMap::default(),
+            cache: moka::sync::Cache::builder()
+                .max_capacity(config.cache_capacity)
+                .time_to_idle(config.cache_time_to_idle)
+                .build_with_hasher(foldhash::fast::RandomState::default()),
             pending: 0,
             last_flush: Instant::now(),
             stats: RedisStats::default(),
+            config,
         })
     }
 
@@ -227,8 +238,8 @@ impl RedisStore {
         }
     }
 
-    /// Reads a key's window from Redis into the local map.
-    fn load(&mut self, window: WindowId, key: &[u8]) -> Result<(), StoreError> {
+    /// Reads a key's window from Redis (and caches it).
+    fn load(&mut self, window: WindowId, key: &[u8]) -> Result<Arc<WindowState>, StoreError> {
         let mut pipe = redis::pipe();
         pipe.invoke_script(&self.invocation(window, key, &[]));
         let mut replies = self.query(&pipe)?;
@@ -237,8 +248,9 @@ impl RedisStore {
         let spec = self.windows[window.0 as usize].spec;
         let reply = replies.pop().ok_or_else(|| StoreError::Protocol("empty pipeline reply".into()))?;
         let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
-        self.local.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Local { state, pending: Vec::new() });
-        Ok(())
+        let state = Arc::new(state);
+        self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&state));
+        Ok(state)
     }
 }
 
@@ -253,18 +265,31 @@ impl CounterStore for RedisStore {
 
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
         let spec = self.windows[window.0 as usize].spec;
-        let lookup = KeyRef { window: window.0, key };
-        if !self.local.contains_key(&lookup) {
-            self.load(window, key)?;
-        }
-        let local = self.local.get_mut(&lookup).expect("loaded above");
         let bucket = spec.bucket_of(ts_ms);
-        let applied = local.state.apply(&spec, bucket, delta);
-        if let Applied::Counted(_) = applied {
-            if local.pending.is_empty() {
-                self.dirty.push(StoredKey { window: window.0, key: KeyBytes::new(key) });
+        let lookup = KeyRef { window: window.0, key };
+        let applied = match self.dirty.get_mut(&lookup) {
+            Some(dirty) => {
+                let applied = dirty.state.apply(&spec, bucket, delta);
+                if let Applied::Counted(_) = applied {
+                    dirty.pending.push((bucket, delta));
+                }
+                applied
             }
-            local.pending.push((bucket, delta));
+            None => {
+                let clean = match self.cache.get(&lookup) {
+                    Some(state) => state,
+                    None => self.load(window, key)?,
+                };
+                let mut state = WindowState::clone(&clean);
+                let applied = state.apply(&spec, bucket, delta);
+                if let Applied::Counted(_) = applied {
+                    let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
+                    self.dirty.insert(stored, Dirty { state, pending: vec![(bucket, delta)] });
+                }
+                applied
+            }
+        };
+        if let Applied::Counted(_) = applied {
             self.pending += 1;
         }
         if self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval {
@@ -280,31 +305,41 @@ impl CounterStore for RedisStore {
         if self.dirty.is_empty() {
             return Ok(());
         }
+        let keys: Vec<StoredKey> = self.dirty.keys().cloned().collect();
         let mut pipe = redis::pipe();
-        for stored in &self.dirty {
-            let local = &self.local[stored];
-            pipe.invoke_script(&self.invocation(WindowId(stored.window), stored.key.as_slice(), &local.pending));
+        for stored in &keys {
+            let pending = &self.dirty[stored].pending;
+            pipe.invoke_script(&self.invocation(WindowId(stored.window), stored.key.as_slice(), pending));
         }
         let replies = self.query(&pipe)?;
-        if replies.len() != self.dirty.len() {
-            return Err(StoreError::Protocol(format!("{} replies for {} keys", replies.len(), self.dirty.len())));
+        if replies.len() != keys.len() {
+            return Err(StoreError::Protocol(format!("{} replies for {} keys", replies.len(), keys.len())));
         }
         self.stats.flushes += 1;
         self.stats.script_calls += replies.len() as u64;
-        let dirty = std::mem::take(&mut self.dirty);
-        for (stored, reply) in dirty.iter().zip(replies) {
+        // Redis applied every call: each key leaves the dirty set whatever its reply, or its
+        // deltas would be sent twice. A reply we cannot read only costs the cached copy.
+        let mut first_error = None;
+        for (stored, reply) in keys.into_iter().zip(replies) {
             let window = WindowId(stored.window);
             let spec = self.windows[stored.window as usize].spec;
-            let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
-            let local = self.local.get_mut(stored).expect("dirty keys are held locally");
-            local.state = state;
-            local.pending.clear();
+            self.dirty.remove(&stored);
+            match self.parse_window(window, reply) {
+                Ok(state) => {
+                    let state = state.unwrap_or_else(|| WindowState::new(spec.aggregate));
+                    self.cache.insert(stored, Arc::new(state));
+                }
+                Err(e) => {
+                    self.cache.invalidate(&stored);
+                    first_error.get_or_insert(e);
+                }
+            }
         }
         self.pending = 0;
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     fn live_keys(&self) -> usize {
-        self.local.len()
+        self.dirty.len() + self.cache.entry_count() as usize
     }
 }
