@@ -9,12 +9,16 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-# redis-server: the Redis tests start their own servers on free loopback ports (Debian package).
-if ! command -v redis-server >/dev/null 2>&1; then
+# redis-server (the Redis tests start their own servers on free loopback ports, TLS ones too) and
+# openssl (makes their test certificates): Debian packages, installed only when missing.
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -q
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
 # Build once, then run unit, property, fixture and CLI tests against the locked dependencies.

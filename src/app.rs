@@ -53,7 +53,12 @@ pub fn check(path: &Path) -> anyhow::Result<ExitCode> {
 }
 
 /// `vigil replay`: decisions to stdout, bad lines and the summary to stderr.
-pub fn replay(rules_path: &Path, input: &Path, redis: Option<&str>, options: ReplayOptions) -> anyhow::Result<ExitCode> {
+pub fn replay(
+    rules_path: &Path,
+    input: &Path,
+    redis: Option<(String, Option<PathBuf>)>,
+    options: ReplayOptions,
+) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let reader: Box<dyn BufRead> = if input == Path::new("-") {
         Box::new(io::stdin().lock())
@@ -68,11 +73,12 @@ pub fn replay(rules_path: &Path, input: &Path, redis: Option<&str>, options: Rep
     };
     match redis {
         None => run_replay(Engine::new(rules, MemoryStore::new()), reader, options, |_| {}),
-        Some(url) => {
-            let store = match RedisStore::connect(url, RedisStoreConfig::default()) {
+        Some((url, tls_ca_file)) => {
+            let config = RedisStoreConfig { tls_ca_file, ..RedisStoreConfig::default() };
+            let store = match RedisStore::connect(&url, config) {
                 Ok(store) => store,
                 Err(e) => {
-                    eprintln!("error: {}: {e}", redact_url(url));
+                    eprintln!("error: {}: {e}", redact_url(&url));
                     return Ok(ExitCode::from(1));
                 }
             };

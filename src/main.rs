@@ -39,6 +39,9 @@ enum Command {
         /// Count in Redis (redis://[user:pass@]host:port[/db] or rediss://) instead of in process.
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
+        /// CA certificate (PEM) that signed a rediss:// server's certificate.
+        #[arg(long, value_name = "FILE", requires = "redis")]
+        redis_ca: Option<PathBuf>,
     },
     /// Write synthetic JSON-lines events (zipf-skewed users, nested fields) to stdout.
     Gen {
@@ -94,8 +97,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
-        Command::Replay { rules, input, emit_allow, redis } => {
-            app::replay(&rules, &input, redis.as_deref(), ReplayOptions { emit_allow })
+        Command::Replay { rules, input, emit_allow, redis, redis_ca } => {
+            let redis = redis.map(|url| (url, redis_ca));
+            app::replay(&rules, &input, redis, ReplayOptions { emit_allow })
         }
         Command::Gen { workload, rate } => {
             app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })

@@ -249,3 +249,68 @@ fn two_processes_into_one_redis_end_with_exact_totals() {
         assert!((got_total - total).abs() <= 1e-9 * total.abs().max(1.0), "{key}: {got_total} vs {total}");
     }
 }
+
+#[test]
+fn a_redis_restart_keeps_pending_deltas_and_reconnects() {
+    let mut redis = RedisServer::start();
+    let config = RedisStoreConfig { max_pending: usize::MAX, flush_interval: std::time::Duration::MAX, ..RedisStoreConfig::default() };
+    let mut store = RedisStore::connect(&redis.url(), config).unwrap();
+    let spec = vigil::window::WindowSpec { bucket_ms: 1_000, buckets: 60, aggregate: vigil::window::Aggregate::Count };
+    let window = store.open_window("restart", spec);
+    for i in 0..5_000u64 {
+        store.apply(window, &(i % 500).to_le_bytes(), 1_000_000 + i as i64, vigil::window::Delta::Count).unwrap();
+    }
+    // Everything is pending (no flush yet); Redis goes away and comes back empty.
+    redis.restart();
+    store.flush().unwrap();
+    assert!(store.stats().retries >= 1, "{:?}", store.stats());
+    let totals = redis_totals(&mut redis.connection());
+    assert_eq!(totals.len(), 500);
+    assert_eq!(totals.values().map(|(total, _)| *total).sum::<f64>(), 5_000.0);
+}
+
+#[test]
+fn acl_users_and_redacted_passwords() {
+    let redis = RedisServer::start();
+    let mut admin = redis.connection();
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("vigil").arg("on").arg(">s3cret").arg("~vg:*").arg("+@all").query(&mut admin).unwrap();
+    let url = |password: &str| format!("redis://vigil:{password}@127.0.0.1:{}/", redis.port);
+    let events = "{\"ts\":1,\"type\":\"login\",\"result\":\"fail\",\"user_id\":\"u\"}\n";
+    let run = |url: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["replay", "--rules", RULES, "--input", "-", "--redis", url])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let _ = child.stdin.take().unwrap().write_all(events.as_bytes());
+        child.wait_with_output().unwrap()
+    };
+    let ok = run(&url("s3cret"));
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(&mut admin).unwrap();
+    assert!(!keys.is_empty(), "counted through the ACL user");
+
+    let refused = run(&url("wrong-password"));
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("redis://vigil:***@127.0.0.1"), "{stderr}");
+    assert!(!stderr.contains("wrong-password"), "password leaked: {stderr}");
+}
+
+#[test]
+fn rediss_urls_verify_the_server_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tls, ca) = RedisServer::start_tls(dir.path());
+    let url = format!("rediss://127.0.0.1:{}/", tls.port);
+    let input = workload(2_000);
+    let (memory, _) = replay_with(MemoryStore::new(), &input);
+    let config = RedisStoreConfig { tls_ca_file: Some(ca), ..RedisStoreConfig::default() };
+    let (over_tls, _) = replay_with(RedisStore::connect(&url, config).unwrap(), &input);
+    assert_eq!(over_tls, memory);
+    // Without the CA the self-signed certificate is refused.
+    let untrusted = RedisStore::connect(&url, RedisStoreConfig { attempts: 1, ..RedisStoreConfig::default() });
+    assert!(untrusted.is_err(), "an unverified certificate must be refused");
+}

@@ -32,6 +32,9 @@ pub struct RedisStoreConfig {
     pub cache_capacity: u64,
     /// A clean window not used for this long is dropped from the local cache.
     pub cache_time_to_idle: Duration,
+    /// PEM file of the CA that signed the server's certificate, for `rediss://` servers whose
+    /// certificate is not in the system trust store.
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisStoreConfig {
@@ -43,6 +46,7 @@ impl Default for RedisStoreConfig {
             retry_backoff: Duration::from_millis(20),
             cache_capacity: 1_000_000,
             cache_time_to_idle: Duration::from_secs(600),
+            tls_ca_file: None,
         }
     }
 }
@@ -75,6 +79,7 @@ struct Dirty {
 }
 
 pub struct RedisStore {
+    client: redis::Client,
     conn: redis::Connection,
     config: RedisStoreConfig,
     windows: Vec<WindowInfo>,
@@ -94,9 +99,21 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 impl RedisStore {
     /// Connects to `url` (`redis://`, `redis://user:pass@host`, `rediss://`).
     pub fn connect(url: &str, config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
+        // rustls needs a process-wide crypto provider; a second install attempt is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = match &config.tls_ca_file {
+            Some(path) => {
+                let root_cert = std::fs::read(path).map_err(|e| {
+                    StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display()))
+                })?;
+                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
+                redis::Client::build_with_tls(url, certs).map_err(unavailable)?
+            }
+            None => redis::Client::open(url).map_err(unavailable)?,
+        };
         let conn = client.get_connection().map_err(unavailable)?;
         Ok(RedisStore {
+            client,
             conn,
             windows: Vec::new(),
             dirty: HashMap::default(),
@@ -215,25 +232,32 @@ impl RedisStore {
         Ok(Some(WindowState::from_window(&spec, head, buckets, values)))
     }
 
-    /// Runs `pipe`, loading the script and retrying on NOSCRIPT, and retrying with backoff on
-    /// connection errors.
+    /// Runs `pipe`, loading the script and retrying on NOSCRIPT (after a Redis restart or
+    /// `SCRIPT FLUSH`), and reconnecting with exponential backoff when the connection fails.
     fn query(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
         let mut delay = self.config.retry_backoff;
         let mut attempt = 1;
         loop {
-            match pipe.query::<Vec<Vec<Vec<u8>>>>(&mut self.conn) {
+            let error = match pipe.query::<Vec<Vec<Vec<u8>>>>(&mut self.conn) {
                 Ok(replies) => return Ok(replies),
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    self.stats.retries += 1;
-                    APPLY_WINDOW.prepare_invoke().load(&mut self.conn).map_err(unavailable)?;
+                    APPLY_WINDOW.prepare_invoke().load(&mut self.conn).err()
                 }
-                Err(e) if attempt >= self.config.attempts => return Err(unavailable(e)),
-                Err(_) => {
-                    self.stats.retries += 1;
-                    std::thread::sleep(delay);
-                    delay *= 2;
+                Err(e) => Some(e),
+            };
+            if let Some(e) = error {
+                if attempt >= self.config.attempts {
+                    return Err(unavailable(e));
+                }
+                std::thread::sleep(delay);
+                delay *= 2;
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    if let Ok(conn) = self.client.get_connection() {
+                        self.conn = conn;
+                    }
                 }
             }
+            self.stats.retries += 1;
             attempt += 1;
         }
     }
