@@ -72,6 +72,16 @@ impl<S: CounterStore> Engine<S> {
         self.counts
     }
 
+    /// Appends the (window, key) of every observation `event` would make, for
+    /// [`CounterStore::prefetch`].
+    pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
+        for position in 0..self.rules.active_len() {
+            if let Plan::Observe(_) = self.rules.plan(position, event, &mut self.key) {
+                out.push((self.windows[position], self.key.clone()));
+            }
+        }
+    }
+
     /// Counts `event` into every matching rule's window and returns the hits.
     pub fn evaluate(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
         self.counts.events += 1;
@@ -166,8 +176,12 @@ impl ReplayError {
     }
 }
 
+/// Lines read and decoded together, so a store can load the keys they touch in one round trip.
+const REPLAY_BATCH: usize = 1024;
+
 /// Replays JSON lines from `input`: one decision record per line to `output`, one line per bad
-/// input line to `diagnostics`. Streams: memory is bounded by the longest line and the live keys.
+/// input line to `diagnostics`. Streams in batches of lines: memory is bounded by the batch, the
+/// longest line and the live keys.
 pub fn replay<S: CounterStore>(
     engine: &mut Engine<S>,
     mut input: impl BufRead,
@@ -177,32 +191,56 @@ pub fn replay<S: CounterStore>(
 ) -> Result<ReplaySummary, ReplayError> {
     let started = Instant::now();
     let mut summary = ReplaySummary::default();
-    let mut line = Vec::with_capacity(1024);
+    let mut batch = Vec::with_capacity(REPLAY_BATCH * 256);
+    let mut ends = Vec::with_capacity(REPLAY_BATCH);
+    let mut touched = Vec::new();
     let mut record = Vec::with_capacity(1024);
     loop {
-        line.clear();
-        if input.read_until(b'\n', &mut line)? == 0 {
+        batch.clear();
+        ends.clear();
+        while ends.len() < REPLAY_BATCH && input.read_until(b'\n', &mut batch)? > 0 {
+            ends.push(batch.len());
+        }
+        if ends.is_empty() {
             break;
         }
-        summary.lines += 1;
-        let text = trim_line(&line);
-        if text.iter().all(u8::is_ascii_whitespace) {
-            continue;
+        let first_line = summary.lines + 1;
+        summary.lines += ends.len() as u64;
+        let mut events = Vec::with_capacity(ends.len());
+        let mut start = 0;
+        for &end in &ends {
+            let text = trim_line(&batch[start..end]);
+            start = end;
+            events.push(if text.iter().all(u8::is_ascii_whitespace) {
+                None
+            } else {
+                Some(decode(text, engine.rules().projection()))
+            });
         }
-        let event = match decode(text, engine.rules().projection()) {
-            Ok(event) => event,
-            Err(bad) => {
-                summary.bad_lines += 1;
-                report_bad_line(&mut diagnostics, summary.lines, &bad)?;
-                continue;
+        if engine.store().prefetches() {
+            touched.clear();
+            for event in events.iter().flatten().flatten() {
+                engine.touched_keys(event, &mut touched);
             }
-        };
-        let decision = engine.evaluate(&event)?;
-        if !decision.is_empty() || options.emit_allow {
-            record.clear();
-            decide::write_record(&mut record, engine.rules(), &event, &decision, Source::Line(summary.lines));
-            record.push(b'\n');
-            output.write_all(&record)?;
+            engine.store_mut().prefetch(&touched)?;
+        }
+        for (line, event) in (first_line..).zip(&events) {
+            let event = match event {
+                None => continue,
+                Some(Ok(event)) => event,
+                Some(Err(bad)) => {
+                    summary.bad_lines += 1;
+                    report_bad_line(&mut diagnostics, line, bad)?;
+                    continue;
+                }
+            };
+            let decision = engine.evaluate(event)?;
+            if !decision.is_empty() || options.emit_allow {
+                record.clear();
+                decide::write_record(&mut record, engine.rules(), event, &decision, Source::Line(line));
+                record.push(b'\n');
+                output.write_all(&record)?;
+            }
         }
     }
     output.flush()?;

@@ -19,12 +19,29 @@ type Reply = Vec<Vec<u8>>;
 fn call(conn: &mut redis::Connection, key: &str, kind: &str, k: i64, stride: i64, args: &[&str]) -> Vec<String> {
     let script = script();
     let mut inv = script.key(key);
-    inv.arg(kind).arg(k).arg(60_000).arg(stride);
+    inv.arg(kind).arg(k).arg(60_000).arg(stride).arg(args.len());
     for a in args {
         inv.arg(*a);
     }
-    let reply: Reply = inv.invoke(conn).unwrap();
-    reply.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+    let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
+    assert_eq!(replies.len(), 1);
+    replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+}
+
+#[test]
+fn one_script_call_serves_many_keys_independently() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let script = script();
+    let mut inv = script.key("vg:t:m1");
+    inv.arg("c").arg(3).arg(60_000).arg(2).arg(4).arg(5).arg(2).arg(6).arg(1);
+    inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg(0);
+    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg(2).arg(9).arg("1.5");
+    let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
+    let text = |r: &Reply| r.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect::<Vec<_>>();
+    assert_eq!(text(&replies[0]), ["6", "0", "0", "b5", "2", "b6", "1"]);
+    assert!(replies[1].is_empty(), "a key that holds nothing");
+    assert_eq!(text(&replies[2]), ["9", "0", "0", "b9", "1.5"]);
 }
 
 #[test]

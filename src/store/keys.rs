@@ -42,6 +42,7 @@ pub(crate) struct StoredKey {
 }
 
 /// Borrowed form of [`StoredKey`] for lookups without allocating.
+#[derive(PartialEq, Eq)]
 pub(crate) struct KeyRef<'a> {
     pub(crate) window: u32,
     pub(crate) key: &'a [u8],

@@ -46,6 +46,17 @@ pub trait CounterStore {
     /// window value (DESIGN §3) or [`Applied::Late`].
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError>;
 
+    /// Whether [`CounterStore::prefetch`] does anything: callers skip collecting keys otherwise.
+    fn prefetches(&self) -> bool {
+        false
+    }
+
+    /// Loads the windows of `keys` that are not held locally, in as few round trips as
+    /// possible, ahead of the `apply` calls that will need them.
+    fn prefetch(&mut self, _keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Makes every applied observation durable in the backing service (no-op in memory).
     fn flush(&mut self) -> Result<(), StoreError>;
 

@@ -17,6 +17,9 @@ use super::scripts::APPLY_WINDOW;
 use super::{CounterStore, StoreError, WindowId};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
+/// Keys served by one script call. Bounded so one call never blocks Redis for long.
+const KEYS_PER_CALL: usize = 256;
+
 /// Tuning of the Redis store.
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
@@ -54,7 +57,7 @@ impl Default for RedisStoreConfig {
 /// What the store did, for the summary and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RedisStats {
-    /// Script calls made (flushed keys + loaded keys).
+    /// Script calls made (each serves up to 256 keys).
     pub script_calls: u64,
     pub flushes: u64,
     /// Keys read from Redis on a local miss.
@@ -153,19 +156,11 @@ impl RedisStore {
         name
     }
 
-    /// One script invocation for `deltas` on a key (none: just read the window).
-    fn invocation<'s>(&self, window: WindowId, key: &[u8], deltas: &[(i64, Delta)]) -> redis::ScriptInvocation<'s> {
+    /// Appends one key to a script invocation: the key, its header and its `deltas` (none: just
+    /// read the window).
+    fn add_key(&self, inv: &mut redis::ScriptInvocation<'_>, window: WindowId, key: &[u8], deltas: &[(i64, Delta)]) {
         let spec = self.windows[window.0 as usize].spec;
-        let mut inv = APPLY_WINDOW.prepare_invoke();
-        inv.key(self.redis_key(window, key))
-            .arg(match spec.aggregate {
-                Aggregate::Count => "c",
-                Aggregate::Sum => "s",
-                Aggregate::Distinct => "d",
-            })
-            .arg(spec.buckets)
-            .arg(2 * spec.window_ms())
-            .arg(2);
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 * deltas.len());
         match spec.aggregate {
             Aggregate::Count => {
                 // Increments commute: one per bucket.
@@ -177,26 +172,72 @@ impl RedisStore {
                     }
                 }
                 for (bucket, n) in per_bucket {
-                    inv.arg(bucket).arg(n);
+                    args.push(bucket.to_string().into_bytes());
+                    args.push(n.to_string().into_bytes());
                 }
             }
             Aggregate::Sum => {
                 for &(bucket, delta) in deltas {
                     if let Delta::Sum(amount) = delta {
                         // `{:?}` is the shortest text that parses back to the same double.
-                        inv.arg(bucket).arg(format!("{amount:?}"));
+                        args.push(bucket.to_string().into_bytes());
+                        args.push(format!("{amount:?}").into_bytes());
                     }
                 }
             }
             Aggregate::Distinct => {
                 for &(bucket, delta) in deltas {
                     if let Delta::Distinct(value) = delta {
-                        inv.arg(bucket).arg(&value.to_le_bytes()[..]);
+                        args.push(bucket.to_string().into_bytes());
+                        args.push(value.to_le_bytes().to_vec());
                     }
                 }
             }
         }
-        inv
+        inv.key(self.redis_key(window, key))
+            .arg(match spec.aggregate {
+                Aggregate::Count => "c",
+                Aggregate::Sum => "s",
+                Aggregate::Distinct => "d",
+            })
+            .arg(spec.buckets)
+            .arg(2 * spec.window_ms())
+            .arg(2)
+            .arg(args.len());
+        for a in args {
+            inv.arg(a);
+        }
+    }
+
+    /// A pipeline of script calls covering `keys` (with their deltas), `KEYS_PER_CALL` at a time.
+    fn pipeline<'k>(&self, keys: impl ExactSizeIterator<Item = (WindowId, &'k [u8], &'k [(i64, Delta)])>) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        let mut inv = APPLY_WINDOW.prepare_invoke();
+        let mut in_call = 0;
+        for (window, key, deltas) in keys {
+            self.add_key(&mut inv, window, key, deltas);
+            in_call += 1;
+            if in_call == KEYS_PER_CALL {
+                pipe.invoke_script(&inv);
+                inv = APPLY_WINDOW.prepare_invoke();
+                in_call = 0;
+            }
+        }
+        if in_call > 0 {
+            pipe.invoke_script(&inv);
+        }
+        pipe
+    }
+
+    /// Runs a pipeline built by [`RedisStore::pipeline`]: one reply per key, in order.
+    fn run(&mut self, pipe: &redis::Pipeline, keys: usize) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+        let calls = self.query(pipe)?;
+        self.stats.script_calls += calls.len() as u64;
+        let replies: Vec<Vec<Vec<u8>>> = calls.into_iter().flatten().collect();
+        if replies.len() != keys {
+            return Err(StoreError::Protocol(format!("{} replies for {keys} keys", replies.len())));
+        }
+        Ok(replies)
     }
 
     /// Parses the script's reply into a window state (`None`: the key holds nothing).
@@ -234,11 +275,11 @@ impl RedisStore {
 
     /// Runs `pipe`, loading the script and retrying on NOSCRIPT (after a Redis restart or
     /// `SCRIPT FLUSH`), and reconnecting with exponential backoff when the connection fails.
-    fn query(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+    fn query(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Vec<Vec<Vec<u8>>>>, StoreError> {
         let mut delay = self.config.retry_backoff;
         let mut attempt = 1;
         loop {
-            let error = match pipe.query::<Vec<Vec<Vec<u8>>>>(&mut self.conn) {
+            let error = match pipe.query::<Vec<Vec<Vec<Vec<u8>>>>>(&mut self.conn) {
                 Ok(replies) => return Ok(replies),
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                     APPLY_WINDOW.prepare_invoke().load(&mut self.conn).err()
@@ -264,13 +305,10 @@ impl RedisStore {
 
     /// Reads a key's window from Redis (and caches it).
     fn load(&mut self, window: WindowId, key: &[u8]) -> Result<Arc<WindowState>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(&self.invocation(window, key, &[]));
-        let mut replies = self.query(&pipe)?;
+        let pipe = self.pipeline([(window, key, &[][..])].into_iter());
+        let reply = self.run(&pipe, 1)?.pop().expect("one reply, checked by run");
         self.stats.loads += 1;
-        self.stats.script_calls += 1;
         let spec = self.windows[window.0 as usize].spec;
-        let reply = replies.pop().ok_or_else(|| StoreError::Protocol("empty pipeline reply".into()))?;
         let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
         let state = Arc::new(state);
         self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&state));
@@ -322,6 +360,37 @@ impl CounterStore for RedisStore {
         Ok(applied)
     }
 
+    fn prefetches(&self) -> bool {
+        true
+    }
+
+    /// One pipeline reading every key of the batch that is neither dirty nor cached.
+    fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        for (window, key) in keys {
+            let lookup = KeyRef { window: window.0, key };
+            if self.dirty.contains_key(&lookup) || self.cache.contains_key(&lookup) {
+                continue;
+            }
+            if seen.insert(KeyRef { window: window.0, key }) {
+                wanted.push((*window, key));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let pipe = self.pipeline(wanted.iter().map(|&(window, key)| (window, key, &[][..])));
+        let replies = self.run(&pipe, wanted.len())?;
+        self.stats.loads += replies.len() as u64;
+        for (&(window, key), reply) in wanted.iter().zip(replies) {
+            let spec = self.windows[window.0 as usize].spec;
+            let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
+            self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::new(state));
+        }
+        Ok(())
+    }
+
     /// Sends every pending delta, one script call per dirty key, in one pipeline. On failure the
     /// deltas stay pending and are sent by the next flush.
     fn flush(&mut self) -> Result<(), StoreError> {
@@ -330,17 +399,11 @@ impl CounterStore for RedisStore {
             return Ok(());
         }
         let keys: Vec<StoredKey> = self.dirty.keys().cloned().collect();
-        let mut pipe = redis::pipe();
-        for stored in &keys {
-            let pending = &self.dirty[stored].pending;
-            pipe.invoke_script(&self.invocation(WindowId(stored.window), stored.key.as_slice(), pending));
-        }
-        let replies = self.query(&pipe)?;
-        if replies.len() != keys.len() {
-            return Err(StoreError::Protocol(format!("{} replies for {} keys", replies.len(), keys.len())));
-        }
+        let pipe = self.pipeline(
+            keys.iter().map(|k| (WindowId(k.window), k.key.as_slice(), self.dirty[k].pending.as_slice())),
+        );
+        let replies = self.run(&pipe, keys.len())?;
         self.stats.flushes += 1;
-        self.stats.script_calls += replies.len() as u64;
         // Redis applied every call: each key leaves the dirty set whatever its reply, or its
         // deltas would be sent twice. A reply we cannot read only costs the cached copy.
         let mut first_error = None;

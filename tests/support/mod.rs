@@ -17,35 +17,65 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
-/// Spawns `redis-server` (TLS-only when `extra` has `--tls-port`) and waits for its port.
-fn spawn_redis(port: u16, extra: &[String]) -> Child {
+/// Spawns `redis-server` (TLS-only when `extra` has `--tls-port`) on `port` and waits until the
+/// server answering there is this child (parallel tests can race for a freed port). `None` if the
+/// child lost the port.
+fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
     let tls = extra.iter().any(|a| a == "--tls-port");
     let mut args: Vec<String> = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from).to_vec();
     args.extend(["--port".to_owned(), if tls { "0".to_owned() } else { port.to_string() }]);
     args.extend(extra.iter().cloned());
-    let child = Command::new("redis-server")
+    let mut child = Command::new("redis-server")
         .args(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server not found: run scripts/test.sh, which installs it");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server on port {port} did not start");
+    loop {
+        if child.try_wait().ok().flatten().is_some() {
+            return None; // exited: the port was taken
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if tls {
+                return Some(child);
+            }
+            let info: Option<String> = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("INFO").arg("server").query(&mut c))
+                .ok();
+            let pid = info.as_deref().and_then(|i| {
+                i.lines().find_map(|l| l.strip_prefix("process_id:")).and_then(|p| p.trim().parse::<u32>().ok())
+            });
+            if pid == Some(child.id()) {
+                return Some(child);
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        RedisServer::start_with(free_port(), &[])
+        RedisServer::start_with(|_| Vec::new())
     }
 
-    /// Starts `redis-server` on `port` with extra arguments, waiting until it answers.
-    fn start_with(port: u16, extra: &[String]) -> RedisServer {
-        let child = spawn_redis(port, extra);
-        RedisServer { child, port, extra: extra.to_vec() }
+    /// Starts `redis-server` on a free port with extra arguments (which may name the port),
+    /// trying other ports if another process takes the chosen one first.
+    fn start_with(extra: impl Fn(u16) -> Vec<String>) -> RedisServer {
+        for _ in 0..10 {
+            let port = free_port();
+            let args = extra(port);
+            if let Some(child) = spawn_redis(port, &args) {
+                return RedisServer { child, port, extra: args };
+            }
+        }
+        panic!("could not start redis-server on a free port");
     }
 
     /// A TLS-only server with a certificate for 127.0.0.1 signed by a fresh test CA. Returns the
@@ -67,20 +97,22 @@ impl RedisServer {
         openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=vigil test CA", "-keyout", &ca_key, "-out", &ca]);
         openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr]);
         openssl(&["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "2", "-extfile", &ext, "-out", &cert]);
-        let port = free_port();
-        let extra = [
-            "--tls-port", &port.to_string(), "--tls-cert-file", &cert, "--tls-key-file", &key,
-            "--tls-ca-cert-file", &ca, "--tls-auth-clients", "no",
-        ]
-        .map(String::from);
-        (RedisServer::start_with(port, &extra), dir.join("ca.pem"))
+        let extra = |port: u16| {
+            [
+                "--tls-port", &port.to_string(), "--tls-cert-file", &cert, "--tls-key-file", &key,
+                "--tls-ca-cert-file", &ca, "--tls-auth-clients", "no",
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        (RedisServer::start_with(extra), dir.join("ca.pem"))
     }
 
     /// Kills the server and starts a new, empty one on the same port (a Redis restart).
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn_redis(self.port, &self.extra);
+        self.child = spawn_redis(self.port, &self.extra).expect("restart redis-server on its port");
     }
 
     pub fn url(&self) -> String {
