@@ -20,11 +20,32 @@
 -- fields, or {} for a key that holds nothing. Numbers are strings: Lua numbers would be
 -- truncated to integers.
 
+-- The shortest of %.15g, %.16g, %.17g that reads back as exactly x.
+local function exact(x)
+  for digits = 15, 17 do
+    local text = string.format('%.' .. digits .. 'g', x)
+    if tonumber(text) == x then return text end
+  end
+  return string.format('%.17g', x)
+end
+
+-- The bucket a hash field stands for: "b<bucket>" → bucket, "d<digest>" → its latest bucket.
+local function bucket_of(field, value)
+  local tag = string.sub(field, 1, 1)
+  if tag == 'b' then return tonumber(string.sub(field, 2)) end
+  if tag == 'd' then return tonumber(value) end
+  return nil
+end
+
 local function apply(key, kind, k, ttl, stride, first, last)
-  local head = tonumber(redis.call('HGET', key, 'h'))
+  -- One read of the whole hash; everything else is computed here and written back at once.
+  local flat = redis.call('HGETALL', key)
+  local fields = {}
+  for j = 1, #flat, 2 do fields[flat[j]] = flat[j + 1] end
+  local head = tonumber(fields['h'])
   local late, skipped = 0, 0
   local recorded, newest = {}, {}
-  local changed = false
+  local written = {}
 
   for i = first, last, stride do
     local bucket = tonumber(ARGV[i])
@@ -32,7 +53,7 @@ local function apply(key, kind, k, ttl, stride, first, last)
     if stride == 4 then
       local partition, offset = ARGV[i + 2], tonumber(ARGV[i + 3])
       if recorded[partition] == nil then
-        recorded[partition] = tonumber(redis.call('HGET', key, 'o' .. partition)) or -1
+        recorded[partition] = tonumber(fields['o' .. partition]) or -1
       end
       if offset <= recorded[partition] then
         fresh = false
@@ -46,23 +67,22 @@ local function apply(key, kind, k, ttl, stride, first, last)
         late = late + 1
       else
         if head == nil or bucket > head then head = bucket end
-        changed = true
         local value = ARGV[i + 1]
-        if kind == 'c' then
-          redis.call('HINCRBY', key, 'b' .. ARGV[i], value)
-        elseif kind == 's' then
+        if kind == 'd' then
+          local field = 'd' .. value
+          local latest = tonumber(fields[field])
+          if latest == nil or bucket > latest then
+            fields[field] = ARGV[i]
+            written[field] = true
+          end
+        else
           local field = 'b' .. ARGV[i]
-          local current = tonumber(redis.call('HGET', key, field))
+          local current = tonumber(fields[field])
           local total = tonumber(value)
           if current ~= nil then total = current + total end
-          -- %.17g round-trips every double, so the caller reads back exactly what was summed.
-          redis.call('HSET', key, field, string.format('%.17g', total))
-        else
-          local field = 'd' .. value
-          local latest = tonumber(redis.call('HGET', key, field))
-          if latest == nil or bucket > latest then
-            redis.call('HSET', key, field, ARGV[i])
-          end
+          -- Sums keep every bit: the caller reads back exactly what was added, in order.
+          fields[field] = (kind == 'c') and string.format('%.0f', total) or exact(total)
+          written[field] = true
         end
       end
     end
@@ -73,41 +93,42 @@ local function apply(key, kind, k, ttl, stride, first, last)
   end
 
   local head_text = string.format('%.0f', head)
-  if changed then
-    redis.call('HSET', key, 'h', head_text)
-  end
-  for partition, offset in pairs(newest) do
-    redis.call('HSET', key, 'o' .. partition, string.format('%.0f', offset))
-  end
-
-  -- Prune what slid out and collect the live window in the same pass.
   local oldest_live = head - k + 1
   local out = {head_text, tostring(late), tostring(skipped)}
-  local dead = {}
-  local fields = redis.call('HGETALL', key)
-  for j = 1, #fields, 2 do
-    local field, value = fields[j], fields[j + 1]
-    local tag = string.sub(field, 1, 1)
-    local bucket = nil
-    if tag == 'b' then
-      bucket = tonumber(string.sub(field, 2))
-    elseif tag == 'd' then
-      bucket = tonumber(value)
-    end
+  local sets, dead = {}, {}
+  if next(written) ~= nil and fields['h'] ~= head_text then
+    sets[#sets + 1] = 'h'
+    sets[#sets + 1] = head_text
+  end
+  for partition, offset in pairs(newest) do
+    sets[#sets + 1] = 'o' .. partition
+    sets[#sets + 1] = string.format('%.0f', offset)
+  end
+  for field, value in pairs(fields) do
+    local bucket = bucket_of(field, value)
     if bucket ~= nil then
       if bucket < oldest_live then
-        dead[#dead + 1] = field
+        -- Only what Redis holds needs deleting; a field written and outdated in this same call
+        -- is simply not written.
+        if not written[field] then dead[#dead + 1] = field end
       else
         out[#out + 1] = field
         out[#out + 1] = value
+        if written[field] then
+          sets[#sets + 1] = field
+          sets[#sets + 1] = value
+        end
       end
     end
   end
-  -- HDEL in chunks: unpack() of a very long list would overflow Lua's C stack.
+  -- Writes and deletes in chunks: unpack() of a very long list would overflow Lua's C stack.
+  for j = 1, #sets, 1000 do
+    redis.call('HSET', key, unpack(sets, j, math.min(j + 999, #sets)))
+  end
   for j = 1, #dead, 1000 do
     redis.call('HDEL', key, unpack(dead, j, math.min(j + 999, #dead)))
   end
-  if changed or #dead > 0 or next(newest) ~= nil then
+  if #sets > 0 or #dead > 0 then
     redis.call('PEXPIRE', key, ttl)
   end
   return out

@@ -137,6 +137,7 @@ pub fn gen(spec: WorkloadSpec) -> anyhow::Result<ExitCode> {
 /// Arguments of `vigil bench`.
 pub struct BenchArgs {
     pub rules: PathBuf,
+    pub redis: Option<String>,
     pub workload: WorkloadSpec,
     pub input: Option<PathBuf>,
 }
@@ -167,6 +168,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let bytes = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
+    if let Some(url) = &args.redis {
+        let result = vigil::redis_bench::run(url, &rules, &input, &mut io::stdout().lock());
+        if args.input.is_none() {
+            let _ = std::fs::remove_file(&input);
+        }
+        result.with_context(|| format!("redis benchmark on {}", redact_url(url)))?;
+        return Ok(ExitCode::SUCCESS);
+    }
 
     // Decode-only pass: the floor set by JSON parsing alone (also warms the page cache).
     let started = Instant::now();

@@ -15,11 +15,13 @@
 //! Around it:
 //!
 //! - [`store`]: the [`store::CounterStore`] trait (named windows, opaque keys — it does not know
-//!   rules) and the in-process [`store::MemoryStore`].
+//!   rules), the in-process [`store::MemoryStore`], and [`store::RedisStore`]: windows in Redis
+//!   hashes updated by `lua/apply_window.lua`, a local merged view, batched write-behind.
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
 //!   decode → plan → count → decide for one event, [`pipeline::replay`] for a JSON-lines stream.
 //! - [`workload`]: deterministic synthetic events for benchmarks and tests.
+//! - [`redis_bench`]: `vigil bench --redis`, the Redis store against per-event scripts.
 //! - `app` / `main`: the command line (`check`, `replay`, `bench`), the only users of `anyhow`.
 //!
 //! # Data flow
@@ -31,6 +33,7 @@
 
 pub mod event;
 pub mod pipeline;
+pub mod redis_bench;
 pub mod rule_files;
 pub mod rules;
 pub mod store;

@@ -59,6 +59,9 @@ enum Command {
         /// Replay this JSON-lines file instead of generating one.
         #[arg(long)]
         input: Option<PathBuf>,
+        /// Benchmark the Redis store against per-event scripts on this (empty) Redis database.
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
         #[command(flatten)]
         workload: WorkloadArgs,
     },
@@ -104,8 +107,8 @@ fn main() -> ExitCode {
         Command::Gen { workload, rate } => {
             app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })
         }
-        Command::Bench { rules, input, workload } => {
-            app::bench(app::BenchArgs { rules, input, workload: workload.spec() })
+        Command::Bench { rules, input, redis, workload } => {
+            app::bench(app::BenchArgs { rules, input, redis, workload: workload.spec() })
         }
     };
     match result {

@@ -150,8 +150,10 @@ impl RedisStore {
         name.push_str("vg:");
         name.push_str(&info.name);
         name.push(':');
-        for byte in &digest.as_bytes()[..16] {
-            name.push_str(&format!("{byte:02x}"));
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for &byte in &digest.as_bytes()[..16] {
+            name.push(char::from(HEX[usize::from(byte >> 4)]));
+            name.push(char::from(HEX[usize::from(byte & 15)]));
         }
         name
     }
