@@ -7,7 +7,7 @@
 //! bit-for-bit; distinct values keep their latest bucket. After a flush the key's local state is
 //! rebuilt from the window the script returns, which then also includes other workers' deltas.
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
@@ -75,22 +75,94 @@ struct WindowInfo {
     spec: WindowSpec,
 }
 
-/// A key with deltas Redis has not seen yet: the merged view and those deltas.
+/// A key with deltas Redis has not acknowledged: the merged view (last window from Redis + every
+/// delta since), the deltas of the flush in flight, and those counted after it was sent.
 struct Dirty {
     state: WindowState,
+    inflight: Vec<(i64, Delta)>,
     pending: Vec<(i64, Delta)>,
 }
 
-pub struct RedisStore {
+/// Script replies: per call, per key, the reply's items.
+type Calls = Vec<Vec<Vec<Vec<u8>>>>;
+
+/// What the flusher thread sends back for one pipeline.
+struct FlushDone {
+    result: Result<Calls, StoreError>,
+    retries: u64,
+}
+
+/// A connection that reconnects, and retries with exponential backoff, when Redis goes away; and
+/// loads the script and retries on NOSCRIPT (after a Redis restart or `SCRIPT FLUSH`).
+struct Link {
     client: redis::Client,
     conn: redis::Connection,
+    attempts: u32,
+    backoff: Duration,
+}
+
+impl Link {
+    fn open(client: redis::Client, config: &RedisStoreConfig) -> Result<Link, StoreError> {
+        let conn = client.get_connection().map_err(unavailable)?;
+        Ok(Link { client, conn, attempts: config.attempts, backoff: config.retry_backoff })
+    }
+
+    /// Runs `pipe`; also returns how many failed attempts were retried.
+    fn query(&mut self, pipe: &redis::Pipeline) -> (Result<Calls, StoreError>, u64) {
+        let mut delay = self.backoff;
+        let mut retries = 0;
+        loop {
+            let error = match pipe.query::<Calls>(&mut self.conn) {
+                Ok(replies) => return (Ok(replies), retries),
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    APPLY_WINDOW.prepare_invoke().load(&mut self.conn).err()
+                }
+                Err(e) => Some(e),
+            };
+            if let Some(e) = error {
+                if retries + 1 >= u64::from(self.attempts) {
+                    return (Err(unavailable(e)), retries);
+                }
+                std::thread::sleep(delay);
+                delay *= 2;
+                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    if let Ok(conn) = self.client.get_connection() {
+                        self.conn = conn;
+                    }
+                }
+            }
+            retries += 1;
+        }
+    }
+}
+
+/// The write-behind task: runs flush pipelines on its own connection while the caller goes on.
+fn flusher(mut link: Link, jobs: mpsc::Receiver<redis::Pipeline>, done: mpsc::Sender<FlushDone>) {
+    for pipe in jobs {
+        let (result, retries) = link.query(&pipe);
+        if done.send(FlushDone { result, retries }).is_err() {
+            return;
+        }
+    }
+}
+
+pub struct RedisStore {
+    /// For reads (loads and prefetches) on the caller's thread.
+    link: Link,
     config: RedisStoreConfig,
     windows: Vec<WindowInfo>,
-    /// Keys with pending deltas. Never evicted: nothing counted is dropped before Redis has it.
+    /// Keys with unacknowledged deltas. Never evicted: nothing counted is dropped before Redis
+    /// has acknowledged it.
     dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
     /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
     cache: moka::sync::Cache<StoredKey, Arc<WindowState>, foldhash::fast::RandomState>,
+    /// Observations counted and not yet sent.
     pending: usize,
+    /// Keys of the flush in flight, in pipeline order.
+    inflight: Option<Vec<StoredKey>>,
+    jobs: Option<mpsc::Sender<redis::Pipeline>>,
+    done: mpsc::Receiver<FlushDone>,
+    flusher: Option<std::thread::JoinHandle<()>>,
     last_flush: Instant,
     stats: RedisStats,
 }
@@ -114,10 +186,16 @@ impl RedisStore {
             }
             None => redis::Client::open(url).map_err(unavailable)?,
         };
-        let conn = client.get_connection().map_err(unavailable)?;
+        let link = Link::open(client.clone(), &config)?;
+        let flusher_link = Link::open(client, &config)?;
+        let (jobs, job_rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        let flusher = std::thread::Builder::new()
+            .name("vigil-flusher".into())
+            .spawn(move || flusher(flusher_link, job_rx, done_tx))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the flusher thread: {e}")))?;
         Ok(RedisStore {
-            client,
-            conn,
+            link,
             windows: Vec::new(),
             dirty: HashMap::default(),
             cache: moka::sync::Cache::builder()
@@ -125,6 +203,10 @@ impl RedisStore {
                 .time_to_idle(config.cache_time_to_idle)
                 .build_with_hasher(foldhash::fast::RandomState::default()),
             pending: 0,
+            inflight: None,
+            jobs: Some(jobs),
+            done,
+            flusher: Some(flusher),
             last_flush: Instant::now(),
             stats: RedisStats::default(),
             config,
@@ -231,9 +313,15 @@ impl RedisStore {
         pipe
     }
 
-    /// Runs a pipeline built by [`RedisStore::pipeline`]: one reply per key, in order.
+    /// Runs a read pipeline built by [`RedisStore::pipeline`] on the caller's thread: one reply
+    /// per key, in order.
     fn run(&mut self, pipe: &redis::Pipeline, keys: usize) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
-        let calls = self.query(pipe)?;
+        let (calls, retries) = self.link.query(pipe);
+        self.stats.retries += retries;
+        self.replies(calls?, keys)
+    }
+
+    fn replies(&mut self, calls: Calls, keys: usize) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
         self.stats.script_calls += calls.len() as u64;
         let replies: Vec<Vec<Vec<u8>>> = calls.into_iter().flatten().collect();
         if replies.len() != keys {
@@ -275,34 +363,93 @@ impl RedisStore {
         Ok(Some(WindowState::from_window(&spec, head, buckets, values)))
     }
 
-    /// Runs `pipe`, loading the script and retrying on NOSCRIPT (after a Redis restart or
-    /// `SCRIPT FLUSH`), and reconnecting with exponential backoff when the connection fails.
-    fn query(&mut self, pipe: &redis::Pipeline) -> Result<Vec<Vec<Vec<Vec<u8>>>>, StoreError> {
-        let mut delay = self.config.retry_backoff;
-        let mut attempt = 1;
-        loop {
-            let error = match pipe.query::<Vec<Vec<Vec<Vec<u8>>>>>(&mut self.conn) {
-                Ok(replies) => return Ok(replies),
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    APPLY_WINDOW.prepare_invoke().load(&mut self.conn).err()
-                }
-                Err(e) => Some(e),
-            };
-            if let Some(e) = error {
-                if attempt >= self.config.attempts {
-                    return Err(unavailable(e));
-                }
-                std::thread::sleep(delay);
-                delay *= 2;
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    if let Ok(conn) = self.client.get_connection() {
-                        self.conn = conn;
-                    }
+    /// Hands every pending delta to the flusher, one script call per 256 dirty keys.
+    fn send(&mut self) -> Result<(), StoreError> {
+        debug_assert!(self.inflight.is_none());
+        self.last_flush = Instant::now();
+        let keys: Vec<StoredKey> =
+            self.dirty.iter().filter(|(_, d)| !d.pending.is_empty()).map(|(k, _)| k.clone()).collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        for key in &keys {
+            let dirty = self.dirty.get_mut(key).expect("listed above");
+            dirty.inflight = std::mem::take(&mut dirty.pending);
+        }
+        let pipe = self.pipeline(
+            keys.iter().map(|k| (WindowId(k.window), k.key.as_slice(), self.dirty[k].inflight.as_slice())),
+        );
+        let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
+        jobs.send(pipe).map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?;
+        self.inflight = Some(keys);
+        self.pending = 0;
+        Ok(())
+    }
+
+    /// Takes in the flush in flight: waits for it if `wait`, else only if it is already done.
+    fn complete(&mut self, wait: bool) -> Result<(), StoreError> {
+        if self.inflight.is_none() {
+            return Ok(());
+        }
+        let done = if wait {
+            self.done.recv().map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?
+        } else {
+            match self.done.try_recv() {
+                Ok(done) => done,
+                Err(mpsc::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(StoreError::Unavailable("the flusher thread stopped".into()))
                 }
             }
-            self.stats.retries += 1;
-            attempt += 1;
+        };
+        let keys = self.inflight.take().expect("checked above");
+        self.stats.retries += done.retries;
+        let replies = match done.result.and_then(|calls| self.replies(calls, keys.len())) {
+            Ok(replies) => replies,
+            Err(e) => {
+                // Not applied (or not known to be): the deltas go back in front of what was
+                // counted since, and the next flush sends them again.
+                for key in &keys {
+                    let dirty = self.dirty.get_mut(key).expect("in flight keys stay dirty");
+                    let mut again = std::mem::take(&mut dirty.inflight);
+                    self.pending += again.len();
+                    again.append(&mut dirty.pending);
+                    dirty.pending = again;
+                }
+                return Err(e);
+            }
+        };
+        self.stats.flushes += 1;
+        // Redis applied every call: each key's in-flight deltas are done whatever its reply. A
+        // reply we cannot read only costs the cached copy.
+        let mut first_error = None;
+        for (key, reply) in keys.into_iter().zip(replies) {
+            let window = WindowId(key.window);
+            let spec = self.windows[key.window as usize].spec;
+            let parsed = self.parse_window(window, reply);
+            let dirty = self.dirty.remove(&key).expect("in flight keys stay dirty");
+            let state = match parsed {
+                Ok(fresh) => {
+                    // The window as Redis has it now, plus what was counted since it was sent.
+                    let mut state = fresh.unwrap_or_else(|| WindowState::new(spec.aggregate));
+                    for &(bucket, delta) in &dirty.pending {
+                        state.apply(&spec, bucket, delta);
+                    }
+                    state
+                }
+                Err(e) => {
+                    // Keep our own merged view, which already holds every delta.
+                    first_error.get_or_insert(e);
+                    dirty.state
+                }
+            };
+            if dirty.pending.is_empty() {
+                self.cache.insert(key, Arc::new(state));
+            } else {
+                self.dirty.insert(key, Dirty { state, inflight: Vec::new(), pending: dirty.pending });
+            }
         }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Reads a key's window from Redis (and caches it).
@@ -348,7 +495,7 @@ impl CounterStore for RedisStore {
                 let applied = state.apply(&spec, bucket, delta);
                 if let Applied::Counted(_) = applied {
                     let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                    self.dirty.insert(stored, Dirty { state, pending: vec![(bucket, delta)] });
+                    self.dirty.insert(stored, Dirty { state, inflight: Vec::new(), pending: vec![(bucket, delta)] });
                 }
                 applied
             }
@@ -356,8 +503,14 @@ impl CounterStore for RedisStore {
         if let Applied::Counted(_) = applied {
             self.pending += 1;
         }
-        if self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval {
-            self.flush()?;
+        self.complete(false)?;
+        let due = self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval;
+        if due && self.inflight.is_none() {
+            self.send()?;
+        } else if self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
+            // Backpressure: Redis is slower than counting; wait for it rather than grow.
+            self.complete(true)?;
+            self.send()?;
         }
         Ok(applied)
     }
@@ -393,42 +546,27 @@ impl CounterStore for RedisStore {
         Ok(())
     }
 
-    /// Sends every pending delta, one script call per dirty key, in one pipeline. On failure the
-    /// deltas stay pending and are sent by the next flush.
+    /// Waits for the flush in flight, then sends everything still pending and waits for it: on
+    /// return Redis holds every delta counted so far.
     fn flush(&mut self) -> Result<(), StoreError> {
-        self.last_flush = Instant::now();
-        if self.dirty.is_empty() {
-            return Ok(());
-        }
-        let keys: Vec<StoredKey> = self.dirty.keys().cloned().collect();
-        let pipe = self.pipeline(
-            keys.iter().map(|k| (WindowId(k.window), k.key.as_slice(), self.dirty[k].pending.as_slice())),
-        );
-        let replies = self.run(&pipe, keys.len())?;
-        self.stats.flushes += 1;
-        // Redis applied every call: each key leaves the dirty set whatever its reply, or its
-        // deltas would be sent twice. A reply we cannot read only costs the cached copy.
-        let mut first_error = None;
-        for (stored, reply) in keys.into_iter().zip(replies) {
-            let window = WindowId(stored.window);
-            let spec = self.windows[stored.window as usize].spec;
-            self.dirty.remove(&stored);
-            match self.parse_window(window, reply) {
-                Ok(state) => {
-                    let state = state.unwrap_or_else(|| WindowState::new(spec.aggregate));
-                    self.cache.insert(stored, Arc::new(state));
-                }
-                Err(e) => {
-                    self.cache.invalidate(&stored);
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        self.pending = 0;
-        first_error.map_or(Ok(()), Err)
+        self.complete(true)?;
+        self.send()?;
+        self.complete(true)
     }
 
     fn live_keys(&self) -> usize {
         self.dirty.len() + self.cache.entry_count() as usize
+    }
+}
+
+impl Drop for RedisStore {
+    /// Shutdown flushes: what was counted reaches Redis unless Redis stays unreachable through
+    /// every retry. Then the flusher thread ends with its channel.
+    fn drop(&mut self) {
+        let _ = self.flush();
+        self.jobs = None;
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
     }
 }
