@@ -10,10 +10,12 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 # redis-server (the Redis tests start their own servers on free loopback ports, TLS ones too) and
-# openssl (makes their test certificates): Debian packages, installed only when missing.
+# openssl (makes their test certificates) and redis-cli (joins test clusters): Debian packages,
+# installed only when missing.
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

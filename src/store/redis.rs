@@ -92,30 +92,94 @@ struct FlushDone {
     retries: u64,
 }
 
+/// Where the store connects: one Redis, or a Redis Cluster (found from the URL's node).
+#[derive(Clone)]
+enum Target {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+enum Conn {
+    Single(redis::Connection),
+    /// Routes each call by its keys and follows MOVED/ASK redirects. Boxed: it is much larger.
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl Target {
+    fn connect(&self) -> redis::RedisResult<Conn> {
+        match self {
+            Target::Single(client) => client.get_connection().map(Conn::Single),
+            Target::Cluster(client) => client.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+        }
+    }
+}
+
+/// Script calls covering a set of keys, and for each reply (in call order) the index of its key.
+struct Batch {
+    calls: Vec<redis::ScriptInvocation<'static>>,
+    order: Vec<usize>,
+}
+
 /// A connection that reconnects, and retries with exponential backoff, when Redis goes away; and
 /// loads the script and retries on NOSCRIPT (after a Redis restart or `SCRIPT FLUSH`).
 struct Link {
-    client: redis::Client,
-    conn: redis::Connection,
+    target: Target,
+    conn: Conn,
     attempts: u32,
     backoff: Duration,
 }
 
 impl Link {
-    fn open(client: redis::Client, config: &RedisStoreConfig) -> Result<Link, StoreError> {
-        let conn = client.get_connection().map_err(unavailable)?;
-        Ok(Link { client, conn, attempts: config.attempts, backoff: config.retry_backoff })
+    fn open(target: Target, config: &RedisStoreConfig) -> Result<Link, StoreError> {
+        let conn = target.connect().map_err(unavailable)?;
+        Ok(Link { target, conn, attempts: config.attempts, backoff: config.retry_backoff })
     }
 
-    /// Runs `pipe`; also returns how many failed attempts were retried.
-    fn query(&mut self, pipe: &redis::Pipeline) -> (Result<Calls, StoreError>, u64) {
+    fn run_once(&mut self, batch: &Batch) -> redis::RedisResult<Calls> {
+        match &mut self.conn {
+            Conn::Single(conn) => {
+                let mut pipe = redis::pipe();
+                for call in &batch.calls {
+                    pipe.invoke_script(call);
+                }
+                pipe.query(conn)
+            }
+            // One command per call: the cluster client follows MOVED/ASK for single commands (its
+            // pipelines report redirects as failed results instead), and a redirected or NOSCRIPT
+            // call did not run, so it alone is retried.
+            Conn::Cluster(conn) => {
+                let mut replies = Vec::with_capacity(batch.calls.len());
+                for call in &batch.calls {
+                    let reply = match call.invoke(conn) {
+                        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                            load_on_all_masters(conn)?;
+                            call.invoke(conn)?
+                        }
+                        other => other?,
+                    };
+                    replies.push(reply);
+                }
+                Ok(replies)
+            }
+        }
+    }
+
+    fn load_script(&mut self) -> redis::RedisResult<()> {
+        match &mut self.conn {
+            Conn::Single(conn) => APPLY_WINDOW.prepare_invoke().load(conn).map(drop),
+            Conn::Cluster(conn) => load_on_all_masters(conn),
+        }
+    }
+
+    /// Runs `batch`; also returns how many failed attempts were retried.
+    fn query(&mut self, batch: &Batch) -> (Result<Calls, StoreError>, u64) {
         let mut delay = self.backoff;
         let mut retries = 0;
         loop {
-            let error = match pipe.query::<Calls>(&mut self.conn) {
+            let error = match self.run_once(batch) {
                 Ok(replies) => return (Ok(replies), retries),
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    APPLY_WINDOW.prepare_invoke().load(&mut self.conn).err()
+                    self.load_script().err()
                 }
                 Err(e) => Some(e),
             };
@@ -126,7 +190,7 @@ impl Link {
                 std::thread::sleep(delay);
                 delay *= 2;
                 if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    if let Ok(conn) = self.client.get_connection() {
+                    if let Ok(conn) = self.target.connect() {
                         self.conn = conn;
                     }
                 }
@@ -136,14 +200,38 @@ impl Link {
     }
 }
 
-/// The write-behind task: runs flush pipelines on its own connection while the caller goes on.
-fn flusher(mut link: Link, jobs: mpsc::Receiver<redis::Pipeline>, done: mpsc::Sender<FlushDone>) {
-    for pipe in jobs {
-        let (result, retries) = link.query(&pipe);
+/// Every master needs the script: SCRIPT LOAD routed to all of them.
+fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<()> {
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(include_str!("../../lua/apply_window.lua"));
+    let route = redis::cluster_routing::RoutingInfo::MultiNode((
+        redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+        None,
+    ));
+    conn.route_command(&load, route).map(drop)
+}
+
+/// The write-behind task: runs flush batches on its own connection while the caller goes on.
+fn flusher(mut link: Link, jobs: mpsc::Receiver<Batch>, done: mpsc::Sender<FlushDone>) {
+    for batch in jobs {
+        let (result, retries) = link.query(&batch);
         if done.send(FlushDone { result, retries }).is_err() {
             return;
         }
     }
+}
+
+/// The Redis Cluster hash slot of a key (CRC16/XMODEM mod 16384). vigil's keys never hold `{`,
+/// so the whole key is hashed.
+fn slot(key: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in key.as_bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
 }
 
 pub struct RedisStore {
@@ -158,9 +246,11 @@ pub struct RedisStore {
     cache: moka::sync::Cache<StoredKey, Arc<WindowState>, foldhash::fast::RandomState>,
     /// Observations counted and not yet sent.
     pending: usize,
-    /// Keys of the flush in flight, in pipeline order.
-    inflight: Option<Vec<StoredKey>>,
-    jobs: Option<mpsc::Sender<redis::Pipeline>>,
+    /// Keys of the flush in flight, and its batch's reply order.
+    inflight: Option<(Vec<StoredKey>, Vec<usize>)>,
+    jobs: Option<mpsc::Sender<Batch>>,
+    /// Cluster mode: script calls hold keys of one slot only.
+    cluster: bool,
     done: mpsc::Receiver<FlushDone>,
     flusher: Option<std::thread::JoinHandle<()>>,
     last_flush: Instant,
@@ -186,8 +276,19 @@ impl RedisStore {
             }
             None => redis::Client::open(url).map_err(unavailable)?,
         };
-        let link = Link::open(client.clone(), &config)?;
-        let flusher_link = Link::open(client, &config)?;
+        // A node with cluster mode on means a Redis Cluster: use the cluster client, seeded with it.
+        let info: String = client
+            .get_connection()
+            .and_then(|mut conn| redis::cmd("INFO").arg("cluster").query(&mut conn))
+            .map_err(unavailable)?;
+        let cluster = info.lines().any(|l| l.trim() == "cluster_enabled:1");
+        let target = if cluster {
+            Target::Cluster(redis::cluster::ClusterClient::new(vec![url]).map_err(unavailable)?)
+        } else {
+            Target::Single(client)
+        };
+        let link = Link::open(target.clone(), &config)?;
+        let flusher_link = Link::open(target, &config)?;
         let (jobs, job_rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
         let flusher = std::thread::Builder::new()
@@ -205,6 +306,7 @@ impl RedisStore {
             pending: 0,
             inflight: None,
             jobs: Some(jobs),
+            cluster,
             done,
             flusher: Some(flusher),
             last_flush: Instant::now(),
@@ -242,7 +344,7 @@ impl RedisStore {
 
     /// Appends one key to a script invocation: the key, its header and its `deltas` (none: just
     /// read the window).
-    fn add_key(&self, inv: &mut redis::ScriptInvocation<'_>, window: WindowId, key: &[u8], deltas: &[(i64, Delta)]) {
+    fn add_key(&self, inv: &mut redis::ScriptInvocation<'_>, name: String, window: WindowId, deltas: &[(i64, Delta)]) {
         let spec = self.windows[window.0 as usize].spec;
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 * deltas.len());
         match spec.aggregate {
@@ -278,7 +380,7 @@ impl RedisStore {
                 }
             }
         }
-        inv.key(self.redis_key(window, key))
+        inv.key(name)
             .arg(match spec.aggregate {
                 Aggregate::Count => "c",
                 Aggregate::Sum => "s",
@@ -293,39 +395,53 @@ impl RedisStore {
         }
     }
 
-    /// A pipeline of script calls covering `keys` (with their deltas), `KEYS_PER_CALL` at a time.
-    fn pipeline<'k>(&self, keys: impl ExactSizeIterator<Item = (WindowId, &'k [u8], &'k [(i64, Delta)])>) -> redis::Pipeline {
-        let mut pipe = redis::pipe();
-        let mut inv = APPLY_WINDOW.prepare_invoke();
-        let mut in_call = 0;
-        for (window, key, deltas) in keys {
-            self.add_key(&mut inv, window, key, deltas);
-            in_call += 1;
-            if in_call == KEYS_PER_CALL {
-                pipe.invoke_script(&inv);
-                inv = APPLY_WINDOW.prepare_invoke();
-                in_call = 0;
+    /// Script calls covering `keys` (with their deltas), up to `KEYS_PER_CALL` keys per call; in
+    /// cluster mode each call holds keys of one hash slot.
+    fn batch<'k>(&self, keys: impl Iterator<Item = (WindowId, &'k [u8], &'k [(i64, Delta)])>) -> Batch {
+        let mut groups: Vec<(u16, Vec<usize>, redis::ScriptInvocation<'static>)> = Vec::new();
+        let mut open: HashMap<u16, usize> = HashMap::new();
+        let mut batch = Batch { calls: Vec::new(), order: Vec::new() };
+        for (index, (window, key, deltas)) in keys.enumerate() {
+            let name = self.redis_key(window, key);
+            let group_slot = if self.cluster { slot(&name) } else { 0 };
+            let group = match open.get(&group_slot) {
+                Some(&g) => g,
+                None => {
+                    groups.push((group_slot, Vec::new(), APPLY_WINDOW.prepare_invoke()));
+                    open.insert(group_slot, groups.len() - 1);
+                    groups.len() - 1
+                }
+            };
+            self.add_key(&mut groups[group].2, name, window, deltas);
+            groups[group].1.push(index);
+            if groups[group].1.len() == KEYS_PER_CALL {
+                open.remove(&group_slot);
             }
         }
-        if in_call > 0 {
-            pipe.invoke_script(&inv);
+        for (_, members, call) in groups {
+            batch.order.extend(members);
+            batch.calls.push(call);
         }
-        pipe
+        batch
     }
 
-    /// Runs a read pipeline built by [`RedisStore::pipeline`] on the caller's thread: one reply
-    /// per key, in order.
-    fn run(&mut self, pipe: &redis::Pipeline, keys: usize) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
-        let (calls, retries) = self.link.query(pipe);
+    /// Runs a read batch on the caller's thread: one reply per key, in the keys' order.
+    fn run(&mut self, batch: &Batch) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+        let (calls, retries) = self.link.query(batch);
         self.stats.retries += retries;
-        self.replies(calls?, keys)
+        self.replies(calls?, &batch.order)
     }
 
-    fn replies(&mut self, calls: Calls, keys: usize) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+    /// Flattens per-call replies back into the order the keys were given.
+    fn replies(&mut self, calls: Calls, order: &[usize]) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
         self.stats.script_calls += calls.len() as u64;
-        let replies: Vec<Vec<Vec<u8>>> = calls.into_iter().flatten().collect();
-        if replies.len() != keys {
-            return Err(StoreError::Protocol(format!("{} replies for {keys} keys", replies.len())));
+        let flat: Vec<Vec<Vec<u8>>> = calls.into_iter().flatten().collect();
+        if flat.len() != order.len() {
+            return Err(StoreError::Protocol(format!("{} replies for {} keys", flat.len(), order.len())));
+        }
+        let mut replies = vec![Vec::new(); order.len()];
+        for (reply, &index) in flat.into_iter().zip(order) {
+            replies[index] = reply;
         }
         Ok(replies)
     }
@@ -376,12 +492,13 @@ impl RedisStore {
             let dirty = self.dirty.get_mut(key).expect("listed above");
             dirty.inflight = std::mem::take(&mut dirty.pending);
         }
-        let pipe = self.pipeline(
+        let batch = self.batch(
             keys.iter().map(|k| (WindowId(k.window), k.key.as_slice(), self.dirty[k].inflight.as_slice())),
         );
+        let order = batch.order.clone();
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
-        jobs.send(pipe).map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?;
-        self.inflight = Some(keys);
+        jobs.send(batch).map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?;
+        self.inflight = Some((keys, order));
         self.pending = 0;
         Ok(())
     }
@@ -402,9 +519,9 @@ impl RedisStore {
                 }
             }
         };
-        let keys = self.inflight.take().expect("checked above");
+        let (keys, order) = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
-        let replies = match done.result.and_then(|calls| self.replies(calls, keys.len())) {
+        let replies = match done.result.and_then(|calls| self.replies(calls, &order)) {
             Ok(replies) => replies,
             Err(e) => {
                 // Not applied (or not known to be): the deltas go back in front of what was
@@ -454,8 +571,8 @@ impl RedisStore {
 
     /// Reads a key's window from Redis (and caches it).
     fn load(&mut self, window: WindowId, key: &[u8]) -> Result<Arc<WindowState>, StoreError> {
-        let pipe = self.pipeline([(window, key, &[][..])].into_iter());
-        let reply = self.run(&pipe, 1)?.pop().expect("one reply, checked by run");
+        let batch = self.batch([(window, key, &[][..])].into_iter());
+        let reply = self.run(&batch)?.pop().expect("one reply, checked by run");
         self.stats.loads += 1;
         let spec = self.windows[window.0 as usize].spec;
         let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
@@ -535,8 +652,8 @@ impl CounterStore for RedisStore {
         if wanted.is_empty() {
             return Ok(());
         }
-        let pipe = self.pipeline(wanted.iter().map(|&(window, key)| (window, key, &[][..])));
-        let replies = self.run(&pipe, wanted.len())?;
+        let batch = self.batch(wanted.iter().map(|&(window, key)| (window, key, &[][..])));
+        let replies = self.run(&batch)?;
         self.stats.loads += replies.len() as u64;
         for (&(window, key), reply) in wanted.iter().zip(replies) {
             let spec = self.windows[window.0 as usize].spec;
@@ -568,5 +685,18 @@ impl Drop for RedisStore {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_follow_the_cluster_spec() {
+        // The Redis Cluster specification's CRC16 check value, and slots redis-cli reports.
+        assert_eq!(slot("123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("bar"), 5061);
     }
 }

@@ -131,3 +131,85 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// A Redis Cluster of three masters, each a `redis-server` this test started; all killed on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap().to_owned();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(|port| {
+                    [
+                        "--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf"),
+                        "--cluster-node-timeout", "2000", "--dir", &path,
+                    ]
+                    .map(String::from)
+                    .to_vec()
+                })
+            })
+            .collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli not found: run scripts/test.sh, which installs it");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &nodes {
+            loop {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut node.connection()).unwrap();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes, _dir: dir }
+    }
+
+    /// The URL of one node: the store finds the rest.
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
+    }
+
+    fn node_id(node: &RedisServer) -> String {
+        redis::cmd("CLUSTER").arg("MYID").query(&mut node.connection()).unwrap()
+    }
+
+    /// Moves every key of `slot` from the node that serves it to another, as `redis-cli
+    /// --cluster reshard` does: clients holding the old slot map then get MOVED/ASK replies.
+    pub fn migrate_slot(&self, slot: u16) {
+        let serves = |node: &RedisServer| -> bool {
+            let n: i64 = redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot).query(&mut node.connection()).unwrap();
+            n > 0
+        };
+        let source = self.nodes.iter().position(serves).expect("a node holds keys of the slot");
+        let target = (source + 1) % self.nodes.len();
+        let (src, dst) = (&self.nodes[source], &self.nodes[target]);
+        let (src_id, dst_id) = (Self::node_id(src), Self::node_id(dst));
+        let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("IMPORTING").arg(&src_id).query(&mut dst.connection()).unwrap();
+        let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("MIGRATING").arg(&dst_id).query(&mut src.connection()).unwrap();
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100).query(&mut src.connection()).unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            let _: () = redis::cmd("MIGRATE").arg("127.0.0.1").arg(dst.port).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys).query(&mut src.connection()).unwrap();
+        }
+        for node in &self.nodes {
+            let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("NODE").arg(&dst_id).query(&mut node.connection()).unwrap();
+        }
+    }
+}
