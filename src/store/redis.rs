@@ -1,11 +1,13 @@
 //! The Redis store (DESIGN §5–§6): per key, the last window read from Redis merged with this
-//! process's pending deltas; pending deltas flushed in pipelined script calls, one per key.
+//! process's deltas since; deltas written behind by a flusher thread in batched script calls
+//! (`lua/apply_window.lua`, up to 256 keys per call; one hash slot per call on a Redis Cluster).
 //!
 //! Exactness: a single process sees exactly what the in-memory store sees. Counts are integers;
 //! sums are sent as the individual amounts in counting order and added by the script in that same
-//! order in IEEE doubles (Lua's numbers), stored with 17 significant digits so they read back
-//! bit-for-bit; distinct values keep their latest bucket. After a flush the key's local state is
-//! rebuilt from the window the script returns, which then also includes other workers' deltas.
+//! order in IEEE doubles (Lua's numbers), stored as the shortest text that reads back bit-for-bit;
+//! distinct values keep their latest bucket. When a flush is acknowledged, the key's state becomes
+//! the window the script returned (which also holds other workers' deltas) plus the deltas
+//! counted since the flush was sent.
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -569,16 +571,20 @@ impl RedisStore {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Reads a key's window from Redis (and caches it).
-    fn load(&mut self, window: WindowId, key: &[u8]) -> Result<Arc<WindowState>, StoreError> {
-        let batch = self.batch([(window, key, &[][..])].into_iter());
-        let reply = self.run(&batch)?.pop().expect("one reply, checked by run");
-        self.stats.loads += 1;
-        let spec = self.windows[window.0 as usize].spec;
-        let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
-        let state = Arc::new(state);
-        self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&state));
-        Ok(state)
+    /// Reads the windows of `keys` from Redis in one batch and caches them.
+    fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<WindowState>>, StoreError> {
+        let batch = self.batch(keys.iter().map(|&(window, key)| (window, key, &[][..])));
+        let replies = self.run(&batch)?;
+        self.stats.loads += replies.len() as u64;
+        let mut states = Vec::with_capacity(keys.len());
+        for (&(window, key), reply) in keys.iter().zip(replies) {
+            let spec = self.windows[window.0 as usize].spec;
+            let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
+            let state = Arc::new(state);
+            self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&state));
+            states.push(state);
+        }
+        Ok(states)
     }
 }
 
@@ -606,7 +612,7 @@ impl CounterStore for RedisStore {
             None => {
                 let clean = match self.cache.get(&lookup) {
                     Some(state) => state,
-                    None => self.load(window, key)?,
+                    None => self.read(&[(window, key)])?.pop().expect("one state per key"),
                 };
                 let mut state = WindowState::clone(&clean);
                 let applied = state.apply(&spec, bucket, delta);
@@ -649,16 +655,8 @@ impl CounterStore for RedisStore {
                 wanted.push((*window, key));
             }
         }
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        let batch = self.batch(wanted.iter().map(|&(window, key)| (window, key, &[][..])));
-        let replies = self.run(&batch)?;
-        self.stats.loads += replies.len() as u64;
-        for (&(window, key), reply) in wanted.iter().zip(replies) {
-            let spec = self.windows[window.0 as usize].spec;
-            let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
-            self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::new(state));
+        if !wanted.is_empty() {
+            self.read(&wanted)?;
         }
         Ok(())
     }
