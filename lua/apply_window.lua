@@ -11,14 +11,17 @@
 --          deltas in the order they were counted: count → value is an integer increment;
 --          sum → a number, added in order; distinct → the value's digest (16 raw bytes)
 --
--- Hash fields: "h" head bucket; "b<bucket>" count or sum of a bucket; "d<digest>" a distinct
--- value's latest bucket; "o<partition>" the highest offset applied from that partition. A delta
--- whose offset is at or below its partition's recorded one was applied before (replay after a
--- crash) and is skipped; a delta whose bucket is at or below head - k is late and refused.
+-- Hash fields (compact, so small windows stay in Redis' listpack encoding): "h" the head bucket;
+-- "<slot>" (digits only) the count or sum of the live bucket whose index mod k is slot;
+-- "d<digest>" a distinct value's latest bucket, also as its slot; "o<partition>" the highest
+-- offset applied from that partition. Live buckets are head-k+1 ..= head, so a slot names exactly
+-- one of them. A delta whose offset is at or below its partition's recorded one was applied
+-- before (replay after a crash) and is skipped; a delta whose bucket is at or below head - k is
+-- late and refused.
 --
--- Returns one reply per key: {head, late, skipped, field, value, …} with the live "b"/"d"
--- fields, or {} for a key that holds nothing. Numbers are strings: Lua numbers would be
--- truncated to integers.
+-- Returns one reply per key: {head, late, skipped, field, value, …} with the live window as
+-- "b<bucket>" → count/sum and "d<digest>" → latest bucket (absolute indices), or {} for a key that
+-- holds nothing. Numbers are strings: Lua numbers would be truncated to integers.
 
 -- The shortest of %.15g, %.16g, %.17g that reads back as exactly x.
 local function exact(x)
@@ -29,31 +32,38 @@ local function exact(x)
   return string.format('%.17g', x)
 end
 
--- The bucket a hash field stands for: "b<bucket>" → bucket, "d<digest>" → its latest bucket.
-local function bucket_of(field, value)
-  local tag = string.sub(field, 1, 1)
-  if tag == 'b' then return tonumber(string.sub(field, 2)) end
-  if tag == 'd' then return tonumber(value) end
-  return nil
+-- The live bucket held in `slot` when the head is `head`.
+local function unslot(slot, head, k)
+  return head - ((head - slot) % k)
 end
 
 local function apply(key, kind, k, ttl, stride, first, last)
-  -- One read of the whole hash; everything else is computed here and written back at once.
+  -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = redis.call('HGETALL', key)
-  local fields = {}
-  for j = 1, #flat, 2 do fields[flat[j]] = flat[j + 1] end
-  local head = tonumber(fields['h'])
+  local stored = {}
+  for j = 1, #flat, 2 do stored[flat[j]] = flat[j + 1] end
+  local head = tonumber(stored['h'])
+  local buckets, latest = {}, {}
+  if head ~= nil then
+    for field, value in pairs(stored) do
+      if string.find(field, '^%d+$') then
+        buckets[unslot(tonumber(field), head, k)] = tonumber(value)
+      elseif string.sub(field, 1, 1) == 'd' then
+        latest[string.sub(field, 2)] = unslot(tonumber(value), head, k)
+      end
+    end
+  end
+
   local late, skipped = 0, 0
   local recorded, newest = {}, {}
-  local written = {}
-
+  local changed = false
   for i = first, last, stride do
     local bucket = tonumber(ARGV[i])
     local fresh = true
     if stride == 4 then
       local partition, offset = ARGV[i + 2], tonumber(ARGV[i + 3])
       if recorded[partition] == nil then
-        recorded[partition] = tonumber(fields['o' .. partition]) or -1
+        recorded[partition] = tonumber(stored['o' .. partition]) or -1
       end
       if offset <= recorded[partition] then
         fresh = false
@@ -67,22 +77,13 @@ local function apply(key, kind, k, ttl, stride, first, last)
         late = late + 1
       else
         if head == nil or bucket > head then head = bucket end
+        changed = true
         local value = ARGV[i + 1]
         if kind == 'd' then
-          local field = 'd' .. value
-          local latest = tonumber(fields[field])
-          if latest == nil or bucket > latest then
-            fields[field] = ARGV[i]
-            written[field] = true
-          end
+          if latest[value] == nil or bucket > latest[value] then latest[value] = bucket end
         else
-          local field = 'b' .. ARGV[i]
-          local current = tonumber(fields[field])
-          local total = tonumber(value)
-          if current ~= nil then total = current + total end
-          -- Sums keep every bit: the caller reads back exactly what was added, in order.
-          fields[field] = (kind == 'c') and string.format('%.0f', total) or exact(total)
-          written[field] = true
+          -- Sums add in counting order in doubles, exactly as the caller does.
+          buckets[bucket] = (buckets[bucket] or 0) + tonumber(value)
         end
       end
     end
@@ -92,34 +93,43 @@ local function apply(key, kind, k, ttl, stride, first, last)
     return {}
   end
 
+  -- Encode the live window; collect what differs from what Redis holds.
   local head_text = string.format('%.0f', head)
   local oldest_live = head - k + 1
   local out = {head_text, tostring(late), tostring(skipped)}
-  local sets, dead = {}, {}
-  if next(written) ~= nil and fields['h'] ~= head_text then
-    sets[#sets + 1] = 'h'
-    sets[#sets + 1] = head_text
-  end
-  for partition, offset in pairs(newest) do
-    sets[#sets + 1] = 'o' .. partition
-    sets[#sets + 1] = string.format('%.0f', offset)
-  end
-  for field, value in pairs(fields) do
-    local bucket = bucket_of(field, value)
-    if bucket ~= nil then
-      if bucket < oldest_live then
-        -- Only what Redis holds needs deleting; a field written and outdated in this same call
-        -- is simply not written.
-        if not written[field] then dead[#dead + 1] = field end
-      else
-        out[#out + 1] = field
-        out[#out + 1] = value
-        if written[field] then
-          sets[#sets + 1] = field
-          sets[#sets + 1] = value
-        end
-      end
+  local wanted = {}
+  for bucket, value in pairs(buckets) do
+    if bucket >= oldest_live then
+      local text = (kind == 's') and exact(value) or string.format('%.0f', value)
+      wanted[string.format('%.0f', bucket % k)] = text
+      out[#out + 1] = 'b' .. string.format('%.0f', bucket)
+      out[#out + 1] = text
     end
+  end
+  for digest, bucket in pairs(latest) do
+    if bucket >= oldest_live then
+      wanted['d' .. digest] = string.format('%.0f', bucket % k)
+      out[#out + 1] = 'd' .. digest
+      out[#out + 1] = string.format('%.0f', bucket)
+    end
+  end
+  if not changed then
+    return out
+  end
+  wanted['h'] = head_text
+  for partition, offset in pairs(newest) do
+    wanted['o' .. partition] = string.format('%.0f', offset)
+  end
+  local sets, dead = {}, {}
+  for field, value in pairs(wanted) do
+    if stored[field] ~= value then
+      sets[#sets + 1] = field
+      sets[#sets + 1] = value
+    end
+  end
+  for field, _ in pairs(stored) do
+    local ours = field == 'h' or string.find(field, '^%d+$') or string.sub(field, 1, 1) == 'd'
+    if ours and wanted[field] == nil then dead[#dead + 1] = field end
   end
   -- Writes and deletes in chunks: unpack() of a very long list would overflow Lua's C stack.
   for j = 1, #sets, 1000 do
@@ -128,9 +138,7 @@ local function apply(key, kind, k, ttl, stride, first, last)
   for j = 1, #dead, 1000 do
     redis.call('HDEL', key, unpack(dead, j, math.min(j + 999, #dead)))
   end
-  if #sets > 0 or #dead > 0 then
-    redis.call('PEXPIRE', key, ttl)
-  end
+  redis.call('PEXPIRE', key, ttl)
   return out
 end
 
