@@ -382,7 +382,8 @@ fn redis_cluster_spreads_keys_and_survives_a_slot_migration() {
     let sizes: Vec<i64> =
         cluster.nodes.iter().map(|n| redis::cmd("DBSIZE").query(&mut n.connection()).unwrap()).collect();
     assert!(sizes.iter().all(|&n| n > 100), "keys spread over every master: {sizes:?}");
-    // Multi-key calls are per slot in a cluster, so more calls than on one node, still batched.
+    // The store's slot map was stale after the migration: its calls for that slot were
+    // redirected (MOVED) and counted as retries.
     let stats = store.stats();
-    assert!(stats.script_calls < stats.loads + 20_000 * 3, "{stats:?}");
+    assert!(stats.retries >= 1, "{stats:?}");
 }

@@ -85,8 +85,12 @@ struct Dirty {
     pending: Vec<(i64, Delta)>,
 }
 
-/// Script replies: per call, per key, the reply's items.
-type Calls = Vec<Vec<Vec<Vec<u8>>>>;
+/// One key's reply: its items (head, late, skipped, field, value, …).
+type KeyReply = Vec<Vec<u8>>;
+/// One script call's reply: per key.
+type CallReply = Vec<KeyReply>;
+/// A batch's replies: per call.
+type Calls = Vec<CallReply>;
 
 /// What the flusher thread sends back for one pipeline.
 struct FlushDone {
@@ -94,31 +98,194 @@ struct FlushDone {
     retries: u64,
 }
 
-/// Where the store connects: one Redis, or a Redis Cluster (found from the URL's node).
+/// Where the store connects: one Redis, or a Redis Cluster (found from the URL's node, whose
+/// client also gives the credentials and TLS settings for direct connections to each master).
 #[derive(Clone)]
 enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster { seed: redis::Client, cluster: Box<redis::cluster::ClusterClient> },
 }
 
 enum Conn {
     Single(redis::Connection),
-    /// Routes each call by its keys and follows MOVED/ASK redirects. Boxed: it is much larger.
-    Cluster(Box<redis::cluster::ClusterConnection>),
+    Cluster(Box<ClusterConn>),
+}
+
+/// A Redis Cluster: calls are pipelined per master on direct connections, by the slot map; a call
+/// answered with MOVED/ASK (the map changed) is sent again through the cluster client, which
+/// follows redirects, and the map is read anew.
+struct ClusterConn {
+    cluster: redis::cluster::ClusterConnection,
+    seed: redis::Client,
+    /// Master index per hash slot.
+    slot_owner: Vec<usize>,
+    masters: Vec<(String, u16, Option<redis::Connection>)>,
+}
+
+impl ClusterConn {
+    fn open(seed: &redis::Client, cluster: &redis::cluster::ClusterClient) -> redis::RedisResult<ClusterConn> {
+        let mut conn = ClusterConn {
+            cluster: cluster.get_connection()?,
+            seed: seed.clone(),
+            slot_owner: vec![0; 16384],
+            masters: Vec::new(),
+        };
+        conn.read_slot_map()?;
+        Ok(conn)
+    }
+
+    /// `CLUSTER SLOTS`: each range's master.
+    fn read_slot_map(&mut self) -> redis::RedisResult<()> {
+        let mut any = self.seed.get_connection()?;
+        let ranges: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query::<Vec<redis::Value>>(&mut any)?
+            .into_iter()
+            .filter_map(|range| {
+                let redis::Value::Array(items) = range else { return None };
+                let start: u16 = redis::from_redis_value(items.first()?.clone()).ok()?;
+                let end: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
+                let redis::Value::Array(master) = items.get(2)? else { return None };
+                let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
+                let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
+                Some((start, end, (host, port)))
+            })
+            .collect();
+        for (start, end, (host, port)) in ranges {
+            let index = match self.masters.iter().position(|(h, p, _)| *h == host && *p == port) {
+                Some(index) => index,
+                None => {
+                    self.masters.push((host, port, None));
+                    self.masters.len() - 1
+                }
+            };
+            for slot in start..=end.min(16383) {
+                self.slot_owner[usize::from(slot)] = index;
+            }
+        }
+        Ok(())
+    }
+
+    /// A direct connection to a master, with the seed's credentials and TLS settings.
+    fn master(&mut self, index: usize) -> redis::RedisResult<&mut redis::Connection> {
+        let (host, port, conn) = &mut self.masters[index];
+        if conn.is_none() {
+            let info = self.seed.get_connection_info().clone();
+            let addr = match info.addr() {
+                redis::ConnectionAddr::TcpTls { insecure, tls_params, .. } => redis::ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port: *port,
+                    insecure: *insecure,
+                    tls_params: tls_params.clone(),
+                },
+                _ => redis::ConnectionAddr::Tcp(host.clone(), *port),
+            };
+            *conn = Some(redis::Client::open(info.set_addr(addr))?.get_connection()?);
+        }
+        Ok(conn.as_mut().expect("opened above"))
+    }
+
+    /// Runs every call, grouped per master, keeping each call's result across attempts: only
+    /// calls that have not run are sent again (after a reconnect or a fresh slot map), so no call
+    /// is applied twice because another master failed.
+    fn run(&mut self, batch: &Batch, attempts: u32, backoff: Duration) -> (redis::RedisResult<Calls>, u64) {
+        let mut results: Vec<Option<CallReply>> = vec![None; batch.calls.len()];
+        let mut delay = backoff;
+        let mut retries = 0;
+        loop {
+            let (redirected, error) = match self.run_pending(batch, &mut results) {
+                Ok(redirected) => (redirected, None),
+                Err(e) => (0, Some(e)),
+            };
+            retries += redirected;
+            if results.iter().all(Option::is_some) {
+                let calls = results.into_iter().map(|r| r.expect("checked above")).collect();
+                return (Ok(calls), retries);
+            }
+            let error = error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "calls left unanswered")));
+            if retries + 1 >= u64::from(attempts) {
+                return (Err(error), retries);
+            }
+            retries += 1;
+            std::thread::sleep(delay);
+            delay *= 2;
+            let _ = self.read_slot_map();
+        }
+    }
+
+    /// One pass over the calls without a result; returns how many were redirected (MOVED/ASK or
+    /// NOSCRIPT) and run again through the cluster client.
+    fn run_pending(&mut self, batch: &Batch, results: &mut [Option<CallReply>]) -> redis::RedisResult<u64> {
+        let mut per_master: Vec<Vec<usize>> = vec![Vec::new(); self.masters.len()];
+        for (call, &slot) in batch.slots.iter().enumerate() {
+            if results[call].is_none() {
+                per_master[self.slot_owner[usize::from(slot)]].push(call);
+            }
+        }
+        let mut first_error = None;
+        let mut redirected = Vec::new();
+        for (master, calls) in per_master.into_iter().enumerate().filter(|(_, c)| !c.is_empty()) {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &call in &calls {
+                pipe.invoke_script(&batch.calls[call]);
+            }
+            let replies: redis::RedisResult<Vec<redis::RedisResult<CallReply>>> =
+                self.master(master).and_then(|conn| pipe.query(conn));
+            let replies = match replies {
+                Ok(replies) => replies,
+                Err(e) => {
+                    // This master's calls stay pending; a new connection is opened next pass.
+                    self.masters[master].2 = None;
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            for (call, reply) in calls.into_iter().zip(replies) {
+                match reply {
+                    Ok(reply) => results[call] = Some(reply),
+                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        load_on_all_masters(&mut self.cluster)?;
+                        redirected.push(call);
+                    }
+                    // MOVED/ASK: the call did not run on this node.
+                    Err(e) if e.is_cluster_error() => redirected.push(call),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        let redirects = redirected.len() as u64;
+        if !redirected.is_empty() {
+            for call in redirected {
+                match batch.calls[call].invoke(&mut self.cluster) {
+                    Ok(reply) => results[call] = Some(reply),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            self.read_slot_map()?;
+        }
+        first_error.map_or(Ok(redirects), Err)
+    }
 }
 
 impl Target {
     fn connect(&self) -> redis::RedisResult<Conn> {
         match self {
             Target::Single(client) => client.get_connection().map(Conn::Single),
-            Target::Cluster(client) => client.get_connection().map(|c| Conn::Cluster(Box::new(c))),
+            Target::Cluster { seed, cluster } => ClusterConn::open(seed, cluster).map(|c| Conn::Cluster(Box::new(c))),
         }
     }
 }
 
-/// Script calls covering a set of keys, and for each reply (in call order) the index of its key.
+/// Script calls covering a set of keys: the calls, each call's hash slot (all its keys share
+/// it in cluster mode), and for each reply (in call order) the index of its key.
 struct Batch {
     calls: Vec<redis::ScriptInvocation<'static>>,
+    slots: Vec<u16>,
     order: Vec<usize>,
 }
 
@@ -137,44 +304,31 @@ impl Link {
         Ok(Link { target, conn, attempts: config.attempts, backoff: config.retry_backoff })
     }
 
+    /// One attempt at a batch on a single Redis.
     fn run_once(&mut self, batch: &Batch) -> redis::RedisResult<Calls> {
-        match &mut self.conn {
-            Conn::Single(conn) => {
-                let mut pipe = redis::pipe();
-                for call in &batch.calls {
-                    pipe.invoke_script(call);
-                }
-                pipe.query(conn)
-            }
-            // One command per call: the cluster client follows MOVED/ASK for single commands (its
-            // pipelines report redirects as failed results instead), and a redirected or NOSCRIPT
-            // call did not run, so it alone is retried.
-            Conn::Cluster(conn) => {
-                let mut replies = Vec::with_capacity(batch.calls.len());
-                for call in &batch.calls {
-                    let reply = match call.invoke(conn) {
-                        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                            load_on_all_masters(conn)?;
-                            call.invoke(conn)?
-                        }
-                        other => other?,
-                    };
-                    replies.push(reply);
-                }
-                Ok(replies)
-            }
+        let Conn::Single(conn) = &mut self.conn else {
+            unreachable!("cluster batches are run by ClusterConn::run");
+        };
+        let mut pipe = redis::pipe();
+        for call in &batch.calls {
+            pipe.invoke_script(call);
         }
+        pipe.query(conn)
     }
 
     fn load_script(&mut self) -> redis::RedisResult<()> {
         match &mut self.conn {
             Conn::Single(conn) => APPLY_WINDOW.prepare_invoke().load(conn).map(drop),
-            Conn::Cluster(conn) => load_on_all_masters(conn),
+            Conn::Cluster(conn) => load_on_all_masters(&mut conn.cluster),
         }
     }
 
     /// Runs `batch`; also returns how many failed attempts were retried.
     fn query(&mut self, batch: &Batch) -> (Result<Calls, StoreError>, u64) {
+        if let Conn::Cluster(conn) = &mut self.conn {
+            let (result, retries) = conn.run(batch, self.attempts, self.backoff);
+            return (result.map_err(unavailable), retries);
+        }
         let mut delay = self.backoff;
         let mut retries = 0;
         loop {
@@ -285,7 +439,8 @@ impl RedisStore {
             .map_err(unavailable)?;
         let cluster = info.lines().any(|l| l.trim() == "cluster_enabled:1");
         let target = if cluster {
-            Target::Cluster(redis::cluster::ClusterClient::new(vec![url]).map_err(unavailable)?)
+            let cluster = redis::cluster::ClusterClient::new(vec![url]).map_err(unavailable)?;
+            Target::Cluster { seed: client, cluster: Box::new(cluster) }
         } else {
             Target::Single(client)
         };
@@ -402,7 +557,7 @@ impl RedisStore {
     fn batch<'k>(&self, keys: impl Iterator<Item = (WindowId, &'k [u8], &'k [(i64, Delta)])>) -> Batch {
         let mut groups: Vec<(u16, Vec<usize>, redis::ScriptInvocation<'static>)> = Vec::new();
         let mut open: HashMap<u16, usize> = HashMap::new();
-        let mut batch = Batch { calls: Vec::new(), order: Vec::new() };
+        let mut batch = Batch { calls: Vec::new(), slots: Vec::new(), order: Vec::new() };
         for (index, (window, key, deltas)) in keys.enumerate() {
             let name = self.redis_key(window, key);
             let group_slot = if self.cluster { slot(&name) } else { 0 };
@@ -420,9 +575,10 @@ impl RedisStore {
                 open.remove(&group_slot);
             }
         }
-        for (_, members, call) in groups {
+        for (group_slot, members, call) in groups {
             batch.order.extend(members);
             batch.calls.push(call);
+            batch.slots.push(group_slot);
         }
         batch
     }
