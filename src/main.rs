@@ -25,7 +25,7 @@ enum Command {
         /// A rule file or a directory of *.toml rule files.
         path: PathBuf,
     },
-    /// Run rules over JSON-lines events (no Kafka, no Redis): decision records to stdout.
+    /// Run rules over JSON-lines events (no Kafka; in-process counters unless --redis): decisions to stdout.
     Replay {
         /// A rule file or a directory of *.toml rule files.
         #[arg(long, default_value = "rules")]
