@@ -3,7 +3,7 @@
 use hashbrown::HashMap;
 
 use super::keys::{KeyBytes, KeyRef, StoredKey};
-use super::{CounterStore, StoreError, WindowId};
+use super::{CounterStore, StoreError, WindowId, Windows};
 use crate::window::{Applied, Delta, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
@@ -17,7 +17,7 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 /// than the newest are therefore judged exactly as if nothing had been dropped.
 #[derive(Debug)]
 pub struct MemoryStore {
-    windows: Vec<(String, WindowSpec)>,
+    windows: Windows,
     states: HashMap<StoredKey, WindowState, foldhash::fast::RandomState>,
     newest_ts: i64,
     inserts_since_sweep: usize,
@@ -42,7 +42,7 @@ impl MemoryStore {
     /// to sweep often).
     pub fn with_sweep_interval(floor: usize) -> MemoryStore {
         MemoryStore {
-            windows: Vec::new(),
+            windows: Windows::default(),
             states: HashMap::default(),
             newest_ts: i64::MIN,
             inserts_since_sweep: 0,
@@ -56,7 +56,7 @@ impl MemoryStore {
         let newest = self.newest_ts;
         let windows = &self.windows;
         self.states.retain(|k, state| {
-            let spec = &windows[k.window as usize].1;
+            let spec = windows.spec(k.window);
             state.head().is_none_or(|head| !spec.is_expired(head, newest, spec.window_ms()))
         });
         self.inserts_since_sweep = 0;
@@ -66,15 +66,11 @@ impl MemoryStore {
 
 impl CounterStore for MemoryStore {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
-        let position = self.windows.iter().position(|(n, s)| n == name && *s == spec).unwrap_or_else(|| {
-            self.windows.push((name.to_owned(), spec));
-            self.windows.len() - 1
-        });
-        WindowId(position as u32)
+        self.windows.open(name, spec)
     }
 
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
-        let spec = self.windows[window.0 as usize].1;
+        let spec = self.windows.spec(window.0);
         self.newest_ts = self.newest_ts.max(ts_ms);
         let bucket = spec.bucket_of(ts_ms);
         let lookup = KeyRef { window: window.0, key };

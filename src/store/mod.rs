@@ -15,6 +15,28 @@ use crate::window::{Applied, Delta, WindowSpec};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowId(pub u32);
 
+/// The named windows a store has opened: the same name and spec give the same [`WindowId`].
+#[derive(Debug, Default)]
+pub(crate) struct Windows(Vec<(String, WindowSpec)>);
+
+impl Windows {
+    pub(crate) fn open(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        let position = self.0.iter().position(|(n, s)| n == name && *s == spec).unwrap_or_else(|| {
+            self.0.push((name.to_owned(), spec));
+            self.0.len() - 1
+        });
+        WindowId(position as u32)
+    }
+
+    pub(crate) fn spec(&self, window: u32) -> WindowSpec {
+        self.0[window as usize].1
+    }
+
+    pub(crate) fn name(&self, window: u32) -> &str {
+        &self.0[window as usize].0
+    }
+}
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

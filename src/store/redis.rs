@@ -16,7 +16,7 @@ use hashbrown::HashMap;
 
 use super::keys::{KeyBytes, KeyRef, StoredKey};
 use super::scripts::APPLY_WINDOW;
-use super::{CounterStore, StoreError, WindowId};
+use super::{CounterStore, StoreError, WindowId, Windows};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
 /// Keys served by one script call. Bounded so one call never blocks Redis for long.
@@ -70,11 +70,6 @@ pub struct RedisStats {
     pub refused_late: u64,
     /// Deltas skipped as already applied (offset at or below the recorded one).
     pub skipped_applied: u64,
-}
-
-struct WindowInfo {
-    name: String,
-    spec: WindowSpec,
 }
 
 /// A key with deltas Redis has not acknowledged: the merged view (last window from Redis + every
@@ -394,7 +389,7 @@ pub struct RedisStore {
     /// For reads (loads and prefetches) on the caller's thread.
     link: Link,
     config: RedisStoreConfig,
-    windows: Vec<WindowInfo>,
+    windows: Windows,
     /// Keys with unacknowledged deltas. Never evicted: nothing counted is dropped before Redis
     /// has acknowledged it.
     dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
@@ -454,7 +449,7 @@ impl RedisStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot start the flusher thread: {e}")))?;
         Ok(RedisStore {
             link,
-            windows: Vec::new(),
+            windows: Windows::default(),
             dirty: HashMap::default(),
             cache: moka::sync::Cache::builder()
                 .max_capacity(config.cache_capacity)
@@ -480,29 +475,30 @@ impl RedisStore {
     /// covers the window's shape and the key, so user bytes never reach Redis raw and a rule whose
     /// window changes starts on fresh counters.
     pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
-        let info = &self.windows[window.0 as usize];
+        let spec = self.windows.spec(window.0);
+        let name = self.windows.name(window.0);
         let mut hasher = blake3::Hasher::new();
-        hasher.update(&info.spec.bucket_ms.to_le_bytes());
-        hasher.update(&info.spec.buckets.to_le_bytes());
-        hasher.update(info.spec.aggregate.as_str().as_bytes());
+        hasher.update(&spec.bucket_ms.to_le_bytes());
+        hasher.update(&spec.buckets.to_le_bytes());
+        hasher.update(spec.aggregate.as_str().as_bytes());
         hasher.update(key);
         let digest = hasher.finalize();
-        let mut name = String::with_capacity(4 + info.name.len() + 32);
-        name.push_str("vg:");
-        name.push_str(&info.name);
-        name.push(':');
+        let mut key_name = String::with_capacity(4 + name.len() + 32);
+        key_name.push_str("vg:");
+        key_name.push_str(name);
+        key_name.push(':');
         const HEX: &[u8; 16] = b"0123456789abcdef";
         for &byte in &digest.as_bytes()[..16] {
-            name.push(char::from(HEX[usize::from(byte >> 4)]));
-            name.push(char::from(HEX[usize::from(byte & 15)]));
+            key_name.push(char::from(HEX[usize::from(byte >> 4)]));
+            key_name.push(char::from(HEX[usize::from(byte & 15)]));
         }
-        name
+        key_name
     }
 
     /// Appends one key to a script invocation: the key, its header and its `deltas` (none: just
     /// read the window).
     fn add_key(&self, inv: &mut redis::ScriptInvocation<'_>, name: String, window: WindowId, deltas: &[(i64, Delta)]) {
-        let spec = self.windows[window.0 as usize].spec;
+        let spec = self.windows.spec(window.0);
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 * deltas.len());
         match spec.aggregate {
             Aggregate::Count => {
@@ -606,7 +602,7 @@ impl RedisStore {
 
     /// Parses the script's reply into a window state (`None`: the key holds nothing).
     fn parse_window(&mut self, window: WindowId, reply: Vec<Vec<u8>>) -> Result<Option<WindowState>, StoreError> {
-        let spec = self.windows[window.0 as usize].spec;
+        let spec = self.windows.spec(window.0);
         if reply.is_empty() {
             return Ok(None);
         }
@@ -700,7 +696,7 @@ impl RedisStore {
         let mut first_error = None;
         for (key, reply) in keys.into_iter().zip(replies) {
             let window = WindowId(key.window);
-            let spec = self.windows[key.window as usize].spec;
+            let spec = self.windows.spec(key.window);
             let parsed = self.parse_window(window, reply);
             let dirty = self.dirty.remove(&key).expect("in flight keys stay dirty");
             let state = match parsed {
@@ -734,7 +730,7 @@ impl RedisStore {
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
-            let spec = self.windows[window.0 as usize].spec;
+            let spec = self.windows.spec(window.0);
             let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
             let state = Arc::new(state);
             self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&state));
@@ -746,15 +742,11 @@ impl RedisStore {
 
 impl CounterStore for RedisStore {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
-        let position = self.windows.iter().position(|w| w.name == name && w.spec == spec).unwrap_or_else(|| {
-            self.windows.push(WindowInfo { name: name.to_owned(), spec });
-            self.windows.len() - 1
-        });
-        WindowId(position as u32)
+        self.windows.open(name, spec)
     }
 
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
-        let spec = self.windows[window.0 as usize].spec;
+        let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         let lookup = KeyRef { window: window.0, key };
         let applied = match self.dirty.get_mut(&lookup) {
