@@ -13,7 +13,7 @@
 --
 -- Hash fields (compact, so small windows stay in Redis' listpack encoding): "h" the head bucket;
 -- "<slot>" (digits only) the count or sum of the live bucket whose index mod k is slot;
--- "d<digest>" a distinct value's latest bucket, also as its slot; "o<partition>" the highest
+-- "d<digest>" a distinct value's latest bucket, also as its slot; "o:<partition>" the highest
 -- offset applied from that partition. Live buckets are head-k+1 ..= head, so a slot names exactly
 -- one of them. A delta whose offset is at or below its partition's recorded one was applied
 -- before (replay after a crash) and is skipped; a delta whose bucket is at or below head - k is
@@ -63,7 +63,7 @@ local function apply(key, kind, k, ttl, stride, first, last)
     if stride == 4 then
       local partition, offset = ARGV[i + 2], tonumber(ARGV[i + 3])
       if recorded[partition] == nil then
-        recorded[partition] = tonumber(stored['o' .. partition]) or -1
+        recorded[partition] = tonumber(stored['o:' .. partition]) or -1
       end
       if offset <= recorded[partition] then
         fresh = false
@@ -118,7 +118,7 @@ local function apply(key, kind, k, ttl, stride, first, last)
   end
   wanted['h'] = head_text
   for partition, offset in pairs(newest) do
-    wanted['o' .. partition] = string.format('%.0f', offset)
+    wanted['o:' .. partition] = string.format('%.0f', offset)
   end
   local sets, dead = {}, {}
   for field, value in pairs(wanted) do

@@ -105,7 +105,7 @@ fn script_skips_deltas_at_or_below_the_recorded_offset() {
     // After a crash the same events are replayed, followed by a new one.
     let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101", "1", "1", "3", "102", "1", "1", "0", "7"]);
     assert_eq!(out[..5], ["1", "0", "2", "b1", "4"]);
-    let recorded: Vec<String> = redis::cmd("HMGET").arg("vg:t:o").arg("o3").arg("o0").query(&mut conn).unwrap();
+    let recorded: Vec<String> = redis::cmd("HMGET").arg("vg:t:o").arg("o:3").arg("o:0").query(&mut conn).unwrap();
     assert_eq!(recorded, ["102", "7"]);
 }
 
