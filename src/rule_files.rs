@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::rules::{RuleErrors, RuleSet};
+use crate::rules::{compile, RuleErrors, RuleSet};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -53,10 +53,23 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, LoadError> {
 /// Loads and validates every rule at `path`; every error of every file is reported.
 pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
     let mut sources = Vec::new();
+    let mut not_utf8 = Vec::new();
     for file in rule_files(path)? {
-        let text = fs::read_to_string(&file)
-            .map_err(|source| LoadError::Io { path: file.display().to_string(), source })?;
-        sources.push((file.display().to_string(), text));
+        let name = file.display().to_string();
+        let bytes = fs::read(&file).map_err(|source| LoadError::Io { path: name.clone(), source })?;
+        match String::from_utf8(bytes) {
+            Ok(text) => sources.push((name, text)),
+            Err(e) => not_utf8.push(compile::not_utf8(&name, e.as_bytes(), e.utf8_error().valid_up_to())),
+        }
+    }
+    if !not_utf8.is_empty() {
+        // Report these with every error of the other files.
+        let mut errors = match RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str()))) {
+            Err(errors) => errors.0,
+            Ok(_) => Vec::new(),
+        };
+        errors.splice(0..0, not_utf8);
+        return Err(LoadError::Invalid(RuleErrors(errors)));
     }
     RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(LoadError::Invalid)
 }

@@ -11,7 +11,7 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 25] = [
+const REQUIRED: [&str; 26] = [
     "unknown_key",
     "duplicate_id",
     "bad_id",
@@ -37,6 +37,7 @@ const REQUIRED: [&str; 25] = [
     "unknown_top_level",
     "rule_not_array",
     "several_errors",
+    "not_utf8",
 ];
 
 fn expected(path: &str) -> Vec<String> {

@@ -77,6 +77,13 @@ impl Report<'_> {
     }
 }
 
+/// The diagnostic for a rule file that is not UTF-8: at its first invalid byte.
+pub fn not_utf8(name: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
+    let valid = std::str::from_utf8(&bytes[..valid_up_to]).unwrap_or_default();
+    let source = Source { name, text: valid };
+    Diagnostic { origin: source.origin(valid_up_to), message: "file is not valid UTF-8".to_owned() }
+}
+
 /// Parses and validates one rule file. Rules that are valid on their own are returned even when
 /// others are not; cross-file checks (duplicate ids) are done by [`check_ids`].
 pub fn compile_file(name: &str, text: &str) -> (Vec<Rule>, Vec<Diagnostic>) {
