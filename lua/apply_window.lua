@@ -2,11 +2,12 @@
 -- serves many keys, each applied, pruned and read back atomically on its own.
 --
 -- KEYS[n]  the n-th key's hash: vg:<rule_id>:<digest>
--- ARGV     for each key in order, a header of five values followed by its deltas:
+-- ARGV     for each key in order, a header of six values followed by its deltas:
 --            aggregate: "c" (count), "s" (sum) or "d" (distinct)
 --            k, the number of buckets in the window
 --            TTL in milliseconds (at least 2 x window), refreshed on every write
 --            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset)
+--            the version the caller's view is based on, or "" if it has none
 --            how many ARGV entries of deltas follow (a multiple of the stride; 0 to just read)
 --          deltas in the order they were counted: count → value is an integer increment;
 --          sum → a number, added in order; distinct → the value's digest (16 raw bytes)
@@ -19,9 +20,13 @@
 -- before (replay after a crash) and is skipped; a delta whose bucket is at or below head - k is
 -- late and refused.
 --
--- Returns one reply per key: {head, late, skipped, field, value, …} with the live window as
--- "b<bucket>" → count/sum and "d<digest>" → latest bucket (absolute indices), or {} for a key that
--- holds nothing. Numbers are strings: Lua numbers would be truncated to integers.
+-- "v" counts the writes to the key. When it still equals the caller's version, nobody else wrote
+-- since the caller's view, which with its own deltas is then exact: the window is not sent back.
+--
+-- Returns one reply per key: {head, late, skipped, version, "="} when the caller's view is current,
+-- else {head, late, skipped, version, "*", field, value, …} with the live window as "b<bucket>" →
+-- count/sum and "d<digest>" → latest bucket (absolute indices); {} for a key that holds nothing.
+-- Numbers are strings: Lua numbers would be truncated to integers.
 
 -- The shortest of %.15g, %.16g, %.17g that reads back as exactly x.
 local function exact(x)
@@ -37,7 +42,7 @@ local function unslot(slot, head, k)
   return head - ((head - slot) % k)
 end
 
-local function apply(key, kind, k, ttl, stride, first, last)
+local function apply(key, kind, k, ttl, stride, expected, first, last)
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = redis.call('HGETALL', key)
   local stored = {}
@@ -96,27 +101,37 @@ local function apply(key, kind, k, ttl, stride, first, last)
   -- Encode the live window; collect what differs from what Redis holds.
   local head_text = string.format('%.0f', head)
   local oldest_live = head - k + 1
-  local out = {head_text, tostring(late), tostring(skipped)}
+  local version = tonumber(stored['v']) or 0
+  -- A refused or skipped delta means the caller's view counted something Redis did not.
+  local current = expected ~= '' and tonumber(expected) == version and late == 0 and skipped == 0
+  if changed then version = version + 1 end
+  local version_text = string.format('%.0f', version)
+  local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
   local wanted = {}
   for bucket, value in pairs(buckets) do
     if bucket >= oldest_live then
       local text = (kind == 's') and exact(value) or string.format('%.0f', value)
       wanted[string.format('%.0f', bucket % k)] = text
-      out[#out + 1] = 'b' .. string.format('%.0f', bucket)
-      out[#out + 1] = text
+      if not current then
+        out[#out + 1] = 'b' .. string.format('%.0f', bucket)
+        out[#out + 1] = text
+      end
     end
   end
   for digest, bucket in pairs(latest) do
     if bucket >= oldest_live then
       wanted['d' .. digest] = string.format('%.0f', bucket % k)
-      out[#out + 1] = 'd' .. digest
-      out[#out + 1] = string.format('%.0f', bucket)
+      if not current then
+        out[#out + 1] = 'd' .. digest
+        out[#out + 1] = string.format('%.0f', bucket)
+      end
     end
   end
   if not changed then
     return out
   end
   wanted['h'] = head_text
+  wanted['v'] = version_text
   for partition, offset in pairs(newest) do
     wanted['o:' .. partition] = string.format('%.0f', offset)
   end
@@ -145,9 +160,9 @@ end
 local replies = {}
 local at = 1
 for n = 1, #KEYS do
-  local count = tonumber(ARGV[at + 4])
+  local count = tonumber(ARGV[at + 5])
   replies[n] = apply(KEYS[n], ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-                     tonumber(ARGV[at + 3]), at + 5, at + 4 + count)
-  at = at + 5 + count
+                     tonumber(ARGV[at + 3]), ARGV[at + 4], at + 6, at + 5 + count)
+  at = at + 6 + count
 end
 return replies

@@ -19,7 +19,7 @@ type Reply = Vec<Vec<u8>>;
 fn call(conn: &mut redis::Connection, key: &str, kind: &str, k: i64, stride: i64, args: &[&str]) -> Vec<String> {
     let script = script();
     let mut inv = script.key(key);
-    inv.arg(kind).arg(k).arg(60_000).arg(stride).arg(args.len());
+    inv.arg(kind).arg(k).arg(60_000).arg(stride).arg("").arg(args.len());
     for a in args {
         inv.arg(*a);
     }
@@ -34,17 +34,17 @@ fn one_script_call_serves_many_keys_independently() {
     let mut conn = redis.connection();
     let script = script();
     let mut inv = script.key("vg:t:m1");
-    inv.arg("c").arg(3).arg(60_000).arg(2).arg(4).arg(5).arg(2).arg(6).arg(1);
-    inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg(0);
-    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg(2).arg(9).arg("1.5");
+    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(4).arg(5).arg(2).arg(6).arg(1);
+    inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg("").arg(0);
+    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg("").arg(2).arg(9).arg("1.5");
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
     let text = |r: &Reply| r.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect::<Vec<_>>();
     let first = text(&replies[0]);
-    assert_eq!(first[..3], ["6", "0", "0"]);
-    let window: BTreeMap<_, _> = first[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(first[..5], ["6", "0", "0", "1", "*"]);
+    let window: BTreeMap<_, _> = first[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b5".into(), "2".into()), ("b6".into(), "1".into())]));
     assert!(replies[1].is_empty(), "a key that holds nothing");
-    assert_eq!(text(&replies[2]), ["9", "0", "0", "b9", "1.5"]);
+    assert_eq!(text(&replies[2]), ["9", "0", "0", "1", "*", "b9", "1.5"]);
 }
 
 #[test]
@@ -53,19 +53,24 @@ fn script_counts_refuses_late_prunes_and_sets_ttl() {
     let mut conn = redis.connection();
     // k = 3 buckets. Buckets 10, 11, 10 → head 11, window 9..=11.
     let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["10", "2", "11", "1", "10", "1"]);
-    assert_eq!(out[..3], ["11", "0", "0"]);
-    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(out[..5], ["11", "0", "0", "1", "*"]);
+    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b10".into(), "3".into()), ("b11".into(), "1".into())]));
     // Bucket 8 is late (8 <= 11 - 3); bucket 13 moves the head and prunes bucket 10.
     let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["8", "1", "13", "5"]);
-    assert_eq!(out[..3], ["13", "1", "0"]);
-    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(out[..5], ["13", "1", "0", "2", "*"]);
+    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b11".into(), "1".into()), ("b13".into(), "5".into())]));
     // Stored compactly: buckets by slot (bucket mod k), bucket 10 (slot 1) pruned.
     let stored: BTreeMap<String, String> = redis::cmd("HGETALL").arg("vg:t:a").query(&mut conn).unwrap();
     assert_eq!(
         stored,
-        BTreeMap::from([("h".into(), "13".into()), ("2".into(), "1".into()), ("1".into(), "5".into())])
+        BTreeMap::from([
+            ("h".into(), "13".into()),
+            ("v".into(), "2".into()),
+            ("2".into(), "1".into()),
+            ("1".into(), "5".into())
+        ])
     );
     let ttl: i64 = redis::cmd("PTTL").arg("vg:t:a").query(&mut conn).unwrap();
     assert!(ttl > 0 && ttl <= 60_000, "ttl {ttl}");
@@ -81,7 +86,7 @@ fn script_sums_in_order_with_exact_doubles_and_tracks_distinct_latest() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     let out = call(&mut conn, "vg:t:s", "s", 5, 2, &["1", "0.1", "1", "0.2", "2", "1e300", "2", "-1e300", "3", "12.37"]);
-    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window["b1"].parse::<f64>().unwrap(), 0.1f64 + 0.2, "{}", window["b1"]);
     assert_eq!(window["b2"].parse::<f64>().unwrap(), 0.0);
     // The shortest exact text is stored: compact and still bit-for-bit.
@@ -91,8 +96,35 @@ fn script_sums_in_order_with_exact_doubles_and_tracks_distinct_latest() {
     call(&mut conn, "vg:t:d", "d", 3, 2, &["5", a, "4", b, "3", a]);
     // a's latest stays 5 (an older sighting does not move it back); head 7 drops b (latest 4).
     let out = call(&mut conn, "vg:t:d", "d", 3, 2, &["7", b]);
-    let window: BTreeMap<_, _> = out[3..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([(format!("d{a}"), "5".into()), (format!("d{b}"), "7".into())]));
+}
+
+#[test]
+fn script_returns_the_window_only_when_another_writer_changed_it() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let run = |conn: &mut redis::Connection, expected: &str, args: &[&str]| -> Vec<String> {
+        let script = script();
+        let mut inv = script.key("vg:t:v");
+        inv.arg("c").arg(10).arg(60_000).arg(2).arg(expected).arg(args.len());
+        for a in args {
+            inv.arg(*a);
+        }
+        let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
+        replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+    };
+    assert_eq!(run(&mut conn, "", &["5", "1"]), ["5", "0", "0", "1", "*", "b5", "1"]);
+    // Our view is version 1 and nobody else wrote: no window comes back.
+    assert_eq!(run(&mut conn, "1", &["5", "2"]), ["5", "0", "0", "2", "="]);
+    // Another writer moves the key to version 3; a caller still at 2 gets the whole window.
+    run(&mut conn, "", &["6", "1"]);
+    let out = run(&mut conn, "2", &["6", "1"]);
+    assert_eq!(out[..5], ["6", "0", "0", "4", "*"]);
+    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(window, BTreeMap::from([("b5".into(), "3".into()), ("b6".into(), "2".into())]));
+    // A refused late delta also means the caller's view is off: the window comes back.
+    assert_eq!(run(&mut conn, "4", &["-20", "1"])[..5], ["6", "1", "0", "4", "*"]);
 }
 
 #[test]
@@ -101,10 +133,10 @@ fn script_skips_deltas_at_or_below_the_recorded_offset() {
     let mut conn = redis.connection();
     // (bucket, value, partition, offset)
     let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101"]);
-    assert_eq!(out[..5], ["1", "0", "0", "b1", "2"]);
+    assert_eq!(out[..7], ["1", "0", "0", "1", "*", "b1", "2"]);
     // After a crash the same events are replayed, followed by a new one.
     let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101", "1", "1", "3", "102", "1", "1", "0", "7"]);
-    assert_eq!(out[..5], ["1", "0", "2", "b1", "4"]);
+    assert_eq!(out[..7], ["1", "0", "2", "2", "*", "b1", "4"]);
     let recorded: Vec<String> = redis::cmd("HMGET").arg("vg:t:o").arg("o:3").arg("o:0").query(&mut conn).unwrap();
     assert_eq!(recorded, ["102", "7"]);
 }

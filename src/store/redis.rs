@@ -76,8 +76,23 @@ pub struct RedisStats {
 /// delta since), the deltas of the flush in flight, and those counted after it was sent.
 struct Dirty {
     state: WindowState,
+    /// The Redis version (`v`) the view is based on; `None` if Redis held nothing.
+    version: Option<u64>,
     inflight: Vec<(i64, Delta)>,
     pending: Vec<(i64, Delta)>,
+}
+
+/// A clean window as Redis returned it, with its version.
+struct Cached {
+    state: WindowState,
+    version: Option<u64>,
+}
+
+/// A parsed script reply for one key.
+struct Reply {
+    version: u64,
+    /// The window, unless the caller's view was current (`=`).
+    window: Option<WindowState>,
 }
 
 /// One key's reply: its items (head, late, skipped, field, value, …).
@@ -394,7 +409,7 @@ pub struct RedisStore {
     /// has acknowledged it.
     dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
     /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
-    cache: moka::sync::Cache<StoredKey, Arc<WindowState>, foldhash::fast::RandomState>,
+    cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Observations counted and not yet sent.
     pending: usize,
     /// Keys of the flush in flight, and its batch's reply order.
@@ -497,7 +512,14 @@ impl RedisStore {
 
     /// Appends one key to a script invocation: the key, its header and its `deltas` (none: just
     /// read the window).
-    fn add_key(&self, inv: &mut redis::ScriptInvocation<'_>, name: String, window: WindowId, deltas: &[(i64, Delta)]) {
+    fn add_key(
+        &self,
+        inv: &mut redis::ScriptInvocation<'_>,
+        name: String,
+        window: WindowId,
+        expected: Option<u64>,
+        deltas: &[(i64, Delta)],
+    ) {
         let spec = self.windows.spec(window.0);
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 * deltas.len());
         match spec.aggregate {
@@ -542,6 +564,7 @@ impl RedisStore {
             .arg(spec.buckets)
             .arg(2 * spec.window_ms())
             .arg(2)
+            .arg(expected.map_or_else(String::new, |v| v.to_string()))
             .arg(args.len());
         for a in args {
             inv.arg(a);
@@ -550,11 +573,11 @@ impl RedisStore {
 
     /// Script calls covering `keys` (with their deltas), up to `KEYS_PER_CALL` keys per call; in
     /// cluster mode each call holds keys of one hash slot.
-    fn batch<'k>(&self, keys: impl Iterator<Item = (WindowId, &'k [u8], &'k [(i64, Delta)])>) -> Batch {
+    fn batch<'k>(&self, keys: impl Iterator<Item = (WindowId, &'k [u8], Option<u64>, &'k [(i64, Delta)])>) -> Batch {
         let mut groups: Vec<(u16, Vec<usize>, redis::ScriptInvocation<'static>)> = Vec::new();
         let mut open: HashMap<u16, usize> = HashMap::new();
         let mut batch = Batch { calls: Vec::new(), slots: Vec::new(), order: Vec::new() };
-        for (index, (window, key, deltas)) in keys.enumerate() {
+        for (index, (window, key, expected, deltas)) in keys.enumerate() {
             let name = self.redis_key(window, key);
             let group_slot = if self.cluster { slot(&name) } else { 0 };
             let group = match open.get(&group_slot) {
@@ -565,7 +588,7 @@ impl RedisStore {
                     groups.len() - 1
                 }
             };
-            self.add_key(&mut groups[group].2, name, window, deltas);
+            self.add_key(&mut groups[group].2, name, window, expected, deltas);
             groups[group].1.push(index);
             if groups[group].1.len() == KEYS_PER_CALL {
                 open.remove(&group_slot);
@@ -601,7 +624,8 @@ impl RedisStore {
     }
 
     /// Parses the script's reply into a window state (`None`: the key holds nothing).
-    fn parse_window(&mut self, window: WindowId, reply: Vec<Vec<u8>>) -> Result<Option<WindowState>, StoreError> {
+    /// Parses the script's reply for one key (`None`: the key holds nothing).
+    fn parse_reply(&mut self, window: WindowId, reply: Vec<Vec<u8>>) -> Result<Option<Reply>, StoreError> {
         let spec = self.windows.spec(window.0);
         if reply.is_empty() {
             return Ok(None);
@@ -610,15 +634,21 @@ impl RedisStore {
         let number = |bytes: &[u8]| -> Result<f64, StoreError> {
             std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<f64>().ok()).ok_or_else(|| bad("not a number"))
         };
-        if reply.len() < 3 || reply.len() % 2 == 0 {
+        if reply.len() < 5 || reply.len() % 2 == 0 {
             return Err(bad("wrong length"));
         }
         let head = number(&reply[0])? as i64;
         self.stats.refused_late += number(&reply[1])? as u64;
         self.stats.skipped_applied += number(&reply[2])? as u64;
+        let version = number(&reply[3])? as u64;
+        match reply[4].as_slice() {
+            b"=" => return Ok(Some(Reply { version, window: None })),
+            b"*" => {}
+            _ => return Err(bad("unknown marker")),
+        }
         let mut buckets = Vec::new();
         let mut values = Vec::new();
-        for pair in reply[3..].chunks_exact(2) {
+        for pair in reply[5..].chunks_exact(2) {
             let (field, value) = (&pair[0], &pair[1]);
             match field.first() {
                 Some(b'b') => buckets.push((number(&field[1..])? as i64, number(value)?)),
@@ -630,7 +660,8 @@ impl RedisStore {
                 _ => return Err(bad("unknown field")),
             }
         }
-        Ok(Some(WindowState::from_window(&spec, head, buckets, values)))
+        let window = WindowState::from_window(&spec, head, buckets, values);
+        Ok(Some(Reply { version, window: Some(window) }))
     }
 
     /// Hands every pending delta to the flusher, one script call per 256 dirty keys.
@@ -646,9 +677,10 @@ impl RedisStore {
             let dirty = self.dirty.get_mut(key).expect("listed above");
             dirty.inflight = std::mem::take(&mut dirty.pending);
         }
-        let batch = self.batch(
-            keys.iter().map(|k| (WindowId(k.window), k.key.as_slice(), self.dirty[k].inflight.as_slice())),
-        );
+        let batch = self.batch(keys.iter().map(|k| {
+            let dirty = &self.dirty[k];
+            (WindowId(k.window), k.key.as_slice(), dirty.version, dirty.inflight.as_slice())
+        }));
         let order = batch.order.clone();
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(batch).map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?;
@@ -697,44 +729,55 @@ impl RedisStore {
         for (key, reply) in keys.into_iter().zip(replies) {
             let window = WindowId(key.window);
             let spec = self.windows.spec(key.window);
-            let parsed = self.parse_window(window, reply);
+            let parsed = self.parse_reply(window, reply);
             let dirty = self.dirty.remove(&key).expect("in flight keys stay dirty");
-            let state = match parsed {
+            let (state, version) = match parsed {
+                // Nobody else wrote since our view: it already holds the in-flight deltas and
+                // those counted since, exactly as Redis now does plus what it has not seen.
+                Ok(Some(Reply { version, window: None })) => (dirty.state, Some(version)),
                 Ok(fresh) => {
                     // The window as Redis has it now, plus what was counted since it was sent.
-                    let mut state = fresh.unwrap_or_else(|| WindowState::new(spec.aggregate));
+                    let (mut state, version) = match fresh {
+                        Some(Reply { version, window: Some(state) }) => (state, Some(version)),
+                        _ => (WindowState::new(spec.aggregate), None),
+                    };
                     for &(bucket, delta) in &dirty.pending {
                         state.apply(&spec, bucket, delta);
                     }
-                    state
+                    (state, version)
                 }
                 Err(e) => {
-                    // Keep our own merged view, which already holds every delta.
+                    // Keep our own merged view, which already holds every delta; with no known
+                    // version the next flush asks for the whole window.
                     first_error.get_or_insert(e);
-                    dirty.state
+                    (dirty.state, None)
                 }
             };
             if dirty.pending.is_empty() {
-                self.cache.insert(key, Arc::new(state));
+                self.cache.insert(key, Arc::new(Cached { state, version }));
             } else {
-                self.dirty.insert(key, Dirty { state, inflight: Vec::new(), pending: dirty.pending });
+                self.dirty.insert(key, Dirty { state, version, inflight: Vec::new(), pending: dirty.pending });
             }
         }
         first_error.map_or(Ok(()), Err)
     }
 
     /// Reads the windows of `keys` from Redis in one batch and caches them.
-    fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<WindowState>>, StoreError> {
-        let batch = self.batch(keys.iter().map(|&(window, key)| (window, key, &[][..])));
+    fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
+        let batch = self.batch(keys.iter().map(|&(window, key)| (window, key, None, &[][..])));
         let replies = self.run(&batch)?;
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
             let spec = self.windows.spec(window.0);
-            let state = self.parse_window(window, reply)?.unwrap_or_else(|| WindowState::new(spec.aggregate));
-            let state = Arc::new(state);
-            self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&state));
-            states.push(state);
+            let cached = match self.parse_reply(window, reply)? {
+                Some(Reply { version, window: Some(state) }) => Cached { state, version: Some(version) },
+                Some(Reply { window: None, .. }) => return Err(StoreError::Protocol("a read was answered \"=\"".into())),
+                None => Cached { state: WindowState::new(spec.aggregate), version: None },
+            };
+            let cached = Arc::new(cached);
+            self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
+            states.push(cached);
         }
         Ok(states)
     }
@@ -762,11 +805,12 @@ impl CounterStore for RedisStore {
                     Some(state) => state,
                     None => self.read(&[(window, key)])?.pop().expect("one state per key"),
                 };
-                let mut state = WindowState::clone(&clean);
+                let mut state = clean.state.clone();
                 let applied = state.apply(&spec, bucket, delta);
                 if let Applied::Counted(_) = applied {
                     let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                    self.dirty.insert(stored, Dirty { state, inflight: Vec::new(), pending: vec![(bucket, delta)] });
+                    let version = clean.version;
+                    self.dirty.insert(stored, Dirty { state, version, inflight: Vec::new(), pending: vec![(bucket, delta)] });
                 }
                 applied
             }
