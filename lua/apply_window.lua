@@ -48,16 +48,20 @@ local function apply(key, kind, k, ttl, stride, expected, first, last)
   local stored = {}
   for j = 1, #flat, 2 do stored[flat[j]] = flat[j + 1] end
   local head = tonumber(stored['h'])
+  local stored_head = head
   local buckets, latest = {}, {}
   if head ~= nil then
-    for field, value in pairs(stored) do
-      if string.find(field, '^%d+$') then
-        buckets[unslot(tonumber(field), head, k)] = tonumber(value)
-      elseif string.sub(field, 1, 1) == 'd' then
+    for j = 1, #flat, 2 do
+      local field, value = flat[j], flat[j + 1]
+      local slot = tonumber(field)
+      if slot ~= nil then
+        buckets[unslot(slot, head, k)] = tonumber(value)
+      elseif string.byte(field, 1) == 100 then -- 'd'
         latest[string.sub(field, 2)] = unslot(tonumber(value), head, k)
       end
     end
   end
+  local touched_buckets, touched_values = {}, {}
 
   local late, skipped = 0, 0
   local recorded, newest = {}, {}
@@ -85,10 +89,14 @@ local function apply(key, kind, k, ttl, stride, expected, first, last)
         changed = true
         local value = ARGV[i + 1]
         if kind == 'd' then
-          if latest[value] == nil or bucket > latest[value] then latest[value] = bucket end
+          if latest[value] == nil or bucket > latest[value] then
+            latest[value] = bucket
+            touched_values[value] = true
+          end
         else
           -- Sums add in counting order in doubles, exactly as the caller does.
           buckets[bucket] = (buckets[bucket] or 0) + tonumber(value)
+          touched_buckets[bucket] = true
         end
       end
     end
@@ -107,21 +115,19 @@ local function apply(key, kind, k, ttl, stride, expected, first, last)
   if changed then version = version + 1 end
   local version_text = string.format('%.0f', version)
   local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
-  local wanted = {}
-  for bucket, value in pairs(buckets) do
-    if bucket >= oldest_live then
-      local text = (kind == 's') and exact(value) or string.format('%.0f', value)
-      wanted[string.format('%.0f', bucket % k)] = text
-      if not current then
+  local function text(value)
+    if kind == 's' then return exact(value) end
+    return string.format('%.0f', value)
+  end
+  if not current then
+    for bucket, value in pairs(buckets) do
+      if bucket >= oldest_live then
         out[#out + 1] = 'b' .. string.format('%.0f', bucket)
-        out[#out + 1] = text
+        out[#out + 1] = text(value)
       end
     end
-  end
-  for digest, bucket in pairs(latest) do
-    if bucket >= oldest_live then
-      wanted['d' .. digest] = string.format('%.0f', bucket % k)
-      if not current then
+    for digest, bucket in pairs(latest) do
+      if bucket >= oldest_live then
         out[#out + 1] = 'd' .. digest
         out[#out + 1] = string.format('%.0f', bucket)
       end
@@ -130,21 +136,41 @@ local function apply(key, kind, k, ttl, stride, expected, first, last)
   if not changed then
     return out
   end
-  wanted['h'] = head_text
-  wanted['v'] = version_text
+
+  -- Write only what this call changed; delete what slid out (only possible if the head moved),
+  -- unless a bucket that is live now took over the slot.
+  local sets, setting = {}, {}
+  local function set(field, value)
+    sets[#sets + 1] = field
+    sets[#sets + 1] = value
+    setting[field] = true
+  end
+  set('h', head_text)
+  set('v', version_text)
   for partition, offset in pairs(newest) do
-    wanted['o:' .. partition] = string.format('%.0f', offset)
+    set('o:' .. partition, string.format('%.0f', offset))
   end
-  local sets, dead = {}, {}
-  for field, value in pairs(wanted) do
-    if stored[field] ~= value then
-      sets[#sets + 1] = field
-      sets[#sets + 1] = value
+  for bucket, _ in pairs(touched_buckets) do
+    if bucket >= oldest_live then set(string.format('%.0f', bucket % k), text(buckets[bucket])) end
+  end
+  for digest, _ in pairs(touched_values) do
+    local bucket = latest[digest]
+    if bucket >= oldest_live then set('d' .. digest, string.format('%.0f', bucket % k)) end
+  end
+  local dead = {}
+  if stored_head ~= nil and head > stored_head then
+    for j = 1, #flat, 2 do
+      local field, value = flat[j], flat[j + 1]
+      if not setting[field] then
+        local slot, bucket = tonumber(field), nil
+        if slot ~= nil then
+          bucket = unslot(slot, stored_head, k)
+        elseif string.byte(field, 1) == 100 then -- 'd'
+          bucket = unslot(tonumber(value), stored_head, k)
+        end
+        if bucket ~= nil and bucket < oldest_live then dead[#dead + 1] = field end
+      end
     end
-  end
-  for field, _ in pairs(stored) do
-    local ours = field == 'h' or string.find(field, '^%d+$') or string.sub(field, 1, 1) == 'd'
-    if ours and wanted[field] == nil then dead[#dead + 1] = field end
   end
   -- Writes and deletes in chunks: unpack() of a very long list would overflow Lua's C stack.
   for j = 1, #sets, 1000 do
