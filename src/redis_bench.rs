@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::event::decode;
 use crate::pipeline::{replay, Engine, ReplayError, ReplayOptions};
 use crate::rules::RuleSet;
+use crate::store::redis::push_hex;
 use crate::store::{CounterStore, MemoryStore, RedisStore, RedisStoreConfig, StoreError};
 use crate::window::{Aggregate, Delta, WindowSpec};
 
@@ -125,7 +126,8 @@ pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Re
             planner.touched_keys(&event, &mut touched);
             for (window, key) in &touched {
                 let spec = specs[window.0 as usize];
-                let name = format!("pe:{}:{}", window.0, hex16(blake3::hash(key).as_bytes()));
+                let mut name = format!("pe:{}:", window.0);
+                push_hex(&mut name, &blake3::hash(key).as_bytes()[..16]);
                 let mut inv = script.key(name);
                 match kind {
                     PerEvent::Zset => inv.arg(event.ts).arg(spec.window_ms()).arg(events),
@@ -153,10 +155,6 @@ pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Re
         script_calls: calls,
         redis_cpu_seconds: redis_cpu(&mut conn)? - cpu_before,
     })
-}
-
-fn hex16(bytes: &[u8]) -> String {
-    bytes[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Average `MEMORY USAGE` of the keys matching `pattern`.

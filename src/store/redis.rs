@@ -314,38 +314,25 @@ impl Link {
         Ok(Link { target, conn, attempts: config.attempts, backoff: config.retry_backoff })
     }
 
-    /// One attempt at a batch on a single Redis.
-    fn run_once(&mut self, batch: &Batch) -> redis::RedisResult<Calls> {
-        let Conn::Single(conn) = &mut self.conn else {
-            unreachable!("cluster batches are run by ClusterConn::run");
-        };
-        let mut pipe = redis::pipe();
-        for call in &batch.calls {
-            pipe.invoke_script(call);
-        }
-        pipe.query(conn)
-    }
-
-    fn load_script(&mut self) -> redis::RedisResult<()> {
-        match &mut self.conn {
-            Conn::Single(conn) => APPLY_WINDOW.prepare_invoke().load(conn).map(drop),
-            Conn::Cluster(conn) => load_on_all_masters(&mut conn.cluster),
-        }
-    }
-
-    /// Runs `batch`; also returns how many failed attempts were retried.
+    /// Runs `batch`; also returns how many failed attempts were retried. A cluster retries call by
+    /// call (`ClusterConn::run`); a single Redis runs the batch as one pipeline, retried whole.
     fn query(&mut self, batch: &Batch) -> (Result<Calls, StoreError>, u64) {
         if let Conn::Cluster(conn) = &mut self.conn {
             let (result, retries) = conn.run(batch, self.attempts, self.backoff);
             return (result.map_err(unavailable), retries);
         }
+        let mut pipe = redis::pipe();
+        for call in &batch.calls {
+            pipe.invoke_script(call);
+        }
         let mut delay = self.backoff;
         let mut retries = 0;
         loop {
-            let error = match self.run_once(batch) {
+            let Conn::Single(conn) = &mut self.conn else { unreachable!("handled above") };
+            let error = match pipe.query(conn) {
                 Ok(replies) => return (Ok(replies), retries),
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    self.load_script().err()
+                    APPLY_WINDOW.prepare_invoke().load(conn).err()
                 }
                 Err(e) => Some(e),
             };
@@ -384,6 +371,15 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<Batch>, done: mpsc::Sender<Flush
         if done.send(FlushDone { result, retries }).is_err() {
             return;
         }
+    }
+}
+
+/// Appends `bytes` as lowercase hex: how digests appear in Redis key names.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 15)]));
     }
 }
 
@@ -502,11 +498,7 @@ impl RedisStore {
         key_name.push_str("vg:");
         key_name.push_str(name);
         key_name.push(':');
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        for &byte in &digest.as_bytes()[..16] {
-            key_name.push(char::from(HEX[usize::from(byte >> 4)]));
-            key_name.push(char::from(HEX[usize::from(byte & 15)]));
-        }
+        push_hex(&mut key_name, &digest.as_bytes()[..16]);
         key_name
     }
 
@@ -603,16 +595,16 @@ impl RedisStore {
     }
 
     /// Runs a read batch on the caller's thread: one reply per key, in the keys' order.
-    fn run(&mut self, batch: &Batch) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+    fn run(&mut self, batch: &Batch) -> Result<Vec<KeyReply>, StoreError> {
         let (calls, retries) = self.link.query(batch);
         self.stats.retries += retries;
         self.replies(calls?, &batch.order)
     }
 
     /// Flattens per-call replies back into the order the keys were given.
-    fn replies(&mut self, calls: Calls, order: &[usize]) -> Result<Vec<Vec<Vec<u8>>>, StoreError> {
+    fn replies(&mut self, calls: Calls, order: &[usize]) -> Result<Vec<KeyReply>, StoreError> {
         self.stats.script_calls += calls.len() as u64;
-        let flat: Vec<Vec<Vec<u8>>> = calls.into_iter().flatten().collect();
+        let flat: Vec<KeyReply> = calls.into_iter().flatten().collect();
         if flat.len() != order.len() {
             return Err(StoreError::Protocol(format!("{} replies for {} keys", flat.len(), order.len())));
         }
@@ -623,9 +615,8 @@ impl RedisStore {
         Ok(replies)
     }
 
-    /// Parses the script's reply into a window state (`None`: the key holds nothing).
     /// Parses the script's reply for one key (`None`: the key holds nothing).
-    fn parse_reply(&mut self, window: WindowId, reply: Vec<Vec<u8>>) -> Result<Option<Reply>, StoreError> {
+    fn parse_reply(&mut self, window: WindowId, reply: KeyReply) -> Result<Option<Reply>, StoreError> {
         let spec = self.windows.spec(window.0);
         if reply.is_empty() {
             return Ok(None);
