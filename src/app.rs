@@ -1,4 +1,4 @@
-//! Command wiring: `check`, `replay`, `bench`. Errors become messages and exit codes here.
+//! Command wiring: `check`, `replay`, `run`, `gen`, `bench`. Errors become messages and exit codes here.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use vigil::config::{redact_url, Config};
 use vigil::event::decode;
 use vigil::pipeline::{self, Engine, ReplayOptions};
 use vigil::rule_files::{self, LoadError};
@@ -113,18 +114,6 @@ fn run_replay<S: CounterStore>(
     }
 }
 
-/// A Redis URL without its password, for messages.
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// `vigil gen`: synthetic events to stdout.
 pub fn gen(spec: WorkloadSpec) -> anyhow::Result<ExitCode> {
     let mut out = BufWriter::with_capacity(1 << 16, io::stdout().lock());
@@ -220,4 +209,92 @@ fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `vigil run --config FILE`: the Kafka worker until SIGTERM/SIGINT. Exit 0 after a clean stop
+/// (everything flushed, delivered, committed), 1 otherwise, 2 for a bad config.
+pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
+    use std::sync::Arc;
+    use vigil::pipeline::worker;
+    use vigil::shutdown::Shutdown;
+    use vigil::store::AnyStore;
+    use vigil::telemetry::{self, http::Health, Metrics};
+
+    let config = match Config::load(config_path) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if let Err(e) = telemetry::init_logging(&config.log) {
+        eprintln!("error: {}: {e}", config_path.display());
+        return Ok(ExitCode::from(2));
+    }
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = ?config, "starting vigil run");
+    let Some(rules) = load_rules(&config.rules.path) else { return Ok(ExitCode::from(1)) };
+    let store = match &config.redis.url {
+        None => {
+            tracing::warn!("no redis.url: counting in process, exact only while this is the only worker");
+            AnyStore::Memory(MemoryStore::new())
+        }
+        Some(url) => {
+            let store = RedisStore::connect(url, config.redis_store())
+                .with_context(|| format!("connecting to Redis at {}", redact_url(url)))?;
+            AnyStore::Redis(Box::new(store))
+        }
+    };
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let shutdown = Shutdown::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("vigil-http")
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    let listen = config.http.listen;
+    let server = runtime
+        .block_on(telemetry::http::serve(listen, Arc::clone(&metrics), Arc::clone(&health), std::future::pending()))
+        .with_context(|| format!("http.listen: cannot listen on {listen}"))?;
+    runtime.spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+    tracing::info!(%listen, "serving /metrics /healthz /readyz");
+    runtime.spawn(on_signals(shutdown.clone(), config.worker.shutdown_timeout));
+    let result = worker::run(config, rules, store, metrics, health, shutdown.clone());
+    shutdown.trigger();
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// SIGTERM or SIGINT starts the shutdown; a second one, or the shutdown outlasting its bound by
+/// five seconds, ends the process at once with exit code 1.
+async fn on_signals(shutdown: vigil::shutdown::Shutdown, bound: std::time::Duration) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    shutdown.trigger();
+    tokio::select! {
+        _ = term.recv() => tracing::error!("second signal: exiting now"),
+        _ = int.recv() => tracing::error!("second signal: exiting now"),
+        _ = tokio::time::sleep(bound + std::time::Duration::from_secs(5)) => {
+            tracing::error!(bound_s = bound.as_secs(), "shutdown took too long: exiting now")
+        }
+    }
+    std::process::exit(1);
 }

@@ -31,11 +31,16 @@
 //!           ─► store.apply (window value, or late) ─► rules::decide ─► decision record
 //! ```
 
+pub mod config;
 pub mod event;
 pub mod pipeline;
 pub mod redis_bench;
 pub mod rule_files;
 pub mod rules;
+pub mod shutdown;
+pub mod sink;
+pub mod source;
 pub mod store;
+pub mod telemetry;
 pub mod window;
 pub mod workload;

@@ -2,7 +2,6 @@
 
 mod app;
 
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -42,6 +41,12 @@ enum Command {
         /// CA certificate (PEM) that signed a rediss:// server's certificate.
         #[arg(long, value_name = "FILE", requires = "redis")]
         redis_ca: Option<PathBuf>,
+    },
+    /// Run the Kafka worker: consume events, count, decide, produce decisions (until SIGTERM/SIGINT).
+    Run {
+        /// Configuration file (TOML; VIGIL_<SECTION>_<KEY> environment variables override it).
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
     },
     /// Write synthetic JSON-lines events (zipf-skewed users, nested fields) to stdout.
     Gen {
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
             let redis = redis.map(|url| (url, redis_ca));
             app::replay(&rules, &input, redis, ReplayOptions { emit_allow })
         }
+        Command::Run { config } => app::run(&config),
         Command::Gen { workload, rate } => {
             app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })
         }

@@ -52,6 +52,11 @@ impl RuleSet {
         Ok(RuleSet::new(rules))
     }
 
+    /// A set without rules (nothing matches).
+    pub fn empty() -> RuleSet {
+        RuleSet::new(Vec::new())
+    }
+
     /// Builds a set from rules that are already valid and uniquely named.
     pub fn new(rules: Vec<Rule>) -> RuleSet {
         let mut projection = Projection::new();

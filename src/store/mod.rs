@@ -7,7 +7,7 @@ pub mod redis;
 mod scripts;
 
 pub use memory::MemoryStore;
-pub use redis::{RedisStore, RedisStoreConfig};
+pub use redis::{FlushSample, RedisStats, RedisStore, RedisStoreConfig};
 
 use crate::window::{Applied, Delta, WindowSpec};
 
@@ -84,4 +84,66 @@ pub trait CounterStore {
 
     /// Number of (window, key) states currently held in this process.
     fn live_keys(&self) -> usize;
+
+    /// A mark that grows with every counted observation. With [`CounterStore::durable_mark`] it
+    /// tells a caller when what it counted is durable (to commit input offsets after).
+    fn counted_mark(&self) -> u64 {
+        0
+    }
+
+    /// Every observation counted up to this mark is durable in the backing service.
+    fn durable_mark(&self) -> u64 {
+        self.counted_mark()
+    }
+
+    /// Lets a store that writes behind take in finished writes and start due ones while the
+    /// caller has no events (nothing to do in memory).
+    fn tick(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The store `vigil run` was configured with.
+pub enum AnyStore {
+    Memory(MemoryStore),
+    Redis(Box<RedisStore>),
+}
+
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($store) => $call,
+            AnyStore::Redis($store) => $call,
+        }
+    };
+}
+
+impl CounterStore for AnyStore {
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        delegate!(self, s => s.open_window(name, spec))
+    }
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
+        delegate!(self, s => s.apply(window, key, ts_ms, delta))
+    }
+    fn prefetches(&self) -> bool {
+        delegate!(self, s => s.prefetches())
+    }
+    fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        delegate!(self, s => s.prefetch(keys))
+    }
+    fn flush(&mut self) -> Result<(), StoreError> {
+        delegate!(self, s => s.flush())
+    }
+    fn live_keys(&self) -> usize {
+        delegate!(self, s => s.live_keys())
+    }
+    fn counted_mark(&self) -> u64 {
+        delegate!(self, s => s.counted_mark())
+    }
+    fn durable_mark(&self) -> u64 {
+        delegate!(self, s => s.durable_mark())
+    }
+    fn tick(&mut self) -> Result<(), StoreError> {
+        delegate!(self, s => s.tick())
+    }
 }

@@ -19,6 +19,8 @@ use super::scripts::APPLY_WINDOW;
 use super::{CounterStore, StoreError, WindowId, Windows};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
+const FLUSHER_STOPPED: &str = "the flusher thread stopped";
+
 /// Keys served by one script call. Bounded so one call never blocks Redis for long.
 const KEYS_PER_CALL: usize = 256;
 
@@ -70,6 +72,16 @@ pub struct RedisStats {
     pub refused_late: u64,
     /// Deltas skipped as already applied (offset at or below the recorded one).
     pub skipped_applied: u64,
+    /// Flushes that failed after every retry (their deltas were kept and sent again).
+    pub failed_flushes: u64,
+}
+
+/// One acknowledged flush, for the flush size and latency metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlushSample {
+    pub keys: usize,
+    pub observations: usize,
+    pub elapsed: Duration,
 }
 
 /// A key with deltas Redis has not acknowledged: the merged view (last window from Redis + every
@@ -364,6 +376,14 @@ fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::R
     conn.route_command(&load, route).map(drop)
 }
 
+struct Inflight {
+    keys: Vec<StoredKey>,
+    order: Vec<usize>,
+    mark: u64,
+    observations: usize,
+    sent: Instant,
+}
+
 /// The write-behind task: runs flush batches on its own connection while the caller goes on.
 fn flusher(mut link: Link, jobs: mpsc::Receiver<Batch>, done: mpsc::Sender<FlushDone>) {
     for batch in jobs {
@@ -408,8 +428,17 @@ pub struct RedisStore {
     cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Observations counted and not yet sent.
     pending: usize,
-    /// Keys of the flush in flight, and its batch's reply order.
-    inflight: Option<(Vec<StoredKey>, Vec<usize>)>,
+    /// The flush in flight: its keys, its batch's reply order, the counted mark it covers, its
+    /// observation count and when it was sent.
+    inflight: Option<Inflight>,
+    /// Observations counted so far (`CounterStore::counted_mark`).
+    counted: u64,
+    /// Every observation up to this mark is in Redis (`CounterStore::durable_mark`).
+    durable: u64,
+    /// Acknowledged flushes not yet taken by `take_flush_samples`.
+    samples: Vec<FlushSample>,
+    /// The last flush failure not yet reported.
+    last_error: Option<StoreError>,
     jobs: Option<mpsc::Sender<Batch>>,
     /// Cluster mode: script calls hold keys of one slot only.
     cluster: bool,
@@ -468,6 +497,10 @@ impl RedisStore {
                 .build_with_hasher(foldhash::fast::RandomState::default()),
             pending: 0,
             inflight: None,
+            counted: 0,
+            durable: 0,
+            samples: Vec::new(),
+            last_error: None,
             jobs: Some(jobs),
             cluster,
             done,
@@ -480,6 +513,16 @@ impl RedisStore {
 
     pub fn stats(&self) -> RedisStats {
         self.stats
+    }
+
+    /// The flushes acknowledged since the last call, oldest first.
+    pub fn take_flush_samples(&mut self) -> Vec<FlushSample> {
+        std::mem::take(&mut self.samples)
+    }
+
+    /// The last flush failure since the last call (its deltas are kept and sent again).
+    pub fn take_flush_error(&mut self) -> Option<StoreError> {
+        self.last_error.take()
     }
 
     /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
@@ -662,6 +705,8 @@ impl RedisStore {
         let keys: Vec<StoredKey> =
             self.dirty.iter().filter(|(_, d)| !d.pending.is_empty()).map(|(k, _)| k.clone()).collect();
         if keys.is_empty() {
+            // Nothing pending and nothing in flight: everything counted is in Redis.
+            self.durable = self.counted;
             return Ok(());
         }
         for key in &keys {
@@ -674,8 +719,8 @@ impl RedisStore {
         }));
         let order = batch.order.clone();
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
-        jobs.send(batch).map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?;
-        self.inflight = Some((keys, order));
+        jobs.send(batch).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        self.inflight = Some(Inflight { keys, order, mark: self.counted, observations: self.pending, sent: Instant::now() });
         self.pending = 0;
         Ok(())
     }
@@ -686,17 +731,17 @@ impl RedisStore {
             return Ok(());
         }
         let done = if wait {
-            self.done.recv().map_err(|_| StoreError::Unavailable("the flusher thread stopped".into()))?
+            self.done.recv().map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?
         } else {
             match self.done.try_recv() {
                 Ok(done) => done,
                 Err(mpsc::TryRecvError::Empty) => return Ok(()),
                 Err(mpsc::TryRecvError::Disconnected) => {
-                    return Err(StoreError::Unavailable("the flusher thread stopped".into()))
+                    return Err(StoreError::Unavailable(FLUSHER_STOPPED.into()))
                 }
             }
         };
-        let (keys, order) = self.inflight.take().expect("checked above");
+        let Inflight { keys, order, mark, observations, sent } = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         let replies = match done.result.and_then(|calls| self.replies(calls, &order)) {
             Ok(replies) => replies,
@@ -710,10 +755,17 @@ impl RedisStore {
                     again.append(&mut dirty.pending);
                     dirty.pending = again;
                 }
+                self.stats.failed_flushes += 1;
                 return Err(e);
             }
         };
         self.stats.flushes += 1;
+        self.durable = mark;
+        self.samples.push(FlushSample { keys: keys.len(), observations, elapsed: sent.elapsed() });
+        if self.samples.len() > 4096 {
+            // Nobody takes them (replay): keep the newest only.
+            self.samples.drain(..2048);
+        }
         // Redis applied every call: each key's in-flight deltas are done whatever its reply. A
         // reply we cannot read only costs the cached copy.
         let mut first_error = None;
@@ -751,6 +803,29 @@ impl RedisStore {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Takes in a finished flush and starts the next when one is due; waits for Redis only under
+    /// backpressure. A failed flush is kept for `take_flush_error`, not returned: its deltas stay
+    /// pending. Only a stopped flusher thread is an error.
+    fn write_behind(&mut self) -> Result<(), StoreError> {
+        let mut result = self.complete(false);
+        let due = self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval;
+        if due && self.inflight.is_none() {
+            self.send()?;
+        } else if self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
+            // Backpressure: Redis is slower than counting; wait for it rather than grow.
+            result = result.and(self.complete(true));
+            self.send()?;
+        }
+        match result {
+            Err(StoreError::Unavailable(m)) if m == FLUSHER_STOPPED => Err(StoreError::Unavailable(m)),
+            Err(e) => {
+                self.last_error = Some(e);
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
     }
 
     /// Reads the windows of `keys` from Redis in one batch and caches them.
@@ -808,16 +883,11 @@ impl CounterStore for RedisStore {
         };
         if let Applied::Counted(_) = applied {
             self.pending += 1;
+            self.counted += 1;
         }
-        self.complete(false)?;
-        let due = self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval;
-        if due && self.inflight.is_none() {
-            self.send()?;
-        } else if self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
-            // Backpressure: Redis is slower than counting; wait for it rather than grow.
-            self.complete(true)?;
-            self.send()?;
-        }
+        // The observation is counted whatever happens to the write-behind: a failed flush keeps
+        // its deltas for the next one and is reported through `take_flush_error`.
+        self.write_behind()?;
         Ok(applied)
     }
 
@@ -854,6 +924,18 @@ impl CounterStore for RedisStore {
 
     fn live_keys(&self) -> usize {
         self.dirty.len() + self.cache.entry_count() as usize
+    }
+
+    fn counted_mark(&self) -> u64 {
+        self.counted
+    }
+
+    fn durable_mark(&self) -> u64 {
+        self.durable
+    }
+
+    fn tick(&mut self) -> Result<(), StoreError> {
+        self.write_behind()
     }
 }
 

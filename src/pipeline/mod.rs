@@ -1,4 +1,8 @@
-//! The pipeline: decode → plan → count → decide → record. The only module that knows every stage.
+//! The pipeline: decode → plan → count → decide → record. The only module that knows every stage:
+//! [`Engine`] evaluates one event, [`replay`] a JSON-lines stream, and [`worker`] runs the Kafka
+//! worker around the same engine.
+
+pub mod worker;
 
 use std::io::{self, BufRead, Write};
 use std::time::{Duration, Instant};
@@ -29,6 +33,14 @@ impl EvalCounts {
     }
 }
 
+/// What happened to one rule's evaluations, for per-rule metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    pub late: u64,
+    pub skipped: u64,
+    pub hits: u64,
+}
+
 /// Evaluates events against a rule set over a counter store.
 pub struct Engine<S> {
     rules: RuleSet,
@@ -37,18 +49,44 @@ pub struct Engine<S> {
     windows: Vec<WindowId>,
     key: Vec<u8>,
     counts: EvalCounts,
+    /// Per active position, since the last [`Engine::take_rule_counts`].
+    rule_counts: Vec<RuleCounts>,
 }
 
 impl<S: CounterStore> Engine<S> {
-    pub fn new(rules: RuleSet, mut store: S) -> Engine<S> {
-        let windows = rules
+    pub fn new(rules: RuleSet, store: S) -> Engine<S> {
+        let mut engine = Engine {
+            rules: RuleSet::empty(),
+            store,
+            windows: Vec::new(),
+            key: Vec::with_capacity(64),
+            counts: EvalCounts::default(),
+            rule_counts: Vec::new(),
+        };
+        engine.replace_rules(rules);
+        engine
+    }
+
+    /// Swaps in a new rule set between two events. A rule whose id and window are unchanged keeps
+    /// its counters (the store hands back the same window); a changed window starts afresh.
+    /// Returns the old set.
+    pub fn replace_rules(&mut self, rules: RuleSet) -> RuleSet {
+        self.windows = rules
             .active()
             .map(|index| {
                 let rule = rules.rule(index);
-                store.open_window(&rule.id, rule.window)
+                self.store.open_window(&rule.id, rule.window)
             })
             .collect();
-        Engine { rules, store, windows, key: Vec::with_capacity(64), counts: EvalCounts::default() }
+        self.rule_counts = vec![RuleCounts::default(); self.windows.len()];
+        std::mem::replace(&mut self.rules, rules)
+    }
+
+    /// Per-rule counts since the last call, as (rule index, counts) of the active rules.
+    pub fn take_rule_counts(&mut self) -> impl Iterator<Item = (usize, RuleCounts)> + '_ {
+        let active: Vec<usize> = self.rules.active().collect();
+        let counts = std::mem::replace(&mut self.rule_counts, vec![RuleCounts::default(); active.len()]);
+        active.into_iter().zip(counts).filter(|(_, c)| *c != RuleCounts::default())
     }
 
     pub fn rules(&self) -> &RuleSet {
@@ -90,6 +128,7 @@ impl<S: CounterStore> Engine<S> {
             let delta = match self.rules.plan(position, event, &mut self.key) {
                 Plan::NoMatch => continue,
                 Plan::Skip(reason) => {
+                    self.rule_counts[position].skipped += 1;
                     *match reason {
                         SkipReason::Dimension => &mut self.counts.skipped_dimension,
                         SkipReason::SumField => &mut self.counts.skipped_sum_field,
@@ -100,9 +139,13 @@ impl<S: CounterStore> Engine<S> {
                 Plan::Observe(delta) => delta,
             };
             match self.store.apply(self.windows[position], &self.key, event.ts, delta)? {
-                Applied::Late => self.counts.late += 1,
+                Applied::Late => {
+                    self.counts.late += 1;
+                    self.rule_counts[position].late += 1;
+                }
                 Applied::Counted(value) => {
                     if decide::exceeds(value, self.rules.rule(index).limit) {
+                        self.rule_counts[position].hits += 1;
                         decision.hits.push(Hit { rule: index, value });
                     }
                 }

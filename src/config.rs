@@ -1,0 +1,446 @@
+//! Configuration of `vigil run` (DESIGN §7): a TOML file over embedded defaults
+//! (`src/config_defaults.toml`), then `VIGIL_<SECTION>_<KEY>` environment overrides. Strict:
+//! unknown keys are errors, and every error names the key and where it came from
+//! (`file:line:col` or the environment variable). Secrets are redacted in `Debug`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{Deserializer, Error as _};
+use serde::Deserialize;
+
+/// The defaults every config is merged over; also the reference of every key and its default.
+pub const DEFAULTS: &str = include_str!("config_defaults.toml");
+
+/// Prefix of environment overrides.
+pub const ENV_PREFIX: &str = "VIGIL_";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub redis: RedisConfig,
+    pub rules: RulesConfig,
+    pub http: HttpConfig,
+    pub worker: WorkerConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port…]`. The one key without a default.
+    pub brokers: String,
+    /// Consumer group of the workers; partitions are shared among its members.
+    pub group_id: String,
+    /// Topics events are read from.
+    pub input_topics: Vec<String>,
+    /// Topic decision records are produced to (DESIGN §4), keyed by the event's Kafka key.
+    pub decisions_topic: String,
+    /// Topic bad events are produced to, with their original bytes and `vigil.*` headers.
+    pub dead_letter_topic: String,
+    /// How often librdkafka reports statistics (consumer lag per partition).
+    #[serde(deserialize_with = "duration")]
+    pub statistics_interval: Duration,
+    /// Passed to librdkafka as given, for both consumer and producers (SASL, TLS, tuning).
+    #[serde(deserialize_with = "properties")]
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://[user:pass@]host:port[/db]` or `rediss://…`; absent: an in-process store, which
+    /// is exact only while one worker owns every key.
+    pub url: Option<String>,
+    /// PEM file of the CA that signed a `rediss://` server's certificate.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Pending deltas are written behind at least this often.
+    #[serde(deserialize_with = "duration")]
+    pub flush_interval: Duration,
+    /// A flush starts as soon as this many observations are pending.
+    pub max_pending: usize,
+    /// Most clean windows kept in the local read cache.
+    pub cache_capacity: u64,
+    /// A clean window unused this long leaves the local cache.
+    #[serde(deserialize_with = "duration")]
+    pub cache_time_to_idle: Duration,
+    /// Attempts per Redis round trip before it counts as failed (deltas are kept and retried).
+    pub retry_attempts: u32,
+    /// First retry delay; doubles per attempt.
+    #[serde(deserialize_with = "duration")]
+    pub retry_backoff: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesConfig {
+    /// A rule file or a directory of `*.toml` files; watched for changes.
+    pub path: PathBuf,
+    /// How often the rule files are checked for changes.
+    #[serde(deserialize_with = "duration")]
+    pub reload_interval: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Also produce a record (action `allow`) for events without any hit.
+    pub emit_allow: bool,
+    /// Larger events are dead-lettered (`too_large`) without being parsed.
+    pub max_event_bytes: usize,
+    /// On SIGTERM/SIGINT: the most time flushing, delivering and committing may take.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_timeout: Duration,
+    /// How often stored offsets are committed to the group.
+    #[serde(deserialize_with = "duration")]
+    pub commit_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` for people, `json` for log pipelines.
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `vigil=debug,rdkafka=warn`); `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+/// A configuration that cannot be used. Each names the key and where the bad value came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// Not TOML at all.
+    #[error("{location}: {message}")]
+    Syntax { location: String, message: String },
+    /// A key that is unknown, missing or has a bad value.
+    #[error("{location}: `{key}`: {message}")]
+    Invalid { location: String, key: String, message: String },
+}
+
+impl ConfigError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConfigError::Io { .. } => "io",
+            ConfigError::Syntax { .. } => "syntax",
+            ConfigError::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` and applies the `VIGIL_*` variables of the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: name.clone(), source })?;
+        Config::parse(&name, &text, std::env::vars())
+    }
+
+    /// Parses `text` (called `name` in errors) over the defaults, then applies `env` overrides.
+    pub fn parse(name: &str, text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let mut merged: toml::Table = toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
+        let defaults = merged.clone();
+        let file: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            location: e.span().map_or_else(|| name.to_owned(), |s| position(name, text, s.start)),
+            message: e.message().to_owned(),
+        })?;
+        merge(&mut merged, file);
+        let mut from_env: BTreeMap<String, String> = BTreeMap::new();
+        let mut env: Vec<(String, String)> = env.into_iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)).collect();
+        env.sort();
+        for (var, raw) in env {
+            let key = apply_env(&mut merged, &defaults, &var, &raw)?;
+            from_env.insert(key, var);
+        }
+        serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
+            let key = e.path().to_string();
+            let message = e.inner().message().to_owned();
+            let location = from_env
+                .iter()
+                .find(|(k, _)| key == **k || key.starts_with(&format!("{k}.")))
+                .map(|(_, var)| var.clone())
+                .unwrap_or_else(|| locate(name, text, &key));
+            ConfigError::Invalid { location, key, message }
+        })
+    }
+
+    /// The Redis store settings of this config.
+    pub fn redis_store(&self) -> crate::store::RedisStoreConfig {
+        crate::store::RedisStoreConfig {
+            flush_interval: self.redis.flush_interval,
+            max_pending: self.redis.max_pending,
+            attempts: self.redis.retry_attempts,
+            retry_backoff: self.redis.retry_backoff,
+            cache_capacity: self.redis.cache_capacity,
+            cache_time_to_idle: self.redis.cache_time_to_idle,
+            tls_ca_file: self.redis.tls_ca_file.clone(),
+        }
+    }
+}
+
+/// Deep-merges `over` into `base`: tables merge key by key, anything else replaces.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(base)), toml::Value::Table(over)) => merge(base, over),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// Applies `VIGIL_<SECTION>_<KEY>=raw`; returns the dotted key it set. `VIGIL_KAFKA_PROPERTIES_X_Y`
+/// sets the librdkafka property `x.y`. The value is typed like the key's default: strings stay
+/// strings, lists may be comma-separated, anything else is read as a TOML value.
+fn apply_env(merged: &mut toml::Table, defaults: &toml::Table, var: &str, raw: &str) -> Result<String, ConfigError> {
+    let rest = var[ENV_PREFIX.len()..].to_ascii_lowercase();
+    let invalid = |key: &str, message: String| ConfigError::Invalid { location: var.to_owned(), key: key.to_owned(), message };
+    let Some((section, key)) = rest.split_once('_') else {
+        return Err(invalid(&rest, "expected VIGIL_<SECTION>_<KEY>".into()));
+    };
+    let Some(toml::Value::Table(section_defaults)) = defaults.get(section) else {
+        let sections: Vec<&str> = defaults.keys().map(String::as_str).collect();
+        return Err(invalid(section, format!("unknown section, expected one of {}", sections.join(", "))));
+    };
+    let table = match merged.get_mut(section) {
+        Some(toml::Value::Table(table)) => table,
+        _ => return Err(invalid(section, "is not a table".into())),
+    };
+    if section == "kafka" {
+        if let Some(property) = key.strip_prefix("properties_") {
+            let property = property.replace('_', ".");
+            let dotted = format!("kafka.properties.{property}");
+            match table.entry("properties").or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+                toml::Value::Table(properties) => {
+                    properties.insert(property, toml::Value::String(raw.to_owned()));
+                }
+                _ => return Err(invalid("kafka.properties", "is not a table".into())),
+            }
+            return Ok(dotted);
+        }
+    }
+    let value = match section_defaults.get(key) {
+        Some(toml::Value::Array(_)) if !raw.trim_start().starts_with('[') => toml::Value::Array(
+            raw.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+        ),
+        Some(toml::Value::String(_)) | None => toml::Value::String(raw.to_owned()),
+        Some(_) => toml::from_str::<toml::Table>(&format!("v = {raw}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
+    };
+    table.insert(key.to_owned(), value);
+    Ok(format!("{section}.{key}"))
+}
+
+/// `name:line:col` of byte `offset` in `text` (1-based; columns count characters).
+fn position(name: &str, text: &str, offset: usize) -> String {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("{name}:{line}:{column}")
+}
+
+/// Where `key` (dotted) is written in the file: the key itself, or the deepest table of its
+/// path that the file has; just the file name if the file says nothing about it.
+fn locate(name: &str, text: &str, key: &str) -> String {
+    let Ok(doc) = text.parse::<toml_edit::Document<String>>() else { return name.to_owned() };
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut found = None;
+    for segment in key.split('.') {
+        let Some((k, item)) = table.get_key_value(segment) else { break };
+        found = k.span().map(|s| s.start).or(found);
+        match item.as_table_like() {
+            Some(inner) => table = inner,
+            None => {
+                found = k.span().map(|s| s.start).or_else(|| item.span().map(|s| s.start)).or(found);
+                break;
+            }
+        }
+    }
+    found.map_or_else(|| name.to_owned(), |offset| position(name, text, offset))
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text)
+        .map_err(|e| D::Error::custom(format!("invalid duration {text:?}: {e} (write e.g. \"50ms\", \"2s\", \"10m\")")))
+}
+
+/// librdkafka properties are strings; TOML numbers and booleans are accepted and written out.
+fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let table = BTreeMap::<String, toml::Value>::deserialize(d)?;
+    table
+        .into_iter()
+        .map(|(k, v)| match v {
+            toml::Value::String(s) => Ok((k, s)),
+            toml::Value::Integer(i) => Ok((k, i.to_string())),
+            toml::Value::Boolean(b) => Ok((k, b.to_string())),
+            toml::Value::Float(f) => Ok((k, f.to_string())),
+            other => Err(D::Error::custom(format!("property `{k}` must be a string, number or boolean, not {}", other.type_str()))),
+        })
+        .collect()
+}
+
+/// Whether a librdkafka property holds a secret, so it is never printed.
+fn is_secret(property: &str) -> bool {
+    ["password", "secret", "key", "token", "sasl.oauthbearer.config", "sasl.jaas"].iter().any(|s| property.contains(s))
+}
+
+/// `scheme://user:***@host…`: a URL with its password hidden.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), if is_secret(k) { "***" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("input_topics", &self.input_topics)
+            .field("decisions_topic", &self.decisions_topic)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("statistics_interval", &self.statistics_interval)
+            .field("properties", &properties)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("flush_interval", &self.flush_interval)
+            .field("max_pending", &self.max_pending)
+            .field("cache_capacity", &self.cache_capacity)
+            .field("cache_time_to_idle", &self.cache_time_to_idle)
+            .field("retry_attempts", &self.retry_attempts)
+            .field("retry_backoff", &self.retry_backoff)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, String> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::parse("vigil.toml", text, env).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_fill_everything_but_brokers() {
+        let config = parse("[kafka]\nbrokers = \"k:9092\"\n", &[]).unwrap();
+        assert_eq!(config.kafka.group_id, "vigil");
+        assert_eq!(config.kafka.input_topics, ["events"]);
+        assert_eq!(config.redis.flush_interval, Duration::from_millis(50));
+        assert_eq!(config.redis.url, None);
+        assert_eq!(config.http.listen, "127.0.0.1:9464".parse().unwrap());
+        assert_eq!(config.worker.max_event_bytes, 1 << 20);
+        assert_eq!(parse("", &[]).unwrap_err(), "vigil.toml: `kafka`: missing field `brokers`");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_its_line() {
+        let text = "[kafka]\nbrokers = \"k:9092\"\n\n[redis]\nflush_interval = \"fast\"\n";
+        assert_eq!(
+            parse(text, &[]).unwrap_err(),
+            "vigil.toml:5:1: `redis.flush_interval`: invalid duration \"fast\": expected number at 0 \
+             (write e.g. \"50ms\", \"2s\", \"10m\")"
+        );
+        let text = "[kafka]\nbrokers = \"k:9092\"\ngroup = \"x\"\n";
+        let error = parse(text, &[]).unwrap_err();
+        assert!(error.starts_with("vigil.toml:3:1: `kafka.group`: unknown field `group`, expected one of"), "{error}");
+        let error = parse("[kafka]\nbrokers = \"k\"\n[worker]\nmax_event_bytes = \"big\"\n", &[]).unwrap_err();
+        assert!(error.starts_with("vigil.toml:4:1: `worker.max_event_bytes`: invalid type: string \"big\""), "{error}");
+        assert_eq!(parse("[kafka\n", &[]).unwrap_err().split(": ").next(), Some("vigil.toml:1:7"));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = [
+            ("VIGIL_KAFKA_BROKERS", "a:1,b:2"),
+            ("VIGIL_KAFKA_GROUP_ID", "123"),
+            ("VIGIL_KAFKA_INPUT_TOPICS", "x, y"),
+            ("VIGIL_REDIS_MAX_PENDING", "5"),
+            ("VIGIL_WORKER_EMIT_ALLOW", "true"),
+            ("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", "hunter2"),
+            ("OTHER", "ignored"),
+        ];
+        let config = parse("[kafka]\nbrokers = \"k:9092\"\n", &env).unwrap();
+        assert_eq!(config.kafka.brokers, "a:1,b:2");
+        assert_eq!(config.kafka.group_id, "123");
+        assert_eq!(config.kafka.input_topics, ["x", "y"]);
+        assert_eq!(config.redis.max_pending, 5);
+        assert!(config.worker.emit_allow);
+        assert_eq!(config.kafka.properties["sasl.password"], "hunter2");
+        assert!(!format!("{config:?}").contains("hunter2"));
+        assert_eq!(
+            parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_REDIS_MAX_PENDING", "many")]).unwrap_err(),
+            "VIGIL_REDIS_MAX_PENDING: `redis.max_pending`: invalid type: string \"many\", expected usize"
+        );
+        assert!(parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_QUEUE_SIZE", "1")])
+            .unwrap_err()
+            .starts_with("VIGIL_QUEUE_SIZE: `queue`: unknown section"));
+        let error = parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_REDIS_FLUSH", "1s")]).unwrap_err();
+        assert!(error.starts_with("VIGIL_REDIS_FLUSH: `redis.flush`: unknown field `flush`"), "{error}");
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let config = parse(
+            "[kafka]\nbrokers = \"k\"\n[kafka.properties]\n\"sasl.password\" = \"pw1\"\n\"ssl.key.password\" = \"pw2\"\n\
+             \"linger.ms\" = 5\n[redis]\nurl = \"redis://app:pw3@r:6379/0\"\n",
+            &[],
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        for secret in ["pw1", "pw2", "pw3"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("redis://app:***@r:6379/0") && shown.contains("\"linger.ms\": \"5\""), "{shown}");
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../deploy/config/vigil.toml");
+        parse(text, &[]).unwrap();
+    }
+}

@@ -1,0 +1,638 @@
+//! `vigil run`: a member of a Kafka consumer group that decodes, counts, decides and produces
+//! (DESIGN §1), at least once by construction.
+//!
+//! Threads:
+//! - the caller's thread polls the consumer (which also runs the rebalance callbacks) and routes
+//!   each message to its partition's loop;
+//! - one ordered loop per assigned partition: decode → plan → count → decide a batch under the
+//!   engine lock, then hand records to the producer with a ticket back to the partition's
+//!   [`Progress`];
+//! - a committer: lets the store write behind while idle, stores the offsets that are decided,
+//!   delivered and durable, produces failed records again, and exports store metrics;
+//! - a rule watcher: validates changed rule files and swaps them in atomically.
+//!
+//! On revocation and on shutdown: stop the partition loops, flush the store, wait for deliveries,
+//! commit — within `worker.shutdown_timeout`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::statistics::Statistics;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::ClientContext;
+
+use super::Engine;
+use crate::config::Config;
+use crate::rule_files::{self, LoadError};
+use crate::rules::{decide, Action, Mode, RuleSet, Source};
+use crate::shutdown::Shutdown;
+use crate::sink::{dead_letter_headers, Kind, Sink, Ticket};
+use crate::source::{self, Progress};
+use crate::store::{AnyStore, CounterStore, RedisStats, StoreError};
+use crate::telemetry::http::Health;
+use crate::telemetry::{ActionLabels, CodeLabels, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
+
+/// Messages a partition loop takes per engine lock.
+const MAX_BATCH: usize = 512;
+/// Messages waiting per partition loop; the consumer loop waits when it is full.
+const QUEUE_DEPTH: usize = 4096;
+
+/// Why the worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("counter store: {0}")]
+    Store(#[from] StoreError),
+    /// Shutdown ran out of time or could not make everything durable; what was durable and
+    /// delivered was committed, the rest will be processed again by the partition's next owner.
+    #[error("shutdown incomplete: {0}")]
+    ShutdownIncomplete(String),
+}
+
+impl WorkerError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            WorkerError::Kafka(_) => "kafka",
+            WorkerError::Store(e) => e.code(),
+            WorkerError::ShutdownIncomplete(_) => "shutdown_incomplete",
+        }
+    }
+}
+
+/// A running partition loop.
+struct PartitionLoop {
+    sender: Option<SyncSender<OwnedMessage>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    progress: Arc<Progress>,
+}
+
+type PartitionKey = (String, i32);
+
+/// What every thread of the worker shares.
+struct Worker {
+    config: Config,
+    engine: Mutex<Engine<AnyStore>>,
+    sink: Sink,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    partitions: Mutex<HashMap<PartitionKey, PartitionLoop>>,
+    /// Store statistics already exported.
+    exported: Mutex<RedisStats>,
+}
+
+struct WorkerContext {
+    worker: Arc<Worker>,
+}
+
+impl ClientContext for WorkerContext {
+    /// Consumer lag per assigned partition.
+    fn stats(&self, statistics: Statistics) {
+        let partitions = self.worker.lock_partitions();
+        for (topic, stats) in &statistics.topics {
+            for (&partition, p) in &stats.partitions {
+                if partitions.contains_key(&(topic.clone(), partition)) && p.consumer_lag >= 0 {
+                    let labels = PartitionLabels { topic: topic.clone(), partition };
+                    self.worker.metrics.consumer_lag.get_or_create(&labels).set(p.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for WorkerContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(list) = rebalance {
+            let revoked: Vec<PartitionKey> =
+                list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+            tracing::info!(partitions = ?revoked, "partitions revoked: flushing and committing");
+            let deadline = Instant::now() + self.worker.config.worker.shutdown_timeout;
+            if let Err(e) = self.worker.finish(consumer, &revoked, deadline) {
+                tracing::error!(error = %e, "revocation: not everything was committed; the next owner reprocesses the rest");
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(list) => {
+                let assigned: Vec<PartitionKey> =
+                    list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+                tracing::info!(partitions = ?assigned, "partitions assigned");
+                for key in assigned {
+                    self.worker.start_partition(key);
+                }
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => tracing::error!(error = %e, "rebalance failed"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                for element in offsets.elements() {
+                    if let Offset::Offset(next) = element.offset() {
+                        let labels = PartitionLabels { topic: element.topic().to_owned(), partition: element.partition() };
+                        self.worker.metrics.committed_offset.get_or_create(&labels).set(next);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "offset commit failed; it is retried with the next commit"),
+        }
+    }
+}
+
+/// Runs the worker until `shutdown` fires, then stops within `worker.shutdown_timeout`.
+pub fn run(
+    config: Config,
+    rules: RuleSet,
+    store: AnyStore,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: Shutdown,
+) -> Result<(), WorkerError> {
+    metrics.rules_active.set(rules.active().len() as i64);
+    let sink = Sink::new(&config.kafka, Arc::clone(&metrics))?;
+    let worker = Arc::new(Worker {
+        engine: Mutex::new(Engine::new(rules, store)),
+        sink,
+        metrics: Arc::clone(&metrics),
+        shutdown: shutdown.clone(),
+        partitions: Mutex::new(HashMap::new()),
+        exported: Mutex::new(RedisStats::default()),
+        config,
+    });
+    let consumer: BaseConsumer<WorkerContext> = source::consumer_config(&worker.config.kafka, &worker.config.worker)
+        .create_with_context(WorkerContext { worker: Arc::clone(&worker) })?;
+    let consumer = Arc::new(consumer);
+    let topics: Vec<&str> = worker.config.kafka.input_topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    tracing::info!(topics = ?topics, group = %worker.config.kafka.group_id, "subscribed");
+
+    // The helper threads stop on `helpers_done`, after the final commit.
+    let helpers_done = Shutdown::new();
+    let committer = {
+        let (worker, consumer, done) = (Arc::clone(&worker), Arc::clone(&consumer), helpers_done.clone());
+        std::thread::Builder::new().name("vigil-commit".into()).spawn(move || worker.commit_loop(&consumer, &done))
+    }
+    .map_err(|e| WorkerError::ShutdownIncomplete(format!("cannot start the committer: {e}")))?;
+    let watcher = {
+        let (worker, done) = (Arc::clone(&worker), helpers_done.clone());
+        let path = worker.config.rules.path.clone();
+        std::thread::Builder::new().name("vigil-rules".into()).spawn(move || worker.watch_rules(&path, &done))
+    }
+    .map_err(|e| WorkerError::ShutdownIncomplete(format!("cannot start the rule watcher: {e}")))?;
+
+    health.set_ready(true);
+    while !shutdown.is_triggered() {
+        health.beat();
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Ok(message)) => worker.route(message.detach()),
+            Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+        }
+    }
+    health.set_ready(false);
+
+    tracing::info!("shutting down: stopping partition loops, flushing, delivering, committing");
+    let started = shutdown.since().unwrap_or_else(Instant::now);
+    let deadline = started + worker.config.worker.shutdown_timeout;
+    let all: Vec<PartitionKey> = worker.lock_partitions().keys().cloned().collect();
+    let result = worker.finish(&consumer, &all, deadline);
+    helpers_done.trigger();
+    let _ = committer.join();
+    let _ = watcher.join();
+    // Leaving the group: the revocation callback finds nothing left to do.
+    drop(consumer);
+    match &result {
+        Ok(()) => tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "stopped: everything flushed, delivered and committed"),
+        Err(e) => tracing::error!(error = %e, "stopped with work left to the next owner"),
+    }
+    result
+}
+
+impl Worker {
+    fn lock_partitions(&self) -> MutexGuard<'_, HashMap<PartitionKey, PartitionLoop>> {
+        self.partitions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_engine(&self) -> MutexGuard<'_, Engine<AnyStore>> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn start_partition(self: &Arc<Self>, key: PartitionKey) {
+        let (sender, receiver) = mpsc::sync_channel(QUEUE_DEPTH);
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::new());
+        let thread = {
+            let (worker, stop, progress, key) = (Arc::clone(self), Arc::clone(&stop), Arc::clone(&progress), key.clone());
+            std::thread::Builder::new()
+                .name(format!("vigil-p{}", key.1))
+                .spawn(move || worker.partition_loop(&key, &receiver, &stop, &progress))
+        };
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start a partition loop");
+                return;
+            }
+        };
+        self.metrics.assigned_partitions.inc();
+        let previous = self
+            .lock_partitions()
+            .insert(key, PartitionLoop { sender: Some(sender), stop, thread: Some(thread), progress });
+        if let Some(previous) = previous {
+            stop_loops(vec![previous]);
+        }
+    }
+
+    /// Hands a message to its partition's loop, waiting while the loop's queue is full.
+    fn route(&self, message: OwnedMessage) {
+        let key = (message.topic().to_owned(), message.partition());
+        let Some(sender) = self.lock_partitions().get(&key).and_then(|p| p.sender.clone()) else {
+            // Revoked meanwhile: not committed, so the partition's next owner reads it.
+            return;
+        };
+        let mut message = message;
+        loop {
+            match sender.try_send(message) {
+                Ok(()) => return,
+                Err(TrySendError::Disconnected(_)) => return,
+                Err(TrySendError::Full(back)) => {
+                    if self.shutdown.wait(Duration::from_millis(1)) {
+                        return;
+                    }
+                    message = back;
+                }
+            }
+        }
+    }
+
+    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<OwnedMessage>, stop: &AtomicBool, progress: &Arc<Progress>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            if stop.load(Ordering::Acquire) || self.shutdown.is_triggered() {
+                return;
+            }
+            match receiver.recv_timeout(Duration::from_millis(50)) {
+                Ok(message) => batch.push(message),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            while batch.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(message) => batch.push(message),
+                    Err(_) => break,
+                }
+            }
+            self.process(key, &batch, stop, progress);
+            batch.clear();
+        }
+    }
+
+    /// Processes a batch in order; a store failure is retried with backoff from the first event
+    /// not processed, until it succeeds or the loop is stopped (its offsets then stay uncommitted).
+    fn process(&self, key: &PartitionKey, batch: &[OwnedMessage], stop: &AtomicBool, progress: &Arc<Progress>) {
+        let mut start = 0;
+        let mut backoff = Duration::from_millis(50);
+        while start < batch.len() {
+            match self.process_some(key, &batch[start..], progress) {
+                Ok(()) => return,
+                Err((done, error)) => {
+                    start += done;
+                    self.metrics.redis_errors.get_or_create(&CodeLabels { code: "read_failed" }).inc();
+                    tracing::warn!(error = %error, partition = key.1, "counter store unavailable; retrying the batch");
+                    if self.shutdown.wait(backoff) || stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Decodes, counts and decides `messages` under the engine lock, then hands their records to
+    /// the producer. On a store failure, returns how many messages were processed.
+    fn process_some(&self, (topic, partition): &PartitionKey, messages: &[OwnedMessage], progress: &Arc<Progress>) -> Result<(), (usize, StoreError)> {
+        struct Output<'m> {
+            offset: i64,
+            key: Option<&'m [u8]>,
+            payload: Vec<u8>,
+            dead_letter: Option<rdkafka::message::OwnedHeaders>,
+            event_time_ms: Option<i64>,
+        }
+        let emit_allow = self.config.worker.emit_allow;
+        let mut outputs: Vec<Output<'_>> = Vec::new();
+        let mut processed = 0;
+        let mut failure = None;
+        let (mut decided, mut allowed, mut dead) = (0, 0, 0);
+        let mark = {
+            let mut engine = self.lock_engine();
+            let limit = self.config.worker.max_event_bytes;
+            let events: Vec<_> = messages
+                .iter()
+                .map(|m| source::decode_message(m.payload(), limit, engine.rules().projection()))
+                .collect();
+            if engine.store().prefetches() {
+                let mut touched = Vec::new();
+                for event in events.iter().flatten() {
+                    engine.touched_keys(event, &mut touched);
+                }
+                if let Err(e) = engine.store_mut().prefetch(&touched) {
+                    return Err((0, e));
+                }
+            }
+            let mut record = Vec::with_capacity(512);
+            for (message, event) in messages.iter().zip(&events) {
+                let offset = message.offset();
+                match event {
+                    Err(rejection) => {
+                        dead += 1;
+                        self.metrics.dead_letters.get_or_create(&ReasonLabels { reason: rejection.code() }).inc();
+                        let headers = dead_letter_headers(
+                            message.headers(),
+                            rejection.code(),
+                            &rejection.to_string(),
+                            topic,
+                            *partition,
+                            offset,
+                        );
+                        outputs.push(Output {
+                            offset,
+                            key: message.key(),
+                            payload: message.payload().unwrap_or_default().to_vec(),
+                            dead_letter: Some(headers),
+                            event_time_ms: None,
+                        });
+                    }
+                    Ok(event) => {
+                        let decision = match engine.evaluate(event) {
+                            Ok(decision) => decision,
+                            Err(e) => {
+                                failure = Some(e);
+                                break;
+                            }
+                        };
+                        if decision.is_empty() {
+                            allowed += 1;
+                        } else {
+                            decided += 1;
+                        }
+                        if !decision.is_empty() || emit_allow {
+                            record.clear();
+                            let source = Source::Kafka { topic, partition: *partition, offset };
+                            decide::write_record(&mut record, engine.rules(), event, &decision, source);
+                            let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
+                            self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
+                            outputs.push(Output {
+                                offset,
+                                key: message.key(),
+                                payload: record.clone(),
+                                dead_letter: None,
+                                event_time_ms: message.timestamp().to_millis(),
+                            });
+                        }
+                    }
+                }
+                processed += 1;
+            }
+            let counts: Vec<_> = engine.take_rule_counts().collect();
+            for (index, counts) in counts {
+                let rule = engine.rules().rule(index);
+                if counts.hits > 0 {
+                    let mode = match rule.mode {
+                        Mode::Enforce => "enforce",
+                        Mode::Shadow => "shadow",
+                    };
+                    let labels = RuleHitLabels { rule: rule.id.clone(), mode, action: rule.action.as_str() };
+                    self.metrics.rule_hits.get_or_create(&labels).inc_by(counts.hits);
+                }
+                if counts.late > 0 {
+                    self.metrics.late_events.get_or_create(&RuleLabels { rule: rule.id.clone() }).inc_by(counts.late);
+                }
+                if counts.skipped > 0 {
+                    self.metrics.skipped_events.get_or_create(&RuleLabels { rule: rule.id.clone() }).inc_by(counts.skipped);
+                }
+            }
+            engine.store().counted_mark()
+        };
+        self.metrics.inc_events("decided", decided);
+        self.metrics.inc_events("allowed", allowed);
+        self.metrics.inc_events("dead_lettered", dead);
+        // Outside the lock: records go to the producer, each with a ticket back to `progress`.
+        for output in outputs {
+            progress.expect_delivery(output.offset);
+            let (topic, kind) = match output.dead_letter {
+                Some(_) => (&self.sink.dead_letter_topic, Kind::DeadLetter),
+                None => (&self.sink.decisions_topic, Kind::Decision),
+            };
+            let ticket =
+                Box::new(Ticket { progress: Arc::clone(progress), offset: output.offset, event_time_ms: output.event_time_ms, kind });
+            self.sink.send(topic, output.key, &output.payload, output.dead_letter, ticket);
+        }
+        if processed > 0 {
+            progress.processed(messages[processed - 1].offset(), mark);
+        }
+        match failure {
+            None => Ok(()),
+            Some(e) => Err((processed, e)),
+        }
+    }
+
+    /// Every `flush_interval` (at most 100 ms): let the store write behind, export its metrics,
+    /// produce failed records again, and store the offsets that became committable.
+    fn commit_loop(&self, consumer: &BaseConsumer<WorkerContext>, done: &Shutdown) {
+        let tick = self.config.redis.flush_interval.clamp(Duration::from_millis(5), Duration::from_millis(100));
+        while !done.wait(tick) {
+            let durable = self.tick_store();
+            self.sink.resend_failed();
+            let partitions = self.lock_partitions();
+            let mut list = TopicPartitionList::new();
+            for ((topic, partition), state) in partitions.iter() {
+                if let Some(next) = state.progress.advance(durable) {
+                    let _ = list.add_partition_offset(topic, *partition, Offset::Offset(next));
+                }
+            }
+            drop(partitions);
+            if list.count() > 0 {
+                if let Err(e) = consumer.store_offsets(&list) {
+                    tracing::debug!(error = %e, "offsets not stored (partition revoked meanwhile?)");
+                }
+            }
+        }
+    }
+
+    /// Lets the store take in finished flushes and start due ones; exports its metrics; returns
+    /// its durable mark.
+    fn tick_store(&self) -> u64 {
+        let mut engine = self.lock_engine();
+        if let Err(e) = engine.store_mut().tick() {
+            tracing::error!(error = %e, "counter store failed");
+        }
+        self.metrics.live_keys.set(engine.store().live_keys() as i64);
+        if let AnyStore::Redis(redis) = engine.store_mut() {
+            for sample in redis.take_flush_samples() {
+                self.metrics.flush_keys.observe(sample.keys as f64);
+                self.metrics.flush_seconds.observe(sample.elapsed.as_secs_f64());
+            }
+            if let Some(e) = redis.take_flush_error() {
+                tracing::warn!(error = %e, "write-behind flush failed; its deltas are kept and sent again");
+            }
+            let stats = redis.stats();
+            let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
+            let retries = stats.retries.saturating_sub(exported.retries);
+            let failed = stats.failed_flushes.saturating_sub(exported.failed_flushes);
+            if retries > 0 {
+                self.metrics.redis_errors.get_or_create(&CodeLabels { code: "retry" }).inc_by(retries);
+            }
+            if failed > 0 {
+                self.metrics.redis_errors.get_or_create(&CodeLabels { code: "flush_failed" }).inc_by(failed);
+            }
+            *exported = stats;
+        }
+        engine.store().durable_mark()
+    }
+
+    /// Stops the loops of `partitions`, makes their work durable and delivered by `deadline`, and
+    /// commits what is. Runs on revocation and at shutdown.
+    fn finish(&self, consumer: &BaseConsumer<WorkerContext>, partitions: &[PartitionKey], deadline: Instant) -> Result<(), WorkerError> {
+        let loops: Vec<(PartitionKey, PartitionLoop)> = {
+            let mut all = self.lock_partitions();
+            partitions.iter().filter_map(|key| all.remove_entry(key)).collect()
+        };
+        for (key, _) in &loops {
+            self.metrics.assigned_partitions.dec();
+            self.metrics.consumer_lag.remove(&PartitionLabels { topic: key.0.clone(), partition: key.1 });
+        }
+        let progress: Vec<(PartitionKey, Arc<Progress>)> =
+            loops.iter().map(|(key, state)| (key.clone(), Arc::clone(&state.progress))).collect();
+        stop_loops(loops.into_iter().map(|(_, state)| state).collect());
+
+        let mut problems = Vec::new();
+        // Deltas: flush, retrying until the deadline.
+        loop {
+            let result = self.lock_engine().store_mut().flush();
+            match result {
+                Ok(()) => break,
+                Err(e) if Instant::now() + Duration::from_millis(200) < deadline => {
+                    tracing::warn!(error = %e, "flush failed; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    problems.push(format!("deltas not flushed: {e}"));
+                    break;
+                }
+            }
+        }
+        // Records: wait for every acknowledgement, producing failed ones again.
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let flushed = self.sink.flush(remaining.min(Duration::from_secs(1)));
+            self.sink.resend_failed();
+            if flushed.is_ok() && self.sink.failed() == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                problems.push("records not acknowledged in time".to_owned());
+                break;
+            }
+        }
+        let durable = self.tick_store();
+        let mut list = TopicPartitionList::new();
+        for ((topic, partition), progress) in &progress {
+            if let Some(next) = progress.committable(durable) {
+                let _ = list.add_partition_offset(topic, *partition, Offset::Offset(next));
+            }
+            if progress.undelivered() > 0 {
+                problems.push(format!("{topic}/{partition}: {} records unacknowledged", progress.undelivered()));
+            }
+        }
+        if list.count() > 0 {
+            consumer.store_offsets(&list)?;
+            consumer.commit(&list, CommitMode::Sync)?;
+            for element in list.elements() {
+                if let Offset::Offset(next) = element.offset() {
+                    let labels = PartitionLabels { topic: element.topic().to_owned(), partition: element.partition() };
+                    self.metrics.committed_offset.get_or_create(&labels).set(next);
+                }
+            }
+            tracing::info!(offsets = ?list.elements().iter().map(|e| (e.topic().to_owned(), e.partition(), e.offset())).collect::<Vec<_>>(), "committed");
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(WorkerError::ShutdownIncomplete(problems.join("; ")))
+        }
+    }
+
+    /// Polls the rule files every `rules.reload_interval`; a change is validated and swapped in
+    /// between two batches; a bad edit is logged with `file:line:col` and the old rules stay.
+    /// Polling contents (not file events) also sees Kubernetes ConfigMap symlink swaps.
+    fn watch_rules(&self, path: &Path, done: &Shutdown) {
+        let mut seen = fingerprint(path);
+        while !done.wait(self.config.rules.reload_interval) {
+            let now = fingerprint(path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match rule_files::load(path) {
+                Ok(rules) => {
+                    let active = rules.active().len();
+                    self.lock_engine().replace_rules(rules);
+                    self.metrics.rules_active.set(active as i64);
+                    self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+                    tracing::info!(path = %path.display(), active, "rules reloaded");
+                }
+                Err(error) => {
+                    self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "error" }).inc();
+                    match &error {
+                        LoadError::Invalid(errors) => {
+                            for diagnostic in &errors.0 {
+                                tracing::error!(target: "vigil::rules", "{diagnostic}");
+                            }
+                        }
+                        other => tracing::error!(target: "vigil::rules", "{other}"),
+                    }
+                    tracing::warn!(path = %path.display(), code = error.code(), "rule reload refused; the previous rules stay in force");
+                }
+            }
+        }
+    }
+}
+
+/// Stops partition loops and waits for them (each finishes the batch it is on).
+fn stop_loops(loops: Vec<PartitionLoop>) {
+    let mut threads = Vec::new();
+    for mut state in loops {
+        state.stop.store(true, Ordering::Release);
+        state.sender = None;
+        threads.extend(state.thread.take());
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+}
+
+/// A digest of the rule files' names and contents; `None` if they cannot be read.
+fn fingerprint(path: &Path) -> Option<blake3::Hash> {
+    let files: Vec<PathBuf> = rule_files::rule_files(path).ok()?;
+    let mut hasher = blake3::Hasher::new();
+    for file in files {
+        hasher.update(file.to_string_lossy().as_bytes());
+        hasher.update(&[0]);
+        hasher.update(&std::fs::read(&file).ok()?);
+        hasher.update(&[0]);
+    }
+    Some(hasher.finalize())
+}
