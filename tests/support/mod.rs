@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod kafka;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +15,7 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 

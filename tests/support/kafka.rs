@@ -1,0 +1,289 @@
+//! A real Kafka-protocol broker (tansu, in-memory storage) on a free loopback port, killed by PID
+//! on drop; a producer and a reader for tests; and `vigil run` worker processes.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use super::free_port;
+
+/// The tansu binary: `$TANSU`, else `~/.cargo/bin/tansu`, else `tansu` on the PATH.
+fn tansu() -> PathBuf {
+    if let Some(path) = std::env::var_os("TANSU") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let installed = home.join(".cargo/bin/tansu");
+    if installed.exists() {
+        installed
+    } else {
+        PathBuf::from("tansu")
+    }
+}
+
+pub struct Broker {
+    child: Child,
+    pub port: u16,
+}
+
+impl Broker {
+    /// Starts tansu on a free port and waits until it answers a metadata request.
+    pub fn start() -> Broker {
+        for _ in 0..5 {
+            let port = free_port();
+            let url = format!("tcp://127.0.0.1:{port}");
+            let child = Command::new(tansu())
+                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+                .args(["--storage-engine", "memory://tansu/", "--cluster-id", "vigil-test"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("tansu not found: run scripts/test.sh, which installs it");
+            let mut broker = Broker { child, port };
+            if broker.wait_until_serving() {
+                return broker;
+            }
+        }
+        panic!("could not start tansu on a free port");
+    }
+
+    /// True once this child serves metadata on the port; false if it exited (port taken).
+    fn wait_until_serving(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                let consumer: BaseConsumer = ClientConfig::new()
+                    .set("bootstrap.servers", self.bootstrap())
+                    .set("log_level", "0")
+                    .create()
+                    .expect("metadata client");
+                if consumer.fetch_metadata(None, Duration::from_secs(2)).is_ok() && self.child.try_wait().ok().flatten().is_none() {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn create_topic(&self, name: &str, partitions: u32) {
+        let status = Command::new(tansu())
+            .args(["topic", "create", "--broker", &format!("tcp://127.0.0.1:{}", self.port)])
+            .args(["--partitions", &partitions.to_string(), name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("tansu topic create");
+        assert!(status.success(), "tansu topic create {name} failed");
+    }
+
+    /// Produces `records` (key, payload) in order, each to `partition` if given, else by key.
+    pub fn produce(&self, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)], partition: Option<i32>) {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()
+            .expect("test producer");
+        for (key, payload) in records {
+            let mut record = BaseRecord::to(topic).payload(payload);
+            if let Some(key) = key {
+                record = record.key(key);
+            }
+            if let Some(partition) = partition {
+                record = record.partition(partition);
+            }
+            record = record.headers(OwnedHeaders::new().insert(Header { key: "origin", value: Some("test") }));
+            let mut record = record;
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        record = back;
+                        producer.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+            producer.poll(Duration::ZERO);
+        }
+        producer.flush(Duration::from_secs(60)).expect("test records delivered");
+    }
+
+    /// Reads `topic` from the start of every partition until `wanted(records)` holds and no new
+    /// record arrived for `quiet`, or `timeout` passes.
+    pub fn read(&self, topic: &str, partitions: i32, wanted: impl Fn(&[Record]) -> bool, quiet: Duration, timeout: Duration) -> Vec<Record> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("group.id", format!("reader-{}", std::process::id()))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("test reader");
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        }
+        consumer.assign(&list).expect("assign");
+        let deadline = Instant::now() + timeout;
+        let mut records = Vec::new();
+        let mut last_new = Instant::now();
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    let headers = m
+                        .headers()
+                        .map(|h| h.iter().map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())).collect())
+                        .unwrap_or_default();
+                    records.push(Record {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                        headers,
+                    });
+                    last_new = Instant::now();
+                }
+                Some(Err(e)) => eprintln!("reader: {e}"),
+                None => {
+                    if wanted(&records) && last_new.elapsed() >= quiet {
+                        break;
+                    }
+                }
+            }
+        }
+        records
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A record read back.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Record {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.payload).expect("a JSON record")
+    }
+}
+
+/// A `vigil run` process with its config file and log, killed on drop.
+pub struct Worker {
+    child: Child,
+    pub http_port: u16,
+    pub log: PathBuf,
+}
+
+impl Worker {
+    /// Writes `config` (its `[http]` section is added here) to `dir/name.toml` and starts the
+    /// worker.
+    pub fn start(dir: &Path, name: &str, config: &str) -> Worker {
+        let http_port = free_port();
+        let config_path = dir.join(format!("{name}.toml"));
+        std::fs::write(&config_path, format!("{config}\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n")).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["run", "--config"])
+            .arg(&config_path)
+            .env("RUST_LOG", "info,librdkafka=warn,rdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("vigil binary");
+        Worker { child, http_port, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// GET `path` on the worker's HTTP port: (status, body).
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.http_port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let status = response.split_whitespace().nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        Some((status, body))
+    }
+
+    pub fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("worker exited with {status} before it was ready:\n{}", self.log_text());
+            }
+            if self.get("/readyz").is_some_and(|(status, _)| status == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("worker not ready in {timeout:?}:\n{}", self.log_text());
+    }
+
+    /// The value of a metric line (`name{labels}` exactly as exported), if present.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        body.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
