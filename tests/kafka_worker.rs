@@ -218,3 +218,215 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
     let status = worker.wait_exit(Duration::from_secs(20)).expect("exits after SIGTERM");
     assert!(status.success(), "{status}\n{}", worker.log_text());
 }
+
+/// Event ids of the good (decodable) lines.
+fn event_ids(lines: &[Vec<u8>]) -> BTreeSet<String> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .filter(|v| v.get("ts").is_some_and(Value::is_i64) && v.get("event_id").is_some())
+        .map(|v| v["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The first record per event id.
+fn by_event(records: &[Record]) -> HashMap<String, Value> {
+    let mut out = HashMap::new();
+    for record in records {
+        let json = record.json();
+        if let Some(id) = json["event_id"].as_str() {
+            out.entry(id.to_owned()).or_insert(json);
+        }
+    }
+    out
+}
+
+#[test]
+fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 4);
+    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true");
+    let mut first = Worker::start(dir.path(), "w1", &config);
+    let mut second = Worker::start(dir.path(), "w2", &config);
+    first.wait_ready(LONG);
+    second.wait_ready(LONG);
+    // Produce once the group has settled on two members, so no partition moves mid-stream.
+    let deadline = Instant::now() + LONG;
+    while Instant::now() < deadline {
+        let owned = |w: &Worker| w.metric("vigil_assigned_partitions").unwrap_or(0.0);
+        if owned(&first) > 0.0 && owned(&second) > 0.0 && owned(&first) + owned(&second) == 4.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(first.metric("vigil_assigned_partitions").unwrap() + second.metric("vigil_assigned_partitions").unwrap(), 4.0);
+
+    let lines = workload(40_000, 12);
+    let ids = event_ids(&lines);
+    let (expected, _) = reference(Path::new("rules"), &lines, true);
+    broker.produce("events", &keyed(&lines), None);
+    let decisions = broker.read("decisions", 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
+    let got = by_event(&decisions);
+    // Every event has its decision.
+    let missing: Vec<&String> = ids.iter().filter(|id| !got.contains_key(*id)).take(5).collect();
+    assert!(missing.is_empty(), "{} of {} events without a decision, e.g. {missing:?}", ids.len() - got.len(), ids.len());
+    // Rules keyed by the partition key decide exactly as replay, hit for hit and value for value.
+    let mut user_hits = 0;
+    for want in expected.values() {
+        let id = want["event_id"].as_str().unwrap();
+        let (got_hits, want_hits) = (hits_of(&got[id], &USER_KEYED), hits_of(want, &USER_KEYED));
+        assert_eq!(got_hits, want_hits, "event {id}");
+        user_hits += want_hits.len();
+    }
+    assert!(user_hits > 500, "the workload must hit the user-keyed rules ({user_hits})");
+    // Both workers did part of the work.
+    for worker in [&first, &second] {
+        assert!(worker.metric("vigil_events_total{outcome=\"allowed\"}").unwrap_or(0.0) > 1_000.0);
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_stream_leaves_no_event_without_its_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 2);
+    let lines = workload(40_000, 13);
+    let ids = event_ids(&lines);
+    broker.produce("events", &keyed(&lines), None);
+    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true");
+    let mut worker = Worker::start(dir.path(), "w1", &config);
+    worker.wait_ready(LONG);
+    // Kill it once it is well into the stream.
+    let before = broker.read("decisions", 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
+    assert!(before.len() >= 8_000);
+    worker.signal("KILL");
+    worker.wait_exit(Duration::from_secs(10)).expect("killed");
+    let partial = by_event(&broker.read("decisions", 1, |_| true, Duration::from_millis(500), Duration::from_secs(5))).len();
+    assert!(partial < ids.len(), "the kill must come before the end ({partial} of {})", ids.len());
+
+    let mut restarted = Worker::start(dir.path(), "w2", &config);
+    restarted.wait_ready(LONG);
+    let decisions = broker.read("decisions", 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
+    let got = by_event(&decisions);
+    let missing: Vec<&String> = ids.iter().filter(|id| !got.contains_key(*id)).take(5).collect();
+    assert!(missing.is_empty(), "{} events without a decision, e.g. {missing:?}\n{}", ids.len() - got.len(), restarted.log_text());
+}
+
+#[test]
+fn sigterm_flushes_commits_and_exits_zero_and_a_successor_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 1);
+    let lines = workload(40_000, 14);
+    let (expected, _) = reference(Path::new("rules"), &lines, true);
+    broker.produce("events", &keyed(&lines), Some(0));
+    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true");
+    let mut worker = Worker::start(dir.path(), "w1", &config);
+    worker.wait_ready(LONG);
+    broker.read("decisions", 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
+    let signalled = Instant::now();
+    worker.signal("TERM");
+    let status = worker.wait_exit(Duration::from_secs(20)).expect("exits after SIGTERM");
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}\n{}", worker.log_text());
+    assert!(took < Duration::from_secs(15), "shutdown took {took:?}, the bound is 15 s");
+    let first_run = broker.read("decisions", 1, |_| true, Duration::from_millis(500), Duration::from_secs(5)).len();
+    assert!(first_run < expected.len(), "SIGTERM must come before the end ({first_run} of {})", expected.len());
+    assert!(worker.log_text().contains("everything flushed, delivered and committed"), "{}", worker.log_text());
+
+    // A successor resumes at the committed offset with the flushed counters: exactly one record
+    // per event, and every record exactly as replay (nothing recounted, nothing lost).
+    let mut successor = Worker::start(dir.path(), "w2", &config);
+    successor.wait_ready(LONG);
+    let decisions = broker.read("decisions", 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
+    assert_eq!(decisions.len(), expected.len(), "one record per event across the restart\n{}", successor.log_text());
+    for (record, (index, want)) in decisions.iter().zip(&expected) {
+        let (got, source) = without_source(record);
+        assert_eq!(source["offset"].as_u64().unwrap() as usize, *index);
+        assert_eq!(&got, want);
+    }
+}
+
+#[test]
+fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 1);
+    let rules = copy_rules(dir.path());
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &redis, &rules, ""));
+    worker.wait_ready(LONG);
+    let event = |n: u64, user: &str, kind: &str, result: &str| {
+        let line = format!(
+            r#"{{"event_id":"{user}-{n}","ts":{},"user_id":"{user}","ip":"10.0.0.{n}","type":"{kind}","result":"{result}"}}"#,
+            1_700_000_000_000 + n * 1000
+        );
+        (Some(user.as_bytes().to_vec()), line.into_bytes())
+    };
+    // Four failed logins: below login-fail-user-10m's limit of 5.
+    let batch: Vec<_> = (0..4).map(|n| event(n, "u-a", "login", "fail")).collect();
+    broker.produce("events", &batch, Some(0));
+    // A valid change: a new rule on a field nothing counted before.
+    let reloads = |w: &Worker, result: &str| w.metric(&format!("vigil_rule_reloads_total{{result=\"{result}\"}}")).unwrap_or(0.0);
+    std::fs::write(
+        rules.join("extra.toml"),
+        "[[rule]]\nid = \"signup-ip-10m\"\naction = \"review\"\nmatch = { type = \"signup\" }\ndimensions = [\"ip\"]\nwindow = \"10m\"\nlimit = 0\n",
+    )
+    .unwrap();
+    wait_for(|| reloads(&worker, "ok") >= 1.0, &worker);
+    assert_eq!(worker.metric("vigil_rules_active"), Some(9.0));
+    // Two more failures: the unchanged rule kept its counter, so the 6th fires; the new rule fires.
+    let batch = vec![event(4, "u-a", "login", "fail"), event(5, "u-a", "login", "fail"), event(6, "u-b", "signup", "ok")];
+    broker.produce("events", &batch, Some(0));
+    let decisions = broker.read("decisions", 1, |r| r.len() >= 2, Duration::from_millis(300), LONG);
+    let fired: Vec<(String, String)> = decisions
+        .iter()
+        .flat_map(|r| {
+            let json = r.json();
+            let id = json["event_id"].as_str().unwrap().to_owned();
+            json["hits"].as_array().unwrap().iter().map(move |h| (id.clone(), h["rule_id"].as_str().unwrap().to_owned())).collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(fired.contains(&("u-a-5".into(), "login-fail-user-10m".into())), "{fired:?}");
+    assert!(fired.contains(&("u-b-6".into(), "signup-ip-10m".into())), "{fired:?}");
+    assert!(!fired.iter().any(|(id, _)| id == "u-a-4"), "the 5th failure is not over the limit: {fired:?}");
+
+    // A bad edit is refused with file:line:col and the rules in force stay.
+    std::fs::write(rules.join("extra.toml"), "[[rule]]\nid = \"signup-ip-10m\"\naction = \"maybe\"\n").unwrap();
+    wait_for(|| reloads(&worker, "error") >= 1.0, &worker);
+    let log = worker.log_text();
+    assert!(log.contains(&format!("{}:3:10: ", rules.join("extra.toml").display())), "{log}");
+    assert!(log.contains("rule reload refused"), "{log}");
+    assert_eq!(worker.metric("vigil_rules_active"), Some(9.0));
+    broker.produce("events", &[event(7, "u-c", "signup", "ok")], Some(0));
+    let decisions = broker.read("decisions", 1, |r| r.len() >= 3, Duration::from_millis(300), LONG);
+    assert!(decisions.iter().any(|r| r.json()["event_id"] == "u-c-7"), "the old rules still decide");
+}
+
+/// Waits (up to a minute) for `condition`, which reads the worker's metrics.
+fn wait_for(condition: impl Fn() -> bool, worker: &Worker) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out\n{}", worker.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_bad_config_names_the_key_and_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[kafka]\nbrokers = \"127.0.0.1:1\"\n\n[redis]\nflush_interval = 50\n").unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil")).args(["run", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr, format!("error: {}:5:1: `redis.flush_interval`: invalid type: integer `50`, expected a string\n", path.display()));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("VIGIL_REDIS_FLUSH_INTERVAL", "soon")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.starts_with("error: VIGIL_REDIS_FLUSH_INTERVAL: `redis.flush_interval`: invalid duration \"soon\""), "{stderr}");
+}

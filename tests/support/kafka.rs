@@ -93,11 +93,17 @@ impl Broker {
     }
 
     /// Produces `records` (key, payload) in order, each to `partition` if given, else by key.
+    ///
+    /// One record per batch: tansu 0.6.0's in-memory storage answers a fetch from an offset
+    /// inside a batch with the batches *after* it (`offsets.split_off(&offset)` in
+    /// tansu-storage's dynostore.rs), so a consumer resuming mid-batch would silently skip the
+    /// rest of that batch. Apache Kafka returns the containing batch and the client skips what
+    /// it did not ask for.
     pub fn produce(&self, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)], partition: Option<i32>) {
         let producer: BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
+            .set("batch.num.messages", "1")
             .create()
             .expect("test producer");
         for (key, payload) in records {
