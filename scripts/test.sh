@@ -23,6 +23,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
+# A real Kafka-protocol broker for the worker's end-to-end tests: tansu (Apache Kafka itself is
+# not installable here). Built from crates.io once (10-20 minutes), then cached in ~/.cargo/bin;
+# the tests find it there (or at $TANSU) and start their own brokers on free loopback ports.
+TANSU_VERSION=0.6.0
+tansu_bin="${TANSU:-$HOME/.cargo/bin/tansu}"
+if ! "$tansu_bin" --version 2>/dev/null | grep -qx "tansu $TANSU_VERSION"; then
+    echo "installing tansu $TANSU_VERSION (first run only; cached in ~/.cargo/bin)" >&2
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
+fi
+
 # Build once, then run unit, property, fixture and CLI tests against the locked dependencies.
 cargo build --locked --all-targets
 cargo test --locked --all-targets

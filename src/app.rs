@@ -298,3 +298,10 @@ async fn on_signals(shutdown: vigil::shutdown::Shutdown, bound: std::time::Durat
     }
     std::process::exit(1);
 }
+
+/// `vigil bench --kafka BROKERS`: one worker end to end (see `vigil::kafka_bench`).
+pub fn bench_kafka(args: vigil::kafka_bench::KafkaBenchArgs) -> anyhow::Result<ExitCode> {
+    let Some(rules) = load_rules(&args.rules_path) else { return Ok(ExitCode::from(1)) };
+    vigil::kafka_bench::run(&args, rules, &mut io::stdout().lock()).map_err(anyhow::Error::msg).context("kafka benchmark")?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -20,19 +20,35 @@
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
 //!   decode → plan → count → decide for one event, [`pipeline::replay`] for a JSON-lines stream.
+//! - [`config`]: the `vigil run` configuration: TOML over embedded defaults, `VIGIL_*` overrides.
+//! - [`source`]: the Kafka consumer's settings, message decoding with dead-letter reasons, and
+//!   per-partition offset [`source::Progress`] (what may be committed).
+//! - [`sink`]: the idempotent producer of decisions and dead letters; deliveries report back to
+//!   the partition's progress.
+//! - [`pipeline::worker`]: `vigil run` — consumer loop, one ordered loop per partition over a
+//!   shared engine, committer, rule watcher, rebalance and shutdown handling.
+//! - [`telemetry`]: the one [`telemetry::Metrics`] struct, `/metrics` `/healthz` `/readyz`, logs.
+//! - [`shutdown`]: the shutdown signal every loop waits on.
 //! - [`workload`]: deterministic synthetic events for benchmarks and tests.
+//! - [`kafka_bench`]: `vigil bench --kafka`, one worker end to end on a real broker.
 //! - [`redis_bench`]: `vigil bench --redis`, the Redis store against per-event scripts.
-//! - `app` / `main`: the command line (`check`, `replay`, `bench`), the only users of `anyhow`.
+//! - `app` / `main`: the command line (`check`, `replay`, `run`, `gen`, `bench`), the only users
+//!   of `anyhow`.
 //!
 //! # Data flow
 //!
 //! ```text
 //! JSON line ─► event::decode ─► rules::plan (per rule: match? key bytes, delta)
 //!           ─► store.apply (window value, or late) ─► rules::decide ─► decision record
+//!
+//! vigil run:  consumer poll ─► partition loop (ordered) ─► the same engine, under one lock
+//!             ─► sink (decision / dead letter, ticket → source::Progress)
+//!             committer: store write-behind ─► durable mark ─► offsets stored ─► committed
 //! ```
 
 pub mod config;
 pub mod event;
+pub mod kafka_bench;
 pub mod pipeline;
 pub mod redis_bench;
 pub mod rule_files;

@@ -64,9 +64,20 @@ enum Command {
         /// Replay this JSON-lines file instead of generating one.
         #[arg(long)]
         input: Option<PathBuf>,
-        /// Benchmark the Redis store against per-event scripts on this (empty) Redis database.
+        /// Benchmark the Redis store against per-event scripts on this (empty) Redis database;
+        /// with --kafka, count in this Redis.
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
+        /// Benchmark one worker end to end on this Kafka cluster (creates fresh bench-* topics):
+        /// saturation throughput, then decision latency at half that load.
+        #[arg(long, value_name = "BROKERS")]
+        kafka: Option<String>,
+        /// Partitions of the --kafka events topic.
+        #[arg(long, default_value_t = 4, requires = "kafka")]
+        partitions: i32,
+        /// Seconds of the --kafka half-load latency phase.
+        #[arg(long, default_value_t = 20, requires = "kafka")]
+        latency_seconds: u64,
         #[command(flatten)]
         workload: WorkloadArgs,
     },
@@ -113,7 +124,18 @@ fn main() -> ExitCode {
         Command::Gen { workload, rate } => {
             app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })
         }
-        Command::Bench { rules, input, redis, workload } => {
+        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload } => {
+            let _ = input;
+            app::bench_kafka(vigil::kafka_bench::KafkaBenchArgs {
+                brokers,
+                redis,
+                rules_path: rules,
+                workload: workload.spec(),
+                partitions,
+                latency_seconds,
+            })
+        }
+        Command::Bench { rules, input, redis, kafka: None, workload, .. } => {
             app::bench(app::BenchArgs { rules, input, redis, workload: workload.spec() })
         }
     };

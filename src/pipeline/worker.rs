@@ -41,9 +41,12 @@ use crate::telemetry::http::Health;
 use crate::telemetry::{ActionLabels, CodeLabels, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
 
 /// Messages a partition loop takes per engine lock.
-const MAX_BATCH: usize = 512;
-/// Messages waiting per partition loop; the consumer loop waits when it is full.
-const QUEUE_DEPTH: usize = 4096;
+const MAX_BATCH: usize = 1024;
+/// Messages the consumer loop gathers before handing them to the partition loops (it hands them
+/// over earlier as soon as the consumer has nothing more ready).
+const GATHER: usize = 2048;
+/// Batches waiting per partition loop; the consumer loop waits when it is full.
+const QUEUE_DEPTH: usize = 8;
 
 /// Why the worker stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +73,9 @@ impl WorkerError {
 
 /// A running partition loop.
 struct PartitionLoop {
-    sender: Option<SyncSender<OwnedMessage>>,
+    sender: Option<SyncSender<Vec<OwnedMessage>>>,
+    /// Messages polled and not yet handed over; they go with the loop when it is revoked.
+    gathered: Vec<OwnedMessage>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     progress: Arc<Progress>,
@@ -194,11 +199,29 @@ pub fn run(
     .map_err(|e| WorkerError::ShutdownIncomplete(format!("cannot start the rule watcher: {e}")))?;
 
     health.set_ready(true);
+    // Messages are gathered while the consumer has more ready, then handed over per partition:
+    // under load a partition loop takes whole batches per engine lock; when idle each message
+    // goes on at once.
+    let mut gathered = 0;
     while !shutdown.is_triggered() {
         health.beat();
-        match consumer.poll(Duration::from_millis(100)) {
-            None => {}
-            Some(Ok(message)) => worker.route(message.detach()),
+        let timeout = if gathered == 0 { Duration::from_millis(100) } else { Duration::ZERO };
+        match consumer.poll(timeout) {
+            Some(Ok(message)) => {
+                if worker.gather(message.detach()) {
+                    gathered += 1;
+                }
+                if gathered >= GATHER {
+                    worker.hand_over();
+                    gathered = 0;
+                }
+            }
+            None => {
+                if gathered > 0 {
+                    worker.hand_over();
+                    gathered = 0;
+                }
+            }
             Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
         }
     }
@@ -250,53 +273,66 @@ impl Worker {
         self.metrics.assigned_partitions.inc();
         let previous = self
             .lock_partitions()
-            .insert(key, PartitionLoop { sender: Some(sender), stop, thread: Some(thread), progress });
+            .insert(key, PartitionLoop { sender: Some(sender), gathered: Vec::new(), stop, thread: Some(thread), progress });
         if let Some(previous) = previous {
             stop_loops(vec![previous]);
         }
     }
 
-    /// Hands a message to its partition's loop, waiting while the loop's queue is full.
-    fn route(&self, message: OwnedMessage) {
+    /// Keeps a polled message for its partition's loop; false if the partition is not (or no
+    /// longer) ours: then it is not committed and its next owner reads it.
+    fn gather(&self, message: OwnedMessage) -> bool {
         let key = (message.topic().to_owned(), message.partition());
-        let Some(sender) = self.lock_partitions().get(&key).and_then(|p| p.sender.clone()) else {
-            // Revoked meanwhile: not committed, so the partition's next owner reads it.
-            return;
-        };
-        let mut message = message;
-        loop {
-            match sender.try_send(message) {
-                Ok(()) => return,
-                Err(TrySendError::Disconnected(_)) => return,
-                Err(TrySendError::Full(back)) => {
-                    if self.shutdown.wait(Duration::from_millis(1)) {
-                        return;
+        match self.lock_partitions().get_mut(&key) {
+            Some(state) => {
+                state.gathered.push(message);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Hands every gathered message to its partition's loop, waiting while a loop's queue is full.
+    fn hand_over(&self) {
+        let batches: Vec<(SyncSender<Vec<OwnedMessage>>, Vec<OwnedMessage>)> = self
+            .lock_partitions()
+            .values_mut()
+            .filter(|state| !state.gathered.is_empty())
+            .filter_map(|state| Some((state.sender.clone()?, std::mem::take(&mut state.gathered))))
+            .collect();
+        for (sender, batch) in batches {
+            let mut batch = batch;
+            loop {
+                match sender.try_send(batch) {
+                    Ok(()) | Err(TrySendError::Disconnected(_)) => break,
+                    Err(TrySendError::Full(back)) => {
+                        if self.shutdown.wait(Duration::from_millis(1)) {
+                            return;
+                        }
+                        batch = back;
                     }
-                    message = back;
                 }
             }
         }
     }
 
-    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<OwnedMessage>, stop: &AtomicBool, progress: &Arc<Progress>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
+    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Vec<OwnedMessage>>, stop: &AtomicBool, progress: &Arc<Progress>) {
         loop {
             if stop.load(Ordering::Acquire) || self.shutdown.is_triggered() {
                 return;
             }
-            match receiver.recv_timeout(Duration::from_millis(50)) {
-                Ok(message) => batch.push(message),
+            let mut batch = match receiver.recv_timeout(Duration::from_millis(50)) {
+                Ok(batch) => batch,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return,
-            }
+            };
             while batch.len() < MAX_BATCH {
                 match receiver.try_recv() {
-                    Ok(message) => batch.push(message),
+                    Ok(more) => batch.extend(more),
                     Err(_) => break,
                 }
             }
             self.process(key, &batch, stop, progress);
-            batch.clear();
         }
     }
 
