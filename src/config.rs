@@ -438,6 +438,46 @@ mod tests {
         assert!(shown.contains("redis://app:***@r:6379/0") && shown.contains("\"linger.ms\": \"5\""), "{shown}");
     }
 
+    /// Every key of every section, as `section.key`: the defaults plus the keys without one.
+    fn every_key() -> Vec<String> {
+        let defaults: toml::Table = toml::from_str(DEFAULTS).unwrap();
+        let mut keys: Vec<String> = ["kafka.brokers", "redis.url", "redis.tls_ca_file"].map(String::from).to_vec();
+        for (section, table) in &defaults {
+            for key in table.as_table().unwrap().keys() {
+                keys.push(format!("{section}.{key}"));
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn every_key_is_documented_in_the_configuration_reference() {
+        let doc = include_str!("../docs/configuration.md");
+        let mut section = "";
+        let mut documented = Vec::new();
+        for line in doc.lines() {
+            if let Some(name) = line.strip_prefix("## `[").and_then(|l| l.strip_suffix("]`")) {
+                section = name;
+            } else if let Some(key) = line.strip_prefix("| `").and_then(|l| l.split('`').next()) {
+                documented.push(format!("{section}.{key}"));
+            }
+        }
+        for key in every_key() {
+            assert!(documented.contains(&key), "`{key}` is not in docs/configuration.md");
+        }
+        // And every documented key exists: the config accepts it.
+        for key in &documented {
+            assert!(every_key().contains(key), "docs/configuration.md documents `{key}`, which is not a config key");
+        }
+    }
+
+    #[test]
+    fn every_key_without_a_default_is_accepted() {
+        let text = "[kafka]\nbrokers = \"k\"\n[redis]\nurl = \"redis://r/\"\ntls_ca_file = \"/ca.pem\"\n";
+        let config = parse(text, &[]).unwrap();
+        assert_eq!(config.redis.tls_ca_file.as_deref(), Some(Path::new("/ca.pem")));
+    }
+
     #[test]
     fn the_shipped_example_parses() {
         let text = include_str!("../deploy/config/vigil.toml");
