@@ -114,8 +114,13 @@ fn run_replay<S: CounterStore>(
     }
 }
 
-/// `vigil gen`: synthetic events to stdout.
-pub fn gen(spec: WorkloadSpec) -> anyhow::Result<ExitCode> {
+/// `vigil gen`: synthetic events to stdout, or to a Kafka topic.
+pub fn gen(spec: WorkloadSpec, kafka: Option<(String, String)>) -> anyhow::Result<ExitCode> {
+    if let Some((brokers, topic)) = kafka {
+        let produced = vigil::kafka_bench::produce_generated(&brokers, &topic, &spec).map_err(anyhow::Error::msg)?;
+        eprintln!("gen: produced {produced} events to {topic}");
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut out = BufWriter::with_capacity(1 << 16, io::stdout().lock());
     match workload::generate(&spec, &mut out).and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e).context("writing events"),
@@ -303,5 +308,47 @@ async fn on_signals(shutdown: vigil::shutdown::Shutdown, bound: std::time::Durat
 pub fn bench_kafka(args: vigil::kafka_bench::KafkaBenchArgs) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(&args.rules_path) else { return Ok(ExitCode::from(1)) };
     vigil::kafka_bench::run(&args, rules, &mut io::stdout().lock()).map_err(anyhow::Error::msg).context("kafka benchmark")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `vigil backtest`: replay plus the per-rule report, as a table or `--json`.
+pub fn backtest(rules_path: &Path, input: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
+    let reader: Box<dyn BufRead> = if input == Path::new("-") {
+        Box::new(io::stdin().lock())
+    } else {
+        match File::open(input) {
+            Ok(f) => Box::new(BufReader::with_capacity(1 << 16, f)),
+            Err(e) => {
+                eprintln!("error: {}: cannot open input: {e}", input.display());
+                return Ok(ExitCode::from(1));
+            }
+        }
+    };
+    let total = std::fs::metadata(input).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let started = Instant::now();
+    let show_progress = io::stderr().is_terminal();
+    let mut engine = Engine::new(rules, MemoryStore::new());
+    let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
+        if show_progress {
+            let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            match total {
+                Some(bytes) => eprint!("\rbacktest: {lines} lines ({:.1} MiB input), {rate:.0} lines/s", bytes as f64 / 1048576.0),
+                None => eprint!("\rbacktest: {lines} lines, {rate:.0} lines/s"),
+            }
+        }
+    })
+    .context("backtest failed")?;
+    if show_progress {
+        eprintln!();
+    }
+    let mut out = io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        pipeline::backtest::write_table(&report, &mut out)?;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -48,13 +48,43 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Write synthetic JSON-lines events (zipf-skewed users, nested fields) to stdout.
+    /// Synthetic events (zipf-skewed users and IPs, nested fields, injected fraud bursts) as JSON
+    /// lines to stdout, or produced to a Kafka topic keyed by user.
     Gen {
         #[command(flatten)]
         workload: WorkloadArgs,
         /// Events per second of event time (how fast `ts` advances).
         #[arg(long, default_value_t = 2_000)]
         rate: u64,
+        /// Generate this much event time (e.g. 1h) instead of --events.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Distinct shared IPs (zipf-skewed).
+        #[arg(long, default_value_t = 50_000)]
+        ips: u64,
+        /// Share of events in injected fraud bursts (credential stuffing from one IP, card testing,
+        /// account takeover), each tagged "fraud":"<pattern>".
+        #[arg(long, default_value_t = 0.02)]
+        fraud: f64,
+        /// Produce to Kafka at these brokers instead of writing to stdout.
+        #[arg(long, value_name = "BROKERS")]
+        kafka: Option<String>,
+        /// Topic for --kafka.
+        #[arg(long, default_value = "events", requires = "kafka")]
+        topic: String,
+    },
+    /// Replay plus a per-rule report for rule authors: matched, hits, keys hit, first/last hit,
+    /// share of events hit, and injected fraud caught (for `vigil gen` input).
+    Backtest {
+        /// A rule file or a directory of *.toml rule files.
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+        /// JSON-lines events file, or - for stdin.
+        #[arg(long)]
+        input: PathBuf,
+        /// The report as JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Measure single-threaded replay throughput and peak memory on a generated workload.
     Bench {
@@ -121,9 +151,13 @@ fn main() -> ExitCode {
             app::replay(&rules, &input, redis, ReplayOptions { emit_allow })
         }
         Command::Run { config } => app::run(&config),
-        Command::Gen { workload, rate } => {
-            app::gen(WorkloadSpec { rate_per_sec: rate.max(1), ..workload.spec() })
+        Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {
+            let rate = rate.max(1);
+            let events = duration.map_or(workload.events, |d| (d.as_secs_f64() * rate as f64) as u64);
+            let spec = WorkloadSpec { rate_per_sec: rate, events, ips: ips.max(1), fraud: fraud.clamp(0.0, 1.0), ..workload.spec() };
+            app::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
+        Command::Backtest { rules, input, json } => app::backtest(&rules, &input, json),
         Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload } => {
             let _ = input;
             app::bench_kafka(vigil::kafka_bench::KafkaBenchArgs {

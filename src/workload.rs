@@ -23,7 +23,41 @@ pub struct WorkloadSpec {
     pub out_of_order: f64,
     /// Share of events sent two days late (late for every rule window up to 24 h).
     pub late: f64,
+    /// Share of events that belong to injected fraud patterns (see [`Pattern`]); each injected
+    /// event carries `"fraud":"<pattern>"` so a backtest can tell what a rule caught.
+    pub fraud: f64,
     pub seed: u64,
+}
+
+/// Fraud patterns `vigil gen` injects, each as a burst of consecutive events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// 30 failed logins from one IP against as many different users.
+    CredentialStuffing,
+    /// 12 small payments on one card, mostly declined.
+    CardTesting,
+    /// 8 successful logins to one account from 8 new devices.
+    AccountTakeover,
+}
+
+impl Pattern {
+    pub const ALL: [Pattern; 3] = [Pattern::CredentialStuffing, Pattern::CardTesting, Pattern::AccountTakeover];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::CredentialStuffing => "credential_stuffing",
+            Pattern::CardTesting => "card_testing",
+            Pattern::AccountTakeover => "account_takeover",
+        }
+    }
+
+    fn burst(self) -> u64 {
+        match self {
+            Pattern::CredentialStuffing => 30,
+            Pattern::CardTesting => 12,
+            Pattern::AccountTakeover => 8,
+        }
+    }
 }
 
 impl Default for WorkloadSpec {
@@ -37,6 +71,7 @@ impl Default for WorkloadSpec {
             start_ms: 1_700_000_000_000,
             out_of_order: 0.02,
             late: 0.001,
+            fraud: 0.0,
             seed: 7,
         }
     }
@@ -54,9 +89,26 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
     let users = Zipf::new(spec.users as f64, spec.skew).map_err(|e| invalid("users/skew", e))?;
     let ips = Zipf::new(spec.ips as f64, spec.skew).map_err(|e| invalid("ips/skew", e))?;
     let mut line = Vec::with_capacity(512);
+    // The burst in progress: its pattern, its events left, and its actor (IP, card or user).
+    let mut burst: Option<(Pattern, u64, u64)> = None;
+    let mut bursts = 0u64;
     for n in 0..spec.events {
         line.clear();
         let mut ts = spec.start_ms + (n as i64 * 1000) / spec.rate_per_sec.max(1) as i64;
+        if burst.is_none() && spec.fraud > 0.0 {
+            // A burst starts with the probability that makes `fraud` the share of burst events.
+            let pattern = Pattern::ALL[(bursts % 3) as usize];
+            if rng.random_bool((spec.fraud / pattern.burst() as f64).clamp(0.0, 1.0)) {
+                bursts += 1;
+                burst = Some((pattern, pattern.burst(), rng.random_range(0..1u64 << 20)));
+            }
+        }
+        if let Some((pattern, left, actor)) = burst {
+            write_fraud(&mut line, &mut rng, pattern, n, ts, actor, spec.users)?;
+            out.write_all(&line)?;
+            burst = if left > 1 { Some((pattern, left - 1, actor)) } else { None };
+            continue;
+        }
         let roll: f64 = rng.random();
         if roll < spec.late {
             ts -= 2 * 86_400_000;
@@ -107,5 +159,45 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
         line.extend_from_slice(b"}\n");
         out.write_all(&line)?;
     }
+    Ok(())
+}
+
+/// One event of an injected burst, on its own actor (an attacker IP, a stolen card, a taken-over
+/// account) so that the burst alone trips the matching rule.
+fn write_fraud(line: &mut Vec<u8>, rng: &mut SmallRng, pattern: Pattern, n: u64, ts: i64, actor: u64, users: u64) -> std::io::Result<()> {
+    let tag = pattern.as_str();
+    match pattern {
+        Pattern::CredentialStuffing => {
+            let user = rng.random_range(0..users.max(1));
+            write!(
+                line,
+                r#"{{"event_id":"f-{n}","ts":{ts},"user_id":"u-{user}","ip":"172.16.{}.{}","device":{{"id":"x-{actor}","os":"linux"}},"geo":{{"country":"NG","city_id":999}},"type":"login","result":"fail","fraud":"{tag}"}}"#,
+                (actor >> 8) & 255,
+                actor & 255,
+            )?;
+        }
+        Pattern::CardTesting => {
+            let cents: u64 = rng.random_range(50..300);
+            let result = if rng.random_ratio(4, 5) { "declined" } else { "approved" };
+            write!(
+                line,
+                r#"{{"event_id":"f-{n}","ts":{ts},"user_id":"m-{actor}","ip":"192.168.{}.{}","device":{{"id":"x-{actor}","os":"linux"}},"geo":{{"country":"BR","city_id":998}},"type":"payment","result":"{result}","card":{{"id":"s-{actor}","bin":"400000"}},"amount":{}.{:02},"fraud":"{tag}"}}"#,
+                (actor >> 8) & 255,
+                actor & 255,
+                cents / 100,
+                cents % 100,
+            )?;
+        }
+        Pattern::AccountTakeover => {
+            let device: u64 = rng.random();
+            write!(
+                line,
+                r#"{{"event_id":"f-{n}","ts":{ts},"user_id":"t-{actor}","ip":"10.250.{}.{}","device":{{"id":"n-{device}","os":"android"}},"geo":{{"country":"GB","city_id":997}},"type":"login","result":"ok","fraud":"{tag}"}}"#,
+                (device >> 8) & 255,
+                device & 255,
+            )?;
+        }
+    }
+    line.push(b'\n');
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! [`Engine`] evaluates one event, [`replay`] a JSON-lines stream, and [`worker`] runs the Kafka
 //! worker around the same engine.
 
+pub mod backtest;
 pub mod worker;
 
 use std::io::{self, BufRead, Write};
@@ -36,6 +37,8 @@ impl EvalCounts {
 /// What happened to one rule's evaluations, for per-rule metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RuleCounts {
+    /// Events whose `match` held (counted, late or skipped).
+    pub matched: u64,
     pub late: u64,
     pub skipped: u64,
     pub hits: u64,
@@ -128,6 +131,7 @@ impl<S: CounterStore> Engine<S> {
             let delta = match self.rules.plan(position, event, &mut self.key) {
                 Plan::NoMatch => continue,
                 Plan::Skip(reason) => {
+                    self.rule_counts[position].matched += 1;
                     self.rule_counts[position].skipped += 1;
                     *match reason {
                         SkipReason::Dimension => &mut self.counts.skipped_dimension,
@@ -138,6 +142,7 @@ impl<S: CounterStore> Engine<S> {
                 }
                 Plan::Observe(delta) => delta,
             };
+            self.rule_counts[position].matched += 1;
             match self.store.apply(self.windows[position], &self.key, event.ts, delta)? {
                 Applied::Late => {
                     self.counts.late += 1;
