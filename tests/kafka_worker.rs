@@ -430,3 +430,26 @@ fn a_bad_config_names_the_key_and_its_line() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.starts_with("error: VIGIL_REDIS_FLUSH_INTERVAL: `redis.flush_interval`: invalid duration \"soon\""), "{stderr}");
 }
+
+#[test]
+fn gen_produces_keyed_events_to_kafka() {
+    let broker = Broker::start();
+    broker.create_topic("demo", 2);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["gen", "--events", "3000", "--users", "100", "--kafka", &broker.bootstrap(), "--topic", "demo"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "gen: produced 3000 events to demo\n");
+    let records = broker.read("demo", 2, |r| r.len() >= 3000, Duration::from_millis(300), LONG);
+    assert_eq!(records.len(), 3000);
+    for record in &records {
+        assert_eq!(record.key, user_key(&record.payload), "keyed by user_id");
+    }
+    // Same user, same partition.
+    let mut partition_of: HashMap<Vec<u8>, i32> = HashMap::new();
+    for record in &records {
+        let key = record.key.clone().unwrap();
+        assert_eq!(*partition_of.entry(key).or_insert(record.partition), record.partition);
+    }
+}
