@@ -33,6 +33,6 @@ if ! "$tansu_bin" --version 2>/dev/null | grep -qx "tansu $TANSU_VERSION"; then
     cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
 fi
 
-# Build once, then run unit, property, fixture and CLI tests against the locked dependencies.
-cargo build --locked --all-targets
+# One build (the test profile), then every test: unit, property, fixture, CLI, Redis and Kafka
+# end-to-end, against the locked dependencies.
 cargo test --locked --all-targets
