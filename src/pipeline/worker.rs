@@ -203,6 +203,8 @@ pub fn run(
     // under load a partition loop takes whole batches per engine lock; when idle each message
     // goes on at once.
     let mut gathered = 0;
+    // While the brokers are away every poll reports the same errors: log each once per 30 s.
+    let mut logged: HashMap<String, Instant> = HashMap::new();
     while !shutdown.is_triggered() {
         health.beat();
         let timeout = if gathered == 0 { Duration::from_millis(100) } else { Duration::ZERO };
@@ -222,7 +224,13 @@ pub fn run(
                     gathered = 0;
                 }
             }
-            Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+            Some(Err(e)) => {
+                let text = e.to_string();
+                if logged.get(&text).is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                    tracing::warn!(error = %text, "consumer error (repeats of it are logged every 30 s)");
+                    logged.insert(text, Instant::now());
+                }
+            }
         }
     }
     health.set_ready(false);
