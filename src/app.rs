@@ -53,6 +53,21 @@ pub fn check(path: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The events to read: a file, or stdin for `-`. `None` (after saying why on stderr) means the
+/// caller exits 1.
+fn open_input(input: &Path) -> Option<Box<dyn BufRead>> {
+    if input == Path::new("-") {
+        return Some(Box::new(io::stdin().lock()));
+    }
+    match File::open(input) {
+        Ok(f) => Some(Box::new(BufReader::with_capacity(1 << 16, f))),
+        Err(e) => {
+            eprintln!("error: {}: cannot open input: {e}", input.display());
+            None
+        }
+    }
+}
+
 /// `vigil replay`: decisions to stdout, bad lines and the summary to stderr.
 pub fn replay(
     rules_path: &Path,
@@ -61,17 +76,7 @@ pub fn replay(
     options: ReplayOptions,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
-    let reader: Box<dyn BufRead> = if input == Path::new("-") {
-        Box::new(io::stdin().lock())
-    } else {
-        match File::open(input) {
-            Ok(f) => Box::new(BufReader::with_capacity(1 << 16, f)),
-            Err(e) => {
-                eprintln!("error: {}: cannot open input: {e}", input.display());
-                return Ok(ExitCode::from(1));
-            }
-        }
-    };
+    let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
     match redis {
         None => run_replay(Engine::new(rules, MemoryStore::new()), reader, options, |_| {}),
         Some((url, tls_ca_file)) => {
@@ -315,17 +320,7 @@ pub fn bench_kafka(args: vigil::kafka_bench::KafkaBenchArgs) -> anyhow::Result<E
 pub fn backtest(rules_path: &Path, input: &Path, json: bool) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
-    let reader: Box<dyn BufRead> = if input == Path::new("-") {
-        Box::new(io::stdin().lock())
-    } else {
-        match File::open(input) {
-            Ok(f) => Box::new(BufReader::with_capacity(1 << 16, f)),
-            Err(e) => {
-                eprintln!("error: {}: cannot open input: {e}", input.display());
-                return Ok(ExitCode::from(1));
-            }
-        }
-    };
+    let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
     let total = std::fs::metadata(input).ok().filter(|m| m.is_file()).map(|m| m.len());
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();

@@ -10,7 +10,6 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 use vigil::config::Config;
 use vigil::rules::RuleSet;
-use vigil::telemetry::Metrics;
 
 fn load(path: &str) -> Vec<Yaml> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -85,7 +84,7 @@ fn compose_references_only_what_exists() {
             );
         }
         if image.starts_with("redis:") {
-            let version: Vec<u32> = image["redis:".len()..].split('.').map(|p| p.parse().unwrap()).collect();
+            let version: Vec<u32> = image.strip_prefix("redis:").unwrap().split('.').map(|p| p.parse().unwrap()).collect();
             assert!(version >= vec![7, 4], "{name}: Redis 7.4 or newer, not {image}");
         }
         for volume in service["volumes"].as_vec().into_iter().flatten() {

@@ -602,6 +602,7 @@ impl Worker {
             }
         }
         if list.count() > 0 {
+            // Stored as well as committed, so the consumer's close cannot commit an older stored one.
             consumer.store_offsets(&list)?;
             consumer.commit(&list, CommitMode::Sync)?;
             for element in list.elements() {
