@@ -2,15 +2,26 @@
 -- serves many keys, each applied, pruned and read back atomically on its own.
 --
 -- KEYS[n]  the n-th key's hash: vg:<rule_id>:<digest>
--- ARGV     for each key in order, a header of six values followed by its deltas:
+-- ARGV     for each key in order, a header of seven values followed by its deltas and its writes:
 --            aggregate: "c" (count), "s" (sum) or "d" (distinct)
 --            k, the number of buckets in the window
---            TTL in milliseconds (at least 2 x window), refreshed on every write
+--            TTL in milliseconds (3 x window), set by every write but the caller's writes
+--            below, which say when
 --            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset)
---            the version the caller's view is based on, or "" if it has none
+--            the version the caller's view is based on ("0": the key held nothing), or "" if
+--            it has none
 --            how many ARGV entries of deltas follow (a multiple of the stride; 0 to just read)
+--            how many ARGV entries of writes follow the deltas (0: none)
 --          deltas in the order they were counted: count → value is an integer increment;
 --          sum → a number, added in order; distinct → the value's digest (16 raw bytes)
+--          writes: "1" to refresh the TTL or "0" (the caller refreshed it less than a window
+--          ago, so it is still above 2 x window), how many field/value entries follow, those entries ("v" and the next version
+--          — one more than the caller's, or a random one below 2^52 for a new key — then "h" and
+--          the head, then buckets or values by slot), then the fields to delete. The caller
+--          computes them from its view with the deltas applied; they are used as they are only
+--          if the key is still at the caller's version (then that view is exactly what Redis
+--          holds, plus the deltas), which costs three hash operations instead of decoding the
+--          whole hash. Otherwise the deltas are merged field by field.
 --
 -- Hash fields (compact, so small windows stay in Redis' listpack encoding): "h" the head bucket;
 -- "<slot>" (digits only) the count or sum of the live bucket whose index mod k is slot;
@@ -20,8 +31,12 @@
 -- before (replay after a crash) and is skipped; a delta whose bucket is at or below head - k is
 -- late and refused.
 --
--- "v" counts the writes to the key. When it still equals the caller's version, nobody else wrote
--- since the caller's view, which with its own deltas is then exact: the window is not sent back.
+-- "v" is the key's version: it starts at a value no earlier incarnation of the key is likely to
+-- have reached (the server's clock in microseconds, or the writer's random pick) when the key is
+-- created and grows by one per write, so a key that expired and was created again never comes
+-- back to a version a caller saw before. When it still equals the caller's version, nobody else
+-- wrote since the caller's view, which with its own deltas is then exact: the window is not sent
+-- back.
 --
 -- Returns one reply per key: {head, late, skipped, version, "="} when the caller's view is current,
 -- else {head, late, skipped, version, "*", field, value, …} with the live window as "b<bucket>" →
@@ -37,12 +52,41 @@ local function exact(x)
   return string.format('%.17g', x)
 end
 
+-- The version after a write to a key at `version` (0: the key is new).
+local function next_version(version)
+  if version ~= 0 then return version + 1 end
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
+
+-- Writes in chunks: unpack() of a very long list would overflow Lua's C stack.
+local function write(command, key, list, first, last)
+  for j = first, last, 1000 do
+    redis.call(command, key, unpack(list, j, math.min(j + 999, last)))
+  end
+end
+
+-- The caller's writes, if the key is still at the caller's version; nil otherwise.
+local function write_current(key, ttl, expected, first, last)
+  if expected == '' or last < first then return nil end
+  local version = tonumber(redis.call('HGET', key, 'v')) or 0
+  if version ~= tonumber(expected) then return nil end
+  local sets_end = first + 1 + tonumber(ARGV[first + 1])
+  write('HSET', key, ARGV, first + 2, sets_end)
+  write('HDEL', key, ARGV, sets_end + 1, last)
+  if ARGV[first] == '1' then redis.call('PEXPIRE', key, ttl) end
+  -- The entries start with "v", the next version, "h", the head.
+  return {ARGV[first + 5], '0', '0', ARGV[first + 3], '='}
+end
+
 -- The live bucket held in `slot` when the head is `head`.
 local function unslot(slot, head, k)
   return head - ((head - slot) % k)
 end
 
-local function apply(key, kind, k, ttl, stride, expected, first, last)
+local function apply(key, kind, k, ttl, stride, expected, first, last, writes_last)
+  local written = write_current(key, ttl, expected, last + 1, writes_last)
+  if written then return written end
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = redis.call('HGETALL', key)
   local stored = {}
@@ -112,7 +156,7 @@ local function apply(key, kind, k, ttl, stride, expected, first, last)
   local version = tonumber(stored['v']) or 0
   -- A refused or skipped delta means the caller's view counted something Redis did not.
   local current = expected ~= '' and tonumber(expected) == version and late == 0 and skipped == 0
-  if changed then version = version + 1 end
+  if changed then version = next_version(version) end
   local version_text = string.format('%.0f', version)
   local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
   local function text(value)
@@ -172,13 +216,8 @@ local function apply(key, kind, k, ttl, stride, expected, first, last)
       end
     end
   end
-  -- Writes and deletes in chunks: unpack() of a very long list would overflow Lua's C stack.
-  for j = 1, #sets, 1000 do
-    redis.call('HSET', key, unpack(sets, j, math.min(j + 999, #sets)))
-  end
-  for j = 1, #dead, 1000 do
-    redis.call('HDEL', key, unpack(dead, j, math.min(j + 999, #dead)))
-  end
+  write('HSET', key, sets, 1, #sets)
+  write('HDEL', key, dead, 1, #dead)
   redis.call('PEXPIRE', key, ttl)
   return out
 end
@@ -186,9 +225,10 @@ end
 local replies = {}
 local at = 1
 for n = 1, #KEYS do
-  local count = tonumber(ARGV[at + 5])
+  local deltas_end = at + 6 + tonumber(ARGV[at + 5])
+  local writes_end = deltas_end + tonumber(ARGV[at + 6])
   replies[n] = apply(KEYS[n], ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-                     tonumber(ARGV[at + 3]), ARGV[at + 4], at + 6, at + 5 + count)
-  at = at + 6 + count
+                     tonumber(ARGV[at + 3]), ARGV[at + 4], at + 7, deltas_end, writes_end)
+  at = writes_end + 1
 end
 return replies

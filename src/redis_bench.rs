@@ -51,6 +51,8 @@ pub struct Throughput {
     pub events: u64,
     pub seconds: f64,
     pub script_calls: u64,
+    /// Every command sent to Redis: script calls plus plain reads.
+    pub redis_calls: u64,
     pub redis_cpu_seconds: f64,
 }
 
@@ -87,6 +89,7 @@ pub fn vigil(url: &str, rules: &RuleSet, input: &Path) -> Result<Throughput, Red
         events: summary.counts.events,
         seconds: summary.elapsed.as_secs_f64(),
         script_calls: engine.store().stats().script_calls,
+        redis_calls: engine.store().stats().script_calls + engine.store().stats().loads,
         redis_cpu_seconds: redis_cpu(&mut conn)? - cpu_before,
     })
 }
@@ -153,6 +156,7 @@ pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Re
         events,
         seconds: started.elapsed().as_secs_f64(),
         script_calls: calls,
+        redis_calls: calls,
         redis_cpu_seconds: redis_cpu(&mut conn)? - cpu_before,
     })
 }
@@ -254,9 +258,10 @@ pub fn run(url: &str, rules: &RuleSet, input: &Path, out: &mut impl Write) -> Re
     for (name, t) in &results {
         writeln!(
             out,
-            "  {name:<24} {:>9.0} events/s   {:.4} script calls/event   redis cpu {:.1}s   wall {:.1}s",
+            "  {name:<24} {:>9.0} events/s   {:.4} script calls/event   {:.4} redis calls/event   redis cpu {:.1}s   wall {:.1}s",
             t.events_per_second(),
             t.script_calls as f64 / t.events.max(1) as f64,
+            t.redis_calls as f64 / t.events.max(1) as f64,
             t.redis_cpu_seconds,
             t.seconds
         )?;

@@ -129,6 +129,23 @@ impl WindowState {
         }
     }
 
+    /// The count or sum held in `bucket`, if it is live and not empty (count/sum windows).
+    pub fn bucket_value(&self, bucket: i64) -> Option<f64> {
+        match self {
+            WindowState::Series(s) => s.buckets.0.iter().find(|&&(b, _)| b == bucket).map(|&(_, v)| v),
+            WindowState::Distinct(_) => None,
+        }
+    }
+
+    /// The latest bucket `value` was seen in, if it is still known (distinct windows; it may
+    /// have slid out: compare with the head).
+    pub fn latest_bucket(&self, value: u128) -> Option<i64> {
+        match self {
+            WindowState::Series(_) => None,
+            WindowState::Distinct(d) => d.latest.get(value),
+        }
+    }
+
     /// Applies an observation at bucket `bucket` (DESIGN §3 steps 1–3).
     pub fn apply(&mut self, spec: &WindowSpec, bucket: i64, delta: Delta) -> Applied {
         match (self, delta) {

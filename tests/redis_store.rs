@@ -19,7 +19,7 @@ type Reply = Vec<Vec<u8>>;
 fn call(conn: &mut redis::Connection, key: &str, kind: &str, k: i64, stride: i64, args: &[&str]) -> Vec<String> {
     let script = script();
     let mut inv = script.key(key);
-    inv.arg(kind).arg(k).arg(60_000).arg(stride).arg("").arg(args.len());
+    inv.arg(kind).arg(k).arg(60_000).arg(stride).arg("").arg(args.len()).arg(0);
     for a in args {
         inv.arg(*a);
     }
@@ -34,17 +34,19 @@ fn one_script_call_serves_many_keys_independently() {
     let mut conn = redis.connection();
     let script = script();
     let mut inv = script.key("vg:t:m1");
-    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(4).arg(5).arg(2).arg(6).arg(1);
-    inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg("").arg(0);
-    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg("").arg(2).arg(9).arg("1.5");
+    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(4).arg(0).arg(5).arg(2).arg(6).arg(1);
+    inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg("").arg(0).arg(0);
+    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(9).arg("1.5");
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
     let text = |r: &Reply| r.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect::<Vec<_>>();
     let first = text(&replies[0]);
-    assert_eq!(first[..5], ["6", "0", "0", "1", "*"]);
+    assert_eq!(first[..3], ["6", "0", "0"]);
+    assert_eq!(first[4], "*");
     let window: BTreeMap<_, _> = first[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b5".into(), "2".into()), ("b6".into(), "1".into())]));
     assert!(replies[1].is_empty(), "a key that holds nothing");
-    assert_eq!(text(&replies[2]), ["9", "0", "0", "1", "*", "b9", "1.5"]);
+    let third = text(&replies[2]);
+    assert_eq!([&third[..3], &third[4..]].concat(), ["9", "0", "0", "*", "b9", "1.5"]);
 }
 
 #[test]
@@ -53,12 +55,15 @@ fn script_counts_refuses_late_prunes_and_sets_ttl() {
     let mut conn = redis.connection();
     // k = 3 buckets. Buckets 10, 11, 10 → head 11, window 9..=11.
     let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["10", "2", "11", "1", "10", "1"]);
-    assert_eq!(out[..5], ["11", "0", "0", "1", "*"]);
+    assert_eq!(out[..3], ["11", "0", "0"]);
+    // A new key's version starts at the server's clock in microseconds; each write adds one.
+    let created: u64 = out[3].parse().unwrap();
+    assert!(created > 1_700_000_000_000_000, "{created}");
     let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b10".into(), "3".into()), ("b11".into(), "1".into())]));
     // Bucket 8 is late (8 <= 11 - 3); bucket 13 moves the head and prunes bucket 10.
     let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["8", "1", "13", "5"]);
-    assert_eq!(out[..5], ["13", "1", "0", "2", "*"]);
+    assert_eq!(out[..5], ["13", "1", "0", &(created + 1).to_string(), "*"]);
     let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b11".into(), "1".into()), ("b13".into(), "5".into())]));
     // Stored compactly: buckets by slot (bucket mod k), bucket 10 (slot 1) pruned.
@@ -67,13 +72,13 @@ fn script_counts_refuses_late_prunes_and_sets_ttl() {
         stored,
         BTreeMap::from([
             ("h".into(), "13".into()),
-            ("v".into(), "2".into()),
+            ("v".into(), (created + 1).to_string()),
             ("2".into(), "1".into()),
             ("1".into(), "5".into())
         ])
     );
     let ttl: i64 = redis::cmd("PTTL").arg("vg:t:a").query(&mut conn).unwrap();
-    assert!(ttl > 0 && ttl <= 60_000, "ttl {ttl}");
+    assert!(ttl > 59_000 && ttl <= 60_000, "ttl {ttl}");
     // A read with no deltas returns the window and does not write.
     assert_eq!(call(&mut conn, "vg:t:a", "c", 3, 2, &[])[..1], ["13"]);
     assert!(call(&mut conn, "vg:t:missing", "c", 3, 2, &[]).is_empty());
@@ -107,24 +112,72 @@ fn script_returns_the_window_only_when_another_writer_changed_it() {
     let run = |conn: &mut redis::Connection, expected: &str, args: &[&str]| -> Vec<String> {
         let script = script();
         let mut inv = script.key("vg:t:v");
-        inv.arg("c").arg(10).arg(60_000).arg(2).arg(expected).arg(args.len());
+        inv.arg("c").arg(10).arg(60_000).arg(2).arg(expected).arg(args.len()).arg(0);
         for a in args {
             inv.arg(*a);
         }
         let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
         replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
     };
-    assert_eq!(run(&mut conn, "", &["5", "1"]), ["5", "0", "0", "1", "*", "b5", "1"]);
-    // Our view is version 1 and nobody else wrote: no window comes back.
-    assert_eq!(run(&mut conn, "1", &["5", "2"]), ["5", "0", "0", "2", "="]);
-    // Another writer moves the key to version 3; a caller still at 2 gets the whole window.
+    // A caller whose view is "the key holds nothing" (version 0) is current on a new key.
+    let out = run(&mut conn, "0", &["5", "1"]);
+    assert_eq!([&out[..3], &out[4..]].concat(), ["5", "0", "0", "="]);
+    let v1: u64 = out[3].parse().unwrap();
+    // Our view is v1 and nobody else wrote: no window comes back.
+    assert_eq!(run(&mut conn, &v1.to_string(), &["5", "2"]), ["5", "0", "0", &(v1 + 1).to_string(), "="]);
+    // Another writer moves the key on; a caller still at v1 + 1 gets the whole window.
     run(&mut conn, "", &["6", "1"]);
-    let out = run(&mut conn, "2", &["6", "1"]);
-    assert_eq!(out[..5], ["6", "0", "0", "4", "*"]);
+    let out = run(&mut conn, &(v1 + 1).to_string(), &["6", "1"]);
+    assert_eq!(out[..5], ["6", "0", "0", &(v1 + 3).to_string(), "*"]);
     let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
     assert_eq!(window, BTreeMap::from([("b5".into(), "3".into()), ("b6".into(), "2".into())]));
     // A refused late delta also means the caller's view is off: the window comes back.
-    assert_eq!(run(&mut conn, "4", &["-20", "1"])[..5], ["6", "1", "0", "4", "*"]);
+    let current = (v1 + 3).to_string();
+    assert_eq!(run(&mut conn, &current, &["-20", "1"])[..5], ["6", "1", "0", current.as_str(), "*"]);
+}
+
+#[test]
+fn script_takes_the_callers_writes_only_at_the_callers_version() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let run = |conn: &mut redis::Connection, expected: &str, deltas: &[&str], writes: &[&str]| -> Vec<String> {
+        let script = script();
+        let mut inv = script.key("vg:t:w");
+        inv.arg("c").arg(4).arg(60_000).arg(2).arg(expected).arg(deltas.len()).arg(writes.len());
+        for a in deltas.iter().chain(writes) {
+            inv.arg(*a);
+        }
+        let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
+        replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+    };
+    let stored = |conn: &mut redis::Connection| -> BTreeMap<String, String> {
+        redis::cmd("HGETALL").arg("vg:t:w").query(conn).unwrap()
+    };
+    let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs.iter().map(|(f, v)| (f.to_string(), v.to_string())).collect()
+    };
+    // A new key and a caller whose view is "nothing" (version 0): its writes are taken as they are
+    // (refresh the TTL; v, h, and bucket 10 in slot 2).
+    let out = run(&mut conn, "0", &["10", "2"], &["1", "6", "v", "500", "h", "10", "2", "2"]);
+    assert_eq!(out, ["10", "0", "0", "500", "="]);
+    assert_eq!(stored(&mut conn), map(&[("v", "500"), ("h", "10"), ("2", "2")]));
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
+    assert!(ttl > 59_000, "ttl {ttl}");
+    // At version 500: bucket 15 (slot 3) moves the head on and bucket 10 (slot 2) slides out.
+    // No refresh asked: the TTL is left as it is.
+    let _: () = redis::cmd("PEXPIRE").arg("vg:t:w").arg(5_000).query(&mut conn).unwrap();
+    let out = run(&mut conn, "500", &["15", "1"], &["0", "6", "v", "501", "h", "15", "3", "1", "2"]);
+    assert_eq!(out, ["15", "0", "0", "501", "="]);
+    assert_eq!(stored(&mut conn), map(&[("v", "501"), ("h", "15"), ("3", "1")]));
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
+    assert!(ttl <= 5_000, "ttl {ttl}");
+    // A caller at a stale version: its writes are ignored, its deltas merged, the window returned,
+    // and the TTL refreshed.
+    let out = run(&mut conn, "499", &["15", "2"], &["0", "6", "v", "500", "h", "15", "3", "99"]);
+    assert_eq!(out, ["15", "0", "0", "502", "*", "b15", "3"]);
+    assert_eq!(stored(&mut conn), map(&[("v", "502"), ("h", "15"), ("3", "3")]));
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
+    assert!(ttl > 59_000, "ttl {ttl}");
 }
 
 #[test]
@@ -133,10 +186,10 @@ fn script_skips_deltas_at_or_below_the_recorded_offset() {
     let mut conn = redis.connection();
     // (bucket, value, partition, offset)
     let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101"]);
-    assert_eq!(out[..7], ["1", "0", "0", "1", "*", "b1", "2"]);
+    assert_eq!([&out[..3], &out[4..7]].concat(), ["1", "0", "0", "*", "b1", "2"]);
     // After a crash the same events are replayed, followed by a new one.
     let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101", "1", "1", "3", "102", "1", "1", "0", "7"]);
-    assert_eq!(out[..7], ["1", "0", "2", "2", "*", "b1", "4"]);
+    assert_eq!([&out[..3], &out[4..7]].concat(), ["1", "0", "2", "*", "b1", "4"]);
     let recorded: Vec<String> = redis::cmd("HMGET").arg("vg:t:o").arg("o:3").arg("o:0").query(&mut conn).unwrap();
     assert_eq!(recorded, ["102", "7"]);
 }

@@ -88,16 +88,26 @@ pub struct FlushSample {
 /// delta since), the deltas of the flush in flight, and those counted after it was sent.
 struct Dirty {
     state: WindowState,
-    /// The Redis version (`v`) the view is based on; `None` if Redis held nothing.
+    /// The Redis version (`v`) the view is based on (0: Redis held nothing); `None` if unknown.
     version: Option<u64>,
+    /// The head Redis holds at `version`.
+    base_head: Option<i64>,
+    /// The head of the view when the in-flight deltas were sent: Redis' head once they land.
+    sent_head: Option<i64>,
+    /// When this process last had Redis refresh the key's TTL (see `refresh_due`).
+    refreshed: Option<Instant>,
+    /// Whether the flush in flight asks for a TTL refresh.
+    refresh_sent: bool,
     inflight: Vec<(i64, Delta)>,
     pending: Vec<(i64, Delta)>,
 }
 
-/// A clean window as Redis returned it, with its version.
+/// A clean window as Redis holds it at `version` (0: Redis held nothing; `None`: unknown).
 struct Cached {
     state: WindowState,
     version: Option<u64>,
+    /// When this process last had Redis refresh the key's TTL.
+    refreshed: Option<Instant>,
 }
 
 /// A parsed script reply for one key.
@@ -113,6 +123,34 @@ type KeyReply = Vec<Vec<u8>>;
 type CallReply = Vec<KeyReply>;
 /// A batch's replies: per call.
 type Calls = Vec<CallReply>;
+
+/// A call a batch is made of: a script invocation (flushes) or a plain command (reads), run in a
+/// pipeline or, after a redirect, through the cluster client.
+trait Call {
+    type Reply: redis::FromRedisValue + Clone;
+    fn add_to(&self, pipe: &mut redis::Pipeline);
+    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<Self::Reply>;
+}
+
+impl Call for ScriptCall {
+    type Reply = CallReply;
+    fn add_to(&self, pipe: &mut redis::Pipeline) {
+        pipe.add_command(self.cmd());
+    }
+    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<CallReply> {
+        self.cmd().query(conn)
+    }
+}
+
+impl Call for redis::Cmd {
+    type Reply = KeyReply;
+    fn add_to(&self, pipe: &mut redis::Pipeline) {
+        pipe.add_command(self.clone());
+    }
+    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<KeyReply> {
+        self.query(conn)
+    }
+}
 
 /// What the flusher thread sends back for one pipeline.
 struct FlushDone {
@@ -210,8 +248,8 @@ impl ClusterConn {
     /// Runs every call, grouped per master, keeping each call's result across attempts: only
     /// calls that have not run are sent again (after a reconnect or a fresh slot map), so no call
     /// is applied twice because another master failed.
-    fn run(&mut self, batch: &Batch, attempts: u32, backoff: Duration) -> (redis::RedisResult<Calls>, u64) {
-        let mut results: Vec<Option<CallReply>> = vec![None; batch.calls.len()];
+    fn run<C: Call>(&mut self, batch: &Batch<C>, attempts: u32, backoff: Duration) -> (redis::RedisResult<Vec<C::Reply>>, u64) {
+        let mut results: Vec<Option<C::Reply>> = vec![None; batch.calls.len()];
         let mut delay = backoff;
         let mut retries = 0;
         loop {
@@ -237,7 +275,7 @@ impl ClusterConn {
 
     /// One pass over the calls without a result; returns how many were redirected (MOVED/ASK or
     /// NOSCRIPT) and run again through the cluster client.
-    fn run_pending(&mut self, batch: &Batch, results: &mut [Option<CallReply>]) -> redis::RedisResult<u64> {
+    fn run_pending<C: Call>(&mut self, batch: &Batch<C>, results: &mut [Option<C::Reply>]) -> redis::RedisResult<u64> {
         let mut per_master: Vec<Vec<usize>> = vec![Vec::new(); self.masters.len()];
         for (call, &slot) in batch.slots.iter().enumerate() {
             if results[call].is_none() {
@@ -250,9 +288,9 @@ impl ClusterConn {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &call in &calls {
-                pipe.invoke_script(&batch.calls[call]);
+                batch.calls[call].add_to(&mut pipe);
             }
-            let replies: redis::RedisResult<Vec<redis::RedisResult<CallReply>>> =
+            let replies: redis::RedisResult<Vec<redis::RedisResult<C::Reply>>> =
                 self.master(master).and_then(|conn| pipe.query(conn));
             let replies = match replies {
                 Ok(replies) => replies,
@@ -281,7 +319,7 @@ impl ClusterConn {
         let redirects = redirected.len() as u64;
         if !redirected.is_empty() {
             for call in redirected {
-                match batch.calls[call].invoke(&mut self.cluster) {
+                match batch.calls[call].run_through(&mut self.cluster) {
                     Ok(reply) => results[call] = Some(reply),
                     Err(e) => {
                         first_error.get_or_insert(e);
@@ -303,10 +341,10 @@ impl Target {
     }
 }
 
-/// Script calls covering a set of keys: the calls, each call's hash slot (all its keys share
-/// it in cluster mode), and for each reply (in call order) the index of its key.
-struct Batch {
-    calls: Vec<redis::ScriptInvocation<'static>>,
+/// Calls covering a set of keys: the calls, each call's hash slot (all its keys share it in
+/// cluster mode), and for each key reply (in call order) the index of its key.
+struct Batch<C> {
+    calls: Vec<C>,
     slots: Vec<u16>,
     order: Vec<usize>,
 }
@@ -328,14 +366,14 @@ impl Link {
 
     /// Runs `batch`; also returns how many failed attempts were retried. A cluster retries call by
     /// call (`ClusterConn::run`); a single Redis runs the batch as one pipeline, retried whole.
-    fn query(&mut self, batch: &Batch) -> (Result<Calls, StoreError>, u64) {
+    fn query<C: Call>(&mut self, batch: &Batch<C>) -> (Result<Vec<C::Reply>, StoreError>, u64) {
         if let Conn::Cluster(conn) = &mut self.conn {
             let (result, retries) = conn.run(batch, self.attempts, self.backoff);
             return (result.map_err(unavailable), retries);
         }
         let mut pipe = redis::pipe();
         for call in &batch.calls {
-            pipe.invoke_script(call);
+            call.add_to(&mut pipe);
         }
         let mut delay = self.backoff;
         let mut retries = 0;
@@ -385,7 +423,7 @@ struct Inflight {
 }
 
 /// The write-behind task: runs flush batches on its own connection while the caller goes on.
-fn flusher(mut link: Link, jobs: mpsc::Receiver<Batch>, done: mpsc::Sender<FlushDone>) {
+fn flusher(mut link: Link, jobs: mpsc::Receiver<Batch<ScriptCall>>, done: mpsc::Sender<FlushDone>) {
     for batch in jobs {
         let (result, retries) = link.query(&batch);
         if done.send(FlushDone { result, retries }).is_err() {
@@ -416,6 +454,230 @@ fn slot(key: &str) -> u16 {
     crc % 16384
 }
 
+/// Most slots one write may delete: a head that moved further is merged by the script instead.
+const MAX_WRITE_DELETES: i64 = 64;
+
+/// A key's TTL, in windows. Every write that may create or re-create a key sets it; a write that
+/// finds the key at the version this process last wrote refreshes it only once a window (of wall
+/// time) has passed since this process last did: the TTL then never falls below 2 × window, and
+/// most writes save a PEXPIRE.
+const TTL_WINDOWS: i64 = 3;
+
+/// Whether a write should refresh the key's TTL (see `TTL_WINDOWS`).
+fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instant>) -> bool {
+    let window = Duration::from_millis(spec.window_ms().max(0) as u64);
+    version.is_none_or(|v| v == 0) || refreshed.is_none_or(|at| at.elapsed() >= window)
+}
+
+/// A version for a key created by this process: random, so that a key that expired and was
+/// created again does not come back to a version someone's cached view was based on.
+fn fresh_version() -> u64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // Below 2^52: Lua's doubles then count up from it exactly.
+    SEED.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) % (1 << 52) + 1
+}
+
+/// Appends what a flush writes if Redis still holds `version` (the fast path of
+/// `lua/apply_window.lua`): whether to refresh the TTL, the count of field/value entries, the entries — the next version
+/// (`v`), the head (`h`), each bucket the deltas touched with its value in `state` (the view with
+/// the deltas applied), or each distinct value with its latest bucket, by slot — then the slots
+/// that slid out since `base_head`. False when that is not known here (a distinct window whose
+/// head moved: the values that slid out are not kept): the script merges the deltas instead.
+fn add_writes(
+    call: &mut ScriptCall,
+    spec: &WindowSpec,
+    version: u64,
+    refresh: bool,
+    state: &WindowState,
+    base_head: Option<i64>,
+    deltas: &[(i64, Delta)],
+) -> bool {
+    let Some(head) = state.head() else { return false };
+    let k = spec.buckets;
+    let oldest_live = head - k + 1;
+    let moved = base_head.map_or(0, |base| head - base);
+    call.arg(if refresh { b"1" } else { b"0" });
+    let sets_count = call.placeholder();
+    let sets_start = call.args();
+    call.arg(b"v");
+    call.int(if version == 0 { fresh_version() } else { version + 1 } as i64);
+    call.arg(b"h");
+    call.int(head);
+    match state {
+        WindowState::Series(_) => {
+            let mut touched: smallvec::SmallVec<[i64; 4]> =
+                deltas.iter().map(|&(b, _)| b).filter(|&b| b >= oldest_live).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            for &bucket in &touched {
+                let Some(value) = state.bucket_value(bucket) else { return false };
+                call.int(bucket.rem_euclid(k));
+                match spec.aggregate {
+                    Aggregate::Sum => call.float(value),
+                    _ => call.int(value as i64),
+                }
+            }
+            call.fill(sets_count, call.args() - sets_start);
+            if let Some(base) = base_head {
+                if moved.min(k) > MAX_WRITE_DELETES {
+                    return false;
+                }
+                for bucket in (base - k + 1)..=base.min(head - k) {
+                    let slot = bucket.rem_euclid(k);
+                    if !touched.iter().any(|&b| b.rem_euclid(k) == slot) {
+                        call.int(slot);
+                    }
+                }
+            }
+        }
+        WindowState::Distinct(_) => {
+            if moved > 0 {
+                return false;
+            }
+            let mut values: smallvec::SmallVec<[u128; 4]> =
+                deltas.iter().filter_map(|&(_, d)| if let Delta::Distinct(v) = d { Some(v) } else { None }).collect();
+            values.sort_unstable();
+            values.dedup();
+            for value in values {
+                let Some(latest) = state.latest_bucket(value) else { return false };
+                if latest >= oldest_live {
+                    let mut field = [0u8; 17];
+                    field[0] = b'd';
+                    field[1..].copy_from_slice(&value.to_le_bytes());
+                    call.arg(&field);
+                    call.int(latest.rem_euclid(k));
+                }
+            }
+            call.fill(sets_count, call.args() - sets_start);
+        }
+    }
+    true
+}
+
+/// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
+/// tens of thousands of arguments, and one allocation each would dominate the client's time.
+#[derive(Default)]
+struct ScriptCall {
+    keys: Vec<u8>,
+    key_ends: Vec<usize>,
+    args: Vec<u8>,
+    arg_ends: Vec<usize>,
+}
+
+/// Width of a count written before what it counts is known (Lua's tonumber reads leading zeros).
+const PLACEHOLDER: usize = 10;
+
+impl ScriptCall {
+    fn key(&mut self, name: &[u8]) {
+        self.keys.extend_from_slice(name);
+        self.key_ends.push(self.keys.len());
+    }
+
+    fn arg(&mut self, bytes: &[u8]) {
+        self.args.extend_from_slice(bytes);
+        self.arg_ends.push(self.args.len());
+    }
+
+    fn int(&mut self, n: i64) {
+        self.arg(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    /// The shortest text that parses back to the same double (what `{:?}` prints).
+    fn float(&mut self, x: f64) {
+        use std::io::Write;
+        let _ = write!(self.args, "{x:?}");
+        self.arg_ends.push(self.args.len());
+    }
+
+    /// How many arguments so far.
+    fn args(&self) -> usize {
+        self.arg_ends.len()
+    }
+
+    /// Reserves an argument for a count filled in later by `fill`.
+    fn placeholder(&mut self) -> usize {
+        self.arg(&[b'0'; PLACEHOLDER]);
+        self.arg_ends.len() - 1
+    }
+
+    fn fill(&mut self, placeholder: usize, count: usize) {
+        let end = self.arg_ends[placeholder];
+        let text = format!("{count:0PLACEHOLDER$}");
+        self.args[end - PLACEHOLDER..end].copy_from_slice(text.as_bytes());
+    }
+
+    /// Where the arguments end now, to `truncate` back to.
+    fn mark(&self) -> (usize, usize) {
+        (self.args.len(), self.arg_ends.len())
+    }
+
+    fn truncate(&mut self, (bytes, args): (usize, usize)) {
+        self.args.truncate(bytes);
+        self.arg_ends.truncate(args);
+    }
+
+    fn cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(APPLY_WINDOW.get_hash()).arg(self.key_ends.len());
+        let mut start = 0;
+        for &end in &self.key_ends {
+            cmd.arg(&self.keys[start..end]);
+            start = end;
+        }
+        let mut start = 0;
+        for &end in &self.arg_ends {
+            cmd.arg(&self.args[start..end]);
+            start = end;
+        }
+        cmd
+    }
+}
+
+/// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
+/// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
+fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError> {
+    if flat.is_empty() {
+        return Ok(Cached { state: WindowState::new(spec.aggregate), version: Some(0), refreshed: None });
+    }
+    let bad = |what: &str| StoreError::Protocol(format!("stored window: {what}"));
+    fn text(bytes: &[u8]) -> Result<&str, StoreError> {
+        std::str::from_utf8(bytes).map_err(|_| StoreError::Protocol("stored window: not text".into()))
+    }
+    if flat.len() % 2 != 0 {
+        return Err(bad("odd field count"));
+    }
+    let (mut head, mut version) = (None, None);
+    for pair in flat.chunks_exact(2) {
+        match pair[0].as_slice() {
+            b"h" => head = Some(text(&pair[1])?.parse::<i64>().map_err(|_| bad("bad head"))?),
+            b"v" => version = Some(text(&pair[1])?.parse::<u64>().map_err(|_| bad("bad version"))?),
+            _ => {}
+        }
+    }
+    let head = head.ok_or_else(|| bad("no head"))?;
+    let k = spec.buckets;
+    let unslot = |slot: i64| head - (head - slot).rem_euclid(k);
+    let (mut buckets, mut values) = (Vec::new(), Vec::new());
+    for pair in flat.chunks_exact(2) {
+        let (field, value) = (&pair[0], &pair[1]);
+        if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
+            let slot = text(field)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
+            let amount = text(value)?.parse::<f64>().map_err(|_| bad("bad amount"))?;
+            buckets.push((unslot(slot), amount));
+        } else if field.len() == 17 && field[0] == b'd' {
+            let mut digest = [0u8; 16];
+            digest.copy_from_slice(&field[1..]);
+            let slot = text(value)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
+            values.push((u128::from_le_bytes(digest), unslot(slot)));
+        }
+    }
+    let state = WindowState::from_window(spec, head, buckets, values);
+    Ok(Cached { state, version: Some(version.unwrap_or(0)), refreshed: None })
+}
+
 pub struct RedisStore {
     /// For reads (loads and prefetches) on the caller's thread.
     link: Link,
@@ -439,7 +701,7 @@ pub struct RedisStore {
     samples: Vec<FlushSample>,
     /// The last flush failure not yet reported.
     last_error: Option<StoreError>,
-    jobs: Option<mpsc::Sender<Batch>>,
+    jobs: Option<mpsc::Sender<Batch<ScriptCall>>>,
     /// Cluster mode: script calls hold keys of one slot only.
     cluster: bool,
     done: mpsc::Receiver<FlushDone>,
@@ -545,22 +807,31 @@ impl RedisStore {
         key_name
     }
 
-    /// Appends one key to a script invocation: the key, its header and its `deltas` (none: just
-    /// read the window).
-    fn add_key(
-        &self,
-        inv: &mut redis::ScriptInvocation<'_>,
-        name: String,
-        window: WindowId,
-        expected: Option<u64>,
-        deltas: &[(i64, Delta)],
-    ) {
+    /// Appends one key to a script call: the key, its header, its `deltas` and, when the view is
+    /// based on a known version, the writes to make if Redis still holds it (see `add_writes`).
+    fn add_key(&self, call: &mut ScriptCall, name: &str, window: WindowId, dirty: &Dirty) {
         let spec = self.windows.spec(window.0);
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 * deltas.len());
+        let deltas = &dirty.inflight;
+        call.key(name.as_bytes());
+        call.arg(match spec.aggregate {
+            Aggregate::Count => b"c",
+            Aggregate::Sum => b"s",
+            Aggregate::Distinct => b"d",
+        });
+        call.int(spec.buckets);
+        call.int(TTL_WINDOWS * spec.window_ms());
+        call.int(2);
+        match dirty.version {
+            Some(version) => call.int(version as i64),
+            None => call.arg(b""),
+        }
+        let deltas_count = call.placeholder();
+        let writes_count = call.placeholder();
+        let deltas_start = call.args();
         match spec.aggregate {
             Aggregate::Count => {
                 // Increments commute: one per bucket.
-                let mut per_bucket: Vec<(i64, i64)> = Vec::new();
+                let mut per_bucket: smallvec::SmallVec<[(i64, i64); 4]> = Default::default();
                 for &(bucket, _) in deltas {
                     match per_bucket.iter_mut().find(|(b, _)| *b == bucket) {
                         Some(entry) => entry.1 += 1,
@@ -568,62 +839,57 @@ impl RedisStore {
                     }
                 }
                 for (bucket, n) in per_bucket {
-                    args.push(bucket.to_string().into_bytes());
-                    args.push(n.to_string().into_bytes());
+                    call.int(bucket);
+                    call.int(n);
                 }
             }
             Aggregate::Sum => {
                 for &(bucket, delta) in deltas {
                     if let Delta::Sum(amount) = delta {
-                        // `{:?}` is the shortest text that parses back to the same double.
-                        args.push(bucket.to_string().into_bytes());
-                        args.push(format!("{amount:?}").into_bytes());
+                        call.int(bucket);
+                        call.float(amount);
                     }
                 }
             }
             Aggregate::Distinct => {
                 for &(bucket, delta) in deltas {
                     if let Delta::Distinct(value) = delta {
-                        args.push(bucket.to_string().into_bytes());
-                        args.push(value.to_le_bytes().to_vec());
+                        call.int(bucket);
+                        call.arg(&value.to_le_bytes());
                     }
                 }
             }
         }
-        inv.key(name)
-            .arg(match spec.aggregate {
-                Aggregate::Count => "c",
-                Aggregate::Sum => "s",
-                Aggregate::Distinct => "d",
-            })
-            .arg(spec.buckets)
-            .arg(2 * spec.window_ms())
-            .arg(2)
-            .arg(expected.map_or_else(String::new, |v| v.to_string()))
-            .arg(args.len());
-        for a in args {
-            inv.arg(a);
+        call.fill(deltas_count, call.args() - deltas_start);
+        if let Some(version) = dirty.version {
+            let mark = call.mark();
+            if add_writes(call, &spec, version, dirty.refresh_sent, &dirty.state, dirty.base_head, deltas) {
+                call.fill(writes_count, call.args() - mark.1);
+            } else {
+                call.truncate(mark);
+            }
         }
     }
 
-    /// Script calls covering `keys` (with their deltas), up to `KEYS_PER_CALL` keys per call; in
-    /// cluster mode each call holds keys of one hash slot.
-    fn batch<'k>(&self, keys: impl Iterator<Item = (WindowId, &'k [u8], Option<u64>, &'k [(i64, Delta)])>) -> Batch {
-        let mut groups: Vec<(u16, Vec<usize>, redis::ScriptInvocation<'static>)> = Vec::new();
+    /// Script calls covering the in-flight deltas of `keys`, up to `KEYS_PER_CALL` keys per
+    /// call; in cluster mode each call holds keys of one hash slot.
+    fn batch(&self, keys: &[StoredKey]) -> Batch<ScriptCall> {
+        let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
         let mut open: HashMap<u16, usize> = HashMap::new();
         let mut batch = Batch { calls: Vec::new(), slots: Vec::new(), order: Vec::new() };
-        for (index, (window, key, expected, deltas)) in keys.enumerate() {
-            let name = self.redis_key(window, key);
+        for (index, key) in keys.iter().enumerate() {
+            let window = WindowId(key.window);
+            let name = self.redis_key(window, key.key.as_slice());
             let group_slot = if self.cluster { slot(&name) } else { 0 };
             let group = match open.get(&group_slot) {
                 Some(&g) => g,
                 None => {
-                    groups.push((group_slot, Vec::new(), APPLY_WINDOW.prepare_invoke()));
+                    groups.push((group_slot, Vec::new(), ScriptCall::default()));
                     open.insert(group_slot, groups.len() - 1);
                     groups.len() - 1
                 }
             };
-            self.add_key(&mut groups[group].2, name, window, expected, deltas);
+            self.add_key(&mut groups[group].2, &name, window, &self.dirty[key]);
             groups[group].1.push(index);
             if groups[group].1.len() == KEYS_PER_CALL {
                 open.remove(&group_slot);
@@ -635,13 +901,6 @@ impl RedisStore {
             batch.slots.push(group_slot);
         }
         batch
-    }
-
-    /// Runs a read batch on the caller's thread: one reply per key, in the keys' order.
-    fn run(&mut self, batch: &Batch) -> Result<Vec<KeyReply>, StoreError> {
-        let (calls, retries) = self.link.query(batch);
-        self.stats.retries += retries;
-        self.replies(calls?, &batch.order)
     }
 
     /// Flattens per-call replies back into the order the keys were given.
@@ -712,11 +971,10 @@ impl RedisStore {
         for key in &keys {
             let dirty = self.dirty.get_mut(key).expect("listed above");
             dirty.inflight = std::mem::take(&mut dirty.pending);
+            dirty.sent_head = dirty.state.head();
+            dirty.refresh_sent = refresh_due(&self.windows.spec(key.window), dirty.version, dirty.refreshed);
         }
-        let batch = self.batch(keys.iter().map(|k| {
-            let dirty = &self.dirty[k];
-            (WindowId(k.window), k.key.as_slice(), dirty.version, dirty.inflight.as_slice())
-        }));
+        let batch = self.batch(&keys);
         let order = batch.order.clone();
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(batch).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
@@ -774,32 +1032,46 @@ impl RedisStore {
             let spec = self.windows.spec(key.window);
             let parsed = self.parse_reply(window, reply);
             let dirty = self.dirty.remove(&key).expect("in flight keys stay dirty");
-            let (state, version) = match parsed {
+            // Conservative: the refresh happened after the flush was sent.
+            let refreshed = if dirty.refresh_sent { Some(sent) } else { dirty.refreshed };
+            let (state, version, base_head) = match parsed {
                 // Nobody else wrote since our view: it already holds the in-flight deltas and
                 // those counted since, exactly as Redis now does plus what it has not seen.
-                Ok(Some(Reply { version, window: None })) => (dirty.state, Some(version)),
+                Ok(Some(Reply { version, window: None })) => (dirty.state, Some(version), dirty.sent_head),
                 Ok(fresh) => {
                     // The window as Redis has it now, plus what was counted since it was sent.
                     let (mut state, version) = match fresh {
                         Some(Reply { version, window: Some(state) }) => (state, Some(version)),
-                        _ => (WindowState::new(spec.aggregate), None),
+                        _ => (WindowState::new(spec.aggregate), Some(0)),
                     };
+                    let base_head = state.head();
                     for &(bucket, delta) in &dirty.pending {
                         state.apply(&spec, bucket, delta);
                     }
-                    (state, version)
+                    (state, version, base_head)
                 }
                 Err(e) => {
                     // Keep our own merged view, which already holds every delta; with no known
                     // version the next flush asks for the whole window.
                     first_error.get_or_insert(e);
-                    (dirty.state, None)
+                    (dirty.state, None, None)
                 }
             };
             if dirty.pending.is_empty() {
-                self.cache.insert(key, Arc::new(Cached { state, version }));
+                self.cache.insert(key, Arc::new(Cached { state, version, refreshed }));
             } else {
-                self.dirty.insert(key, Dirty { state, version, inflight: Vec::new(), pending: dirty.pending });
+                let pending = dirty.pending;
+                let dirty = Dirty {
+                    state,
+                    version,
+                    base_head,
+                    sent_head: None,
+                    refreshed,
+                    refresh_sent: false,
+                    inflight: Vec::new(),
+                    pending,
+                };
+                self.dirty.insert(key, dirty);
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -828,20 +1100,28 @@ impl RedisStore {
         }
     }
 
-    /// Reads the windows of `keys` from Redis in one batch and caches them.
+    /// Reads the windows of `keys` from Redis (one pipelined HGETALL per key, grouped per
+    /// master on a cluster) and caches them. A plain read needs no script: every field a hash
+    /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
-        let batch = self.batch(keys.iter().map(|&(window, key)| (window, key, None, &[][..])));
-        let replies = self.run(&batch)?;
+        let mut batch = Batch { calls: Vec::with_capacity(keys.len()), slots: Vec::new(), order: Vec::new() };
+        for &(window, key) in keys {
+            let name = self.redis_key(window, key);
+            batch.slots.push(if self.cluster { slot(&name) } else { 0 });
+            let mut hgetall = redis::cmd("HGETALL");
+            hgetall.arg(name);
+            batch.calls.push(hgetall);
+        }
+        let (replies, retries) = self.link.query(&batch);
+        self.stats.retries += retries;
+        let replies = replies?;
+        if replies.len() != keys.len() {
+            return Err(StoreError::Protocol(format!("{} replies for {} reads", replies.len(), keys.len())));
+        }
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
-            let spec = self.windows.spec(window.0);
-            let cached = match self.parse_reply(window, reply)? {
-                Some(Reply { version, window: Some(state) }) => Cached { state, version: Some(version) },
-                Some(Reply { window: None, .. }) => return Err(StoreError::Protocol("a read was answered \"=\"".into())),
-                None => Cached { state: WindowState::new(spec.aggregate), version: None },
-            };
-            let cached = Arc::new(cached);
+            let cached = Arc::new(decode_hash(&self.windows.spec(window.0), &reply)?);
             self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
         }
@@ -875,8 +1155,17 @@ impl CounterStore for RedisStore {
                 let applied = state.apply(&spec, bucket, delta);
                 if let Applied::Counted(_) = applied {
                     let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                    let version = clean.version;
-                    self.dirty.insert(stored, Dirty { state, version, inflight: Vec::new(), pending: vec![(bucket, delta)] });
+                    let dirty = Dirty {
+                        state,
+                        version: clean.version,
+                        base_head: clean.state.head(),
+                        sent_head: None,
+                        refreshed: clean.refreshed,
+                        refresh_sent: false,
+                        inflight: Vec::new(),
+                        pending: vec![(bucket, delta)],
+                    };
+                    self.dirty.insert(stored, dirty);
                 }
                 applied
             }
