@@ -7,7 +7,8 @@
 --            k, the number of buckets in the window
 --            TTL in milliseconds (3 x window), set by every write but the caller's writes
 --            below, which say when
---            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset)
+--            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset);
+--            "partition" is any short name of an ordered input (vigil: the Kafka partition)
 --            the version the caller's view is based on ("0": the key held nothing), or "" if
 --            it has none
 --            how many ARGV entries of deltas follow (a multiple of the stride; 0 to just read)
@@ -15,13 +16,15 @@
 --          deltas in the order they were counted: count → value is an integer increment;
 --          sum → a number, added in order; distinct → the value's digest (16 raw bytes)
 --          writes: "1" to refresh the TTL or "0" (the caller refreshed it less than a window
---          ago, so it is still above 2 x window), how many field/value entries follow, those entries ("v" and the next version
---          — one more than the caller's, or a random one below 2^52 for a new key — then "h" and
---          the head, then buckets or values by slot), then the fields to delete. The caller
---          computes them from its view with the deltas applied; they are used as they are only
---          if the key is still at the caller's version (then that view is exactly what Redis
---          holds, plus the deltas), which costs three hash operations instead of decoding the
---          whole hash. Otherwise the deltas are merged field by field.
+--          ago, so it is still above 2 x window); how many field/value entries follow; those
+--          entries: "v" and the next version (one more than the caller's, or a random one below
+--          2^52 for a new key), "h" and the head, the buckets or values by slot, and
+--          "o:<partition>" with the highest offset the writes cover; then the fields to delete.
+--          The caller computes them from its view with its deltas applied. They are used only
+--          if the key is still at the caller's version (that view is then exactly what Redis
+--          holds plus the deltas), which costs two or three hash operations instead of decoding
+--          the whole hash. Otherwise the deltas are merged field by field; a caller that sent
+--          writes without deltas is answered {"!"} and sends its deltas next time.
 --
 -- Hash fields (compact, so small windows stay in Redis' listpack encoding): "h" the head bucket;
 -- "<slot>" (digits only) the count or sum of the live bucket whose index mod k is slot;
@@ -40,7 +43,9 @@
 --
 -- Returns one reply per key: {head, late, skipped, version, "="} when the caller's view is current,
 -- else {head, late, skipped, version, "*", field, value, …} with the live window as "b<bucket>" →
--- count/sum and "d<digest>" → latest bucket (absolute indices); {} for a key that holds nothing.
+-- count/sum and "d<digest>" → latest bucket (absolute indices) and the recorded offsets
+-- "o:<partition>" → offset; {} for a key that holds nothing; {"!"} when the caller sent writes
+-- but no deltas and the key is no longer at its version (nothing was written).
 -- Numbers are strings: Lua numbers would be truncated to integers.
 
 -- The shortest of %.15g, %.16g, %.17g that reads back as exactly x.
@@ -87,6 +92,9 @@ end
 local function apply(key, kind, k, ttl, stride, expected, first, last, writes_last)
   local written = write_current(key, ttl, expected, last + 1, writes_last)
   if written then return written end
+  -- Writes for a version the key is no longer at, and no deltas to merge instead: the caller
+  -- sends its deltas again.
+  if last < first and writes_last > last then return {'!'} end
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = redis.call('HGETALL', key)
   local stored = {}
@@ -175,6 +183,16 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
         out[#out + 1] = 'd' .. digest
         out[#out + 1] = string.format('%.0f', bucket)
       end
+    end
+    for field, value in pairs(stored) do
+      if string.sub(field, 1, 2) == 'o:' and newest[string.sub(field, 3)] == nil then
+        out[#out + 1] = field
+        out[#out + 1] = value
+      end
+    end
+    for partition, offset in pairs(newest) do
+      out[#out + 1] = 'o:' .. partition
+      out[#out + 1] = string.format('%.0f', offset)
     end
   end
   if not changed then

@@ -88,19 +88,25 @@ fn reader(brokers: &str, group: &str, properties: &std::collections::BTreeMap<St
     config.create().map_err(|e| format!("reader: {e}"))
 }
 
-/// Produces `lines` to `topic` at `rate` per second from `start` (each line's `ts` is its due
-/// time) while `reader` reads `read_topic` from its end; returns the latencies in ms (time read
-/// minus `ts`) of records with `ts >= start`, sorted.
+/// A paced production: `lines` at `rate` per second from `start` (epoch ms).
+struct Pace<'a> {
+    lines: &'a [Vec<u8>],
+    rate: u64,
+    start: i64,
+}
+
+/// Produces the paced lines to `topic` (each line's `ts` is its due time) while `reader` reads
+/// `read_topic` from its end; returns the latencies in ms (time read minus `ts`) of records with
+/// `ts >= start`, sorted.
 fn paced(
     producer: &BaseProducer,
     topic: &str,
     reader: &BaseConsumer,
     read_topic: &str,
-    lines: &[Vec<u8>],
-    rate: u64,
-    start: i64,
+    pace: &Pace<'_>,
     settled: &dyn Fn() -> bool,
 ) -> Result<Vec<i64>, String> {
+    let Pace { lines, rate, start } = *pace;
     let (_, high) = reader.fetch_watermarks(read_topic, 0, Duration::from_secs(10)).map_err(|e| format!("watermarks: {e}"))?;
     let mut list = TopicPartitionList::new();
     list.add_partition_offset(read_topic, 0, Offset::Offset(high)).map_err(|e| e.to_string())?;
@@ -320,7 +326,7 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
         ..args.workload.clone()
     };
     let live = lines(&spec)?;
-    let latencies = paced(&producer, &events_topic, &reader(&args.brokers, &format!("bench-{run_id}-reader"), &properties)?, &decisions_topic, &live, rate, live_start, &|| processed() >= total + count)?;
+    let latencies = paced(&producer, &events_topic, &reader(&args.brokers, &format!("bench-{run_id}-reader"), &properties)?, &decisions_topic, &Pace { lines: &live, rate, start: live_start }, &|| processed() >= total + count)?;
     writeln!(
         out,
         "  half load        {rate} events/s for {}s: {} decisions, latency p50 {} ms, p95 {} ms, p99 {} ms, max {} ms",
@@ -341,7 +347,7 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
         .map_err(|e| format!("create topic: {e}"))?;
     let live_start = now_ms() + 500;
     let live = lines(&WorkloadSpec { start_ms: live_start, ..spec })?;
-    let echo = paced(&producer, &echo_topic, &reader(&args.brokers, &format!("bench-{run_id}-echo"), &properties)?, &echo_topic, &live, rate, live_start, &|| true)?;
+    let echo = paced(&producer, &echo_topic, &reader(&args.brokers, &format!("bench-{run_id}-echo"), &properties)?, &echo_topic, &Pace { lines: &live, rate, start: live_start }, &|| true)?;
     writeln!(
         out,
         "  broker alone     one hop at {rate} events/s: latency p50 {} ms, p99 {} ms (vigil's path is two hops)",

@@ -16,7 +16,8 @@
 //!
 //! - [`store`]: the [`store::CounterStore`] trait (named windows, opaque keys — it does not know
 //!   rules), the in-process [`store::MemoryStore`], and [`store::RedisStore`]: windows in Redis
-//!   hashes updated by `lua/apply_window.lua`, a local merged view, batched write-behind.
+//!   hashes updated by `lua/apply_window.lua`, a local merged view, batched write-behind, and
+//!   per-key recorded input offsets so a re-read input is counted once.
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
 //!   decode → plan → count → decide for one event, [`pipeline::replay`] for a JSON-lines stream.

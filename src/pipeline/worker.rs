@@ -36,7 +36,7 @@ use crate::rules::{decide, Action, Mode, RuleSet, Source};
 use crate::shutdown::Shutdown;
 use crate::sink::{dead_letter_headers, Kind, Sink, Ticket};
 use crate::source::{self, Progress};
-use crate::store::{AnyStore, CounterStore, RedisStats, StoreError};
+use crate::store::{AnyStore, CounterStore, Origin, RedisStats, StoreError};
 use crate::telemetry::http::Health;
 use crate::telemetry::{ActionLabels, CodeLabels, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
 
@@ -365,6 +365,18 @@ impl Worker {
         }
     }
 
+    /// The lane the store records applied offsets under (DESIGN §6 `o:<partition>`): the
+    /// partition, made unique per input topic when there are several (by the topic's position
+    /// in `kafka.input_topics`).
+    fn lane(&self, topic: &str, partition: i32) -> u32 {
+        let topics = &self.config.kafka.input_topics;
+        let partition = u32::try_from(partition).unwrap_or(0);
+        match topics.iter().position(|t| t == topic) {
+            Some(index) if topics.len() > 1 => index as u32 * 1_000_000 + partition,
+            _ => partition,
+        }
+    }
+
     /// Decodes, counts and decides `messages` under the engine lock, then hands their records to
     /// the producer. On a store failure, returns how many messages were processed.
     fn process_some(&self, (topic, partition): &PartitionKey, messages: &[OwnedMessage], progress: &Arc<Progress>) -> Result<(), (usize, StoreError)> {
@@ -396,6 +408,7 @@ impl Worker {
                     return Err((0, e));
                 }
             }
+            let lane = self.lane(topic, *partition);
             let mut record = Vec::with_capacity(512);
             for (message, event) in messages.iter().zip(&events) {
                 let offset = message.offset();
@@ -420,6 +433,7 @@ impl Worker {
                         });
                     }
                     Ok(event) => {
+                        engine.store_mut().set_origin(Some(Origin { lane, offset }));
                         let decision = match engine.evaluate(event) {
                             Ok(decision) => decision,
                             Err(e) => {
@@ -542,6 +556,8 @@ impl Worker {
             if failed > 0 {
                 self.metrics.redis_errors.get_or_create(&CodeLabels { code: "flush_failed" }).inc_by(failed);
             }
+            self.metrics.replayed_observations.inc_by(stats.skipped_applied.saturating_sub(exported.skipped_applied));
+            self.metrics.stale_writes.inc_by(stats.stale_writes.saturating_sub(exported.stale_writes));
             *exported = stats;
         }
         engine.store().durable_mark()

@@ -37,6 +37,15 @@ impl Windows {
     }
 }
 
+/// Where the observations being applied come from: an ordered input (`lane`, e.g. a Kafka
+/// partition) and the position in it. A store that records the highest offset it applied per lane
+/// and key counts an input replayed after a crash only once (DESIGN §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub lane: u32,
+    pub offset: i64,
+}
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -67,6 +76,12 @@ pub trait CounterStore {
     /// Applies one observation at event time `ts_ms` to `key` in `window`, returning the key's
     /// window value (DESIGN §3) or [`Applied::Late`].
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError>;
+
+    /// Tags the observations applied from now on with `origin` (`None`: untagged, as in replay).
+    /// An observation whose offset is at or below the one the store recorded for its lane and key
+    /// was counted before (an input replayed after a crash): it is judged against the window but
+    /// not counted again.
+    fn set_origin(&mut self, _origin: Option<Origin>) {}
 
     /// Whether [`CounterStore::prefetch`] does anything: callers skip collecting keys otherwise.
     fn prefetches(&self) -> bool {
@@ -124,6 +139,9 @@ impl CounterStore for AnyStore {
     }
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
         delegate!(self, s => s.apply(window, key, ts_ms, delta))
+    }
+    fn set_origin(&mut self, origin: Option<Origin>) {
+        delegate!(self, s => s.set_origin(origin))
     }
     fn prefetches(&self) -> bool {
         delegate!(self, s => s.prefetches())

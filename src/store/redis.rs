@@ -3,11 +3,19 @@
 //! (`lua/apply_window.lua`, up to 256 keys per call; one hash slot per call on a Redis Cluster).
 //!
 //! Exactness: a single process sees exactly what the in-memory store sees. Counts are integers;
-//! sums are sent as the individual amounts in counting order and added by the script in that same
-//! order in IEEE doubles (Lua's numbers), stored as the shortest text that reads back bit-for-bit;
+//! sums are added in counting order in IEEE doubles (by this process, or by the script in Lua's
+//! doubles, in the same order) and stored as the shortest text that reads back bit-for-bit;
 //! distinct values keep their latest bucket. When a flush is acknowledged, the key's state becomes
 //! the window the script returned (which also holds other workers' deltas) plus the deltas
 //! counted since the flush was sent.
+//!
+//! Cost: windows are loaded with plain pipelined HGETALLs. A flush for a key whose Redis version
+//! is still the one this view is based on (the common case: nobody else wrote it) sends the
+//! key's new fields, not its deltas, and the script only checks the version and writes them;
+//! otherwise the deltas are sent and merged field by field.
+//!
+//! Exactly-once counting: observations carry their input position ([`Origin`]); each key records
+//! the highest offset applied per lane, and an observation at or below it is judged, not counted.
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -16,7 +24,7 @@ use hashbrown::HashMap;
 
 use super::keys::{KeyBytes, KeyRef, StoredKey};
 use super::scripts::APPLY_WINDOW;
-use super::{CounterStore, StoreError, WindowId, Windows};
+use super::{CounterStore, Origin, StoreError, WindowId, Windows};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
 const FLUSHER_STOPPED: &str = "the flusher thread stopped";
@@ -70,8 +78,11 @@ pub struct RedisStats {
     pub retries: u64,
     /// Deltas the script refused as late (another worker had moved the key's head on).
     pub refused_late: u64,
-    /// Deltas skipped as already applied (offset at or below the recorded one).
+    /// Observations judged but not counted again: their offset was at or below the one recorded
+    /// for their key (input replayed after a crash or a rebalance).
     pub skipped_applied: u64,
+    /// Keys whose writes met a version another writer had moved on; their deltas went again.
+    pub stale_writes: u64,
     /// Flushes that failed after every retry (their deltas were kept and sent again).
     pub failed_flushes: u64,
 }
@@ -98,8 +109,60 @@ struct Dirty {
     refreshed: Option<Instant>,
     /// Whether the flush in flight asks for a TTL refresh.
     refresh_sent: bool,
-    inflight: Vec<(i64, Delta)>,
-    pending: Vec<(i64, Delta)>,
+    /// Highest offset per lane Redis has applied to this key, as far as this view knows.
+    offsets: Offsets,
+    inflight: Vec<Observation>,
+    /// The counted index of the oldest in-flight observation.
+    inflight_oldest: Option<u64>,
+    pending: Vec<Observation>,
+    /// The counted index of the oldest pending observation.
+    pending_oldest: Option<u64>,
+}
+
+impl Dirty {
+    /// Puts the in-flight deltas back in front of those counted since, to be sent again.
+    fn send_again(&mut self) {
+        let mut again = std::mem::take(&mut self.inflight);
+        again.append(&mut self.pending);
+        self.pending = again;
+        self.pending_oldest = self.inflight_oldest.take().or(self.pending_oldest);
+    }
+}
+
+/// One counted observation Redis has not acknowledged.
+#[derive(Debug, Clone, Copy)]
+struct Observation {
+    bucket: i64,
+    delta: Delta,
+    origin: Option<Origin>,
+}
+
+/// Highest applied offset per lane (`o:<lane>` in Redis).
+type Offsets = smallvec::SmallVec<[(u32, i64); 1]>;
+
+fn offset_of(offsets: &Offsets, lane: u32) -> Option<i64> {
+    offsets.iter().find(|(l, _)| *l == lane).map(|&(_, o)| o)
+}
+
+fn raise(offsets: &mut Offsets, lane: u32, offset: i64) {
+    match offsets.iter_mut().find(|(l, _)| *l == lane) {
+        Some(entry) => entry.1 = entry.1.max(offset),
+        None => offsets.push((lane, offset)),
+    }
+}
+
+/// Whether an observation from `origin` was applied before (its input is being replayed).
+fn replayed(offsets: &Offsets, origin: Option<Origin>) -> bool {
+    origin.is_some_and(|o| offset_of(offsets, o.lane).is_some_and(|applied| o.offset <= applied))
+}
+
+/// How a replayed observation is judged without counting it: the window as it stands (or late,
+/// if its bucket slid out).
+fn judge(state: &WindowState, spec: &WindowSpec, bucket: i64) -> Applied {
+    match state.head() {
+        Some(head) if bucket <= head - spec.buckets => Applied::Late,
+        _ => Applied::Counted(state.value()),
+    }
 }
 
 /// A clean window as Redis holds it at `version` (0: Redis held nothing; `None`: unknown).
@@ -108,13 +171,19 @@ struct Cached {
     version: Option<u64>,
     /// When this process last had Redis refresh the key's TTL.
     refreshed: Option<Instant>,
+    offsets: Offsets,
 }
 
 /// A parsed script reply for one key.
-struct Reply {
-    version: u64,
-    /// The window, unless the caller's view was current (`=`).
-    window: Option<WindowState>,
+enum Reply {
+    /// The key holds nothing.
+    Empty,
+    /// The caller's view was current (`=`): it holds what Redis holds now.
+    Current { version: u64 },
+    /// Redis' window (`*`), other writers' deltas included.
+    Window { version: u64, state: WindowState, offsets: Offsets },
+    /// Writes for a stale version, not made (`!`): the deltas are sent again.
+    Stale,
 }
 
 /// One key's reply: its items (head, late, skipped, field, value, …).
@@ -417,7 +486,6 @@ fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::R
 struct Inflight {
     keys: Vec<StoredKey>,
     order: Vec<usize>,
-    mark: u64,
     observations: usize,
     sent: Instant,
 }
@@ -493,7 +561,7 @@ fn add_writes(
     refresh: bool,
     state: &WindowState,
     base_head: Option<i64>,
-    deltas: &[(i64, Delta)],
+    deltas: &[Observation],
 ) -> bool {
     let Some(head) = state.head() else { return false };
     let k = spec.buckets;
@@ -509,7 +577,7 @@ fn add_writes(
     match state {
         WindowState::Series(_) => {
             let mut touched: smallvec::SmallVec<[i64; 4]> =
-                deltas.iter().map(|&(b, _)| b).filter(|&b| b >= oldest_live).collect();
+                deltas.iter().map(|o| o.bucket).filter(|&b| b >= oldest_live).collect();
             touched.sort_unstable();
             touched.dedup();
             for &bucket in &touched {
@@ -520,6 +588,7 @@ fn add_writes(
                     _ => call.int(value as i64),
                 }
             }
+            add_offsets(call, deltas);
             call.fill(sets_count, call.args() - sets_start);
             if let Some(base) = base_head {
                 if moved.min(k) > MAX_WRITE_DELETES {
@@ -537,8 +606,10 @@ fn add_writes(
             if moved > 0 {
                 return false;
             }
-            let mut values: smallvec::SmallVec<[u128; 4]> =
-                deltas.iter().filter_map(|&(_, d)| if let Delta::Distinct(v) = d { Some(v) } else { None }).collect();
+            let mut values: smallvec::SmallVec<[u128; 4]> = deltas
+                .iter()
+                .filter_map(|o| if let Delta::Distinct(v) = o.delta { Some(v) } else { None })
+                .collect();
             values.sort_unstable();
             values.dedup();
             for value in values {
@@ -551,10 +622,25 @@ fn add_writes(
                     call.int(latest.rem_euclid(k));
                 }
             }
+            add_offsets(call, deltas);
             call.fill(sets_count, call.args() - sets_start);
         }
     }
     true
+}
+
+/// The highest offset per lane of `deltas`, as `o:<lane>` fields.
+fn add_offsets(call: &mut ScriptCall, deltas: &[Observation]) {
+    let mut offsets = Offsets::new();
+    for origin in deltas.iter().filter_map(|o| o.origin) {
+        raise(&mut offsets, origin.lane, origin.offset);
+    }
+    for (lane, offset) in offsets {
+        let mut field = itoa::Buffer::new().format(lane).as_bytes().to_vec();
+        field.splice(0..0, *b"o:");
+        call.arg(&field);
+        call.int(offset);
+    }
 }
 
 /// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
@@ -640,7 +726,7 @@ impl ScriptCall {
 /// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
 fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError> {
     if flat.is_empty() {
-        return Ok(Cached { state: WindowState::new(spec.aggregate), version: Some(0), refreshed: None });
+        return Ok(Cached { state: WindowState::new(spec.aggregate), version: Some(0), refreshed: None, offsets: Offsets::new() });
     }
     let bad = |what: &str| StoreError::Protocol(format!("stored window: {what}"));
     fn text(bytes: &[u8]) -> Result<&str, StoreError> {
@@ -660,10 +746,15 @@ fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError
     let head = head.ok_or_else(|| bad("no head"))?;
     let k = spec.buckets;
     let unslot = |slot: i64| head - (head - slot).rem_euclid(k);
-    let (mut buckets, mut values) = (Vec::new(), Vec::new());
+    let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
     for pair in flat.chunks_exact(2) {
         let (field, value) = (&pair[0], &pair[1]);
-        if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
+        if let Some(lane) = field.strip_prefix(b"o:") {
+            // Lanes vigil does not write (not a number) are someone else's business.
+            if let (Ok(lane), Ok(offset)) = (text(lane)?.parse::<u32>(), text(value)?.parse::<i64>()) {
+                raise(&mut offsets, lane, offset);
+            }
+        } else if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
             let slot = text(field)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
             let amount = text(value)?.parse::<f64>().map_err(|_| bad("bad amount"))?;
             buckets.push((unslot(slot), amount));
@@ -675,7 +766,7 @@ fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError
         }
     }
     let state = WindowState::from_window(spec, head, buckets, values);
-    Ok(Cached { state, version: Some(version.unwrap_or(0)), refreshed: None })
+    Ok(Cached { state, version: Some(version.unwrap_or(0)), refreshed: None, offsets })
 }
 
 pub struct RedisStore {
@@ -693,6 +784,8 @@ pub struct RedisStore {
     /// The flush in flight: its keys, its batch's reply order, the counted mark it covers, its
     /// observation count and when it was sent.
     inflight: Option<Inflight>,
+    /// The origin `apply` tags observations with.
+    origin: Option<Origin>,
     /// Observations counted so far (`CounterStore::counted_mark`).
     counted: u64,
     /// Every observation up to this mark is in Redis (`CounterStore::durable_mark`).
@@ -759,6 +852,7 @@ impl RedisStore {
                 .build_with_hasher(foldhash::fast::RandomState::default()),
             pending: 0,
             inflight: None,
+            origin: None,
             counted: 0,
             durable: 0,
             samples: Vec::new(),
@@ -807,11 +901,14 @@ impl RedisStore {
         key_name
     }
 
-    /// Appends one key to a script call: the key, its header, its `deltas` and, when the view is
-    /// based on a known version, the writes to make if Redis still holds it (see `add_writes`).
+    /// Appends one key to a script call: the key, its header, and either the writes to make if
+    /// Redis still holds the version the view is based on (see `add_writes`), or the in-flight
+    /// deltas for the script to merge.
     fn add_key(&self, call: &mut ScriptCall, name: &str, window: WindowId, dirty: &Dirty) {
         let spec = self.windows.spec(window.0);
         let deltas = &dirty.inflight;
+        // With every delta tagged, the script skips those it applied before (stride 4).
+        let tagged = deltas.iter().all(|o| o.origin.is_some());
         call.key(name.as_bytes());
         call.arg(match spec.aggregate {
             Aggregate::Count => b"c",
@@ -820,55 +917,50 @@ impl RedisStore {
         });
         call.int(spec.buckets);
         call.int(TTL_WINDOWS * spec.window_ms());
-        call.int(2);
+        call.int(if tagged { 4 } else { 2 });
         match dirty.version {
             Some(version) => call.int(version as i64),
             None => call.arg(b""),
         }
         let deltas_count = call.placeholder();
         let writes_count = call.placeholder();
-        let deltas_start = call.args();
-        match spec.aggregate {
-            Aggregate::Count => {
-                // Increments commute: one per bucket.
-                let mut per_bucket: smallvec::SmallVec<[(i64, i64); 4]> = Default::default();
-                for &(bucket, _) in deltas {
-                    match per_bucket.iter_mut().find(|(b, _)| *b == bucket) {
-                        Some(entry) => entry.1 += 1,
-                        None => per_bucket.push((bucket, 1)),
-                    }
-                }
-                for (bucket, n) in per_bucket {
-                    call.int(bucket);
-                    call.int(n);
-                }
-            }
-            Aggregate::Sum => {
-                for &(bucket, delta) in deltas {
-                    if let Delta::Sum(amount) = delta {
-                        call.int(bucket);
-                        call.float(amount);
-                    }
-                }
-            }
-            Aggregate::Distinct => {
-                for &(bucket, delta) in deltas {
-                    if let Delta::Distinct(value) = delta {
-                        call.int(bucket);
-                        call.arg(&value.to_le_bytes());
-                    }
-                }
-            }
-        }
-        call.fill(deltas_count, call.args() - deltas_start);
         if let Some(version) = dirty.version {
             let mark = call.mark();
             if add_writes(call, &spec, version, dirty.refresh_sent, &dirty.state, dirty.base_head, deltas) {
                 call.fill(writes_count, call.args() - mark.1);
-            } else {
-                call.truncate(mark);
+                return;
+            }
+            call.truncate(mark);
+        }
+        let deltas_start = call.args();
+        if !tagged && spec.aggregate == Aggregate::Count {
+            // Untagged increments commute: one per bucket.
+            let mut per_bucket: smallvec::SmallVec<[(i64, i64); 4]> = Default::default();
+            for o in deltas {
+                match per_bucket.iter_mut().find(|(b, _)| *b == o.bucket) {
+                    Some(entry) => entry.1 += 1,
+                    None => per_bucket.push((o.bucket, 1)),
+                }
+            }
+            for (bucket, n) in per_bucket {
+                call.int(bucket);
+                call.int(n);
+            }
+        } else {
+            for o in deltas {
+                call.int(o.bucket);
+                match o.delta {
+                    Delta::Count => call.int(1),
+                    Delta::Sum(amount) => call.float(amount),
+                    Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
+                }
+                if let (true, Some(origin)) = (tagged, o.origin) {
+                    call.int(i64::from(origin.lane));
+                    call.int(origin.offset);
+                }
             }
         }
+        call.fill(deltas_count, call.args() - deltas_start);
     }
 
     /// Script calls covering the in-flight deltas of `keys`, up to `KEYS_PER_CALL` keys per
@@ -917,11 +1009,14 @@ impl RedisStore {
         Ok(replies)
     }
 
-    /// Parses the script's reply for one key (`None`: the key holds nothing).
-    fn parse_reply(&mut self, window: WindowId, reply: KeyReply) -> Result<Option<Reply>, StoreError> {
+    /// Parses the script's reply for one key.
+    fn parse_reply(&mut self, window: WindowId, reply: KeyReply) -> Result<Reply, StoreError> {
         let spec = self.windows.spec(window.0);
         if reply.is_empty() {
-            return Ok(None);
+            return Ok(Reply::Empty);
+        }
+        if reply.len() == 1 && reply[0] == b"!" {
+            return Ok(Reply::Stale);
         }
         let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
         let number = |bytes: &[u8]| -> Result<f64, StoreError> {
@@ -935,14 +1030,19 @@ impl RedisStore {
         self.stats.skipped_applied += number(&reply[2])? as u64;
         let version = number(&reply[3])? as u64;
         match reply[4].as_slice() {
-            b"=" => return Ok(Some(Reply { version, window: None })),
+            b"=" => return Ok(Reply::Current { version }),
             b"*" => {}
             _ => return Err(bad("unknown marker")),
         }
-        let mut buckets = Vec::new();
-        let mut values = Vec::new();
+        let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
         for pair in reply[5..].chunks_exact(2) {
             let (field, value) = (&pair[0], &pair[1]);
+            if let Some(lane) = field.strip_prefix(b"o:") {
+                if let Ok(lane) = std::str::from_utf8(lane).unwrap_or("").parse::<u32>() {
+                    raise(&mut offsets, lane, number(value)? as i64);
+                }
+                continue;
+            }
             match field.first() {
                 Some(b'b') => buckets.push((number(&field[1..])? as i64, number(value)?)),
                 Some(b'd') if field.len() == 17 => {
@@ -953,8 +1053,8 @@ impl RedisStore {
                 _ => return Err(bad("unknown field")),
             }
         }
-        let window = WindowState::from_window(&spec, head, buckets, values);
-        Ok(Some(Reply { version, window: Some(window) }))
+        let state = WindowState::from_window(&spec, head, buckets, values);
+        Ok(Reply::Window { version, state, offsets })
     }
 
     /// Hands every pending delta to the flusher, one script call per 256 dirty keys.
@@ -971,6 +1071,7 @@ impl RedisStore {
         for key in &keys {
             let dirty = self.dirty.get_mut(key).expect("listed above");
             dirty.inflight = std::mem::take(&mut dirty.pending);
+            dirty.inflight_oldest = dirty.pending_oldest.take();
             dirty.sent_head = dirty.state.head();
             dirty.refresh_sent = refresh_due(&self.windows.spec(key.window), dirty.version, dirty.refreshed);
         }
@@ -978,7 +1079,7 @@ impl RedisStore {
         let order = batch.order.clone();
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(batch).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
-        self.inflight = Some(Inflight { keys, order, mark: self.counted, observations: self.pending, sent: Instant::now() });
+        self.inflight = Some(Inflight { keys, order, observations: self.pending, sent: Instant::now() });
         self.pending = 0;
         Ok(())
     }
@@ -999,7 +1100,7 @@ impl RedisStore {
                 }
             }
         };
-        let Inflight { keys, order, mark, observations, sent } = self.inflight.take().expect("checked above");
+        let Inflight { keys, order, observations, sent } = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         let replies = match done.result.and_then(|calls| self.replies(calls, &order)) {
             Ok(replies) => replies,
@@ -1008,59 +1109,75 @@ impl RedisStore {
                 // counted since, and the next flush sends them again.
                 for key in &keys {
                     let dirty = self.dirty.get_mut(key).expect("in flight keys stay dirty");
-                    let mut again = std::mem::take(&mut dirty.inflight);
-                    self.pending += again.len();
-                    again.append(&mut dirty.pending);
-                    dirty.pending = again;
+                    self.pending += dirty.inflight.len();
+                    dirty.send_again();
                 }
                 self.stats.failed_flushes += 1;
                 return Err(e);
             }
         };
         self.stats.flushes += 1;
-        self.durable = mark;
         self.samples.push(FlushSample { keys: keys.len(), observations, elapsed: sent.elapsed() });
         if self.samples.len() > 4096 {
             // Nobody takes them (replay): keep the newest only.
             self.samples.drain(..2048);
         }
-        // Redis applied every call: each key's in-flight deltas are done whatever its reply. A
-        // reply we cannot read only costs the cached copy.
+        // Redis ran every call: each key's in-flight deltas are done unless its writes were
+        // refused as stale. A reply we cannot read only costs the cached copy.
         let mut first_error = None;
         for (key, reply) in keys.into_iter().zip(replies) {
             let window = WindowId(key.window);
             let spec = self.windows.spec(key.window);
             let parsed = self.parse_reply(window, reply);
+            if let Ok(Reply::Stale) = parsed {
+                // Another writer moved the key on: send the deltas to be merged, and learn its
+                // window from that reply.
+                let dirty = self.dirty.get_mut(&key).expect("in flight keys stay dirty");
+                self.pending += dirty.inflight.len();
+                dirty.send_again();
+                dirty.version = None;
+                self.stats.stale_writes += 1;
+                continue;
+            }
             let dirty = self.dirty.remove(&key).expect("in flight keys stay dirty");
             // Conservative: the refresh happened after the flush was sent.
             let refreshed = if dirty.refresh_sent { Some(sent) } else { dirty.refreshed };
-            let (state, version, base_head) = match parsed {
+            let (state, version, base_head, offsets) = match parsed {
                 // Nobody else wrote since our view: it already holds the in-flight deltas and
                 // those counted since, exactly as Redis now does plus what it has not seen.
-                Ok(Some(Reply { version, window: None })) => (dirty.state, Some(version), dirty.sent_head),
-                Ok(fresh) => {
-                    // The window as Redis has it now, plus what was counted since it was sent.
-                    let (mut state, version) = match fresh {
-                        Some(Reply { version, window: Some(state) }) => (state, Some(version)),
-                        _ => (WindowState::new(spec.aggregate), Some(0)),
-                    };
-                    let base_head = state.head();
-                    for &(bucket, delta) in &dirty.pending {
-                        state.apply(&spec, bucket, delta);
+                Ok(Reply::Current { version }) => {
+                    let mut offsets = dirty.offsets;
+                    for origin in dirty.inflight.iter().filter_map(|o| o.origin) {
+                        raise(&mut offsets, origin.lane, origin.offset);
                     }
-                    (state, version, base_head)
+                    (dirty.state, Some(version), dirty.sent_head, offsets)
                 }
+                Ok(Reply::Window { version, mut state, offsets }) => {
+                    // The window as Redis has it now, plus what was counted since it was sent.
+                    let base_head = state.head();
+                    for o in &dirty.pending {
+                        state.apply(&spec, o.bucket, o.delta);
+                    }
+                    (state, Some(version), base_head, offsets)
+                }
+                Ok(Reply::Empty) => {
+                    let mut state = WindowState::new(spec.aggregate);
+                    for o in &dirty.pending {
+                        state.apply(&spec, o.bucket, o.delta);
+                    }
+                    (state, Some(0), None, Offsets::new())
+                }
+                Ok(Reply::Stale) => unreachable!("handled above"),
                 Err(e) => {
                     // Keep our own merged view, which already holds every delta; with no known
                     // version the next flush asks for the whole window.
                     first_error.get_or_insert(e);
-                    (dirty.state, None, None)
+                    (dirty.state, None, None, dirty.offsets)
                 }
             };
             if dirty.pending.is_empty() {
-                self.cache.insert(key, Arc::new(Cached { state, version, refreshed }));
+                self.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
             } else {
-                let pending = dirty.pending;
                 let dirty = Dirty {
                     state,
                     version,
@@ -1068,12 +1185,18 @@ impl RedisStore {
                     sent_head: None,
                     refreshed,
                     refresh_sent: false,
+                    offsets,
                     inflight: Vec::new(),
-                    pending,
+                    inflight_oldest: None,
+                    pending: dirty.pending,
+                    pending_oldest: dirty.pending_oldest,
                 };
                 self.dirty.insert(key, dirty);
             }
         }
+        // Durable: everything counted before the oldest observation Redis has not acknowledged.
+        let oldest = self.dirty.values().filter_map(|d| d.pending_oldest).min();
+        self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
         first_error.map_or(Ok(()), Err)
     }
 
@@ -1138,46 +1261,65 @@ impl CounterStore for RedisStore {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         let lookup = KeyRef { window: window.0, key };
-        let applied = match self.dirty.get_mut(&lookup) {
+        let observation = Observation { bucket, delta, origin: self.origin };
+        let index = self.counted + 1;
+        let (applied, counted) = match self.dirty.get_mut(&lookup) {
+            Some(dirty) if replayed(&dirty.offsets, observation.origin) => (judge(&dirty.state, &spec, bucket), false),
             Some(dirty) => {
                 let applied = dirty.state.apply(&spec, bucket, delta);
-                if let Applied::Counted(_) = applied {
-                    dirty.pending.push((bucket, delta));
+                let counted = matches!(applied, Applied::Counted(_));
+                if counted {
+                    dirty.pending.push(observation);
+                    dirty.pending_oldest.get_or_insert(index);
                 }
-                applied
+                (applied, counted)
             }
             None => {
                 let clean = match self.cache.get(&lookup) {
                     Some(state) => state,
                     None => self.read(&[(window, key)])?.pop().expect("one state per key"),
                 };
-                let mut state = clean.state.clone();
-                let applied = state.apply(&spec, bucket, delta);
-                if let Applied::Counted(_) = applied {
-                    let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                    let dirty = Dirty {
-                        state,
-                        version: clean.version,
-                        base_head: clean.state.head(),
-                        sent_head: None,
-                        refreshed: clean.refreshed,
-                        refresh_sent: false,
-                        inflight: Vec::new(),
-                        pending: vec![(bucket, delta)],
-                    };
-                    self.dirty.insert(stored, dirty);
+                if replayed(&clean.offsets, observation.origin) {
+                    (judge(&clean.state, &spec, bucket), false)
+                } else {
+                    let mut state = clean.state.clone();
+                    let applied = state.apply(&spec, bucket, delta);
+                    let counted = matches!(applied, Applied::Counted(_));
+                    if counted {
+                        let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
+                        let dirty = Dirty {
+                            state,
+                            version: clean.version,
+                            base_head: clean.state.head(),
+                            sent_head: None,
+                            refreshed: clean.refreshed,
+                            refresh_sent: false,
+                            offsets: clean.offsets.clone(),
+                            inflight: Vec::new(),
+                            inflight_oldest: None,
+                            pending: vec![observation],
+                            pending_oldest: Some(index),
+                        };
+                        self.dirty.insert(stored, dirty);
+                    }
+                    (applied, counted)
                 }
-                applied
             }
         };
-        if let Applied::Counted(_) = applied {
+        if counted {
             self.pending += 1;
             self.counted += 1;
+        } else if observation.origin.is_some() && matches!(applied, Applied::Counted(_)) {
+            self.stats.skipped_applied += 1;
         }
         // The observation is counted whatever happens to the write-behind: a failed flush keeps
         // its deltas for the next one and is reported through `take_flush_error`.
         self.write_behind()?;
         Ok(applied)
+    }
+
+    fn set_origin(&mut self, origin: Option<Origin>) {
+        self.origin = origin;
     }
 
     fn prefetches(&self) -> bool {

@@ -79,6 +79,12 @@ pub struct Metrics {
     /// Redis failures, by code (`retry`: an attempt that was retried; `flush_failed`: a flush that
     /// failed every attempt and is sent again; `read_failed`: a window load that failed).
     pub redis_errors: Family<CodeLabels, Counter>,
+    /// Observations judged but not counted again: their key had recorded their offset (input
+    /// replayed after a crash or a rebalance; DESIGN §6).
+    pub replayed_observations: Counter,
+    /// Keys whose write-behind writes met a version another worker had moved on; their deltas
+    /// were merged by the next flush.
+    pub stale_writes: Counter,
     /// Kafka produce failures, by code; the record is produced again.
     pub delivery_errors: Family<CodeLabels, Counter>,
     /// Consumer lag per assigned partition, from librdkafka statistics.
@@ -110,6 +116,8 @@ impl Metrics {
             flush_keys: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             flush_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             redis_errors: Family::default(),
+            replayed_observations: Counter::default(),
+            stale_writes: Counter::default(),
             delivery_errors: Family::default(),
             consumer_lag: Family::default(),
             committed_offset: Family::default(),
@@ -133,6 +141,16 @@ impl Metrics {
         registry.register("flush_batch_keys", "Keys per write-behind flush", metrics.flush_keys.clone());
         registry.register("flush_duration_seconds", "Write-behind flush latency", metrics.flush_seconds.clone());
         registry.register("redis_errors", "Redis failures, by code", metrics.redis_errors.clone());
+        registry.register(
+            "replayed_observations",
+            "Observations judged but not counted again (offset already applied to the key)",
+            metrics.replayed_observations.clone(),
+        );
+        registry.register(
+            "stale_writes",
+            "Write-behind writes refused because another worker had changed the key",
+            metrics.stale_writes.clone(),
+        );
         registry.register("kafka_delivery_errors", "Kafka produce failures, by code", metrics.delivery_errors.clone());
         registry.register("consumer_lag", "Consumer lag per partition (messages)", metrics.consumer_lag.clone());
         registry.register(

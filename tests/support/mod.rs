@@ -4,6 +4,7 @@
 
 pub mod kafka;
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -214,4 +215,22 @@ impl RedisCluster {
             let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("NODE").arg(&dst_id).query(&mut node.connection()).unwrap();
         }
     }
+}
+
+/// Sum of every live count/sum bucket and the number of live distinct values, per Redis key.
+pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (f64, usize)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
+            // Bucket fields are slot numbers (digits only); distinct fields start with 'd'.
+            let total: f64 = fields
+                .iter()
+                .filter(|(f, _)| f.iter().all(u8::is_ascii_digit))
+                .map(|(_, v)| v.parse::<f64>().unwrap())
+                .sum();
+            let distinct = fields.iter().filter(|(f, _)| f[0] == b'd').count();
+            (key, (total, distinct))
+        })
+        .collect()
 }
