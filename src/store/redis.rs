@@ -151,6 +151,14 @@ fn raise(offsets: &mut Offsets, lane: u32, offset: i64) {
     }
 }
 
+/// A recorded offset field (`o:<lane>` → offset). Lanes vigil does not write (not a number)
+/// are someone else's business: `None`.
+fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u32, i64)> {
+    let lane = std::str::from_utf8(field.strip_prefix(b"o:")?).ok()?.parse().ok()?;
+    let offset = std::str::from_utf8(value).ok()?.parse().ok()?;
+    Some((lane, offset))
+}
+
 /// Whether an observation from `origin` was applied before (its input is being replayed).
 fn replayed(offsets: &Offsets, origin: Option<Origin>) -> bool {
     origin.is_some_and(|o| offset_of(offsets, o.lane).is_some_and(|applied| o.offset <= applied))
@@ -749,9 +757,8 @@ fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError
     let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
     for pair in flat.chunks_exact(2) {
         let (field, value) = (&pair[0], &pair[1]);
-        if let Some(lane) = field.strip_prefix(b"o:") {
-            // Lanes vigil does not write (not a number) are someone else's business.
-            if let (Ok(lane), Ok(offset)) = (text(lane)?.parse::<u32>(), text(value)?.parse::<i64>()) {
+        if field.starts_with(b"o:") {
+            if let Some((lane, offset)) = recorded_offset(field, value) {
                 raise(&mut offsets, lane, offset);
             }
         } else if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
@@ -1037,9 +1044,9 @@ impl RedisStore {
         let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
         for pair in reply[5..].chunks_exact(2) {
             let (field, value) = (&pair[0], &pair[1]);
-            if let Some(lane) = field.strip_prefix(b"o:") {
-                if let Ok(lane) = std::str::from_utf8(lane).unwrap_or("").parse::<u32>() {
-                    raise(&mut offsets, lane, number(value)? as i64);
+            if field.starts_with(b"o:") {
+                if let Some((lane, offset)) = recorded_offset(field, value) {
+                    raise(&mut offsets, lane, offset);
                 }
                 continue;
             }
