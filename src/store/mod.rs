@@ -1,7 +1,12 @@
 //! Counter stores: where sliding-window state lives (DESIGN §6). A store knows named windows and
 //! opaque keys, never rules: the pipeline maps each rule to a window and each event to a key.
+//!
+//! - `memory`: the in-process store. `redis`: the Redis store (merged views, write-behind,
+//!   exactly-once offsets). `link`: its connections (single server or cluster, retries).
+//!   `scripts`: the Lua script and the calls to it. `keys`: exact key identities.
 
 mod keys;
+mod link;
 pub mod memory;
 pub mod redis;
 mod scripts;

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use hashbrown::HashMap;
 
 use super::keys::{KeyBytes, KeyRef, StoredKey};
-use super::scripts::APPLY_WINDOW;
+use super::link::{slot, unavailable, Batch, Calls, KeyReply, Link, Target};
+use super::scripts::ScriptCall;
 use super::{CounterStore, Origin, StoreError, WindowId, Windows};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
@@ -194,301 +195,10 @@ enum Reply {
     Stale,
 }
 
-/// One key's reply: its items (head, late, skipped, field, value, …).
-type KeyReply = Vec<Vec<u8>>;
-/// One script call's reply: per key.
-type CallReply = Vec<KeyReply>;
-/// A batch's replies: per call.
-type Calls = Vec<CallReply>;
-
-/// A call a batch is made of: a script invocation (flushes) or a plain command (reads), run in a
-/// pipeline or, after a redirect, through the cluster client.
-trait Call {
-    type Reply: redis::FromRedisValue + Clone;
-    fn add_to(&self, pipe: &mut redis::Pipeline);
-    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<Self::Reply>;
-}
-
-impl Call for ScriptCall {
-    type Reply = CallReply;
-    fn add_to(&self, pipe: &mut redis::Pipeline) {
-        pipe.add_command(self.cmd());
-    }
-    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<CallReply> {
-        self.cmd().query(conn)
-    }
-}
-
-impl Call for redis::Cmd {
-    type Reply = KeyReply;
-    fn add_to(&self, pipe: &mut redis::Pipeline) {
-        pipe.add_command(self.clone());
-    }
-    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<KeyReply> {
-        self.query(conn)
-    }
-}
-
 /// What the flusher thread sends back for one pipeline.
 struct FlushDone {
     result: Result<Calls, StoreError>,
     retries: u64,
-}
-
-/// Where the store connects: one Redis, or a Redis Cluster (found from the URL's node, whose
-/// client also gives the credentials and TLS settings for direct connections to each master).
-#[derive(Clone)]
-enum Target {
-    Single(redis::Client),
-    Cluster { seed: redis::Client, cluster: Box<redis::cluster::ClusterClient> },
-}
-
-enum Conn {
-    Single(redis::Connection),
-    Cluster(Box<ClusterConn>),
-}
-
-/// A Redis Cluster: calls are pipelined per master on direct connections, by the slot map; a call
-/// answered with MOVED/ASK (the map changed) is sent again through the cluster client, which
-/// follows redirects, and the map is read anew.
-struct ClusterConn {
-    cluster: redis::cluster::ClusterConnection,
-    seed: redis::Client,
-    /// Master index per hash slot.
-    slot_owner: Vec<usize>,
-    masters: Vec<(String, u16, Option<redis::Connection>)>,
-}
-
-impl ClusterConn {
-    fn open(seed: &redis::Client, cluster: &redis::cluster::ClusterClient) -> redis::RedisResult<ClusterConn> {
-        let mut conn = ClusterConn {
-            cluster: cluster.get_connection()?,
-            seed: seed.clone(),
-            slot_owner: vec![0; 16384],
-            masters: Vec::new(),
-        };
-        conn.read_slot_map()?;
-        Ok(conn)
-    }
-
-    /// `CLUSTER SLOTS`: each range's master.
-    fn read_slot_map(&mut self) -> redis::RedisResult<()> {
-        let mut any = self.seed.get_connection()?;
-        let ranges: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query::<Vec<redis::Value>>(&mut any)?
-            .into_iter()
-            .filter_map(|range| {
-                let redis::Value::Array(items) = range else { return None };
-                let start: u16 = redis::from_redis_value(items.first()?.clone()).ok()?;
-                let end: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
-                let redis::Value::Array(master) = items.get(2)? else { return None };
-                let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
-                let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
-                Some((start, end, (host, port)))
-            })
-            .collect();
-        for (start, end, (host, port)) in ranges {
-            let index = match self.masters.iter().position(|(h, p, _)| *h == host && *p == port) {
-                Some(index) => index,
-                None => {
-                    self.masters.push((host, port, None));
-                    self.masters.len() - 1
-                }
-            };
-            for slot in start..=end.min(16383) {
-                self.slot_owner[usize::from(slot)] = index;
-            }
-        }
-        Ok(())
-    }
-
-    /// A direct connection to a master, with the seed's credentials and TLS settings.
-    fn master(&mut self, index: usize) -> redis::RedisResult<&mut redis::Connection> {
-        let (host, port, conn) = &mut self.masters[index];
-        if conn.is_none() {
-            let info = self.seed.get_connection_info().clone();
-            let addr = match info.addr() {
-                redis::ConnectionAddr::TcpTls { insecure, tls_params, .. } => redis::ConnectionAddr::TcpTls {
-                    host: host.clone(),
-                    port: *port,
-                    insecure: *insecure,
-                    tls_params: tls_params.clone(),
-                },
-                _ => redis::ConnectionAddr::Tcp(host.clone(), *port),
-            };
-            *conn = Some(redis::Client::open(info.set_addr(addr))?.get_connection()?);
-        }
-        Ok(conn.as_mut().expect("opened above"))
-    }
-
-    /// Runs every call, grouped per master, keeping each call's result across attempts: only
-    /// calls that have not run are sent again (after a reconnect or a fresh slot map), so no call
-    /// is applied twice because another master failed.
-    fn run<C: Call>(&mut self, batch: &Batch<C>, attempts: u32, backoff: Duration) -> (redis::RedisResult<Vec<C::Reply>>, u64) {
-        let mut results: Vec<Option<C::Reply>> = vec![None; batch.calls.len()];
-        let mut delay = backoff;
-        let mut retries = 0;
-        loop {
-            let (redirected, error) = match self.run_pending(batch, &mut results) {
-                Ok(redirected) => (redirected, None),
-                Err(e) => (0, Some(e)),
-            };
-            retries += redirected;
-            if results.iter().all(Option::is_some) {
-                let calls = results.into_iter().map(|r| r.expect("checked above")).collect();
-                return (Ok(calls), retries);
-            }
-            let error = error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "calls left unanswered")));
-            if retries + 1 >= u64::from(attempts) {
-                return (Err(error), retries);
-            }
-            retries += 1;
-            std::thread::sleep(delay);
-            delay *= 2;
-            let _ = self.read_slot_map();
-        }
-    }
-
-    /// One pass over the calls without a result; returns how many were redirected (MOVED/ASK or
-    /// NOSCRIPT) and run again through the cluster client.
-    fn run_pending<C: Call>(&mut self, batch: &Batch<C>, results: &mut [Option<C::Reply>]) -> redis::RedisResult<u64> {
-        let mut per_master: Vec<Vec<usize>> = vec![Vec::new(); self.masters.len()];
-        for (call, &slot) in batch.slots.iter().enumerate() {
-            if results[call].is_none() {
-                per_master[self.slot_owner[usize::from(slot)]].push(call);
-            }
-        }
-        let mut first_error = None;
-        let mut redirected = Vec::new();
-        for (master, calls) in per_master.into_iter().enumerate().filter(|(_, c)| !c.is_empty()) {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &call in &calls {
-                batch.calls[call].add_to(&mut pipe);
-            }
-            let replies: redis::RedisResult<Vec<redis::RedisResult<C::Reply>>> =
-                self.master(master).and_then(|conn| pipe.query(conn));
-            let replies = match replies {
-                Ok(replies) => replies,
-                Err(e) => {
-                    // This master's calls stay pending; a new connection is opened next pass.
-                    self.masters[master].2 = None;
-                    first_error.get_or_insert(e);
-                    continue;
-                }
-            };
-            for (call, reply) in calls.into_iter().zip(replies) {
-                match reply {
-                    Ok(reply) => results[call] = Some(reply),
-                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                        load_on_all_masters(&mut self.cluster)?;
-                        redirected.push(call);
-                    }
-                    // MOVED/ASK: the call did not run on this node.
-                    Err(e) if e.is_cluster_error() => redirected.push(call),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-        }
-        let redirects = redirected.len() as u64;
-        if !redirected.is_empty() {
-            for call in redirected {
-                match batch.calls[call].run_through(&mut self.cluster) {
-                    Ok(reply) => results[call] = Some(reply),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-            self.read_slot_map()?;
-        }
-        first_error.map_or(Ok(redirects), Err)
-    }
-}
-
-impl Target {
-    fn connect(&self) -> redis::RedisResult<Conn> {
-        match self {
-            Target::Single(client) => client.get_connection().map(Conn::Single),
-            Target::Cluster { seed, cluster } => ClusterConn::open(seed, cluster).map(|c| Conn::Cluster(Box::new(c))),
-        }
-    }
-}
-
-/// Calls covering a set of keys: the calls, each call's hash slot (all its keys share it in
-/// cluster mode), and for each key reply (in call order) the index of its key.
-struct Batch<C> {
-    calls: Vec<C>,
-    slots: Vec<u16>,
-    order: Vec<usize>,
-}
-
-/// A connection that reconnects, and retries with exponential backoff, when Redis goes away; and
-/// loads the script and retries on NOSCRIPT (after a Redis restart or `SCRIPT FLUSH`).
-struct Link {
-    target: Target,
-    conn: Conn,
-    attempts: u32,
-    backoff: Duration,
-}
-
-impl Link {
-    fn open(target: Target, config: &RedisStoreConfig) -> Result<Link, StoreError> {
-        let conn = target.connect().map_err(unavailable)?;
-        Ok(Link { target, conn, attempts: config.attempts, backoff: config.retry_backoff })
-    }
-
-    /// Runs `batch`; also returns how many failed attempts were retried. A cluster retries call by
-    /// call (`ClusterConn::run`); a single Redis runs the batch as one pipeline, retried whole.
-    fn query<C: Call>(&mut self, batch: &Batch<C>) -> (Result<Vec<C::Reply>, StoreError>, u64) {
-        if let Conn::Cluster(conn) = &mut self.conn {
-            let (result, retries) = conn.run(batch, self.attempts, self.backoff);
-            return (result.map_err(unavailable), retries);
-        }
-        let mut pipe = redis::pipe();
-        for call in &batch.calls {
-            call.add_to(&mut pipe);
-        }
-        let mut delay = self.backoff;
-        let mut retries = 0;
-        loop {
-            let Conn::Single(conn) = &mut self.conn else { unreachable!("handled above") };
-            let error = match pipe.query(conn) {
-                Ok(replies) => return (Ok(replies), retries),
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    APPLY_WINDOW.prepare_invoke().load(conn).err()
-                }
-                Err(e) => Some(e),
-            };
-            if let Some(e) = error {
-                if retries + 1 >= u64::from(self.attempts) {
-                    return (Err(unavailable(e)), retries);
-                }
-                std::thread::sleep(delay);
-                delay *= 2;
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    if let Ok(conn) = self.target.connect() {
-                        self.conn = conn;
-                    }
-                }
-            }
-            retries += 1;
-        }
-    }
-}
-
-/// Every master needs the script: SCRIPT LOAD routed to all of them.
-fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<()> {
-    let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(include_str!("../../lua/apply_window.lua"));
-    let route = redis::cluster_routing::RoutingInfo::MultiNode((
-        redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
-        None,
-    ));
-    conn.route_command(&load, route).map(drop)
 }
 
 struct Inflight {
@@ -515,19 +225,6 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
         out.push(char::from(HEX[usize::from(byte >> 4)]));
         out.push(char::from(HEX[usize::from(byte & 15)]));
     }
-}
-
-/// The Redis Cluster hash slot of a key (CRC16/XMODEM mod 16384). vigil's keys never hold `{`,
-/// so the whole key is hashed.
-fn slot(key: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in key.as_bytes() {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc % 16384
 }
 
 /// Most slots one write may delete: a head that moved further is merged by the script instead.
@@ -651,85 +348,6 @@ fn add_offsets(call: &mut ScriptCall, deltas: &[Observation]) {
     }
 }
 
-/// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
-/// tens of thousands of arguments, and one allocation each would dominate the client's time.
-#[derive(Default)]
-struct ScriptCall {
-    keys: Vec<u8>,
-    key_ends: Vec<usize>,
-    args: Vec<u8>,
-    arg_ends: Vec<usize>,
-}
-
-/// Width of a count written before what it counts is known (Lua's tonumber reads leading zeros).
-const PLACEHOLDER: usize = 10;
-
-impl ScriptCall {
-    fn key(&mut self, name: &[u8]) {
-        self.keys.extend_from_slice(name);
-        self.key_ends.push(self.keys.len());
-    }
-
-    fn arg(&mut self, bytes: &[u8]) {
-        self.args.extend_from_slice(bytes);
-        self.arg_ends.push(self.args.len());
-    }
-
-    fn int(&mut self, n: i64) {
-        self.arg(itoa::Buffer::new().format(n).as_bytes());
-    }
-
-    /// The shortest text that parses back to the same double (what `{:?}` prints).
-    fn float(&mut self, x: f64) {
-        use std::io::Write;
-        let _ = write!(self.args, "{x:?}");
-        self.arg_ends.push(self.args.len());
-    }
-
-    /// How many arguments so far.
-    fn args(&self) -> usize {
-        self.arg_ends.len()
-    }
-
-    /// Reserves an argument for a count filled in later by `fill`.
-    fn placeholder(&mut self) -> usize {
-        self.arg(&[b'0'; PLACEHOLDER]);
-        self.arg_ends.len() - 1
-    }
-
-    fn fill(&mut self, placeholder: usize, count: usize) {
-        let end = self.arg_ends[placeholder];
-        let text = format!("{count:0PLACEHOLDER$}");
-        self.args[end - PLACEHOLDER..end].copy_from_slice(text.as_bytes());
-    }
-
-    /// Where the arguments end now, to `truncate` back to.
-    fn mark(&self) -> (usize, usize) {
-        (self.args.len(), self.arg_ends.len())
-    }
-
-    fn truncate(&mut self, (bytes, args): (usize, usize)) {
-        self.args.truncate(bytes);
-        self.arg_ends.truncate(args);
-    }
-
-    fn cmd(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(APPLY_WINDOW.get_hash()).arg(self.key_ends.len());
-        let mut start = 0;
-        for &end in &self.key_ends {
-            cmd.arg(&self.keys[start..end]);
-            start = end;
-        }
-        let mut start = 0;
-        for &end in &self.arg_ends {
-            cmd.arg(&self.args[start..end]);
-            start = end;
-        }
-        cmd
-    }
-}
-
 /// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
 /// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
 fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError> {
@@ -808,10 +426,6 @@ pub struct RedisStore {
     flusher: Option<std::thread::JoinHandle<()>>,
     last_flush: Instant,
     stats: RedisStats,
-}
-
-fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
 }
 
 impl RedisStore {
@@ -1386,18 +1000,5 @@ impl Drop for RedisStore {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slot;
-
-    #[test]
-    fn slots_follow_the_cluster_spec() {
-        // The Redis Cluster specification's CRC16 check value, and slots redis-cli reports.
-        assert_eq!(slot("123456789"), 0x31C3);
-        assert_eq!(slot("foo"), 12182);
-        assert_eq!(slot("bar"), 5061);
     }
 }

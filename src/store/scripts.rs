@@ -4,7 +4,129 @@
 
 use std::sync::LazyLock;
 
+use super::link::{Call, CallReply};
+
 /// Applies a key's pending deltas, refuses late ones, prunes, refreshes the TTL and returns the
 /// key's window (see the header of `lua/apply_window.lua` for the protocol).
 pub static APPLY_WINDOW: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../lua/apply_window.lua")));
+
+/// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
+/// tens of thousands of arguments, and one allocation each would dominate the client's time.
+#[derive(Default)]
+pub(super) struct ScriptCall {
+    keys: Vec<u8>,
+    key_ends: Vec<usize>,
+    args: Vec<u8>,
+    arg_ends: Vec<usize>,
+}
+
+/// Width of a count written before what it counts is known (Lua's tonumber reads leading zeros).
+const PLACEHOLDER: usize = 10;
+
+impl ScriptCall {
+    pub(super) fn key(&mut self, name: &[u8]) {
+        self.keys.extend_from_slice(name);
+        self.key_ends.push(self.keys.len());
+    }
+
+    pub(super) fn arg(&mut self, bytes: &[u8]) {
+        self.args.extend_from_slice(bytes);
+        self.arg_ends.push(self.args.len());
+    }
+
+    pub(super) fn int(&mut self, n: i64) {
+        self.arg(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    /// The shortest text that parses back to the same double (what `{:?}` prints).
+    pub(super) fn float(&mut self, x: f64) {
+        use std::io::Write;
+        let _ = write!(self.args, "{x:?}");
+        self.arg_ends.push(self.args.len());
+    }
+
+    /// How many arguments so far.
+    pub(super) fn args(&self) -> usize {
+        self.arg_ends.len()
+    }
+
+    /// Reserves an argument for a count filled in later by `fill`.
+    pub(super) fn placeholder(&mut self) -> usize {
+        self.arg(&[b'0'; PLACEHOLDER]);
+        self.arg_ends.len() - 1
+    }
+
+    pub(super) fn fill(&mut self, placeholder: usize, count: usize) {
+        let end = self.arg_ends[placeholder];
+        let text = format!("{count:0PLACEHOLDER$}");
+        self.args[end - PLACEHOLDER..end].copy_from_slice(text.as_bytes());
+    }
+
+    /// Where the arguments end now, to `truncate` back to.
+    pub(super) fn mark(&self) -> (usize, usize) {
+        (self.args.len(), self.arg_ends.len())
+    }
+
+    pub(super) fn truncate(&mut self, (bytes, args): (usize, usize)) {
+        self.args.truncate(bytes);
+        self.arg_ends.truncate(args);
+    }
+
+    pub(super) fn cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(APPLY_WINDOW.get_hash()).arg(self.key_ends.len());
+        let mut start = 0;
+        for &end in &self.key_ends {
+            cmd.arg(&self.keys[start..end]);
+            start = end;
+        }
+        let mut start = 0;
+        for &end in &self.arg_ends {
+            cmd.arg(&self.args[start..end]);
+            start = end;
+        }
+        cmd
+    }
+}
+
+impl Call for ScriptCall {
+    type Reply = CallReply;
+    fn add_to(&self, pipe: &mut redis::Pipeline) {
+        pipe.add_command(self.cmd());
+    }
+    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<CallReply> {
+        self.cmd().query(conn)
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_filled_in_place_and_truncation_drops_arguments() {
+        let mut call = ScriptCall::default();
+        call.key(b"vg:r:1");
+        let count = call.placeholder();
+        call.int(-5);
+        call.float(0.1);
+        let mark = call.mark();
+        call.arg(b"dropped");
+        call.truncate(mark);
+        call.fill(count, 2);
+        let args: Vec<Vec<u8>> = call
+            .cmd()
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(args[0], b"EVALSHA");
+        assert_eq!(args[1], APPLY_WINDOW.get_hash().as_bytes());
+        let rest: Vec<&[u8]> = args[2..].iter().map(Vec::as_slice).collect();
+        assert_eq!(rest, [&b"1"[..], b"vg:r:1", b"0000000002", b"-5", b"0.1"]);
+    }
+}
