@@ -159,6 +159,7 @@ impl ClusterConn {
         }
         let mut first_error = None;
         let mut redirected = Vec::new();
+        let mut reload = false;
         for (master, calls) in per_master.into_iter().enumerate().filter(|(_, c)| !c.is_empty()) {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
@@ -179,8 +180,8 @@ impl ClusterConn {
             for (call, reply) in calls.into_iter().zip(replies) {
                 match reply {
                     Ok(reply) => results[call] = Some(reply),
-                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                        load_on_all_masters(&mut self.cluster)?;
+                    Err(e) if is_noscript(&e) => {
+                        reload = true;
                         redirected.push(call);
                     }
                     // MOVED/ASK: the call did not run on this node.
@@ -190,6 +191,10 @@ impl ClusterConn {
                     }
                 }
             }
+        }
+        if reload {
+            // Once for every call that met NOSCRIPT.
+            load_on_all_masters(&mut self.cluster)?;
         }
         let redirects = redirected.len() as u64;
         if !redirected.is_empty() {
@@ -245,8 +250,9 @@ impl Link {
         Ok(Link { target, conn, attempts: config.attempts, backoff: config.retry_backoff })
     }
 
-    /// Runs `batch`; also returns how many failed attempts were retried. A cluster retries call by
-    /// call (`ClusterConn::run`); a single Redis runs the batch as one pipeline, retried whole.
+    /// Runs `batch`; also returns how many failed attempts were retried. Both a cluster
+    /// (`ClusterConn::run`) and a single Redis keep each call's result and retry only the calls
+    /// that have none.
     pub(super) fn query<C: Call>(&mut self, batch: &Batch<C>) -> (Result<Vec<C::Reply>, StoreError>, u64) {
         if let Conn::Cluster(conn) = &mut self.conn {
             let (result, retries) = conn.run(batch, self.attempts, self.backoff);
@@ -268,16 +274,18 @@ impl Link {
             }
             let error = match pipe.query::<Vec<redis::RedisResult<C::Reply>>>(conn) {
                 Ok(replies) => {
-                    let mut error = None;
+                    let (mut error, mut reload) = (None, false);
                     for (i, reply) in waiting.into_iter().zip(replies) {
                         match reply {
                             Ok(reply) => results[i] = Some(reply),
-                            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                                if let Err(load) = APPLY_WINDOW.prepare_invoke().load(conn) {
-                                    error = Some(load);
-                                }
-                            }
+                            Err(e) if is_noscript(&e) => reload = true,
                             Err(e) => error = Some(e),
+                        }
+                    }
+                    if reload {
+                        // Once for every call that met NOSCRIPT.
+                        if let Err(load) = APPLY_WINDOW.prepare_invoke().load(conn) {
+                            error = Some(load);
                         }
                     }
                     if results.iter().all(Option::is_some) {
@@ -311,6 +319,11 @@ impl Link {
             retries += 1;
         }
     }
+}
+
+/// The script cache no longer holds the script (Redis restarted, or `SCRIPT FLUSH`).
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// Every master needs the script: SCRIPT LOAD routed to all of them.

@@ -121,6 +121,32 @@ struct Dirty {
 }
 
 impl Dirty {
+    /// A key with `pending` observations (the oldest counted as `pending_oldest`) over a view of
+    /// Redis at `version`, nothing in flight.
+    fn new(
+        state: WindowState,
+        version: Option<u64>,
+        base_head: Option<i64>,
+        refreshed: Option<Instant>,
+        offsets: Offsets,
+        pending: Vec<Observation>,
+        pending_oldest: Option<u64>,
+    ) -> Dirty {
+        Dirty {
+            state,
+            version,
+            base_head,
+            sent_head: None,
+            refreshed,
+            refresh_sent: false,
+            offsets,
+            inflight: Vec::new(),
+            inflight_oldest: None,
+            pending,
+            pending_oldest,
+        }
+    }
+
     /// Puts the in-flight deltas back in front of those counted since, to be sent again.
     fn send_again(&mut self) {
         let mut again = std::mem::take(&mut self.inflight);
@@ -773,20 +799,17 @@ impl RedisStore {
                     }
                     (dirty.state, Some(version), dirty.sent_head, offsets)
                 }
-                Ok(Reply::Window { version, mut state, offsets }) => {
+                Ok(reply @ (Reply::Window { .. } | Reply::Empty)) => {
                     // The window as Redis has it now, plus what was counted since it was sent.
+                    let (mut state, version, offsets) = match reply {
+                        Reply::Window { version, state, offsets } => (state, version, offsets),
+                        _ => (WindowState::new(spec.aggregate), 0, Offsets::new()),
+                    };
                     let base_head = state.head();
                     for o in &dirty.pending {
                         state.apply(&spec, o.bucket, o.delta);
                     }
                     (state, Some(version), base_head, offsets)
-                }
-                Ok(Reply::Empty) => {
-                    let mut state = WindowState::new(spec.aggregate);
-                    for o in &dirty.pending {
-                        state.apply(&spec, o.bucket, o.delta);
-                    }
-                    (state, Some(0), None, Offsets::new())
                 }
                 Ok(Reply::Stale) => unreachable!("handled above"),
                 Err(e) => {
@@ -799,19 +822,7 @@ impl RedisStore {
             if dirty.pending.is_empty() {
                 self.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
             } else {
-                let dirty = Dirty {
-                    state,
-                    version,
-                    base_head,
-                    sent_head: None,
-                    refreshed,
-                    refresh_sent: false,
-                    offsets,
-                    inflight: Vec::new(),
-                    inflight_oldest: None,
-                    pending: dirty.pending,
-                    pending_oldest: dirty.pending_oldest,
-                };
+                let dirty = Dirty::new(state, version, base_head, refreshed, offsets, dirty.pending, dirty.pending_oldest);
                 self.dirty.insert(key, dirty);
             }
         }
@@ -908,19 +919,10 @@ impl CounterStore for RedisStore {
                     let counted = matches!(applied, Applied::Counted(_));
                     if counted {
                         let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                        let dirty = Dirty {
-                            state,
-                            version: clean.version,
-                            base_head: clean.state.head(),
-                            sent_head: None,
-                            refreshed: clean.refreshed,
-                            refresh_sent: false,
-                            offsets: clean.offsets.clone(),
-                            inflight: Vec::new(),
-                            inflight_oldest: None,
-                            pending: vec![observation],
-                            pending_oldest: Some(index),
-                        };
+                        let base_head = clean.state.head();
+                        let offsets = clean.offsets.clone();
+                        let dirty =
+                            Dirty::new(state, clean.version, base_head, clean.refreshed, offsets, vec![observation], Some(index));
                         self.dirty.insert(stored, dirty);
                     }
                     (applied, counted)
