@@ -8,8 +8,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 
+use std::sync::Arc;
+
+use vigil::clock::SystemClock;
 use vigil::config::{redact_url, Config};
-use vigil::event::decode;
+use vigil::event::{decode, TimeBounds};
 use vigil::pipeline::{self, Engine, ReplayOptions};
 use vigil::rule_files::{self, LoadError};
 use vigil::rules::RuleSet;
@@ -68,19 +71,46 @@ fn open_input(input: &Path) -> Option<Box<dyn BufRead>> {
     }
 }
 
+/// Where `vigil replay --redis` counts.
+pub struct ReplayRedis {
+    pub url: String,
+    pub tls_ca_file: Option<PathBuf>,
+    /// The input's identity for exactly-once counting (`--input-id`).
+    pub input_id: Option<String>,
+}
+
+/// The identity of a replay input: `--input-id`, else a regular file's content digest (the same
+/// bytes are the same input), else a fresh random name (stdin cannot be read twice).
+fn input_identity(input: &Path, input_id: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    if let Some(id) = input_id {
+        return Ok([b"id:", id.as_bytes()].concat());
+    }
+    if input != Path::new("-") && std::fs::metadata(input).is_ok_and(|m| m.is_file()) {
+        let mut hasher = blake3::Hasher::new();
+        let file = File::open(input).with_context(|| format!("{}: cannot open input", input.display()))?;
+        hasher.update_reader(file).with_context(|| format!("{}: cannot read input", input.display()))?;
+        return Ok([b"content:", hasher.finalize().as_bytes().as_slice()].concat());
+    }
+    let random: [u8; 16] = rand::random();
+    Ok([b"run:", random.as_slice()].concat())
+}
+
 /// `vigil replay`: decisions to stdout, bad lines and the summary to stderr.
 pub fn replay(
     rules_path: &Path,
     input: &Path,
-    redis: Option<(String, Option<PathBuf>)>,
-    options: ReplayOptions,
+    redis: Option<ReplayRedis>,
+    mut options: ReplayOptions,
+    bounds: TimeBounds,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
+    let clock = Arc::new(SystemClock);
     match redis {
-        None => run_replay(Engine::new(rules, MemoryStore::new()), reader, options, |_| {}),
-        Some((url, tls_ca_file)) => {
-            let config = RedisStoreConfig { tls_ca_file, ..RedisStoreConfig::default() };
+        None => run_replay(Engine::new(rules, MemoryStore::new()).with_time(bounds, clock), reader, options, |_| {}),
+        Some(ReplayRedis { url, tls_ca_file, input_id }) => {
+            options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
+            let config = RedisStoreConfig { tls_ca_file, max_lateness: bounds.max_lateness_ms, ..RedisStoreConfig::default() };
             let store = match RedisStore::connect(&url, config) {
                 Ok(store) => store,
                 Err(e) => {
@@ -88,7 +118,7 @@ pub fn replay(
                     return Ok(ExitCode::from(1));
                 }
             };
-            run_replay(Engine::new(rules, store), reader, options, |store: &RedisStore| {
+            run_replay(Engine::new(rules, store).with_time(bounds, clock), reader, options, |store: &RedisStore| {
                 let s = store.stats();
                 eprintln!(
                     "redis: {} script calls ({} flushes, {} key loads), {} retries, {} refused late",
@@ -317,14 +347,14 @@ pub fn bench_kafka(args: vigil::kafka_bench::KafkaBenchArgs) -> anyhow::Result<E
 }
 
 /// `vigil backtest`: replay plus the per-rule report, as a table or `--json`.
-pub fn backtest(rules_path: &Path, input: &Path, json: bool) -> anyhow::Result<ExitCode> {
+pub fn backtest(rules_path: &Path, input: &Path, json: bool, bounds: TimeBounds) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
     let total = std::fs::metadata(input).ok().filter(|m| m.is_file()).map(|m| m.len());
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
-    let mut engine = Engine::new(rules, MemoryStore::new());
+    let mut engine = Engine::new(rules, MemoryStore::new()).with_time(bounds, Arc::new(SystemClock));
     let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
         if show_progress {
             let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);

@@ -24,6 +24,7 @@ pub struct Config {
     pub kafka: KafkaConfig,
     pub redis: RedisConfig,
     pub rules: RulesConfig,
+    pub input: InputConfig,
     pub http: HttpConfig,
     pub worker: WorkerConfig,
     pub log: LogConfig,
@@ -83,6 +84,27 @@ pub struct RulesConfig {
     /// How often the rule files are checked for changes.
     #[serde(deserialize_with = "duration")]
     pub reload_interval: Duration,
+}
+
+/// Bounds on event time (`"off"` disables one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputConfig {
+    /// An event more than this far ahead of the wall clock is dead-lettered (`future_ts`): one
+    /// event from a wrong clock cannot move a key's window into the future.
+    #[serde(deserialize_with = "bound")]
+    pub max_future_skew: Option<Duration>,
+    /// Each partition's watermark is its newest accepted event time minus this; an older event is
+    /// late for every counter. Also how long Redis keeps a key beyond its window.
+    #[serde(deserialize_with = "bound")]
+    pub max_lateness: Option<Duration>,
+}
+
+impl InputConfig {
+    pub fn time_bounds(&self) -> crate::event::TimeBounds {
+        let ms = |d: Option<Duration>| d.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        crate::event::TimeBounds { max_future_skew_ms: ms(self.max_future_skew), max_lateness_ms: ms(self.max_lateness) }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -192,6 +214,7 @@ impl Config {
             cache_capacity: self.redis.cache_capacity,
             cache_time_to_idle: self.redis.cache_time_to_idle,
             tls_ca_file: self.redis.tls_ca_file.clone(),
+            max_lateness: self.input.time_bounds().max_lateness_ms,
         }
     }
 }
@@ -290,6 +313,20 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         .map_err(|e| D::Error::custom(format!("invalid duration {text:?}: {e} (write e.g. \"50ms\", \"2s\", \"10m\")")))
 }
 
+/// A time bound: a duration, or `"off"` for none.
+pub fn parse_bound(text: &str) -> Result<Option<Duration>, String> {
+    if text == "off" {
+        return Ok(None);
+    }
+    humantime::parse_duration(text)
+        .map(Some)
+        .map_err(|e| format!("invalid duration {text:?}: {e} (write e.g. \"5m\", \"1h\", or \"off\")"))
+}
+
+fn bound<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    parse_bound(&String::deserialize(d)?).map_err(D::Error::custom)
+}
+
 /// librdkafka properties are strings; TOML numbers and booleans are accepted and written out.
 fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     let table = BTreeMap::<String, toml::Value>::deserialize(d)?;
@@ -374,6 +411,7 @@ mod tests {
         assert_eq!(config.redis.url, None);
         assert_eq!(config.http.listen, "127.0.0.1:9464".parse().unwrap());
         assert_eq!(config.worker.max_event_bytes, 1 << 20);
+        assert_eq!(config.input.time_bounds(), crate::event::TimeBounds::default());
         assert_eq!(parse("", &[]).unwrap_err(), "vigil.toml: `kafka`: missing field `brokers`");
     }
 
@@ -421,6 +459,20 @@ mod tests {
             .starts_with("VIGIL_QUEUE_SIZE: `queue`: unknown section"));
         let error = parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_REDIS_FLUSH", "1s")]).unwrap_err();
         assert!(error.starts_with("VIGIL_REDIS_FLUSH: `redis.flush`: unknown field `flush`"), "{error}");
+    }
+
+    #[test]
+    fn time_bounds_take_durations_or_off() {
+        let text = "[kafka]\nbrokers = \"k\"\n[input]\nmax_future_skew = \"off\"\nmax_lateness = \"90s\"\n";
+        let bounds = parse(text, &[]).unwrap().input.time_bounds();
+        assert_eq!(bounds, crate::event::TimeBounds { max_future_skew_ms: None, max_lateness_ms: Some(90_000) });
+        let bounds = parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_INPUT_MAX_LATENESS", "off")]).unwrap().input.time_bounds();
+        assert_eq!(bounds.max_lateness_ms, None);
+        assert_eq!(
+            parse("[kafka]\nbrokers = \"k\"\n[input]\nmax_lateness = \"never\"\n", &[]).unwrap_err(),
+            "vigil.toml:4:1: `input.max_lateness`: invalid duration \"never\": expected number at 0 \
+             (write e.g. \"5m\", \"1h\", or \"off\")"
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub enum BadEvent {
     MissingTs,
     #[error("unusable ts: {0}")]
     BadTs(String),
+    /// More than `max_future_skew` ahead of the wall clock: it could poison future buckets.
+    #[error("ts {ts} is more than {skew_ms} ms ahead of the wall clock ({now})")]
+    FutureTs { ts: i64, now: i64, skew_ms: i64 },
 }
 
 impl BadEvent {
@@ -36,6 +39,7 @@ impl BadEvent {
             BadEvent::NotAnObject(_) => "not_an_object",
             BadEvent::MissingTs => "missing_ts",
             BadEvent::BadTs(_) => "bad_ts",
+            BadEvent::FutureTs { .. } => "future_ts",
         }
     }
 }
@@ -323,33 +327,82 @@ pub fn decode<'a>(input: &'a [u8], projection: &Projection) -> Result<Event<'a>,
     Ok(Event { ts, fields })
 }
 
-/// `ts` as a non-negative JSON integer of epoch milliseconds, or an RFC 3339 string.
+/// The latest usable event time: the last millisecond of year 9999.
+pub const MAX_TS_MS: i64 = 253_402_300_799_999;
+
+/// Longest prefix of an input value quoted in a diagnostic: a hostile event cannot make the error
+/// text (a log line, a dead-letter header) as large as itself.
+const QUOTED_PREFIX: usize = 64;
+
+/// `s` for a message: whole if short, else its first characters and how long it was.
+pub fn quote_prefix(s: &str) -> String {
+    match s.char_indices().nth(QUOTED_PREFIX) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+/// `ts` as a JSON integer of epoch milliseconds in `0..=MAX_TS_MS`, or an RFC 3339 string in that
+/// range (fractions finer than a millisecond are truncated).
 pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
+    let out_of_range = |what: String| BadEvent::BadTs(format!("{what} is outside 0..={MAX_TS_MS} (1970 to the end of 9999)"));
     match value {
         FieldValue::Missing => Err(BadEvent::MissingTs),
-        FieldValue::Number(Number::Int(ms)) if *ms >= 0 => Ok(*ms),
-        FieldValue::Number(Number::UInt(ms)) => i64::try_from(*ms)
-            .map_err(|_| BadEvent::BadTs(format!("{ms} is out of range"))),
-        FieldValue::Number(Number::Int(ms)) => {
-            Err(BadEvent::BadTs(format!("{ms} is negative")))
-        }
+        FieldValue::Number(Number::Int(ms)) if (0..=MAX_TS_MS).contains(ms) => Ok(*ms),
+        FieldValue::Number(Number::Int(ms)) => Err(out_of_range(ms.to_string())),
+        FieldValue::Number(Number::UInt(ms)) => Err(out_of_range(ms.to_string())),
         FieldValue::Number(Number::Float(f)) => Err(BadEvent::BadTs(format!(
             "{f} is not an integer number of milliseconds"
         ))),
         FieldValue::Str(s) => {
             let parsed = chrono::DateTime::parse_from_rfc3339(s)
-                .map_err(|e| BadEvent::BadTs(format!("{s:?} is not RFC 3339 ({e})")))?;
+                .map_err(|e| BadEvent::BadTs(format!("{} is not RFC 3339 ({e})", quote_prefix(s))))?;
             let ms = parsed.timestamp_millis();
-            if ms < 0 {
-                Err(BadEvent::BadTs(format!("{s:?} is before 1970")))
-            } else {
+            if (0..=MAX_TS_MS).contains(&ms) {
                 Ok(ms)
+            } else {
+                Err(out_of_range(quote_prefix(s)))
             }
         }
         other => Err(BadEvent::BadTs(format!(
             "expected an integer or an RFC 3339 string, found {}",
             other.kind()
         ))),
+    }
+}
+
+/// Bounds on event time relative to the wall clock and to the newest event of an input (DESIGN
+/// §3.5). `None` disables a bound (`off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeBounds {
+    /// An event more than this far ahead of the wall clock is a bad event (`future_ts`).
+    pub max_future_skew_ms: Option<i64>,
+    /// An event older than its input's newest accepted event minus this is late for every counter.
+    pub max_lateness_ms: Option<i64>,
+}
+
+impl Default for TimeBounds {
+    fn default() -> Self {
+        TimeBounds { max_future_skew_ms: Some(5 * 60_000), max_lateness_ms: Some(3_600_000) }
+    }
+}
+
+impl TimeBounds {
+    /// No bound at all.
+    pub const OFF: TimeBounds = TimeBounds { max_future_skew_ms: None, max_lateness_ms: None };
+
+    /// Refuses an event too far ahead of `now_ms` (wall clock, epoch ms).
+    pub fn check_future(&self, ts: i64, now_ms: i64) -> Result<(), BadEvent> {
+        match self.max_future_skew_ms {
+            Some(skew_ms) if ts > now_ms.saturating_add(skew_ms) => Err(BadEvent::FutureTs { ts, now: now_ms, skew_ms }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The watermark of an input whose newest accepted event time is `newest`: events before it
+    /// are late for every counter. `None` without a lateness bound.
+    pub fn watermark(&self, newest: i64) -> Option<i64> {
+        self.max_lateness_ms.map(|lateness| newest.saturating_sub(lateness))
     }
 }
 
@@ -574,6 +627,34 @@ mod tests {
         assert_eq!(err(br#"{"ts":"yesterday"}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":null}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":"1969-12-31T23:59:59Z"}"#), "bad_ts");
+        // The range ends with year 9999; sub-millisecond fractions are truncated.
+        assert_eq!(decode(br#"{"ts":253402300799999}"#, &p).unwrap().ts, MAX_TS_MS);
+        assert_eq!(decode(br#"{"ts":"9999-12-31T23:59:59.9999999Z"}"#, &p).unwrap().ts, MAX_TS_MS);
+        assert_eq!(decode(br#"{"ts":"2023-06-01T00:00:00.0019Z"}"#, &p).unwrap().ts, 1_685_577_600_001);
+        assert_eq!(err(br#"{"ts":253402300800000}"#), "bad_ts");
+        assert_eq!(err(br#"{"ts":9223372036854775807}"#), "bad_ts");
+        assert_eq!(err(br#"{"ts":18446744073709551615}"#), "bad_ts");
+        assert_eq!(err(br#"{"ts":"1685577601000"}"#), "bad_ts");
+    }
+
+    #[test]
+    fn a_long_ts_string_is_quoted_by_a_bounded_prefix() {
+        let p = Projection::new();
+        let line = format!(r#"{{"ts":"{}"}}"#, "9".repeat(1 << 20));
+        let message = decode(line.as_bytes(), &p).unwrap_err().to_string();
+        assert!(message.len() < 300, "{} bytes", message.len());
+        assert!(message.contains("(1048576 bytes)"), "{message}");
+    }
+
+    #[test]
+    fn time_bounds_refuse_the_future_and_place_the_watermark() {
+        let bounds = TimeBounds::default();
+        let now = 1_700_000_000_000;
+        assert_eq!(bounds.check_future(now + 300_000, now), Ok(()));
+        assert_eq!(bounds.check_future(now + 300_001, now).unwrap_err().code(), "future_ts");
+        assert_eq!(TimeBounds::OFF.check_future(MAX_TS_MS, now), Ok(()));
+        assert_eq!(bounds.watermark(now), Some(now - 3_600_000));
+        assert_eq!(TimeBounds::OFF.watermark(now), None);
     }
 
     #[test]

@@ -47,6 +47,7 @@
 //!             committer: store write-behind ─► durable mark ─► offsets stored ─► committed
 //! ```
 
+pub mod clock;
 pub mod config;
 pub mod event;
 pub mod kafka_bench;

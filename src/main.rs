@@ -41,6 +41,13 @@ enum Command {
         /// CA certificate (PEM) that signed a rediss:// server's certificate.
         #[arg(long, value_name = "FILE", requires = "redis")]
         redis_ca: Option<PathBuf>,
+        /// With --redis: the name under which this input's lines are recorded as counted, so
+        /// replaying the same input again never counts a line twice. Default: the file's content
+        /// digest; for stdin, a fresh name per run.
+        #[arg(long, value_name = "NAME", requires = "redis")]
+        input_id: Option<String>,
+        #[command(flatten)]
+        bounds: BoundArgs,
     },
     /// Run the Kafka worker: consume events, count, decide, produce decisions (until SIGTERM/SIGINT).
     Run {
@@ -85,6 +92,8 @@ enum Command {
         /// The report as JSON on stdout instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        bounds: BoundArgs,
     },
     /// Measure single-threaded replay throughput and peak memory on a generated workload.
     Bench {
@@ -111,6 +120,32 @@ enum Command {
         #[command(flatten)]
         workload: WorkloadArgs,
     },
+}
+
+/// Bounds on event time.
+#[derive(clap::Args)]
+struct BoundArgs {
+    /// Events more than this far ahead of the wall clock are bad lines (future_ts); "off" disables.
+    #[arg(long, value_name = "DURATION|off", default_value = "5m", value_parser = parse_bound)]
+    max_future_skew: Bound,
+    /// Events older than the newest event so far minus this are late for every counter; "off"
+    /// disables (and keeps every key's state for the whole run).
+    #[arg(long, value_name = "DURATION|off", default_value = "1h", value_parser = parse_bound)]
+    max_lateness: Bound,
+}
+
+/// A duration, or none for `off`.
+#[derive(Clone, Copy)]
+struct Bound(Option<std::time::Duration>);
+
+fn parse_bound(text: &str) -> Result<Bound, String> {
+    vigil::config::parse_bound(text).map(Bound)
+}
+
+impl BoundArgs {
+    fn time_bounds(&self) -> vigil::event::TimeBounds {
+        vigil::config::InputConfig { max_future_skew: self.max_future_skew.0, max_lateness: self.max_lateness.0 }.time_bounds()
+    }
 }
 
 /// The shape of a generated workload.
@@ -146,9 +181,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
-        Command::Replay { rules, input, emit_allow, redis, redis_ca } => {
-            let redis = redis.map(|url| (url, redis_ca));
-            app::replay(&rules, &input, redis, ReplayOptions { emit_allow })
+        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, bounds } => {
+            let redis = redis.map(|url| app::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
+            app::replay(&rules, &input, redis, ReplayOptions { emit_allow, lane: 0 }, bounds.time_bounds())
         }
         Command::Run { config } => app::run(&config),
         Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {
@@ -157,7 +192,7 @@ fn main() -> ExitCode {
             let spec = WorkloadSpec { rate_per_sec: rate, events, ips: ips.max(1), fraud: fraud.clamp(0.0, 1.0), ..workload.spec() };
             app::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
-        Command::Backtest { rules, input, json } => app::backtest(&rules, &input, json),
+        Command::Backtest { rules, input, json, bounds } => app::backtest(&rules, &input, json, bounds.time_bounds()),
         Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload } => {
             let _ = input;
             app::bench_kafka(vigil::kafka_bench::KafkaBenchArgs {

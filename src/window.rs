@@ -46,12 +46,12 @@ impl WindowSpec {
         ts_ms.div_euclid(self.bucket_ms)
     }
 
-    /// Whether a key whose newest bucket is `head` can never again affect an event that is at most
-    /// `lateness_ms` older than `newest_ts`: its whole window ends a full window plus that lateness
-    /// before the newest event seen. Any such event's window starts after `head`.
-    pub fn is_expired(&self, head: i64, newest_ts: i64, lateness_ms: i64) -> bool {
-        let window_end = head.saturating_add(1).saturating_mul(self.bucket_ms);
-        window_end.saturating_add(self.window_ms()).saturating_add(lateness_ms) <= newest_ts
+    /// Whether a key whose newest bucket is `head` is indistinguishable from a key never counted
+    /// for every event at or after `horizon_ms`: such an event's bucket `i` is at least `head + k`,
+    /// so counting it slides every stored bucket out (and it is never late), and reading at it
+    /// sees none of them.
+    pub fn can_drop(&self, head: i64, horizon_ms: i64) -> bool {
+        self.bucket_of(horizon_ms) >= head.saturating_add(self.buckets)
     }
 }
 
@@ -513,10 +513,16 @@ mod tests {
     }
 
     #[test]
-    fn expiry_leaves_a_full_window_of_lateness() {
+    fn a_key_can_be_dropped_once_no_event_at_the_horizon_can_see_it() {
         let s = spec(Aggregate::Count, 1000, 10);
-        // Head bucket 9 ends at 10_000; +window 10_000 +lateness 10_000 = 30_000.
-        assert!(!s.is_expired(9, 29_999, 10_000));
-        assert!(s.is_expired(9, 30_000, 10_000));
+        // Head bucket 9: an event in bucket 18 (t = 18_999) still sees it (window 9..=18).
+        assert!(!s.can_drop(9, 18_999));
+        assert!(s.can_drop(9, 19_000));
+        let mut w = WindowState::new(Aggregate::Count);
+        w.apply(&s, 9, Delta::Count);
+        assert_eq!(w.apply(&s, 18, Delta::Count), Applied::Counted(2.0));
+        let mut w = WindowState::new(Aggregate::Count);
+        w.apply(&s, 9, Delta::Count);
+        assert_eq!(w.apply(&s, 19, Delta::Count), Applied::Counted(1.0), "as if it had been dropped");
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use support::{redis_totals, RedisServer};
+use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
 use vigil::store::{CounterStore, MemoryStore, Origin, RedisStore, RedisStoreConfig};
 use vigil::workload::{generate, WorkloadSpec};
@@ -275,8 +276,9 @@ fn replay_in_halves(
     let mut out = Vec::new();
     let mut engine = Engine::new(rules(), first);
     replay(&mut engine, head.as_slice(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    // The second half is another input (its line numbers start again at 1).
     let mut engine = Engine::new(rules(), between(engine.into_store()));
-    replay(&mut engine, tail.as_slice(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    replay(&mut engine, tail.as_slice(), &mut out, std::io::sink(), ReplayOptions { lane: 1, ..ReplayOptions::default() }).unwrap();
     (out, engine.into_store())
 }
 
@@ -311,16 +313,15 @@ fn a_new_process_continues_from_the_counters_in_redis() {
     assert_eq!(decisions(&out), decisions(&memory));
 }
 
-/// Counts `lines[range]` (each tagged lane 3, offset = its index unless `untagged`) with `store`,
-/// flushes and returns the store.
-fn count_lines(store: RedisStore, lines: &[&[u8]], range: std::ops::Range<usize>, untagged: bool) -> RedisStore {
-    let mut engine = Engine::new(vigil::rule_files::load(std::path::Path::new(RULES)).unwrap(), store);
+/// Counts `lines[range]` (each tagged `lane`, offset = its index) with `store`, flushes and
+/// returns the store.
+fn count_lines(store: RedisStore, lines: &[&[u8]], range: std::ops::Range<usize>, lane: u64) -> RedisStore {
+    let mut engine = Engine::new(vigil::rule_files::load(std::path::Path::new(RULES)).unwrap(), store)
+        .with_time(TimeBounds::OFF, std::sync::Arc::new(vigil::clock::SystemClock));
     for i in range {
         let line = lines[i].strip_suffix(b"\n").unwrap_or(lines[i]);
         let event = vigil::event::decode(line, engine.rules().projection()).unwrap();
-        let origin = (!untagged).then_some(Origin { lane: 3, offset: i as i64 });
-        engine.store_mut().set_origin(origin);
-        engine.evaluate(&event).unwrap();
+        engine.evaluate(&event, Origin { lane, offset: i as i64 }).unwrap();
     }
     let mut store = engine.into_store();
     store.flush().unwrap();
@@ -337,20 +338,20 @@ fn input_replayed_after_a_crash_is_judged_but_not_counted_again() {
     let connect = |redis: &RedisServer| RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
 
     let reference = RedisServer::start();
-    drop(count_lines(connect(&reference), &lines, 0..20_000, false));
+    drop(count_lines(connect(&reference), &lines, 0..20_000, 3));
 
     // The first process counted and flushed up to line 15 000 but its input position was only
     // committed up to 10 000 when it died; its successor reads 10 000.. again.
     let crashed = RedisServer::start();
-    drop(count_lines(connect(&crashed), &lines, 0..15_000, false));
-    let successor = count_lines(connect(&crashed), &lines, 10_000..20_000, false);
+    drop(count_lines(connect(&crashed), &lines, 0..15_000, 3));
+    let successor = count_lines(connect(&crashed), &lines, 10_000..20_000, 3);
     assert!(successor.stats().skipped_applied >= 5_000, "{:?}", successor.stats());
     assert_eq!(redis_totals(&mut crashed.connection()), redis_totals(&mut reference.connection()));
 
-    // Control: untagged, the same crash counts lines 10 000..15 000 twice.
+    // Control: tagged as two different inputs, the same crash counts lines 10 000..15 000 twice.
     let untagged = RedisServer::start();
-    drop(count_lines(connect(&untagged), &lines, 0..15_000, true));
-    drop(count_lines(connect(&untagged), &lines, 10_000..20_000, true));
+    drop(count_lines(connect(&untagged), &lines, 0..15_000, 3));
+    drop(count_lines(connect(&untagged), &lines, 10_000..20_000, 4));
     assert_ne!(redis_totals(&mut untagged.connection()), redis_totals(&mut reference.connection()));
 }
 

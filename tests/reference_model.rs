@@ -10,6 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
+use std::sync::Arc;
+
+use vigil::clock::FixedClock;
+use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
 use vigil::rules::RuleSet;
 use vigil::store::MemoryStore;
@@ -117,7 +121,7 @@ fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)>
     let code = scalar_or_not(vec![json!(1), json!(1.0), json!("1"), json!(1.5), json!(true)]);
     let amount = scalar_or_not(vec![json!(1), json!(2.5), json!(-3), json!(0.25), json!("7"), Value::Null]);
     let val = scalar_or_not(vec![json!("x"), json!("y"), json!(1), json!(1.0), json!(true), Value::Null, json!([1])]);
-    let shape = prop::sample::select(vec![0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6]);
+    let shape = prop::sample::select(vec![0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7]);
     (
         0i64..40,
         0..=max_lateness,
@@ -143,6 +147,11 @@ fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)>
                     4 => serde_json::to_string(&Value::Object(obj)).unwrap(), // no ts
                     5 => "{\"ts\":1.5}".to_owned(),
                     6 => String::new(), // blank line
+                    7 => {
+                        // Near or past the future bound of the fixed clock: `ts` set by the caller.
+                        obj.insert("ts".to_owned(), json!("FUTURE"));
+                        serde_json::to_string(&Value::Object(obj)).unwrap()
+                    }
                     _ => {
                         obj.insert("ts".to_owned(), json!(if rfc3339 { "RFC3339" } else { "MS" }));
                         serde_json::to_string(&Value::Object(obj)).unwrap()
@@ -152,14 +161,23 @@ fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)>
         })
 }
 
-/// Builds the input text: time advances by each line's step; late lines go back by their lateness.
+/// The wall clock of the property tests, and their future bound: inputs start at `START_MS` and
+/// advance at most 40 ms per line, so only "FUTURE" lines come near the clock.
+const START_MS: i64 = 1_000_000;
+const CLOCK_MS: i64 = START_MS + 20_000;
+const SKEW_MS: i64 = 1_000;
+
+/// Builds the input text: time advances by each line's step; late lines go back by their lateness;
+/// "FUTURE" lines are just past the future bound (refused, unless the bound is off).
 fn build_input(lines: &[(i64, i64, String)]) -> String {
-    let mut now: i64 = 1_000_000;
+    let mut now: i64 = START_MS;
     let mut out = String::new();
     for (i, (step, lateness, text)) in lines.iter().enumerate() {
         now += step;
         let ts = (now - lateness).max(0);
-        let text = if text.contains("\"MS\"") {
+        let text = if text.contains("\"FUTURE\"") {
+            text.replace("\"FUTURE\"", &(CLOCK_MS + SKEW_MS + 1 + step).to_string())
+        } else if text.contains("\"MS\"") {
             text.replace("\"MS\"", &ts.to_string())
         } else if text.contains("\"RFC3339\"") {
             let dt = chrono::DateTime::from_timestamp_millis(ts).unwrap();
@@ -219,9 +237,23 @@ fn json_eq(a: &Value, b: &Value) -> bool {
     }
 }
 
-fn reference(rules: &[RuleParams], input: &str) -> Vec<Value> {
+/// Time bounds as the reference applies them (DESIGN §3.5), with the wall clock at `CLOCK_MS`.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    skew: Option<i64>,
+    lateness: Option<i64>,
+}
+
+impl Bounds {
+    fn engine(self) -> TimeBounds {
+        TimeBounds { max_future_skew_ms: self.skew, max_lateness_ms: self.lateness }
+    }
+}
+
+fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
     let mut state: HashMap<(usize, String), KeyState> = HashMap::new();
     let mut records = Vec::new();
+    let mut newest: Option<i64> = None;
     for (i, line) in input.split('\n').enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
         if line.trim().is_empty() {
@@ -239,6 +271,16 @@ fn reference(rules: &[RuleParams], input: &str) -> Vec<Value> {
             },
             _ => continue,
         };
+        if !(0..=253_402_300_799_999).contains(&ts) || bounds.skew.is_some_and(|skew| ts > CLOCK_MS + skew) {
+            continue; // a bad line: neither counted nor judged, the watermark stays
+        }
+        // Behind the watermark: late for every rule (and a v1 rule judges only what it counts).
+        if let (Some(newest), Some(lateness)) = (newest, bounds.lateness) {
+            if ts < newest - lateness {
+                continue;
+            }
+        }
+        newest = Some(newest.map_or(ts, |n| n.max(ts)));
         let mut hits = Vec::new();
         for (r, rule) in rules.iter().enumerate() {
             if !rule.enabled {
@@ -325,18 +367,18 @@ fn reference(rules: &[RuleParams], input: &str) -> Vec<Value> {
 
 // ---------------------------------------------------------------- the property
 
-fn engine_records(rules: &[RuleParams], input: &str, store: MemoryStore) -> Vec<Value> {
+fn engine_records(rules: &[RuleParams], input: &str, store: MemoryStore, bounds: Bounds) -> Vec<Value> {
     let toml: String = rules.iter().enumerate().map(|(i, r)| r.toml(&format!("r{i}"))).collect();
     let set = RuleSet::from_sources([("gen.toml", toml.as_str())]).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    let mut engine = Engine::new(set, store);
+    let mut engine = Engine::new(set, store).with_time(bounds.engine(), Arc::new(FixedClock::new(CLOCK_MS)));
     let mut out = Vec::new();
     replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
     String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
-fn assert_same(rules: &[RuleParams], input: &str, store: MemoryStore) -> Result<(), TestCaseError> {
-    let want = reference(rules, input);
-    let got = engine_records(rules, input, store);
+fn assert_same(rules: &[RuleParams], input: &str, store: MemoryStore, bounds: Bounds) -> Result<(), TestCaseError> {
+    let want = reference(rules, input, bounds);
+    let got = engine_records(rules, input, store, bounds);
     for (g, w) in got.iter().zip(&want) {
         prop_assert_eq!(g, w, "first differing record\ninput:\n{}", input);
     }
@@ -345,33 +387,38 @@ fn assert_same(rules: &[RuleParams], input: &str, store: MemoryStore) -> Result<
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Any lateness: with few keys the store never sweeps, so it must equal the reference exactly.
+    /// Any lateness and no lateness bound: the store keeps every key, so it must equal the
+    /// reference exactly.
     #[test]
     fn engine_equals_reference(
         rules in prop::collection::vec(rule_strategy(), 1..=5),
         lines in prop::collection::vec(line_strategy(2_000), 1..300),
     ) {
         let input = build_input(&lines);
-        assert_same(&rules, &input, MemoryStore::new())?;
+        assert_same(&rules, &input, MemoryStore::new(), Bounds { skew: Some(SKEW_MS), lateness: None })?;
     }
 
-    /// A store that sweeps after every new key stays exact for events at most one window
-    /// behind the newest: it only drops keys no such event can reach.
+    /// Arbitrary disorder (events up to many windows late) under any lateness bound, with a
+    /// store that sweeps before every observation: it drops only keys that no event within the bound
+    /// can observe, so it stays exact whatever the order.
     #[test]
-    fn sweeping_store_equals_reference_within_one_window_of_lateness(
-        rules in prop::collection::vec(rule_strategy(), 1..=2),
-        lines in prop::collection::vec(line_strategy(1), 1..300),
-        lateness_scale in 50i64..=100,
+    fn sweeping_store_equals_reference_under_any_disorder_and_bounds(
+        rules in prop::collection::vec(rule_strategy(), 1..=3),
+        lines in prop::collection::vec(line_strategy(4_000), 1..300),
+        lateness in prop_oneof![Just(None), (0i64..=4_000).prop_map(Some)],
+        skew in prop_oneof![1 => Just(None), 4 => Just(Some(SKEW_MS))],
     ) {
-        let min_window = rules.iter().map(RuleParams::window_ms).min().unwrap();
+        // Most late lines land just inside the lateness bound, where the store's horizon is:
+        // a key dropped a bucket too early would be seen there.
+        let edge = lateness.unwrap_or(4_000);
         let lines: Vec<_> = lines
             .into_iter()
-            .map(|(step, late, text)| (step, if late > 0 { min_window * lateness_scale / 100 } else { 0 }, text))
+            .map(|(step, late, text)| (step, if late > 0 && late % 4 != 0 { (edge - late % 60).max(0) } else { late }, text))
             .collect();
         let input = build_input(&lines);
-        assert_same(&rules, &input, MemoryStore::with_sweep_interval(1))?;
+        assert_same(&rules, &input, MemoryStore::with_sweep_interval(0), Bounds { skew, lateness })?;
     }
 }
 
@@ -389,9 +436,19 @@ fn reference_sanity_on_a_known_stream() {
         enabled: true,
     };
     let input = (0..5).map(|i| format!("{{\"ts\":{},\"user\":\"u\"}}\n", i * 10)).collect::<String>();
-    let records = reference(std::slice::from_ref(&rule), &input);
+    let bounds = Bounds { skew: Some(SKEW_MS), lateness: Some(15) };
+    let records = reference(std::slice::from_ref(&rule), &input, bounds);
     // Counts 1,2,3,3,3 in a 3-bucket window: events 3..5 exceed 2.
     let lines: Vec<u64> = records.iter().map(|r| r["source"]["line"].as_u64().unwrap()).collect();
     assert_eq!(lines, [3, 4, 5]);
-    assert_eq!(engine_records(&[rule], &input, MemoryStore::new()), records);
+    assert_eq!(engine_records(std::slice::from_ref(&rule), &input, MemoryStore::new(), bounds), records);
+
+    // An event behind the watermark (newest 40 - lateness 15 = 25) is late for every rule (it
+    // would have been counted in bucket 2 otherwise); one past the clock's future bound is a bad
+    // line and moves nothing; then bucket 2 counts again.
+    let input = format!("{input}{{\"ts\":24,\"user\":\"u\"}}\n{{\"ts\":{},\"user\":\"u\"}}\n{{\"ts\":25,\"user\":\"u\"}}\n", CLOCK_MS + SKEW_MS + 1);
+    let records = reference(std::slice::from_ref(&rule), &input, bounds);
+    let lines: Vec<u64> = records.iter().map(|r| r["source"]["line"].as_u64().unwrap()).collect();
+    assert_eq!(lines, [3, 4, 5, 8]);
+    assert_eq!(engine_records(&[rule], &input, MemoryStore::new(), bounds), records);
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{Engine, ReplayError};
 use crate::event::decode;
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, Origin};
 
 /// One rule's results.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -86,7 +86,7 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
             line.clear();
             continue;
         }
-        let event = match decode(text, rules.projection()) {
+        let event = match decode(text, rules.projection()).and_then(|event| engine.admit(&event).map(|()| event)) {
             Ok(event) => event,
             Err(_) => {
                 report.bad_lines += 1;
@@ -98,7 +98,7 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
         if let Some(tag) = &fraud {
             *report.fraud_events.entry(tag.clone()).or_default() += 1;
         }
-        let decision = engine.evaluate(&event)?;
+        let decision = engine.evaluate(&event, Origin { lane: 0, offset: report.lines as i64 })?;
         if !decision.is_empty() {
             report.decided += 1;
             if let (Some(tag), Some(_)) = (&fraud, decision.action(&rules)) {

@@ -6,11 +6,13 @@ pub mod backtest;
 pub mod worker;
 
 use std::io::{self, BufRead, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::event::{decode, BadEvent, Event};
-use crate::rules::{decide, Decision, Hit, Plan, RuleSet, SkipReason, Source};
-use crate::store::{CounterStore, StoreError, WindowId};
+use crate::clock::{Clock, SystemClock};
+use crate::event::{decode, BadEvent, Event, TimeBounds};
+use crate::rules::{decide, Decision, Hit, OnStoreError, Plan, Reason, RuleSet, SkipReason, Source};
+use crate::store::{CounterStore, Origin, StoreError, WindowId};
 use crate::window::Applied;
 
 /// Per-rule-evaluation counts, for the replay summary and metrics.
@@ -18,14 +20,19 @@ use crate::window::Applied;
 pub struct EvalCounts {
     /// Events judged (decoded successfully).
     pub events: u64,
-    /// (event, rule) pairs whose bucket had slid out of the key's window.
+    /// (event, rule) pairs not counted because the event was late: its bucket had slid out of the
+    /// key's window, or the event was behind its input's watermark.
     pub late: u64,
+    /// Events behind their input's watermark (`max_lateness`): late for every rule.
+    pub behind_watermark: u64,
     /// (event, rule) pairs skipped because a dimension or the aggregated field was unusable.
     pub skipped_dimension: u64,
     pub skipped_sum_field: u64,
     pub skipped_distinct_field: u64,
     /// Events with at least one hit.
     pub decisions: u64,
+    /// Hits made on values counted locally while the shared store was unavailable.
+    pub degraded_hits: u64,
 }
 
 impl EvalCounts {
@@ -54,9 +61,16 @@ pub struct Engine<S> {
     counts: EvalCounts,
     /// Per active position, since the last [`Engine::take_rule_counts`].
     rule_counts: Vec<RuleCounts>,
+    bounds: TimeBounds,
+    clock: Arc<dyn Clock>,
+    /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
+    /// replay): its watermark follows it (DESIGN §3.5).
+    newest: Vec<(u64, i64)>,
 }
 
 impl<S: CounterStore> Engine<S> {
+    /// An engine with the default time bounds (`max_future_skew` 5m, `max_lateness` 1h) on the
+    /// system clock.
     pub fn new(rules: RuleSet, store: S) -> Engine<S> {
         let mut engine = Engine {
             rules: RuleSet::empty(),
@@ -65,9 +79,65 @@ impl<S: CounterStore> Engine<S> {
             key: Vec::with_capacity(64),
             counts: EvalCounts::default(),
             rule_counts: Vec::new(),
+            bounds: TimeBounds::default(),
+            clock: Arc::new(SystemClock),
+            newest: Vec::new(),
         };
         engine.replace_rules(rules);
         engine
+    }
+
+    /// The same engine with other time bounds, measured against `clock`.
+    pub fn with_time(mut self, bounds: TimeBounds, clock: Arc<dyn Clock>) -> Engine<S> {
+        self.bounds = bounds;
+        self.clock = clock;
+        self
+    }
+
+    pub fn bounds(&self) -> TimeBounds {
+        self.bounds
+    }
+
+    /// Refuses an event whose time is too far ahead of the wall clock (a bad event, `future_ts`):
+    /// it is neither counted nor judged and does not move its input's watermark.
+    pub fn admit(&self, event: &Event<'_>) -> Result<(), BadEvent> {
+        self.bounds.check_future(event.ts, self.clock.now_ms())
+    }
+
+    /// Forgets an input lane (a revoked partition): its watermark no longer holds state back.
+    pub fn close_lane(&mut self, lane: u64) {
+        self.newest.retain(|&(l, _)| l != lane);
+        self.update_horizon();
+    }
+
+    /// Tells the store the oldest event time any open lane may still count or read.
+    fn update_horizon(&mut self) {
+        if let Some(oldest) = self.newest.iter().map(|&(_, newest)| newest).min() {
+            if let Some(horizon) = self.bounds.watermark(oldest) {
+                self.store.set_horizon(horizon);
+            }
+        }
+    }
+
+    /// Whether `event` from `lane` is behind the lane's watermark (late for every counter);
+    /// otherwise its time becomes the lane's newest if it is.
+    fn behind_watermark(&mut self, lane: u64, ts: i64) -> bool {
+        match self.newest.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, newest)) => {
+                if self.bounds.watermark(*newest).is_some_and(|watermark| ts < watermark) {
+                    return true;
+                }
+                if ts > *newest {
+                    *newest = ts;
+                    self.update_horizon();
+                }
+            }
+            None => {
+                self.newest.push((lane, ts));
+                self.update_horizon();
+            }
+        }
+        false
     }
 
     /// Swaps in a new rule set between two events. A rule whose id and window are unchanged keeps
@@ -123,9 +193,16 @@ impl<S: CounterStore> Engine<S> {
         }
     }
 
-    /// Counts `event` into every matching rule's window and returns the hits.
-    pub fn evaluate(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
+    /// Counts `event`, read from `origin` (its input lane and position there), into every
+    /// matching rule's window and returns the hits. An event behind its lane's watermark is
+    /// late for every rule.
+    pub fn evaluate(&mut self, event: &Event<'_>, origin: Origin) -> Result<Decision, StoreError> {
         self.counts.events += 1;
+        let behind = self.behind_watermark(origin.lane, event.ts);
+        if behind {
+            self.counts.behind_watermark += 1;
+        }
+        self.store.set_origin(Some(origin));
         let mut decision = Decision::default();
         for (position, index) in self.rules.active().enumerate() {
             let delta = match self.rules.plan(position, event, &mut self.key) {
@@ -143,17 +220,32 @@ impl<S: CounterStore> Engine<S> {
                 Plan::Observe(delta) => delta,
             };
             self.rule_counts[position].matched += 1;
-            match self.store.apply(self.windows[position], &self.key, event.ts, delta)? {
+            if behind {
+                self.counts.late += 1;
+                self.rule_counts[position].late += 1;
+                continue;
+            }
+            let observed = self.store.apply(self.windows[position], &self.key, event.ts, delta)?;
+            let value = match observed.applied {
                 Applied::Late => {
                     self.counts.late += 1;
                     self.rule_counts[position].late += 1;
+                    continue;
                 }
-                Applied::Counted(value) => {
-                    if decide::exceeds(value, self.rules.rule(index).limit) {
-                        self.rule_counts[position].hits += 1;
-                        decision.hits.push(Hit { rule: index, value });
-                    }
+                Applied::Counted(value) => value,
+            };
+            let rule = self.rules.rule(index);
+            let (fires, reason) = match (observed.degraded, rule.on_store_error) {
+                (false, _) | (true, OnStoreError::Local) => (decide::exceeds(value, rule.limit), None),
+                (true, OnStoreError::Allow) => (false, None),
+                (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+            };
+            if fires {
+                self.rule_counts[position].hits += 1;
+                if observed.degraded {
+                    self.counts.degraded_hits += 1;
                 }
+                decision.hits.push(Hit { rule: index, value, reason, degraded: observed.degraded });
             }
         }
         if !decision.is_empty() {
@@ -168,6 +260,19 @@ impl<S: CounterStore> Engine<S> {
 pub struct ReplayOptions {
     /// Also print a record (action `allow`, no hits) for events without any hit.
     pub emit_allow: bool,
+    /// The input's lane: observations are tagged with it and their line number, so a store that
+    /// records applied positions counts each line once however often its flush is retried or the
+    /// same input replayed (see [`input_lane`]).
+    pub lane: u64,
+}
+
+/// The lane of a replay input with identity `identity` (its content digest, or a name the user
+/// chose): the top bit is set, so it never equals a Kafka partition's lane.
+pub fn input_lane(identity: &[u8]) -> u64 {
+    let digest = blake3::hash(identity);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_bytes()[..8]);
+    u64::from_le_bytes(first) | (1 << 63)
 }
 
 /// What a replay did.
@@ -190,12 +295,13 @@ impl std::fmt::Display for ReplaySummary {
         let c = &self.counts;
         write!(
             f,
-            "replay: {} events read, {} decisions, {} bad lines, {} late, {} skipped for missing field \
-             ({} dimension, {} sum field, {} distinct field), {:.3}s, {:.0} events/s",
+            "replay: {} events read, {} decisions, {} bad lines, {} late ({} events behind the watermark), \
+             {} skipped for missing field ({} dimension, {} sum field, {} distinct field), {:.3}s, {:.0} events/s",
             c.events,
             c.decisions,
             self.bad_lines,
             c.late,
+            c.behind_watermark,
             c.skipped(),
             c.skipped_dimension,
             c.skipped_sum_field,
@@ -262,7 +368,7 @@ pub fn replay<S: CounterStore>(
             events.push(if text.iter().all(u8::is_ascii_whitespace) {
                 None
             } else {
-                Some(decode(text, engine.rules().projection()))
+                Some(decode(text, engine.rules().projection()).and_then(|event| engine.admit(&event).map(|()| event)))
             });
         }
         if engine.store().prefetches() {
@@ -282,7 +388,7 @@ pub fn replay<S: CounterStore>(
                     continue;
                 }
             };
-            let decision = engine.evaluate(event)?;
+            let decision = engine.evaluate(event, Origin { lane: options.lane, offset: line as i64 })?;
             if !decision.is_empty() || options.emit_allow {
                 record.clear();
                 decide::write_record(&mut record, engine.rules(), event, &decision, Source::Line(line));

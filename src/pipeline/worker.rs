@@ -169,7 +169,7 @@ pub fn run(
     metrics.rules_active.set(rules.active().len() as i64);
     let sink = Sink::new(&config.kafka, Arc::clone(&metrics))?;
     let worker = Arc::new(Worker {
-        engine: Mutex::new(Engine::new(rules, store)),
+        engine: Mutex::new(Engine::new(rules, store).with_time(config.input.time_bounds(), Arc::new(crate::clock::SystemClock))),
         sink,
         metrics: Arc::clone(&metrics),
         shutdown: shutdown.clone(),
@@ -368,11 +368,11 @@ impl Worker {
     /// The lane the store records applied offsets under (DESIGN §6 `o:<partition>`): the
     /// partition, made unique per input topic when there are several (by the topic's position
     /// in `kafka.input_topics`).
-    fn lane(&self, topic: &str, partition: i32) -> u32 {
+    fn lane(&self, topic: &str, partition: i32) -> u64 {
         let topics = &self.config.kafka.input_topics;
-        let partition = u32::try_from(partition).unwrap_or(0);
+        let partition = u64::try_from(partition).unwrap_or(0);
         match topics.iter().position(|t| t == topic) {
-            Some(index) if topics.len() > 1 => index as u32 * 1_000_000 + partition,
+            Some(index) if topics.len() > 1 => index as u64 * 1_000_000 + partition,
             _ => partition,
         }
     }
@@ -397,7 +397,11 @@ impl Worker {
             let limit = self.config.worker.max_event_bytes;
             let events: Vec<_> = messages
                 .iter()
-                .map(|m| source::decode_message(m.payload(), limit, engine.rules().projection()))
+                .map(|m| {
+                    let event = source::decode_message(m.payload(), limit, engine.rules().projection())?;
+                    engine.admit(&event)?;
+                    Ok::<_, source::Rejection>(event)
+                })
                 .collect();
             if engine.store().prefetches() {
                 let mut touched = Vec::new();
@@ -433,8 +437,7 @@ impl Worker {
                         });
                     }
                     Ok(event) => {
-                        engine.store_mut().set_origin(Some(Origin { lane, offset }));
-                        let decision = match engine.evaluate(event) {
+                        let decision = match engine.evaluate(event, Origin { lane, offset }) {
                             Ok(decision) => decision,
                             Err(e) => {
                                 failure = Some(e);
@@ -571,6 +574,7 @@ impl Worker {
             partitions.iter().filter_map(|key| all.remove_entry(key)).collect()
         };
         for (key, _) in &loops {
+            self.lock_engine().close_lane(self.lane(&key.0, key.1));
             self.metrics.assigned_partitions.dec();
             self.metrics.consumer_lag.remove(&PartitionLabels { topic: key.0.clone(), partition: key.1 });
         }

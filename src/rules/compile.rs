@@ -6,12 +6,12 @@ use std::fmt;
 
 use toml_edit::{Document, Item, Table, TableLike, Value};
 
-use super::model::{parse_duration, Action, MatchValue, Matcher, Mode, Origin, Rule};
+use super::model::{parse_duration, Action, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule};
 use crate::event::{CanonicalNumber, FieldPath, Number};
 use crate::window::{Aggregate, WindowSpec};
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
-pub const RULE_KEYS: [&str; 12] = [
+pub const RULE_KEYS: [&str; 13] = [
     "id",
     "description",
     "action",
@@ -24,6 +24,7 @@ pub const RULE_KEYS: [&str; 12] = [
     "aggregate",
     "field",
     "limit",
+    "on_store_error",
 ];
 /// The most buckets a window may have.
 pub const MAX_BUCKETS: i64 = 3600;
@@ -165,6 +166,7 @@ struct Fields<'t> {
     aggregate: Option<(Aggregate, usize)>,
     field: Option<(FieldPath, usize)>,
     limit: Option<CanonicalNumber>,
+    on_store_error: Option<OnStoreError>,
     /// Set when a key was present but invalid: the rule is refused, but without a second,
     /// misleading "missing" error for that key.
     invalid: Vec<&'static str>,
@@ -208,6 +210,15 @@ fn compile_rule(table: &Table, report: &mut Report<'_>) -> Option<Rule> {
                     let parsed = Mode::parse(s);
                     if parsed.is_none() {
                         report.error(at, format!("invalid mode {s:?}: expected \"enforce\" or \"shadow\""));
+                    }
+                    parsed
+                });
+            }
+            "on_store_error" => {
+                f.on_store_error = string(item, "on_store_error", report).and_then(|s| {
+                    let parsed = OnStoreError::parse(s);
+                    if parsed.is_none() {
+                        report.error(at, format!("invalid on_store_error {s:?}: expected \"local\", \"allow\" or \"block\""));
                     }
                     parsed
                 });
@@ -339,6 +350,7 @@ fn compile_rule(table: &Table, report: &mut Report<'_>) -> Option<Rule> {
         window: spec?,
         field: f.field.map(|(p, _)| p),
         limit: f.limit?,
+        on_store_error: f.on_store_error.unwrap_or_default(),
         origin: report.source.origin(header),
     })
 }
@@ -591,7 +603,7 @@ limit = 5
                 "r.toml:4:14: \"dimensions\" must list 1 to 4 field paths, found 0",
                 "r.toml:5:10: invalid duration \"10x\" for window: expected an integer and a unit (ms, s, m, h or d), like \"10m\"",
                 "r.toml:6:9: \"limit\" must be a number >= 0, found -1",
-                "r.toml:7:1: unknown key \"colour\" in rule; expected one of: id, description, action, mode, enabled, match, dimensions, window, bucket, aggregate, field, limit",
+                "r.toml:7:1: unknown key \"colour\" in rule; expected one of: id, description, action, mode, enabled, match, dimensions, window, bucket, aggregate, field, limit, on_store_error",
             ]
         );
     }

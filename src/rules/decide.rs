@@ -7,12 +7,34 @@ use super::model::{Action, Mode};
 use super::RuleSet;
 use crate::event::{CanonicalNumber, Event, FieldValue, Scalar};
 
-/// One rule whose window value exceeded its limit.
+/// Why a rule fired, when the record says (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Its condition held.
+    When,
+    /// The shared counter store was unavailable and the rule's `on_store_error` is `block`.
+    StoreUnavailable,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::When => "when",
+            Reason::StoreUnavailable => "store_unavailable",
+        }
+    }
+}
+
+/// One rule that fired.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hit {
     /// Index into [`RuleSet::rules`].
     pub rule: usize,
     pub value: f64,
+    /// Set when the record names a reason.
+    pub reason: Option<Reason>,
+    /// Its counters were counted locally because the shared store was unavailable.
+    pub degraded: bool,
 }
 
 /// Whether a window value fires a rule: strictly greater than the limit.
@@ -113,14 +135,20 @@ struct HitRecord<'r, 'e> {
 impl Serialize for HitRecord<'_, '_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let rule = self.rules.rule(self.hit.rule);
-        let mut m = s.serialize_map(Some(7))?;
+        let mut m = s.serialize_map(None)?;
         m.serialize_entry("rule_id", &rule.id)?;
         m.serialize_entry("mode", rule.mode.as_str())?;
         m.serialize_entry("action", rule.action.as_str())?;
+        if let Some(reason) = self.hit.reason {
+            m.serialize_entry("reason", reason.as_str())?;
+        }
         m.serialize_entry("key", &KeyRecord { rules: self.rules, event: self.event, rule: self.hit.rule })?;
         m.serialize_entry("value", &JsonNumber(self.hit.value))?;
         m.serialize_entry("limit", &rule.limit)?;
         m.serialize_entry("window_ms", &rule.window.window_ms())?;
+        if self.hit.degraded {
+            m.serialize_entry("degraded", &true)?;
+        }
         m.end()
     }
 }

@@ -7,8 +7,8 @@ pub mod model;
 pub mod plan;
 
 pub use compile::{check_ids, compile_file, Diagnostic};
-pub use decide::{Decision, Hit, Source};
-pub use model::{Action, Mode, Origin, Rule};
+pub use decide::{Decision, Hit, Reason, Source};
+pub use model::{Action, Mode, OnStoreError, Origin, Rule};
 pub use plan::{Plan, SkipReason};
 
 use crate::event::Projection;

@@ -56,6 +56,37 @@ impl Mode {
     }
 }
 
+/// How a rule judges while the shared counter store is unavailable (DESIGN §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnStoreError {
+    /// On the values counted locally; its hits are marked `degraded`.
+    #[default]
+    Local,
+    /// The rule does not fire.
+    Allow,
+    /// The rule fires, with reason `store_unavailable`.
+    Block,
+}
+
+impl OnStoreError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnStoreError::Local => "local",
+            OnStoreError::Allow => "allow",
+            OnStoreError::Block => "block",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<OnStoreError> {
+        match s {
+            "local" => Some(OnStoreError::Local),
+            "allow" => Some(OnStoreError::Allow),
+            "block" => Some(OnStoreError::Block),
+            _ => None,
+        }
+    }
+}
+
 /// A value a `match` entry accepts, with JSON's types (strings never equal numbers).
 #[derive(Debug, Clone, PartialEq)]
 pub enum MatchValue {
@@ -100,6 +131,7 @@ pub struct Rule {
     pub field: Option<FieldPath>,
     /// Fires when the window value exceeds it.
     pub limit: CanonicalNumber,
+    pub on_store_error: OnStoreError,
     pub origin: Origin,
 }
 

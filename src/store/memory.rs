@@ -3,8 +3,8 @@
 use hashbrown::HashMap;
 
 use super::keys::{KeyBytes, KeyRef, StoredKey};
-use super::{CounterStore, StoreError, WindowId, Windows};
-use crate::window::{Applied, Delta, WindowSpec, WindowState};
+use super::{CounterStore, Observed, StoreError, WindowId, Windows};
+use crate::window::{Delta, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
 const MIN_SWEEP_INTERVAL: usize = 4096;
@@ -12,14 +12,16 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 /// Exact counters in a hash map. Keys are the exact canonical bytes (no digests), so two
 /// different keys can never share a counter.
 ///
-/// A key is dropped once its whole window ends more than a window before the newest event time
-/// seen (`WindowSpec::is_expired` with one window of lateness): events up to one window older
-/// than the newest are therefore judged exactly as if nothing had been dropped.
+/// A key is dropped only when no event the caller may still count or read can observe it: the
+/// caller promises, through [`CounterStore::set_horizon`], that no event older than the horizon
+/// (its inputs' watermark) will come, and a key is dropped once every event at or after the
+/// horizon would see it as never counted (`WindowSpec::can_drop`). So the store is exact for any
+/// input order within the caller's lateness bound; without a horizon it keeps every key.
 #[derive(Debug)]
 pub struct MemoryStore {
     windows: Windows,
     states: HashMap<StoredKey, WindowState, foldhash::fast::RandomState>,
-    newest_ts: i64,
+    horizon: Option<i64>,
     inserts_since_sweep: usize,
     /// Sweep once this many new keys arrived: the live count after the last sweep (at least the
     /// floor), so sweeping costs amortised O(1) per new key and memory stays within ~2× live.
@@ -38,13 +40,13 @@ impl MemoryStore {
         MemoryStore::with_sweep_interval(MIN_SWEEP_INTERVAL)
     }
 
-    /// A store that sweeps expired keys after at least `floor` new keys (tests use small values
-    /// to sweep often).
+    /// A store that sweeps expired keys after at least `floor` new keys; 0 sweeps on every
+    /// observation (tests, to drop keys as early as the horizon allows).
     pub fn with_sweep_interval(floor: usize) -> MemoryStore {
         MemoryStore {
             windows: Windows::default(),
             states: HashMap::default(),
-            newest_ts: i64::MIN,
+            horizon: None,
             inserts_since_sweep: 0,
             sweep_after: floor,
             sweep_interval_floor: floor,
@@ -53,12 +55,13 @@ impl MemoryStore {
 
     /// Drops keys that can no longer affect a decision.
     fn sweep(&mut self) {
-        let newest = self.newest_ts;
-        let windows = &self.windows;
-        self.states.retain(|k, state| {
-            let spec = windows.spec(k.window);
-            state.head().is_none_or(|head| !spec.is_expired(head, newest, spec.window_ms()))
-        });
+        if let Some(horizon) = self.horizon {
+            let windows = &self.windows;
+            self.states.retain(|k, state| {
+                let spec = windows.spec(k.window);
+                state.head().is_none_or(|head| !spec.can_drop(head, horizon))
+            });
+        }
         self.inserts_since_sweep = 0;
         self.sweep_after = self.states.len().max(self.sweep_interval_floor);
     }
@@ -69,9 +72,8 @@ impl CounterStore for MemoryStore {
         self.windows.open(name, spec)
     }
 
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
-        self.newest_ts = self.newest_ts.max(ts_ms);
         let bucket = spec.bucket_of(ts_ms);
         let lookup = KeyRef { window: window.0, key };
         let applied = match self.states.get_mut(&lookup) {
@@ -84,10 +86,14 @@ impl CounterStore for MemoryStore {
                 applied
             }
         };
-        if self.inserts_since_sweep >= self.sweep_after {
+        if self.inserts_since_sweep >= self.sweep_after || self.sweep_interval_floor == 0 {
             self.sweep();
         }
-        Ok(applied)
+        Ok(Observed::exact(applied))
+    }
+
+    fn set_horizon(&mut self, horizon_ms: i64) {
+        self.horizon = Some(self.horizon.map_or(horizon_ms, |h| h.max(horizon_ms)));
     }
 
     fn flush(&mut self) -> Result<(), StoreError> {
@@ -102,7 +108,7 @@ impl CounterStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::Aggregate;
+    use crate::window::{Aggregate, Applied};
 
     const COUNT_1S_X10: WindowSpec = WindowSpec { bucket_ms: 100, buckets: 10, aggregate: Aggregate::Count };
 
@@ -121,10 +127,10 @@ mod tests {
         let mut s = MemoryStore::new();
         let a = s.open_window("a", COUNT_1S_X10);
         let b = s.open_window("b", COUNT_1S_X10);
-        assert_eq!(s.apply(a, b"k", 0, Delta::Count).unwrap(), Applied::Counted(1.0));
-        assert_eq!(s.apply(a, b"k", 1, Delta::Count).unwrap(), Applied::Counted(2.0));
-        assert_eq!(s.apply(b, b"k", 2, Delta::Count).unwrap(), Applied::Counted(1.0));
-        assert_eq!(s.apply(a, b"k2", 3, Delta::Count).unwrap(), Applied::Counted(1.0));
+        assert_eq!(s.apply(a, b"k", 0, Delta::Count).unwrap().applied, Applied::Counted(1.0));
+        assert_eq!(s.apply(a, b"k", 1, Delta::Count).unwrap().applied, Applied::Counted(2.0));
+        assert_eq!(s.apply(b, b"k", 2, Delta::Count).unwrap().applied, Applied::Counted(1.0));
+        assert_eq!(s.apply(a, b"k2", 3, Delta::Count).unwrap().applied, Applied::Counted(1.0));
         assert_eq!(s.live_keys(), 3);
     }
 
@@ -132,33 +138,48 @@ mod tests {
     fn memory_follows_live_keys_not_total_keys() {
         let mut s = MemoryStore::with_sweep_interval(16);
         let w = s.open_window("w", COUNT_1S_X10);
-        // 100 000 keys, each seen once, time advancing 10 ms per key: only the last few
-        // windows' worth (3 windows = 300 keys) can be live at any moment.
+        // 100 000 keys, each seen once, time advancing 10 ms per key, the horizon one window
+        // behind: only the last few windows' worth (3 windows = 300 keys) can be live.
         for i in 0..100_000u64 {
-            s.apply(w, &i.to_le_bytes(), (i * 10) as i64, Delta::Count).unwrap();
+            let t = (i * 10) as i64;
+            s.set_horizon(t - 1_000);
+            s.apply(w, &i.to_le_bytes(), t, Delta::Count).unwrap();
             assert!(s.live_keys() <= 2 * 300 + 16, "{} keys live at {i}", s.live_keys());
         }
     }
 
     #[test]
-    fn keys_within_one_window_of_lateness_are_kept_and_older_ones_dropped() {
+    fn without_a_horizon_nothing_is_dropped() {
         let mut s = MemoryStore::with_sweep_interval(1);
         let w = s.open_window("w", COUNT_1S_X10);
-        // "old" has head bucket 9: its window ends at 1000 ms.
+        for i in 0..1_000u64 {
+            s.apply(w, &i.to_le_bytes(), (i * 10_000) as i64, Delta::Count).unwrap();
+        }
+        assert_eq!(s.live_keys(), 1_000);
+        // A key a year old still counts its old window exactly.
+        assert_eq!(s.apply(w, &0u64.to_le_bytes(), 5, Delta::Count).unwrap().applied, Applied::Counted(2.0));
+    }
+
+    #[test]
+    fn keys_are_dropped_exactly_when_the_horizon_passes_their_window() {
+        let mut s = MemoryStore::with_sweep_interval(0);
+        let w = s.open_window("w", COUNT_1S_X10);
+        // "old" has head bucket 9 (t = 950): an event in bucket 18 still sees it.
         s.apply(w, b"old", 950, Delta::Count).unwrap();
-        // The newest time goes as far as it can while an event one window behind it could still
-        // reach bucket 9: an event at 1899 ms (bucket 18) has window 9..=18.
-        for i in 0..100u64 {
-            s.apply(w, &i.to_le_bytes(), 2_899, Delta::Count).unwrap();
+        s.set_horizon(1_899);
+        for i in 0..10u64 {
+            s.apply(w, &i.to_le_bytes(), 5_000, Delta::Count).unwrap();
         }
-        assert_eq!(s.apply(w, b"old", 1_899, Delta::Count).unwrap(), Applied::Counted(2.0));
-        // Old's head is now bucket 18 (window ends at 1900): once the newest time is a window
-        // plus a window of lateness past that, it goes.
-        let before = s.live_keys();
-        for i in 100..200u64 {
-            s.apply(w, &i.to_le_bytes(), 3_900, Delta::Count).unwrap();
-        }
+        assert_eq!(s.apply(w, b"old", 1_899, Delta::Count).unwrap().applied, Applied::Counted(2.0));
+        // Old's head is now bucket 18: kept until the horizon reaches bucket 28.
+        s.set_horizon(2_799);
+        s.apply(w, b"new", 5_000, Delta::Count).unwrap();
+        assert!(s.states.iter().any(|(k, _)| k.key.as_slice() == b"old"));
+        s.set_horizon(2_800);
+        s.apply(w, b"newer", 5_000, Delta::Count).unwrap();
         assert!(s.states.iter().all(|(k, _)| k.key.as_slice() != b"old"));
-        assert!(s.live_keys() <= before + 100);
+        // The horizon never moves back.
+        s.set_horizon(0);
+        assert_eq!(s.horizon, Some(2_800));
     }
 }

@@ -47,8 +47,24 @@ impl Windows {
 /// and key counts an input replayed after a crash only once (DESIGN §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Origin {
-    pub lane: u32,
+    pub lane: u64,
     pub offset: i64,
+}
+
+/// What counting one observation gave.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed {
+    pub applied: Applied,
+    /// The value was computed from local state only, because the shared store was unavailable
+    /// (other workers' recent counts may be missing from it).
+    pub degraded: bool,
+}
+
+impl Observed {
+    /// A value computed with the shared store's view.
+    pub fn exact(applied: Applied) -> Observed {
+        Observed { applied, degraded: false }
+    }
 }
 
 /// A store failure.
@@ -80,13 +96,18 @@ pub trait CounterStore {
 
     /// Applies one observation at event time `ts_ms` to `key` in `window`, returning the key's
     /// window value (DESIGN §3) or [`Applied::Late`].
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError>;
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError>;
 
     /// Tags the observations applied from now on with `origin` (`None`: untagged, as in replay).
     /// An observation whose offset is at or below the one the store recorded for its lane and key
     /// was counted before (an input replayed after a crash): it is judged against the window but
     /// not counted again.
     fn set_origin(&mut self, _origin: Option<Origin>) {}
+
+    /// A promise from the caller: no observation older than `horizon_ms` will be applied or read
+    /// from now on (they are late for every window: DESIGN §3.5). A store may then drop the keys
+    /// no such event can observe. The horizon never moves back.
+    fn set_horizon(&mut self, _horizon_ms: i64) {}
 
     /// Whether [`CounterStore::prefetch`] does anything: callers skip collecting keys otherwise.
     fn prefetches(&self) -> bool {
@@ -142,11 +163,14 @@ impl CounterStore for AnyStore {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
         delegate!(self, s => s.open_window(name, spec))
     }
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
         delegate!(self, s => s.apply(window, key, ts_ms, delta))
     }
     fn set_origin(&mut self, origin: Option<Origin>) {
         delegate!(self, s => s.set_origin(origin))
+    }
+    fn set_horizon(&mut self, horizon_ms: i64) {
+        delegate!(self, s => s.set_horizon(horizon_ms))
     }
     fn prefetches(&self) -> bool {
         delegate!(self, s => s.prefetches())

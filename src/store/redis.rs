@@ -25,7 +25,7 @@ use hashbrown::HashMap;
 use super::keys::{KeyBytes, KeyRef, StoredKey};
 use super::link::{slot, unavailable, Batch, Calls, KeyReply, Link, Target};
 use super::scripts::ScriptCall;
-use super::{CounterStore, Origin, StoreError, WindowId, Windows};
+use super::{CounterStore, Observed, Origin, StoreError, WindowId, Windows};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
 const FLUSHER_STOPPED: &str = "the flusher thread stopped";
@@ -51,6 +51,9 @@ pub struct RedisStoreConfig {
     /// PEM file of the CA that signed the server's certificate, for `rediss://` servers whose
     /// certificate is not in the system trust store.
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// The callers' lateness bound in ms (`None`: unbounded): keys live at least this long past
+    /// their window, so an event within the bound never finds its key expired.
+    pub max_lateness: Option<i64>,
 }
 
 impl Default for RedisStoreConfig {
@@ -63,6 +66,7 @@ impl Default for RedisStoreConfig {
             cache_capacity: 1_000_000,
             cache_time_to_idle: Duration::from_secs(600),
             tls_ca_file: None,
+            max_lateness: Some(3_600_000),
         }
     }
 }
@@ -165,13 +169,13 @@ struct Observation {
 }
 
 /// Highest applied offset per lane (`o:<lane>` in Redis).
-type Offsets = smallvec::SmallVec<[(u32, i64); 1]>;
+type Offsets = smallvec::SmallVec<[(u64, i64); 1]>;
 
-fn offset_of(offsets: &Offsets, lane: u32) -> Option<i64> {
+fn offset_of(offsets: &Offsets, lane: u64) -> Option<i64> {
     offsets.iter().find(|(l, _)| *l == lane).map(|&(_, o)| o)
 }
 
-fn raise(offsets: &mut Offsets, lane: u32, offset: i64) {
+fn raise(offsets: &mut Offsets, lane: u64, offset: i64) {
     match offsets.iter_mut().find(|(l, _)| *l == lane) {
         Some(entry) => entry.1 = entry.1.max(offset),
         None => offsets.push((lane, offset)),
@@ -180,7 +184,7 @@ fn raise(offsets: &mut Offsets, lane: u32, offset: i64) {
 
 /// A recorded offset field (`o:<lane>` → offset). Lanes vigil does not write (not a number)
 /// are someone else's business: `None`.
-fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u32, i64)> {
+fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u64, i64)> {
     let lane = std::str::from_utf8(field.strip_prefix(b"o:")?).ok()?.parse().ok()?;
     let offset = std::str::from_utf8(value).ok()?.parse().ok()?;
     Some((lane, offset))
@@ -256,11 +260,22 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
 /// Most slots one write may delete: a head that moved further is merged by the script instead.
 const MAX_WRITE_DELETES: i64 = 64;
 
-/// A key's TTL, in windows. Every write that may create or re-create a key sets it; a write that
-/// finds the key at the version this process last wrote refreshes it only once a window (of wall
-/// time) has passed since this process last did: the TTL then never falls below 2 × window, and
-/// most writes save a PEXPIRE.
+/// A key's TTL is at least this many windows. Every write that may create or re-create a key sets
+/// it; a write that finds the key at the version this process last wrote refreshes it only once a
+/// window (of wall time) has passed since this process last did: the TTL then never falls below
+/// 2 × window (nor below window + lateness, see `ttl_ms`), and most writes save a PEXPIRE.
 const TTL_WINDOWS: i64 = 3;
+
+/// The longest TTL set: ten years (far below what PEXPIRE can represent).
+const MAX_TTL_MS: i64 = 10 * 365 * 86_400_000;
+
+/// The TTL a write sets: max(3 × window, 2 × window + lateness), so that between two refreshes (a
+/// window apart) it stays above max(2 × window, window + lateness).
+fn ttl_ms(spec: &WindowSpec, max_lateness: Option<i64>) -> i64 {
+    let window = spec.window_ms();
+    let by_lateness = max_lateness.map_or(0, |lateness| window.saturating_mul(2).saturating_add(lateness));
+    window.saturating_mul(TTL_WINDOWS).max(by_lateness).clamp(1, MAX_TTL_MS)
+}
 
 /// Whether a write should refresh the key's TTL (see `TTL_WINDOWS`).
 fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instant>) -> bool {
@@ -563,7 +578,7 @@ impl RedisStore {
             Aggregate::Distinct => b"d",
         });
         call.int(spec.buckets);
-        call.int(TTL_WINDOWS * spec.window_ms());
+        call.int(ttl_ms(&spec, self.config.max_lateness));
         call.int(if tagged { 4 } else { 2 });
         match dirty.version {
             Some(version) => call.int(version as i64),
@@ -602,7 +617,7 @@ impl RedisStore {
                     Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
                 }
                 if let (true, Some(origin)) = (tagged, o.origin) {
-                    call.int(i64::from(origin.lane));
+                    call.uint(origin.lane);
                     call.int(origin.offset);
                 }
             }
@@ -889,7 +904,7 @@ impl CounterStore for RedisStore {
         self.windows.open(name, spec)
     }
 
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Applied, StoreError> {
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         let lookup = KeyRef { window: window.0, key };
@@ -938,7 +953,7 @@ impl CounterStore for RedisStore {
         // The observation is counted whatever happens to the write-behind: a failed flush keeps
         // its deltas for the next one and is reported through `take_flush_error`.
         self.write_behind()?;
-        Ok(applied)
+        Ok(Observed::exact(applied))
     }
 
     fn set_origin(&mut self, origin: Option<Origin>) {

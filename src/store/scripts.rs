@@ -39,6 +39,10 @@ impl ScriptCall {
         self.arg(itoa::Buffer::new().format(n).as_bytes());
     }
 
+    pub(super) fn uint(&mut self, n: u64) {
+        self.arg(itoa::Buffer::new().format(n).as_bytes());
+    }
+
     /// The shortest text that parses back to the same double (what `{:?}` prints).
     pub(super) fn float(&mut self, x: f64) {
         use std::io::Write;
