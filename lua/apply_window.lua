@@ -1,14 +1,20 @@
+#!lua
 -- Applies pending deltas to sliding windows and returns the windows (DESIGN §3, §5). One call
 -- serves many keys, each applied, pruned and read back atomically on its own.
 --
--- KEYS[n]  the n-th key's hash: vg:<rule_id>:<digest>
+-- The shebang (Redis 7+) makes Redis refuse the whole call before it runs when it is out of
+-- memory, and every argument is checked before the first write: a call either fails before it
+-- changes anything, or it runs to the end. (Redis does not undo a script's writes when it fails
+-- half way, and a caller that retries such a failure would apply the first half twice.)
+--
+-- KEYS[n]  the n-th key's hash: vg:<counter>:<digest>
 -- ARGV     for each key in order, a header of seven values followed by its deltas and its writes:
 --            aggregate: "c" (count), "s" (sum) or "d" (distinct)
 --            k, the number of buckets in the window
---            TTL in milliseconds (3 x window), set by every write but the caller's writes
---            below, which say when
+--            TTL in milliseconds, set by every write but the caller's writes below, which say when
 --            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset);
---            "partition" is any short name of an ordered input (vigil: the Kafka partition)
+--            "partition" is any short name of an ordered input (vigil: the Kafka partition, or a
+--            replayed input)
 --            the version the caller's view is based on ("0": the key held nothing), or "" if
 --            it has none
 --            how many ARGV entries of deltas follow (a multiple of the stride; 0 to just read)
@@ -16,7 +22,7 @@
 --          deltas in the order they were counted: count → value is an integer increment;
 --          sum → a number, added in order; distinct → the value's digest (16 raw bytes)
 --          writes: "1" to refresh the TTL or "0" (the caller refreshed it less than a window
---          ago, so it is still above 2 x window); how many field/value entries follow; those
+--          ago, so it is still above its floor); how many field/value entries follow; those
 --          entries: "v" and the next version (one more than the caller's, or a random one below
 --          2^52 for a new key), "h" and the head, the buckets or values by slot, and
 --          "o:<partition>" with the highest offset the writes cover; then the fields to delete.
@@ -31,22 +37,76 @@
 -- "d<digest>" a distinct value's latest bucket, also as its slot; "o:<partition>" the highest
 -- offset applied from that partition. Live buckets are head-k+1 ..= head, so a slot names exactly
 -- one of them. A delta whose offset is at or below its partition's recorded one was applied
--- before (replay after a crash) and is skipped; a delta whose bucket is at or below head - k is
--- late and refused.
+-- before (replay after a crash, or a flush sent again after its reply was lost) and is skipped;
+-- a delta whose bucket is at or below head - k is late and refused.
 --
 -- "v" is the key's version: it starts at a value no earlier incarnation of the key is likely to
 -- have reached (the server's clock in microseconds, or the writer's random pick) when the key is
 -- created and grows by one per write, so a key that expired and was created again never comes
 -- back to a version a caller saw before. When it still equals the caller's version, nobody else
 -- wrote since the caller's view, which with its own deltas is then exact: the window is not sent
--- back.
+-- back. When the caller knew the key at a version and the key no longer exists, its data was
+-- lost (a restart without persistence, FLUSHALL, a failover to a stale replica) or it expired:
+-- nothing is written and {"?"} comes back, and the caller writes its whole view again.
 --
 -- Returns one reply per key: {head, late, skipped, version, "="} when the caller's view is current,
 -- else {head, late, skipped, version, "*", field, value, …} with the live window as "b<bucket>" →
 -- count/sum and "d<digest>" → latest bucket (absolute indices) and the recorded offsets
 -- "o:<partition>" → offset; {} for a key that holds nothing; {"!"} when the caller sent writes
--- but no deltas and the key is no longer at its version (nothing was written).
+-- but no deltas and the key is no longer at its version (nothing was written); {"?"} when the key
+-- the caller knew at a version is gone (nothing was written).
 -- Numbers are strings: Lua numbers would be truncated to integers.
+
+-- The longest TTL accepted: ten years, far below what PEXPIRE can hold.
+local MAX_TTL = 315360000000
+
+-- An integer written in at most 15 digits: Lua's doubles hold it exactly.
+local function is_int(s)
+  return type(s) == 'string' and #s <= 16 and string.match(s, '^%-?%d+$') ~= nil
+end
+
+-- Every argument of every key, before anything is written; nil if they are well formed.
+local function invalid()
+  local at = 1
+  for n = 1, #KEYS do
+    local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
+    if at + 6 > #ARGV then return bad('header cut short') end
+    local kind, k, ttl, stride, expected = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+    if kind ~= 'c' and kind ~= 's' and kind ~= 'd' then return bad('unknown aggregate') end
+    if not is_int(k) or tonumber(k) < 1 then return bad('bad bucket count') end
+    if not is_int(ttl) or tonumber(ttl) < 1 or tonumber(ttl) > MAX_TTL then return bad('bad TTL') end
+    if stride ~= '2' and stride ~= '4' then return bad('bad stride') end
+    if expected ~= '' and not is_int(expected) then return bad('bad version') end
+    if not is_int(ARGV[at + 5]) or not is_int(ARGV[at + 6]) then return bad('bad counts') end
+    local deltas, writes = tonumber(ARGV[at + 5]), tonumber(ARGV[at + 6])
+    stride = tonumber(stride)
+    if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
+    local first = at + 7
+    local deltas_end = first + deltas - 1
+    local writes_end = deltas_end + writes
+    if writes_end > #ARGV then return bad('arguments cut short') end
+    for i = first, deltas_end, stride do
+      local value = ARGV[i + 1]
+      if not is_int(ARGV[i]) then return bad('bad bucket') end
+      if kind == 'c' and not is_int(value) then return bad('bad increment') end
+      local amount = tonumber(value)
+      if kind == 's' and (amount == nil or amount ~= amount or math.abs(amount) == math.huge) then return bad('bad amount') end
+      if kind == 'd' and #value ~= 16 then return bad('bad digest') end
+      if stride == 4 and (ARGV[i + 2] == '' or not is_int(ARGV[i + 3])) then return bad('bad position') end
+    end
+    if writes > 0 then
+      local refresh, sets = ARGV[deltas_end + 1], ARGV[deltas_end + 2]
+      if (refresh ~= '0' and refresh ~= '1') or not is_int(sets) then return bad('bad writes') end
+      sets = tonumber(sets)
+      if sets < 4 or sets % 2 ~= 0 or deltas_end + 2 + sets > writes_end then return bad('bad writes') end
+      if ARGV[deltas_end + 3] ~= 'v' or not is_int(ARGV[deltas_end + 4]) then return bad('bad writes') end
+      if ARGV[deltas_end + 5] ~= 'h' or not is_int(ARGV[deltas_end + 6]) then return bad('bad writes') end
+    end
+    at = writes_end + 1
+  end
+  if at ~= #ARGV + 1 then return 'apply_window: arguments left over' end
+  return nil
+end
 
 -- The shortest of %.15g, %.16g, %.17g that reads back as exactly x.
 local function exact(x)
@@ -71,30 +131,32 @@ local function write(command, key, list, first, last)
   end
 end
 
--- The caller's writes, if the key is still at the caller's version; nil otherwise.
-local function write_current(key, ttl, expected, first, last)
-  if expected == '' or last < first then return nil end
-  local version = tonumber(redis.call('HGET', key, 'v')) or 0
-  if version ~= tonumber(expected) then return nil end
-  local sets_end = first + 1 + tonumber(ARGV[first + 1])
-  write('HSET', key, ARGV, first + 2, sets_end)
-  write('HDEL', key, ARGV, sets_end + 1, last)
-  if ARGV[first] == '1' then redis.call('PEXPIRE', key, ttl) end
-  -- The entries start with "v", the next version, "h", the head.
-  return {ARGV[first + 5], '0', '0', ARGV[first + 3], '='}
-end
-
 -- The live bucket held in `slot` when the head is `head`.
 local function unslot(slot, head, k)
   return head - ((head - slot) % k)
 end
 
 local function apply(key, kind, k, ttl, stride, expected, first, last, writes_last)
-  local written = write_current(key, ttl, expected, last + 1, writes_last)
-  if written then return written end
+  local has_writes = writes_last > last
+  if expected ~= '' then
+    local version = tonumber(redis.call('HGET', key, 'v')) or 0
+    if version == tonumber(expected) and has_writes then
+      -- The caller's view is current: its writes are exactly what the key becomes.
+      local w = last + 1
+      local sets_end = w + 1 + tonumber(ARGV[w + 1])
+      write('HSET', key, ARGV, w + 2, sets_end)
+      write('HDEL', key, ARGV, sets_end + 1, writes_last)
+      if ARGV[w] == '1' then redis.call('PEXPIRE', key, ttl) end
+      -- The entries start with "v", the next version, "h", the head.
+      return {ARGV[w + 5], '0', '0', ARGV[w + 3], '='}
+    end
+    if version == 0 and tonumber(expected) ~= 0 then
+      return {'?'}
+    end
+  end
   -- Writes for a version the key is no longer at, and no deltas to merge instead: the caller
   -- sends its deltas again.
-  if last < first and writes_last > last then return {'!'} end
+  if last < first and has_writes then return {'!'} end
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = redis.call('HGETALL', key)
   local stored = {}
@@ -240,6 +302,8 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
   return out
 end
 
+local problem = invalid()
+if problem then return redis.error_reply(problem) end
 local replies = {}
 local at = 1
 for n = 1, #KEYS do

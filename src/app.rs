@@ -124,6 +124,20 @@ pub fn replay(
                     "redis: {} script calls ({} flushes, {} key loads), {} retries, {} refused late",
                     s.script_calls, s.flushes, s.loads, s.retries, s.refused_late
                 );
+                if s.skipped_applied > 0 {
+                    eprintln!(
+                        "redis: {} observations were already counted in Redis by an earlier run of this input \
+                         (the same --input-id or file content): judged against the counters as they stand, not counted again",
+                        s.skipped_applied
+                    );
+                }
+                if s.outages > 0 || s.data_losses > 0 || s.lost_keys > 0 {
+                    eprintln!(
+                        "redis: unavailable {} times ({} observations counted locally meanwhile and merged when it answered); \
+                         lost its data {} times, {} keys written again from local views, {} keys found gone",
+                        s.outages, s.degraded_observations, s.data_losses, s.reseeded_keys, s.lost_keys
+                    );
+                }
             })
         }
     }

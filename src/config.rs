@@ -69,11 +69,24 @@ pub struct RedisConfig {
     /// A clean window unused this long leaves the local cache.
     #[serde(deserialize_with = "duration")]
     pub cache_time_to_idle: Duration,
-    /// Attempts per Redis round trip before it counts as failed (deltas are kept and retried).
+    /// Attempts per write-behind flush before it counts as failed and Redis as unavailable
+    /// (deltas are kept and sent again).
     pub retry_attempts: u32,
     /// First retry delay; doubles per attempt.
     #[serde(deserialize_with = "duration")]
     pub retry_backoff: Duration,
+    /// The longest a connection attempt to Redis may take.
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    /// The longest a Redis reply may take.
+    #[serde(deserialize_with = "duration")]
+    pub response_timeout: Duration,
+    /// While Redis is unavailable (counting locally), how often it is tried again.
+    #[serde(deserialize_with = "duration")]
+    pub probe_interval: Duration,
+    /// Most keys counted locally and not yet written to Redis; beyond (a long outage) the
+    /// partitions pause until Redis takes them.
+    pub max_local_keys: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -211,6 +224,10 @@ impl Config {
             max_pending: self.redis.max_pending,
             attempts: self.redis.retry_attempts,
             retry_backoff: self.redis.retry_backoff,
+            connect_timeout: self.redis.connect_timeout,
+            response_timeout: self.redis.response_timeout,
+            probe_interval: self.redis.probe_interval,
+            max_local_keys: self.redis.max_local_keys,
             cache_capacity: self.redis.cache_capacity,
             cache_time_to_idle: self.redis.cache_time_to_idle,
             tls_ca_file: self.redis.tls_ca_file.clone(),
@@ -389,6 +406,10 @@ impl fmt::Debug for RedisConfig {
             .field("cache_time_to_idle", &self.cache_time_to_idle)
             .field("retry_attempts", &self.retry_attempts)
             .field("retry_backoff", &self.retry_backoff)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("max_local_keys", &self.max_local_keys)
             .finish()
     }
 }

@@ -46,6 +46,10 @@ enum Command {
         /// digest; for stdin, a fresh name per run.
         #[arg(long, value_name = "NAME", requires = "redis")]
         input_id: Option<String>,
+        /// With --redis: at the end, how long to wait for an unavailable Redis to take what was
+        /// counted locally meanwhile (exit 1 if it does not).
+        #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration, requires = "redis")]
+        redis_wait: std::time::Duration,
         #[command(flatten)]
         bounds: BoundArgs,
     },
@@ -181,9 +185,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
-        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, bounds } => {
+        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, bounds } => {
             let redis = redis.map(|url| app::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
-            app::replay(&rules, &input, redis, ReplayOptions { emit_allow, lane: 0 }, bounds.time_bounds())
+            let options = ReplayOptions { emit_allow, lane: 0, store_wait: redis_wait };
+            app::replay(&rules, &input, redis, options, bounds.time_bounds())
         }
         Command::Run { config } => app::run(&config),
         Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {

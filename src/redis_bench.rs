@@ -206,6 +206,7 @@ pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<Memory
                     Aggregate::Distinct => Delta::Distinct(u128::from((i % 10) as u64) << 64 | u128::from(key)),
                 };
                 store.apply(window, &key.to_le_bytes(), ts, delta)?;
+                store.tick()?;
                 let member = format!("e-{}-{i}", key * 1000);
                 pipe.cmd("ZADD").arg(format!("mz:{n}:{key}")).arg(ts).arg(member).ignore();
             }

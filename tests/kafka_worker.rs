@@ -49,7 +49,7 @@ fn reference(rules: &Path, lines: &[Vec<u8>], emit_allow: bool) -> (BTreeMap<usi
     let mut engine = Engine::new(vigil::rule_files::load(rules).unwrap(), MemoryStore::new());
     let input = lines.join(&b'\n');
     let (mut out, mut diagnostics) = (Vec::new(), Vec::new());
-    replay(&mut engine, &input[..], &mut out, &mut diagnostics, ReplayOptions { emit_allow, lane: 0 }).unwrap();
+    replay(&mut engine, &input[..], &mut out, &mut diagnostics, ReplayOptions { emit_allow, ..ReplayOptions::default() }).unwrap();
     let decisions = out
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())

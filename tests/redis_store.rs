@@ -322,6 +322,7 @@ fn count_lines(store: RedisStore, lines: &[&[u8]], range: std::ops::Range<usize>
         let line = lines[i].strip_suffix(b"\n").unwrap_or(lines[i]);
         let event = vigil::event::decode(line, engine.rules().projection()).unwrap();
         engine.evaluate(&event, Origin { lane, offset: i as i64 }).unwrap();
+        engine.store_mut().tick().unwrap();
     }
     let mut store = engine.into_store();
     store.flush().unwrap();

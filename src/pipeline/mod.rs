@@ -264,6 +264,9 @@ pub struct ReplayOptions {
     /// records applied positions counts each line once however often its flush is retried or the
     /// same input replayed (see [`input_lane`]).
     pub lane: u64,
+    /// At the end, how long to keep trying a shared store that is unavailable, so that what was
+    /// counted locally meanwhile reaches it.
+    pub store_wait: Duration,
 }
 
 /// The lane of a replay input with identity `identity` (its content digest, or a name the user
@@ -350,6 +353,7 @@ pub fn replay<S: CounterStore>(
     let mut touched = Vec::new();
     let mut record = Vec::with_capacity(1024);
     loop {
+        wait_while_saturated(engine.store_mut())?;
         batch.clear();
         ends.clear();
         while ends.len() < REPLAY_BATCH && input.read_until(b'\n', &mut batch)? > 0 {
@@ -389,6 +393,7 @@ pub fn replay<S: CounterStore>(
                 }
             };
             let decision = engine.evaluate(event, Origin { lane: options.lane, offset: line as i64 })?;
+            engine.store_mut().tick()?;
             if !decision.is_empty() || options.emit_allow {
                 record.clear();
                 decide::write_record(&mut record, engine.rules(), event, &decision, Source::Line(line));
@@ -398,10 +403,44 @@ pub fn replay<S: CounterStore>(
         }
     }
     output.flush()?;
-    engine.store_mut().flush()?;
+    flush_within(engine.store_mut(), options.store_wait)?;
     summary.counts = engine.counts();
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// While the store's local state is at its bound (a long outage of the shared store), lets it
+/// write behind instead of counting more; says so every ten seconds.
+fn wait_while_saturated<S: CounterStore>(store: &mut S) -> Result<(), StoreError> {
+    let mut said = None::<Instant>;
+    while store.saturated() {
+        if said.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+            eprintln!("replay: local counter state is full while the counter store is unavailable; waiting for it");
+            said = Some(Instant::now());
+        }
+        store.tick()?;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Flushes the store, trying again for up to `wait` while it is unavailable.
+fn flush_within<S: CounterStore>(store: &mut S, wait: Duration) -> Result<(), StoreError> {
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match store.flush() {
+            Ok(()) => return Ok(()),
+            Err(StoreError::Unavailable(reason)) if Instant::now() < deadline => {
+                if !said {
+                    eprintln!("replay: the counter store is unavailable ({reason}); waiting up to {}s to write what was counted", wait.as_secs());
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn trim_line(line: &[u8]) -> &[u8] {

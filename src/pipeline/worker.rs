@@ -36,9 +36,9 @@ use crate::rules::{decide, Action, Mode, RuleSet, Source};
 use crate::shutdown::Shutdown;
 use crate::sink::{dead_letter_headers, Kind, Sink, Ticket};
 use crate::source::{self, Progress};
-use crate::store::{AnyStore, CounterStore, Origin, RedisStats, StoreError};
+use crate::store::{AnyStore, CounterStore, Journal, Origin, RedisStats, StoreError};
 use crate::telemetry::http::Health;
-use crate::telemetry::{ActionLabels, CodeLabels, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
+use crate::telemetry::{ActionLabels, CodeLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
 
 /// Messages a partition loop takes per engine lock.
 const MAX_BATCH: usize = 1024;
@@ -97,11 +97,30 @@ struct Worker {
 
 struct WorkerContext {
     worker: Arc<Worker>,
+    health: Arc<Health>,
+    logs: LogLimiter,
 }
 
 impl ClientContext for WorkerContext {
-    /// Consumer lag per assigned partition.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.logs.log(level, facility, message);
+    }
+
+    /// Every broker down: not ready until one answers again (seen in the statistics).
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
+            self.health.set_brokers_down(true);
+        }
+        if let Some(held) = self.logs.allow("ERROR", reason) {
+            tracing::error!(error = %error, held_back = held, "librdkafka: {reason}");
+        }
+    }
+
+    /// Consumer lag per assigned partition; broker reachability.
     fn stats(&self, statistics: Statistics) {
+        if statistics.brokers.values().any(|b| b.state == "UP") {
+            self.health.set_brokers_down(false);
+        }
         let partitions = self.worker.lock_partitions();
         for (topic, stats) in &statistics.topics {
             for (&partition, p) in &stats.partitions {
@@ -149,6 +168,9 @@ impl ConsumerContext for WorkerContext {
                     if let Offset::Offset(next) = element.offset() {
                         let labels = PartitionLabels { topic: element.topic().to_owned(), partition: element.partition() };
                         self.worker.metrics.committed_offset.get_or_create(&labels).set(next);
+                        // Nobody reads the events before `next` again: their journal entries go.
+                        let lane = self.worker.lane(element.topic(), element.partition());
+                        self.worker.lock_engine().store_mut().trim_journal(lane, next);
                     }
                 }
             }
@@ -177,8 +199,13 @@ pub fn run(
         exported: Mutex::new(RedisStats::default()),
         config,
     });
+    worker.lock_engine().store_mut().set_journal_namespace(&worker.config.kafka.group_id);
     let consumer: BaseConsumer<WorkerContext> = source::consumer_config(&worker.config.kafka, &worker.config.worker)
-        .create_with_context(WorkerContext { worker: Arc::clone(&worker) })?;
+        .create_with_context(WorkerContext {
+            worker: Arc::clone(&worker),
+            health: Arc::clone(&health),
+            logs: LogLimiter::new(Duration::from_secs(30)),
+        })?;
     let consumer = Arc::new(consumer);
     let topics: Vec<&str> = worker.config.kafka.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
@@ -210,6 +237,7 @@ pub fn run(
         let timeout = if gathered == 0 { Duration::from_millis(100) } else { Duration::ZERO };
         match consumer.poll(timeout) {
             Some(Ok(message)) => {
+                health.set_brokers_down(false);
                 if worker.gather(message.detach()) {
                     gathered += 1;
                 }
@@ -325,6 +353,16 @@ impl Worker {
     }
 
     fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Vec<OwnedMessage>>, stop: &AtomicBool, progress: &Arc<Progress>) {
+        // What a previous owner produced for the events this one may read again.
+        let lane = self.lane(&key.0, key.1);
+        let loaded = self.lock_engine().store_mut().load_journal(lane);
+        let journal = loaded.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, partition = key.1, "cannot read the decision journal: events re-read after a crash are judged again");
+            Journal::default()
+        });
+        if let Some(covered) = journal.covered {
+            tracing::info!(partition = key.1, covered, records = journal.records.len(), "decision journal loaded");
+        }
         loop {
             if stop.load(Ordering::Acquire) || self.shutdown.is_triggered() {
                 return;
@@ -340,17 +378,20 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            self.process(key, &batch, stop, progress);
+            self.process(key, &batch, stop, progress, &journal);
         }
     }
 
     /// Processes a batch in order; a store failure is retried with backoff from the first event
     /// not processed, until it succeeds or the loop is stopped (its offsets then stay uncommitted).
-    fn process(&self, key: &PartitionKey, batch: &[OwnedMessage], stop: &AtomicBool, progress: &Arc<Progress>) {
+    fn process(&self, key: &PartitionKey, batch: &[OwnedMessage], stop: &AtomicBool, progress: &Arc<Progress>, journal: &Journal) {
+        if !self.wait_while_saturated(stop) {
+            return;
+        }
         let mut start = 0;
         let mut backoff = Duration::from_millis(50);
         while start < batch.len() {
-            match self.process_some(key, &batch[start..], progress) {
+            match self.process_some(key, &batch[start..], progress, journal) {
                 Ok(()) => return,
                 Err((done, error)) => {
                     start += done;
@@ -361,6 +402,30 @@ impl Worker {
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
+            }
+        }
+    }
+
+    /// While the local counts waiting for Redis are at their bound (a long outage), the partition
+    /// waits: its events stay in Kafka. False if the loop was stopped meanwhile.
+    fn wait_while_saturated(&self, stop: &AtomicBool) -> bool {
+        let mut logged = None::<Instant>;
+        loop {
+            {
+                let mut engine = self.lock_engine();
+                if !engine.store().saturated() {
+                    self.metrics.store_saturated.set(0);
+                    return true;
+                }
+                let _ = engine.store_mut().tick();
+            }
+            self.metrics.store_saturated.set(1);
+            if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                tracing::warn!("local counter state is full while Redis is unavailable (redis.max_local_keys): partitions wait");
+                logged = Some(Instant::now());
+            }
+            if self.shutdown.wait(Duration::from_millis(50)) || stop.load(Ordering::Acquire) {
+                return false;
             }
         }
     }
@@ -379,7 +444,13 @@ impl Worker {
 
     /// Decodes, counts and decides `messages` under the engine lock, then hands their records to
     /// the producer. On a store failure, returns how many messages were processed.
-    fn process_some(&self, (topic, partition): &PartitionKey, messages: &[OwnedMessage], progress: &Arc<Progress>) -> Result<(), (usize, StoreError)> {
+    fn process_some(
+        &self,
+        (topic, partition): &PartitionKey,
+        messages: &[OwnedMessage],
+        progress: &Arc<Progress>,
+        journal: &Journal,
+    ) -> Result<(), (usize, StoreError)> {
         struct Output<'m> {
             offset: i64,
             key: Option<&'m [u8]>,
@@ -391,7 +462,7 @@ impl Worker {
         let mut outputs: Vec<Output<'_>> = Vec::new();
         let mut processed = 0;
         let mut failure = None;
-        let (mut decided, mut allowed, mut dead) = (0, 0, 0);
+        let (mut decided, mut allowed, mut dead, mut redelivered) = (0, 0, 0, 0);
         let mark = {
             let mut engine = self.lock_engine();
             let limit = self.config.worker.max_event_bytes;
@@ -437,7 +508,8 @@ impl Worker {
                         });
                     }
                     Ok(event) => {
-                        let decision = match engine.evaluate(event, Origin { lane, offset }) {
+                        let origin = Origin { lane, offset };
+                        let decision = match engine.evaluate(event, origin) {
                             Ok(decision) => decision,
                             Err(e) => {
                                 failure = Some(e);
@@ -449,19 +521,33 @@ impl Worker {
                         } else {
                             decided += 1;
                         }
-                        if !decision.is_empty() || emit_allow {
+                        let event_time_ms = message.timestamp().to_millis();
+                        if let Some(earlier) = journal.produced(offset) {
+                            // Read again after a crash: deliver what the first run produced, byte
+                            // for byte (this run counted only what the first had not flushed).
+                            redelivered += 1;
+                            if let Some(payload) = earlier {
+                                outputs.push(Output { offset, key: message.key(), payload: payload.to_vec(), dead_letter: None, event_time_ms });
+                            }
+                        } else if !decision.is_empty() || emit_allow {
                             record.clear();
                             let source = Source::Kafka { topic, partition: *partition, offset };
                             decide::write_record(&mut record, engine.rules(), event, &decision, source);
                             let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
                             self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
-                            outputs.push(Output {
-                                offset,
-                                key: message.key(),
-                                payload: record.clone(),
-                                dead_letter: None,
-                                event_time_ms: message.timestamp().to_millis(),
-                            });
+                            engine.store_mut().journal(origin, Some(&record));
+                            outputs.push(Output { offset, key: message.key(), payload: record.clone(), dead_letter: None, event_time_ms });
+                        } else {
+                            engine.store_mut().journal(origin, None);
+                        }
+                        for hit in decision.hits.iter().filter(|h| h.degraded) {
+                            let rule = engine.rules().rule(hit.rule).id.clone();
+                            self.metrics.degraded_hits.get_or_create(&RuleLabels { rule }).inc();
+                        }
+                        if let Err(e) = engine.store_mut().tick() {
+                            failure = Some(e);
+                            processed += 1;
+                            break;
                         }
                     }
                 }
@@ -490,6 +576,7 @@ impl Worker {
         self.metrics.inc_events("decided", decided);
         self.metrics.inc_events("allowed", allowed);
         self.metrics.inc_events("dead_lettered", dead);
+        self.metrics.redelivered_decisions.inc_by(redelivered);
         // Outside the lock: records go to the producer, each with a ticket back to `progress`.
         for output in outputs {
             progress.expect_delivery(output.offset);
@@ -561,6 +648,13 @@ impl Worker {
             }
             self.metrics.replayed_observations.inc_by(stats.skipped_applied.saturating_sub(exported.skipped_applied));
             self.metrics.stale_writes.inc_by(stats.stale_writes.saturating_sub(exported.stale_writes));
+            self.metrics.redis_outages.inc_by(stats.outages.saturating_sub(exported.outages));
+            self.metrics.degraded_observations.inc_by(stats.degraded_observations.saturating_sub(exported.degraded_observations));
+            self.metrics.redis_data_losses.inc_by(stats.data_losses.saturating_sub(exported.data_losses));
+            self.metrics.reseeded_keys.inc_by(stats.reseeded_keys.saturating_sub(exported.reseeded_keys));
+            self.metrics.lost_keys.inc_by(stats.lost_keys.saturating_sub(exported.lost_keys));
+            self.metrics.journaled_decisions.inc_by(stats.journaled.saturating_sub(exported.journaled));
+            self.metrics.redis_available.set(i64::from(redis.available()));
             *exported = stats;
         }
         engine.store().durable_mark()

@@ -45,9 +45,20 @@ struct Failed {
 pub struct SinkContext {
     metrics: Arc<Metrics>,
     failed: Mutex<Vec<Failed>>,
+    logs: crate::telemetry::LogLimiter,
 }
 
-impl ClientContext for SinkContext {}
+impl ClientContext for SinkContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.logs.log(level, facility, message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if let Some(held) = self.logs.allow("ERROR", reason) {
+            tracing::error!(error = %error, held_back = held, "librdkafka producer: {reason}");
+        }
+    }
+}
 
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = Box<Ticket>;
@@ -116,7 +127,11 @@ impl Sink {
                 config.set(key, value);
             }
         }
-        let producer = config.create_with_context(SinkContext { metrics, failed: Mutex::new(Vec::new()) })?;
+        let producer = config.create_with_context(SinkContext {
+            metrics,
+            failed: Mutex::new(Vec::new()),
+            logs: crate::telemetry::LogLimiter::new(std::time::Duration::from_secs(30)),
+        })?;
         Ok(Sink {
             producer,
             decisions_topic: kafka.decisions_topic.clone(),

@@ -1,35 +1,40 @@
 //! Connections to Redis for the store: one server or a Redis Cluster (calls pipelined per master
-//! by the slot map, MOVED/ASK followed through the cluster client), with reconnects, exponential
-//! backoff, and reloading the script on NOSCRIPT.
+//! by the slot map, MOVED/ASK followed through the cluster client), with connect and response
+//! timeouts on every call, reconnects, exponential backoff within a bounded number of attempts,
+//! and reloading the script on NOSCRIPT.
+//!
+//! A call that fails in a way that leaves the connection in an unknown state (a timeout, a reset)
+//! drops the connection; the next attempt opens a new one. Which calls of a pipeline ran is then
+//! unknown, so they are sent again: every call the store makes is idempotent (script calls skip
+//! the deltas whose input position a key has recorded, writes check the key's version).
 
 use std::time::Duration;
 
-use super::redis::RedisStoreConfig;
-use super::scripts::APPLY_WINDOW;
+use redis::Value;
+
+use super::scripts::{ScriptCall, APPLY_WINDOW};
 use super::StoreError;
 
-/// One key's reply: its items (head, late, skipped, field, value, …).
-pub(super) type KeyReply = Vec<Vec<u8>>;
-/// One script call's reply: per key.
-pub(super) type CallReply = Vec<KeyReply>;
-/// A batch's replies: per call.
-pub(super) type Calls = Vec<CallReply>;
-
-/// A call a batch is made of: a script invocation (flushes) or a plain command (reads), run in a
-/// pipeline or, after a redirect, through the cluster client.
-pub(super) trait Call {
-    type Reply: redis::FromRedisValue + Clone;
-    fn add_to(&self, pipe: &mut redis::Pipeline);
-    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<Self::Reply>;
+/// How long a connection attempt and a reply may take.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timeouts {
+    pub(super) connect: Duration,
+    pub(super) response: Duration,
 }
 
-impl Call for redis::Cmd {
-    type Reply = KeyReply;
-    fn add_to(&self, pipe: &mut redis::Pipeline) {
-        pipe.add_command(self.clone());
-    }
-    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<KeyReply> {
-        self.query(conn)
+/// One call of a batch: a script invocation (flushes, built in a flat buffer and turned into a
+/// command on the thread that sends it) or a plain command.
+pub(super) enum Op {
+    Script(ScriptCall),
+    Cmd(redis::Cmd),
+}
+
+impl Op {
+    fn cmd(&self) -> redis::Cmd {
+        match self {
+            Op::Script(call) => call.cmd(),
+            Op::Cmd(cmd) => cmd.clone(),
+        }
     }
 }
 
@@ -46,22 +51,32 @@ enum Conn {
     Cluster(Box<ClusterConn>),
 }
 
+/// Opens a connection to one server with the timeouts set.
+fn open_single(client: &redis::Client, timeouts: Timeouts) -> redis::RedisResult<redis::Connection> {
+    let conn = client.get_connection_with_timeout(timeouts.connect)?;
+    conn.set_read_timeout(Some(timeouts.response))?;
+    conn.set_write_timeout(Some(timeouts.response))?;
+    Ok(conn)
+}
+
 /// A Redis Cluster: calls are pipelined per master on direct connections, by the slot map; a call
 /// answered with MOVED/ASK (the map changed) is sent again through the cluster client, which
 /// follows redirects, and the map is read anew.
 struct ClusterConn {
     cluster: redis::cluster::ClusterConnection,
     seed: redis::Client,
+    timeouts: Timeouts,
     /// Master index per hash slot.
     slot_owner: Vec<usize>,
     masters: Vec<(String, u16, Option<redis::Connection>)>,
 }
 
 impl ClusterConn {
-    fn open(seed: &redis::Client, cluster: &redis::cluster::ClusterClient) -> redis::RedisResult<ClusterConn> {
+    fn open(seed: &redis::Client, cluster: &redis::cluster::ClusterClient, timeouts: Timeouts) -> redis::RedisResult<ClusterConn> {
         let mut conn = ClusterConn {
             cluster: cluster.get_connection()?,
             seed: seed.clone(),
+            timeouts,
             slot_owner: vec![0; 16384],
             masters: Vec::new(),
         };
@@ -71,16 +86,16 @@ impl ClusterConn {
 
     /// `CLUSTER SLOTS`: each range's master.
     fn read_slot_map(&mut self) -> redis::RedisResult<()> {
-        let mut any = self.seed.get_connection()?;
+        let mut any = open_single(&self.seed, self.timeouts)?;
         let ranges: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
             .arg("SLOTS")
-            .query::<Vec<redis::Value>>(&mut any)?
+            .query::<Vec<Value>>(&mut any)?
             .into_iter()
             .filter_map(|range| {
-                let redis::Value::Array(items) = range else { return None };
+                let Value::Array(items) = range else { return None };
                 let start: u16 = redis::from_redis_value(items.first()?.clone()).ok()?;
                 let end: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
-                let redis::Value::Array(master) = items.get(2)? else { return None };
+                let Value::Array(master) = items.get(2)? else { return None };
                 let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
                 let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
                 Some((start, end, (host, port)))
@@ -103,6 +118,7 @@ impl ClusterConn {
 
     /// A direct connection to a master, with the seed's credentials and TLS settings.
     fn master(&mut self, index: usize) -> redis::RedisResult<&mut redis::Connection> {
+        let timeouts = self.timeouts;
         let (host, port, conn) = &mut self.masters[index];
         if conn.is_none() {
             let info = self.seed.get_connection_info().clone();
@@ -115,7 +131,7 @@ impl ClusterConn {
                 },
                 _ => redis::ConnectionAddr::Tcp(host.clone(), *port),
             };
-            *conn = Some(redis::Client::open(info.set_addr(addr))?.get_connection()?);
+            *conn = Some(open_single(&redis::Client::open(info.set_addr(addr))?, timeouts)?);
         }
         Ok(conn.as_mut().expect("opened above"))
     }
@@ -123,10 +139,11 @@ impl ClusterConn {
     /// Runs every call, grouped per master, keeping each call's result across attempts: only
     /// calls that have not run are sent again (after a reconnect or a fresh slot map), so no call
     /// is applied twice because another master failed.
-    fn run<C: Call>(&mut self, batch: &Batch<C>, attempts: u32, backoff: Duration) -> (redis::RedisResult<Vec<C::Reply>>, u64) {
-        let mut results: Vec<Option<C::Reply>> = vec![None; batch.calls.len()];
+    fn run(&mut self, batch: &Batch, attempts: u32, backoff: Duration) -> (redis::RedisResult<Vec<Value>>, u64) {
+        let mut results: Vec<Option<Value>> = vec![None; batch.calls.len()];
         let mut delay = backoff;
         let mut retries = 0;
+        let mut failed_attempts = 0;
         loop {
             let (redirected, error) = match self.run_pending(batch, &mut results) {
                 Ok(redirected) => (redirected, None),
@@ -138,7 +155,8 @@ impl ClusterConn {
                 return (Ok(calls), retries);
             }
             let error = error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "calls left unanswered")));
-            if retries + 1 >= u64::from(attempts) {
+            failed_attempts += 1;
+            if failed_attempts >= attempts {
                 return (Err(error), retries);
             }
             retries += 1;
@@ -150,7 +168,7 @@ impl ClusterConn {
 
     /// One pass over the calls without a result; returns how many were redirected (MOVED/ASK or
     /// NOSCRIPT) and run again through the cluster client.
-    fn run_pending<C: Call>(&mut self, batch: &Batch<C>, results: &mut [Option<C::Reply>]) -> redis::RedisResult<u64> {
+    fn run_pending(&mut self, batch: &Batch, results: &mut [Option<Value>]) -> redis::RedisResult<u64> {
         let mut per_master: Vec<Vec<usize>> = vec![Vec::new(); self.masters.len()];
         for (call, &slot) in batch.slots.iter().enumerate() {
             if results[call].is_none() {
@@ -164,9 +182,9 @@ impl ClusterConn {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &call in &calls {
-                batch.calls[call].add_to(&mut pipe);
+                pipe.add_command(batch.calls[call].cmd());
             }
-            let replies: redis::RedisResult<Vec<redis::RedisResult<C::Reply>>> =
+            let replies: redis::RedisResult<Vec<redis::RedisResult<Value>>> =
                 self.master(master).and_then(|conn| pipe.query(conn));
             let replies = match replies {
                 Ok(replies) => replies,
@@ -199,7 +217,7 @@ impl ClusterConn {
         let redirects = redirected.len() as u64;
         if !redirected.is_empty() {
             for call in redirected {
-                match batch.calls[call].run_through(&mut self.cluster) {
+                match batch.calls[call].cmd().query::<Value>(&mut self.cluster) {
                     Ok(reply) => results[call] = Some(reply),
                     Err(e) => {
                         first_error.get_or_insert(e);
@@ -213,111 +231,149 @@ impl ClusterConn {
 }
 
 impl Target {
-    fn connect(&self) -> redis::RedisResult<Conn> {
+    fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<Conn> {
         match self {
-            Target::Single(client) => client.get_connection().map(Conn::Single),
-            Target::Cluster { seed, cluster } => ClusterConn::open(seed, cluster).map(|c| Conn::Cluster(Box::new(c))),
+            Target::Single(client) => open_single(client, timeouts).map(Conn::Single),
+            Target::Cluster { seed, cluster } => ClusterConn::open(seed, cluster, timeouts).map(|c| Conn::Cluster(Box::new(c))),
         }
     }
 }
 
 /// Calls covering a set of keys: the calls, each call's hash slot (all its keys share it in
 /// cluster mode), and for each key reply (in call order) the index of its key.
-pub(super) struct Batch<C> {
-    pub(super) calls: Vec<C>,
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) calls: Vec<Op>,
     pub(super) slots: Vec<u16>,
     pub(super) order: Vec<usize>,
+}
+
+impl Batch {
+    /// Adds a plain command on `key`.
+    pub(super) fn command(&mut self, cluster: bool, key: &str, cmd: redis::Cmd) {
+        self.calls.push(Op::Cmd(cmd));
+        self.slots.push(if cluster { slot(key) } else { 0 });
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
 }
 
 /// A connection that reconnects, and retries with exponential backoff, when Redis goes away; and
 /// loads the script and retries on NOSCRIPT (after a Redis restart or `SCRIPT FLUSH`).
 pub(super) struct Link {
     target: Target,
-    conn: Conn,
-    attempts: u32,
+    /// `None` after a failure that left the connection unusable: opened again on the next call.
+    conn: Option<Conn>,
+    timeouts: Timeouts,
     backoff: Duration,
 }
 
 impl Link {
-    pub(super) fn open(target: Target, config: &RedisStoreConfig) -> Result<Link, StoreError> {
-        let mut conn = target.connect().map_err(unavailable)?;
-        // Loaded up front, so the first flushes do not meet NOSCRIPT.
-        match &mut conn {
-            Conn::Single(single) => APPLY_WINDOW.prepare_invoke().load(single).map(drop),
-            Conn::Cluster(cluster) => load_on_all_masters(&mut cluster.cluster),
-        }
-        .map_err(unavailable)?;
-        Ok(Link { target, conn, attempts: config.attempts, backoff: config.retry_backoff })
+    /// Connects (within the connect timeout) and loads the script, so the first flushes do not
+    /// meet NOSCRIPT.
+    pub(super) fn open(target: Target, timeouts: Timeouts, backoff: Duration) -> Result<Link, StoreError> {
+        let mut conn = target.connect(timeouts).map_err(unavailable)?;
+        load_script(&mut conn).map_err(unavailable)?;
+        Ok(Link { target, conn: Some(conn), timeouts, backoff })
     }
 
-    /// Runs `batch`; also returns how many failed attempts were retried. Both a cluster
-    /// (`ClusterConn::run`) and a single Redis keep each call's result and retry only the calls
-    /// that have none.
-    pub(super) fn query<C: Call>(&mut self, batch: &Batch<C>) -> (Result<Vec<C::Reply>, StoreError>, u64) {
-        if let Conn::Cluster(conn) = &mut self.conn {
-            let (result, retries) = conn.run(batch, self.attempts, self.backoff);
-            return (result.map_err(unavailable), retries);
+    /// Runs `batch` in at most `attempts` attempts; also returns how many failed attempts were
+    /// retried. Both a cluster (`ClusterConn::run`) and a single Redis keep each call's result and
+    /// retry only the calls that have none.
+    pub(super) fn query(&mut self, batch: &Batch, attempts: u32) -> (Result<Vec<Value>, StoreError>, u64) {
+        let attempts = attempts.max(1);
+        if batch.is_empty() {
+            return (Ok(Vec::new()), 0);
         }
-        // Each call's result is kept across attempts, so a call that ran is never sent again
-        // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say): running a flush twice
-        // would count its deltas twice.
-        let mut results: Vec<Option<C::Reply>> = vec![None; batch.calls.len()];
+        let mut results: Vec<Option<Value>> = vec![None; batch.calls.len()];
         let mut delay = self.backoff;
         let mut retries = 0;
+        let mut failed_attempts = 0;
         loop {
-            let Conn::Single(conn) = &mut self.conn else { unreachable!("handled above") };
+            let error = match self.attempt(batch, &mut results, attempts) {
+                Ok(redone) => {
+                    let replies = results.into_iter().map(|r| r.expect("every call answered")).collect();
+                    return (Ok(replies), retries + redone);
+                }
+                Err(e) => e,
+            };
+            failed_attempts += 1;
+            if failed_attempts >= attempts || matches!(self.conn, Some(Conn::Cluster(_))) {
+                return (Err(unavailable(error)), retries);
+            }
+            retries += 1;
+            std::thread::sleep(delay);
+            delay *= 2;
+        }
+    }
+
+    /// One attempt (a cluster runs its own attempts in it); on success, how many calls had to be
+    /// sent again (NOSCRIPT, or a cluster's redirects and retries).
+    fn attempt(&mut self, batch: &Batch, results: &mut [Option<Value>], attempts: u32) -> redis::RedisResult<u64> {
+        if self.conn.is_none() {
+            let mut conn = self.target.connect(self.timeouts)?;
+            load_script(&mut conn)?;
+            self.conn = Some(conn);
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        let conn = match conn {
+            Conn::Cluster(cluster) => {
+                let (result, retries) = cluster.run(batch, attempts, self.backoff);
+                let replies = result?;
+                for (slot, reply) in results.iter_mut().zip(replies) {
+                    *slot = Some(reply);
+                }
+                return Ok(retries);
+            }
+            Conn::Single(conn) => conn,
+        };
+        // Each call's result is kept across attempts, so a call that ran is never sent again
+        // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say). The calls that met
+        // NOSCRIPT are sent again at once, after loading the script once for all of them.
+        let mut redone = 0;
+        for _pass in 0..2 {
             let waiting: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in &waiting {
-                batch.calls[i].add_to(&mut pipe);
+                pipe.add_command(batch.calls[i].cmd());
             }
-            let error = match pipe.query::<Vec<redis::RedisResult<C::Reply>>>(conn) {
-                Ok(replies) => {
-                    let (mut error, mut reload) = (None, false);
-                    for (i, reply) in waiting.into_iter().zip(replies) {
-                        match reply {
-                            Ok(reply) => results[i] = Some(reply),
-                            Err(e) if is_noscript(&e) => reload = true,
-                            Err(e) => error = Some(e),
-                        }
-                    }
-                    if reload {
-                        // Once for every call that met NOSCRIPT.
-                        if let Err(load) = APPLY_WINDOW.prepare_invoke().load(conn) {
-                            error = Some(load);
-                        }
-                    }
-                    if results.iter().all(Option::is_some) {
-                        let replies = results.into_iter().map(|r| r.expect("checked above")).collect();
-                        return (Ok(replies), retries);
-                    }
-                    // Only NOSCRIPT calls left, the script loaded again: retried at once, but
-                    // still within the attempts.
-                    if error.is_none() && retries + 1 >= u64::from(self.attempts) {
-                        error = Some(redis::RedisError::from((redis::ErrorKind::Io, "NOSCRIPT on every attempt")));
-                    }
-                    error
+            let replies = match pipe.query::<Vec<redis::RedisResult<Value>>>(conn) {
+                Ok(replies) => replies,
+                Err(e) => {
+                    // A timeout, a reset: the connection is in an unknown state. Which calls ran
+                    // is unknown too; they are sent again on a new connection.
+                    self.conn = None;
+                    return Err(e);
                 }
-                // The connection failed: which calls ran is unknown; they are sent again. (A
-                // flush's writes then meet their own new version and its tagged deltas their
-                // recorded offsets: the worker still counts once.)
-                Err(e) => Some(e),
             };
-            if let Some(e) = &error {
-                if retries + 1 >= u64::from(self.attempts) {
-                    return (Err(unavailable(error.expect("checked above"))), retries);
-                }
-                std::thread::sleep(delay);
-                delay *= 2;
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    if let Ok(conn) = self.target.connect() {
-                        self.conn = conn;
-                    }
+            let (mut error, mut reload) = (None, false);
+            for (i, reply) in waiting.into_iter().zip(replies) {
+                match reply {
+                    Ok(reply) => results[i] = Some(reply),
+                    Err(e) if is_noscript(&e) => reload = true,
+                    Err(e) => error = Some(e),
                 }
             }
-            retries += 1;
+            if let Some(e) = error {
+                return Err(e);
+            }
+            if !reload {
+                return Ok(redone);
+            }
+            APPLY_WINDOW.prepare_invoke().load(conn)?;
+            redone += results.iter().filter(|r| r.is_none()).count() as u64;
         }
+        Err(redis::RedisError::from((redis::ErrorKind::Io, "NOSCRIPT after loading the script")))
+    }
+}
+
+fn load_script(conn: &mut Conn) -> redis::RedisResult<()> {
+    match conn {
+        Conn::Single(single) => APPLY_WINDOW.prepare_invoke().load(single).map(drop),
+        Conn::Cluster(cluster) => load_on_all_masters(&mut cluster.cluster),
     }
 }
 
@@ -337,11 +393,18 @@ fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::R
     conn.route_command(&load, route).map(drop)
 }
 
-/// The Redis Cluster hash slot of a key (CRC16/XMODEM mod 16384). vigil's keys never hold `{`,
-/// so the whole key is hashed.
+/// The Redis Cluster hash slot of a key (CRC16/XMODEM mod 16384) of a key without a hash tag.
+/// vigil's counter keys never hold `{`, so the whole key is hashed.
 pub(super) fn slot(key: &str) -> u16 {
+    let hashed = key
+        .find('{')
+        .and_then(|open| {
+            let tag = &key[open + 1..];
+            tag.find('}').filter(|&len| len > 0).map(|len| &tag[..len])
+        })
+        .unwrap_or(key);
     let mut crc: u16 = 0;
-    for &byte in key.as_bytes() {
+    for &byte in hashed.as_bytes() {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
             crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
@@ -354,7 +417,6 @@ pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::slot;
@@ -365,5 +427,7 @@ mod tests {
         assert_eq!(slot("123456789"), 0x31C3);
         assert_eq!(slot("foo"), 12182);
         assert_eq!(slot("bar"), 5061);
+        // A hash tag: only what is between the first { and the next } is hashed.
+        assert_eq!(slot("vg:epoch:{foo}"), 12182);
     }
 }

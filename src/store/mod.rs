@@ -2,15 +2,20 @@
 //! opaque keys, never rules: the pipeline maps each rule to a window and each event to a key.
 //!
 //! - `memory`: the in-process store. `redis`: the Redis store (merged views, write-behind,
-//!   exactly-once offsets). `link`: its connections (single server or cluster, retries).
-//!   `scripts`: the Lua script and the calls to it. `keys`: exact key identities.
+//!   exactly-once offsets, circuit breaker, data-loss detection). `link`: its connections (single
+//!   server or cluster, timeouts, retries). `codec`: windows as Redis holds them and as flushes
+//!   write them. `scripts`: the Lua script and the calls to it. `journal`: the decision journal
+//!   that makes duplicates after a crash identical. `keys`: exact key identities.
 
+mod codec;
+pub mod journal;
 mod keys;
 mod link;
 pub mod memory;
 pub mod redis;
 mod scripts;
 
+pub use journal::Journal;
 pub use memory::MemoryStore;
 pub use redis::{FlushSample, RedisStats, RedisStore, RedisStoreConfig};
 
@@ -137,11 +142,35 @@ pub trait CounterStore {
         self.counted_mark()
     }
 
-    /// Lets a store that writes behind take in finished writes and start due ones while the
-    /// caller has no events (nothing to do in memory).
+    /// Lets a store that writes behind take in finished writes and start due ones (or wait for
+    /// Redis under backpressure). Callers run it after each event, once its observations (and
+    /// journal entry) are in, and while they have no events (nothing to do in memory).
     fn tick(&mut self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Whether the local state the shared store has not acknowledged reached its bound (during
+    /// an outage): the caller should stop feeding events (they wait in their input) and `tick`
+    /// until it clears.
+    fn saturated(&self) -> bool {
+        false
+    }
+
+    /// Records that the event at `origin` produced `record` (or no record), for a lane's next
+    /// owner to deliver the same bytes again if it re-reads the event (see [`journal`]). Stores
+    /// that do not outlive the process keep nothing.
+    fn journal(&mut self, _origin: Origin, _record: Option<&[u8]>) {}
+
+    /// Names the journals this process writes (its consumer group).
+    fn set_journal_namespace(&mut self, _namespace: &str) {}
+
+    /// What the events of `lane` produced, as far as its journal covers them.
+    fn load_journal(&mut self, _lane: u64) -> Result<Journal, StoreError> {
+        Ok(Journal::default())
+    }
+
+    /// The input of `lane` is committed up to `committed`: older journal entries can go.
+    fn trim_journal(&mut self, _lane: u64, _committed: i64) {}
 }
 
 /// The store `vigil run` was configured with.
@@ -192,5 +221,20 @@ impl CounterStore for AnyStore {
     }
     fn tick(&mut self) -> Result<(), StoreError> {
         delegate!(self, s => s.tick())
+    }
+    fn saturated(&self) -> bool {
+        delegate!(self, s => s.saturated())
+    }
+    fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
+        delegate!(self, s => s.journal(origin, record))
+    }
+    fn set_journal_namespace(&mut self, namespace: &str) {
+        delegate!(self, s => s.set_journal_namespace(namespace))
+    }
+    fn load_journal(&mut self, lane: u64) -> Result<Journal, StoreError> {
+        delegate!(self, s => s.load_journal(lane))
+    }
+    fn trim_journal(&mut self, lane: u64, committed: i64) {
+        delegate!(self, s => s.trim_journal(lane, committed))
     }
 }

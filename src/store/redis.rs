@@ -16,22 +16,44 @@
 //!
 //! Exactly-once counting: observations carry their input position ([`Origin`]); each key records
 //! the highest offset applied per lane, and an observation at or below it is judged, not counted.
+//! So a flush sent again (its reply was lost, it timed out) or an input read again (after a
+//! crash, or replayed a second time) counts each observation once.
+//!
+//! Outages: every Redis call has connect and response timeouts and a bounded number of attempts.
+//! When one fails, the store stops calling Redis on the counting path (the circuit breaker opens)
+//! and counts locally: a key it has no view of starts empty. Those values are *degraded* (other
+//! workers' counts are missing). The flusher keeps trying (every `probe_interval`); when Redis
+//! answers, the local deltas are merged exactly once (they are tagged with their positions) and
+//! the keys' windows come back with the replies. Nothing counted is dropped: keys with deltas are
+//! never evicted, and the caller is told when they outgrow `max_local_keys`.
+//!
+//! Data loss: Redis holds an epoch key (per master on a cluster). Every flush first checks it;
+//! when it has vanished or changed (a restart without persistence, FLUSHALL, a failover to a stale
+//! replica) the flush writes nothing and every key this process holds a view of is written again
+//! from that view. A key written at a version this process knew that is gone is written again
+//! from the view too (the script answers `?`).
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
+use redis::Value;
 
+use super::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
+use super::journal::{self, Journal, Journals};
 use super::keys::{KeyBytes, KeyRef, StoredKey};
-use super::link::{slot, unavailable, Batch, Calls, KeyReply, Link, Target};
+use super::link::{slot, unavailable, Batch, Link, Op, Target, Timeouts};
 use super::scripts::ScriptCall;
 use super::{CounterStore, Observed, Origin, StoreError, WindowId, Windows};
-use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
+use crate::window::{Applied, Delta, WindowSpec, WindowState};
 
 const FLUSHER_STOPPED: &str = "the flusher thread stopped";
 
 /// Keys served by one script call. Bounded so one call never blocks Redis for long.
 const KEYS_PER_CALL: usize = 256;
+
+/// Most keys one flush carries: a re-seed after a data loss is spread over several flushes.
+const MAX_FLUSH_KEYS: usize = 16_384;
 
 /// Tuning of the Redis store.
 #[derive(Debug, Clone)]
@@ -40,10 +62,20 @@ pub struct RedisStoreConfig {
     pub flush_interval: Duration,
     /// Flush as soon as this many observations are pending.
     pub max_pending: usize,
-    /// Attempts per flush or load before giving up (pending deltas are kept either way).
+    /// Attempts per flush before it counts as failed (its deltas are kept either way); window
+    /// reads on the counting path make at most two.
     pub attempts: u32,
     /// First retry delay; doubles per attempt.
     pub retry_backoff: Duration,
+    /// The longest a connection attempt may take.
+    pub connect_timeout: Duration,
+    /// The longest a reply may take.
+    pub response_timeout: Duration,
+    /// While Redis is unavailable, how often the flusher tries it again.
+    pub probe_interval: Duration,
+    /// Most keys with deltas Redis has not acknowledged; beyond, [`CounterStore::saturated`]
+    /// asks the caller to stop feeding events until Redis takes them.
+    pub max_local_keys: usize,
     /// Most clean windows (read from Redis, nothing pending) kept in the local cache.
     pub cache_capacity: u64,
     /// A clean window not used for this long is dropped from the local cache.
@@ -61,8 +93,12 @@ impl Default for RedisStoreConfig {
         RedisStoreConfig {
             flush_interval: Duration::from_millis(50),
             max_pending: 10_000,
-            attempts: 5,
+            attempts: 3,
             retry_backoff: Duration::from_millis(20),
+            connect_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_secs(2),
+            probe_interval: Duration::from_secs(1),
+            max_local_keys: 1_000_000,
             cache_capacity: 1_000_000,
             cache_time_to_idle: Duration::from_secs(600),
             tls_ca_file: None,
@@ -84,12 +120,24 @@ pub struct RedisStats {
     /// Deltas the script refused as late (another worker had moved the key's head on).
     pub refused_late: u64,
     /// Observations judged but not counted again: their offset was at or below the one recorded
-    /// for their key (input replayed after a crash or a rebalance).
+    /// for their key (input replayed after a crash or a rebalance, or a flush sent again).
     pub skipped_applied: u64,
     /// Keys whose writes met a version another writer had moved on; their deltas went again.
     pub stale_writes: u64,
     /// Flushes that failed after every retry (their deltas were kept and sent again).
     pub failed_flushes: u64,
+    /// Times Redis became unavailable (the circuit breaker opened).
+    pub outages: u64,
+    /// Observations counted on local state only, while Redis was unavailable.
+    pub degraded_observations: u64,
+    /// Times Redis was found to have lost its data (its epoch key vanished or changed).
+    pub data_losses: u64,
+    /// Keys gone from Redis at a version this process knew (lost or expired), written again.
+    pub lost_keys: u64,
+    /// Keys written again from this process's view after Redis lost its data.
+    pub reseeded_keys: u64,
+    /// Decision records written to journals.
+    pub journaled: u64,
 }
 
 /// One acknowledged flush, for the flush size and latency metrics.
@@ -122,20 +170,17 @@ struct Dirty {
     pending: Vec<Observation>,
     /// The counted index of the oldest pending observation.
     pending_oldest: Option<u64>,
+    /// Redis could not be read when the key was first needed: the view holds local counts only
+    /// until a flush brings the window back.
+    base_unknown: bool,
+    /// The key is gone from Redis: the next flush writes the whole view (at version 0).
+    full: bool,
 }
 
 impl Dirty {
     /// A key with `pending` observations (the oldest counted as `pending_oldest`) over a view of
     /// Redis at `version`, nothing in flight.
-    fn new(
-        state: WindowState,
-        version: Option<u64>,
-        base_head: Option<i64>,
-        refreshed: Option<Instant>,
-        offsets: Offsets,
-        pending: Vec<Observation>,
-        pending_oldest: Option<u64>,
-    ) -> Dirty {
+    fn new(state: WindowState, version: Option<u64>, base_head: Option<i64>, refreshed: Option<Instant>, offsets: Offsets) -> Dirty {
         Dirty {
             state,
             version,
@@ -146,9 +191,16 @@ impl Dirty {
             offsets,
             inflight: Vec::new(),
             inflight_oldest: None,
-            pending,
-            pending_oldest,
+            pending: Vec::new(),
+            pending_oldest: None,
+            base_unknown: false,
+            full: false,
         }
+    }
+
+    fn push(&mut self, observation: Observation, index: u64) {
+        self.pending.push(observation);
+        self.pending_oldest.get_or_insert(index);
     }
 
     /// Puts the in-flight deltas back in front of those counted since, to be sent again.
@@ -158,41 +210,13 @@ impl Dirty {
         self.pending = again;
         self.pending_oldest = self.inflight_oldest.take().or(self.pending_oldest);
     }
-}
 
-/// One counted observation Redis has not acknowledged.
-#[derive(Debug, Clone, Copy)]
-struct Observation {
-    bucket: i64,
-    delta: Delta,
-    origin: Option<Origin>,
-}
-
-/// Highest applied offset per lane (`o:<lane>` in Redis).
-type Offsets = smallvec::SmallVec<[(u64, i64); 1]>;
-
-fn offset_of(offsets: &Offsets, lane: u64) -> Option<i64> {
-    offsets.iter().find(|(l, _)| *l == lane).map(|&(_, o)| o)
-}
-
-fn raise(offsets: &mut Offsets, lane: u64, offset: i64) {
-    match offsets.iter_mut().find(|(l, _)| *l == lane) {
-        Some(entry) => entry.1 = entry.1.max(offset),
-        None => offsets.push((lane, offset)),
+    /// Redis lost the key: write the whole view again, as a new key.
+    fn rewrite(&mut self) {
+        self.full = true;
+        self.version = Some(0);
+        self.base_head = None;
     }
-}
-
-/// A recorded offset field (`o:<lane>` → offset). Lanes vigil does not write (not a number)
-/// are someone else's business: `None`.
-fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u64, i64)> {
-    let lane = std::str::from_utf8(field.strip_prefix(b"o:")?).ok()?.parse().ok()?;
-    let offset = std::str::from_utf8(value).ok()?.parse().ok()?;
-    Some((lane, offset))
-}
-
-/// Whether an observation from `origin` was applied before (its input is being replayed).
-fn replayed(offsets: &Offsets, origin: Option<Origin>) -> bool {
-    origin.is_some_and(|o| offset_of(offsets, o.lane).is_some_and(|applied| o.offset <= applied))
 }
 
 /// How a replayed observation is judged without counting it: the window as it stands (or late,
@@ -213,21 +237,67 @@ struct Cached {
     offsets: Offsets,
 }
 
-/// A parsed script reply for one key.
-enum Reply {
-    /// The key holds nothing.
-    Empty,
-    /// The caller's view was current (`=`): it holds what Redis holds now.
-    Current { version: u64 },
-    /// Redis' window (`*`), other writers' deltas included.
-    Window { version: u64, state: WindowState, offsets: Offsets },
-    /// Writes for a stale version, not made (`!`): the deltas are sent again.
-    Stale,
+/// The keys that tell whether Redis lost its data (one per master on a cluster), with the value
+/// this process knows each holds.
+struct Epochs {
+    keys: Vec<String>,
+    known: Vec<Option<Vec<u8>>>,
+    /// What this process writes into an absent epoch key.
+    candidate: Vec<u8>,
 }
 
-/// What the flusher thread sends back for one pipeline.
+impl Epochs {
+    /// `SET key candidate NX GET` for each key: sets the ones that are absent and returns what
+    /// each held before.
+    fn add_checks(&self, batch: &mut Batch, cluster: bool) {
+        for key in &self.keys {
+            let mut set = redis::cmd("SET");
+            set.arg(key).arg(&self.candidate).arg("NX").arg("GET");
+            batch.command(cluster, key, set);
+        }
+    }
+
+    /// Takes in the replies of `add_checks`: true if an epoch this process knew vanished or
+    /// changed (Redis lost its data).
+    fn check(&mut self, replies: &[Value]) -> Result<bool, StoreError> {
+        let mut lost = false;
+        for (known, reply) in self.known.iter_mut().zip(replies) {
+            let now = match reply {
+                Value::Nil => self.candidate.clone(),
+                other => redis::from_redis_value::<Vec<u8>>(other.clone())
+                    .map_err(|e| StoreError::Protocol(format!("epoch: {e}")))?,
+            };
+            if known.as_ref().is_some_and(|k| *reply == Value::Nil || *k != now) {
+                lost = true;
+            }
+            *known = Some(now);
+        }
+        Ok(lost)
+    }
+}
+
+/// The epoch key living in hash slot `target` (a hash tag that hashes there).
+fn epoch_key_in_slot(target: u16) -> String {
+    (0u64..)
+        .map(|n| format!("vg:epoch:{{e{n}}}"))
+        .find(|key| slot(key) == target)
+        .expect("some tag hashes to every slot")
+}
+
+/// A flush for the flusher thread: first the epoch checks and journal writes, then, if no data
+/// loss showed, the script calls.
+struct FlushJob {
+    first: Batch,
+    epochs: usize,
+    known: Vec<Option<Vec<u8>>>,
+    scripts: Batch,
+    attempts: u32,
+}
+
+/// What the flusher thread sends back for one flush.
 struct FlushDone {
-    result: Result<Calls, StoreError>,
+    /// The replies of the first phase, and of the scripts (`None`: not run, data loss seen).
+    result: Result<(Vec<Value>, Option<Vec<Value>>), StoreError>,
     retries: u64,
 }
 
@@ -236,12 +306,28 @@ struct Inflight {
     order: Vec<usize>,
     observations: usize,
     sent: Instant,
+    journal: journal::Sent,
 }
 
-/// The write-behind task: runs flush batches on its own connection while the caller goes on.
-fn flusher(mut link: Link, jobs: mpsc::Receiver<Batch<ScriptCall>>, done: mpsc::Sender<FlushDone>) {
-    for batch in jobs {
-        let (result, retries) = link.query(&batch);
+/// The write-behind task: runs flushes on its own connection while the caller goes on.
+fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<FlushDone>) {
+    for job in jobs {
+        let (first, mut retries) = link.query(&job.first, job.attempts);
+        let result = first.and_then(|first| {
+            // Compared here, before any script runs: after a data loss nothing is merged into
+            // the emptied keys; the store writes its views again instead.
+            let lost = first.iter().take(job.epochs).zip(&job.known).any(|(reply, known)| match (reply, known) {
+                (_, None) => false,
+                (Value::Nil, Some(_)) => true,
+                (reply, Some(known)) => redis::from_redis_value::<Vec<u8>>(reply.clone()).ok().as_ref() != Some(known),
+            });
+            if lost || job.scripts.is_empty() {
+                return Ok((first, if lost { None } else { Some(Vec::new()) }));
+            }
+            let (scripts, more) = link.query(&job.scripts, job.attempts);
+            retries += more;
+            scripts.map(|scripts| (first, Some(scripts)))
+        });
         if done.send(FlushDone { result, retries }).is_err() {
             return;
         }
@@ -256,9 +342,6 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
         out.push(char::from(HEX[usize::from(byte & 15)]));
     }
 }
-
-/// Most slots one write may delete: a head that moved further is merged by the script instead.
-const MAX_WRITE_DELETES: i64 = 64;
 
 /// A key's TTL is at least this many windows. Every write that may create or re-create a key sets
 /// it; a write that finds the key at the version this process last wrote refreshes it only once a
@@ -283,158 +366,6 @@ fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instan
     version.is_none_or(|v| v == 0) || refreshed.is_none_or(|at| at.elapsed() >= window)
 }
 
-/// A version for a key created by this process: random, so that a key that expired and was
-/// created again does not come back to a version someone's cached view was based on.
-fn fresh_version() -> u64 {
-    use std::hash::BuildHasher;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    // Below 2^52: Lua's doubles then count up from it exactly.
-    SEED.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) % (1 << 52) + 1
-}
-
-/// Appends what a flush writes if Redis still holds `version` (the fast path of
-/// `lua/apply_window.lua`): whether to refresh the TTL, the count of field/value entries, the entries — the next version
-/// (`v`), the head (`h`), each bucket the deltas touched with its value in `state` (the view with
-/// the deltas applied), or each distinct value with its latest bucket, by slot — then the slots
-/// that slid out since `base_head`. False when that is not known here (a distinct window whose
-/// head moved: the values that slid out are not kept): the script merges the deltas instead.
-fn add_writes(
-    call: &mut ScriptCall,
-    spec: &WindowSpec,
-    version: u64,
-    refresh: bool,
-    state: &WindowState,
-    base_head: Option<i64>,
-    deltas: &[Observation],
-) -> bool {
-    let Some(head) = state.head() else { return false };
-    let k = spec.buckets;
-    let oldest_live = head - k + 1;
-    let moved = base_head.map_or(0, |base| head - base);
-    call.arg(if refresh { b"1" } else { b"0" });
-    let sets_count = call.placeholder();
-    let sets_start = call.args();
-    call.arg(b"v");
-    call.int(if version == 0 { fresh_version() } else { version + 1 } as i64);
-    call.arg(b"h");
-    call.int(head);
-    match state {
-        WindowState::Series(_) => {
-            let mut touched: smallvec::SmallVec<[i64; 4]> =
-                deltas.iter().map(|o| o.bucket).filter(|&b| b >= oldest_live).collect();
-            touched.sort_unstable();
-            touched.dedup();
-            for &bucket in &touched {
-                let Some(value) = state.bucket_value(bucket) else { return false };
-                call.int(bucket.rem_euclid(k));
-                match spec.aggregate {
-                    Aggregate::Sum => call.float(value),
-                    _ => call.int(value as i64),
-                }
-            }
-            add_offsets(call, deltas);
-            call.fill(sets_count, call.args() - sets_start);
-            if let Some(base) = base_head {
-                if moved.min(k) > MAX_WRITE_DELETES {
-                    return false;
-                }
-                for bucket in (base - k + 1)..=base.min(head - k) {
-                    let slot = bucket.rem_euclid(k);
-                    if !touched.iter().any(|&b| b.rem_euclid(k) == slot) {
-                        call.int(slot);
-                    }
-                }
-            }
-        }
-        WindowState::Distinct(_) => {
-            if moved > 0 {
-                return false;
-            }
-            let mut values: smallvec::SmallVec<[u128; 4]> = deltas
-                .iter()
-                .filter_map(|o| if let Delta::Distinct(v) = o.delta { Some(v) } else { None })
-                .collect();
-            values.sort_unstable();
-            values.dedup();
-            for value in values {
-                let Some(latest) = state.latest_bucket(value) else { return false };
-                if latest >= oldest_live {
-                    let mut field = [0u8; 17];
-                    field[0] = b'd';
-                    field[1..].copy_from_slice(&value.to_le_bytes());
-                    call.arg(&field);
-                    call.int(latest.rem_euclid(k));
-                }
-            }
-            add_offsets(call, deltas);
-            call.fill(sets_count, call.args() - sets_start);
-        }
-    }
-    true
-}
-
-/// The highest offset per lane of `deltas`, as `o:<lane>` fields.
-fn add_offsets(call: &mut ScriptCall, deltas: &[Observation]) {
-    let mut offsets = Offsets::new();
-    for origin in deltas.iter().filter_map(|o| o.origin) {
-        raise(&mut offsets, origin.lane, origin.offset);
-    }
-    for (lane, offset) in offsets {
-        let mut field = itoa::Buffer::new().format(lane).as_bytes().to_vec();
-        field.splice(0..0, *b"o:");
-        call.arg(&field);
-        call.int(offset);
-    }
-}
-
-/// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
-/// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
-fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Cached, StoreError> {
-    if flat.is_empty() {
-        return Ok(Cached { state: WindowState::new(spec.aggregate), version: Some(0), refreshed: None, offsets: Offsets::new() });
-    }
-    let bad = |what: &str| StoreError::Protocol(format!("stored window: {what}"));
-    fn text(bytes: &[u8]) -> Result<&str, StoreError> {
-        std::str::from_utf8(bytes).map_err(|_| StoreError::Protocol("stored window: not text".into()))
-    }
-    if flat.len() % 2 != 0 {
-        return Err(bad("odd field count"));
-    }
-    let (mut head, mut version) = (None, None);
-    for pair in flat.chunks_exact(2) {
-        match pair[0].as_slice() {
-            b"h" => head = Some(text(&pair[1])?.parse::<i64>().map_err(|_| bad("bad head"))?),
-            b"v" => version = Some(text(&pair[1])?.parse::<u64>().map_err(|_| bad("bad version"))?),
-            _ => {}
-        }
-    }
-    let head = head.ok_or_else(|| bad("no head"))?;
-    let k = spec.buckets;
-    let unslot = |slot: i64| head - (head - slot).rem_euclid(k);
-    let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
-    for pair in flat.chunks_exact(2) {
-        let (field, value) = (&pair[0], &pair[1]);
-        if field.starts_with(b"o:") {
-            if let Some((lane, offset)) = recorded_offset(field, value) {
-                raise(&mut offsets, lane, offset);
-            }
-        } else if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
-            let slot = text(field)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
-            let amount = text(value)?.parse::<f64>().map_err(|_| bad("bad amount"))?;
-            buckets.push((unslot(slot), amount));
-        } else if field.len() == 17 && field[0] == b'd' {
-            let mut digest = [0u8; 16];
-            digest.copy_from_slice(&field[1..]);
-            let slot = text(value)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
-            values.push((u128::from_le_bytes(digest), unslot(slot)));
-        }
-    }
-    let state = WindowState::from_window(spec, head, buckets, values);
-    Ok(Cached { state, version: Some(version.unwrap_or(0)), refreshed: None, offsets })
-}
-
 pub struct RedisStore {
     /// For reads (loads and prefetches) on the caller's thread.
     link: Link,
@@ -447,8 +378,8 @@ pub struct RedisStore {
     cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Observations counted and not yet sent.
     pending: usize,
-    /// The flush in flight: its keys, its batch's reply order, the counted mark it covers, its
-    /// observation count and when it was sent.
+    /// The flush in flight: its keys, its batch's reply order, its observation count and when it
+    /// was sent.
     inflight: Option<Inflight>,
     /// The origin `apply` tags observations with.
     origin: Option<Origin>,
@@ -460,12 +391,16 @@ pub struct RedisStore {
     samples: Vec<FlushSample>,
     /// The last flush failure not yet reported.
     last_error: Option<StoreError>,
-    jobs: Option<mpsc::Sender<Batch<ScriptCall>>>,
+    jobs: Option<mpsc::Sender<FlushJob>>,
     /// Cluster mode: script calls hold keys of one slot only.
     cluster: bool,
     done: mpsc::Receiver<FlushDone>,
     flusher: Option<std::thread::JoinHandle<()>>,
     last_flush: Instant,
+    /// Since when Redis has been unavailable (the circuit breaker is open), and why.
+    outage: Option<(Instant, String)>,
+    epochs: Epochs,
+    journals: Journals,
     stats: RedisStats,
 }
 
@@ -484,20 +419,48 @@ impl RedisStore {
             }
             None => redis::Client::open(url).map_err(unavailable)?,
         };
+        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout };
         // A node with cluster mode on means a Redis Cluster: use the cluster client, seeded with it.
-        let info: String = client
-            .get_connection()
-            .and_then(|mut conn| redis::cmd("INFO").arg("cluster").query(&mut conn))
-            .map_err(unavailable)?;
+        let mut probe = client.get_connection_with_timeout(timeouts.connect).map_err(unavailable)?;
+        probe.set_read_timeout(Some(timeouts.response)).map_err(unavailable)?;
+        let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(unavailable)?;
         let cluster = info.lines().any(|l| l.trim() == "cluster_enabled:1");
-        let target = if cluster {
-            let cluster = redis::cluster::ClusterClient::new(vec![url]).map_err(unavailable)?;
-            Target::Cluster { seed: client, cluster: Box::new(cluster) }
+        let (target, epoch_keys) = if cluster {
+            // One epoch key per master, in the first slot it serves.
+            let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut probe).map_err(unavailable)?;
+            let mut first_slots: Vec<u16> = ranges
+                .iter()
+                .filter_map(|range| match range {
+                    Value::Array(items) => redis::from_redis_value::<u16>(items.first()?.clone()).ok(),
+                    _ => None,
+                })
+                .collect();
+            first_slots.sort_unstable();
+            let cluster = redis::cluster::ClusterClientBuilder::new(vec![url])
+                .connection_timeout(timeouts.connect)
+                .response_timeout(timeouts.response)
+                .build()
+                .map_err(unavailable)?;
+            let keys = first_slots.into_iter().map(epoch_key_in_slot).collect();
+            (Target::Cluster { seed: client, cluster: Box::new(cluster) }, keys)
         } else {
-            Target::Single(client)
+            (Target::Single(client), vec!["vg:epoch".to_owned()])
         };
-        let link = Link::open(target.clone(), &config)?;
-        let flusher_link = Link::open(target, &config)?;
+        let mut link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
+        let flusher_link = Link::open(target, timeouts, config.retry_backoff)?;
+        let mut epochs = Epochs {
+            known: vec![None; epoch_keys.len()],
+            keys: epoch_keys,
+            candidate: {
+                let mut text = String::new();
+                push_hex(&mut text, &rand::random::<[u8; 16]>());
+                text.into_bytes()
+            },
+        };
+        let mut batch = Batch::default();
+        epochs.add_checks(&mut batch, cluster);
+        let (replies, _) = link.query(&batch, config.attempts);
+        epochs.check(&replies?)?;
         let (jobs, job_rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
         let flusher = std::thread::Builder::new()
@@ -524,6 +487,9 @@ impl RedisStore {
             done,
             flusher: Some(flusher),
             last_flush: Instant::now(),
+            outage: None,
+            epochs,
+            journals: Journals::new(),
             stats: RedisStats::default(),
             config,
         })
@@ -531,6 +497,11 @@ impl RedisStore {
 
     pub fn stats(&self) -> RedisStats {
         self.stats
+    }
+
+    /// Whether Redis answers (the circuit breaker is closed).
+    pub fn available(&self) -> bool {
+        self.outage.is_none()
     }
 
     /// The flushes acknowledged since the last call, oldest first.
@@ -563,74 +534,32 @@ impl RedisStore {
         key_name
     }
 
-    /// Appends one key to a script call: the key, its header, and either the writes to make if
-    /// Redis still holds the version the view is based on (see `add_writes`), or the in-flight
-    /// deltas for the script to merge.
-    fn add_key(&self, call: &mut ScriptCall, name: &str, window: WindowId, dirty: &Dirty) {
-        let spec = self.windows.spec(window.0);
-        let deltas = &dirty.inflight;
-        // With every delta tagged, the script skips those it applied before (stride 4).
-        let tagged = deltas.iter().all(|o| o.origin.is_some());
-        call.key(name.as_bytes());
-        call.arg(match spec.aggregate {
-            Aggregate::Count => b"c",
-            Aggregate::Sum => b"s",
-            Aggregate::Distinct => b"d",
-        });
-        call.int(spec.buckets);
-        call.int(ttl_ms(&spec, self.config.max_lateness));
-        call.int(if tagged { 4 } else { 2 });
-        match dirty.version {
-            Some(version) => call.int(version as i64),
-            None => call.arg(b""),
+    /// Redis failed: open the breaker (count locally) if it is not open yet.
+    fn fail(&mut self, error: &StoreError) {
+        if self.outage.is_none() {
+            self.stats.outages += 1;
+            tracing::warn!(error = %error, "Redis unavailable: counting locally until it answers again");
+            self.outage = Some((Instant::now(), error.to_string()));
         }
-        let deltas_count = call.placeholder();
-        let writes_count = call.placeholder();
-        if let Some(version) = dirty.version {
-            let mark = call.mark();
-            if add_writes(call, &spec, version, dirty.refresh_sent, &dirty.state, dirty.base_head, deltas) {
-                call.fill(writes_count, call.args() - mark.1);
-                return;
-            }
-            call.truncate(mark);
+    }
+
+    /// Redis answered: close the breaker.
+    fn recovered(&mut self) {
+        if let Some((since, _)) = self.outage.take() {
+            tracing::info!(
+                after_ms = since.elapsed().as_millis() as u64,
+                keys = self.dirty.len(),
+                "Redis available again: merging what was counted locally"
+            );
         }
-        let deltas_start = call.args();
-        if !tagged && spec.aggregate == Aggregate::Count {
-            // Untagged increments commute: one per bucket.
-            let mut per_bucket: smallvec::SmallVec<[(i64, i64); 4]> = Default::default();
-            for o in deltas {
-                match per_bucket.iter_mut().find(|(b, _)| *b == o.bucket) {
-                    Some(entry) => entry.1 += 1,
-                    None => per_bucket.push((o.bucket, 1)),
-                }
-            }
-            for (bucket, n) in per_bucket {
-                call.int(bucket);
-                call.int(n);
-            }
-        } else {
-            for o in deltas {
-                call.int(o.bucket);
-                match o.delta {
-                    Delta::Count => call.int(1),
-                    Delta::Sum(amount) => call.float(amount),
-                    Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
-                }
-                if let (true, Some(origin)) = (tagged, o.origin) {
-                    call.uint(origin.lane);
-                    call.int(origin.offset);
-                }
-            }
-        }
-        call.fill(deltas_count, call.args() - deltas_start);
     }
 
     /// Script calls covering the in-flight deltas of `keys`, up to `KEYS_PER_CALL` keys per
     /// call; in cluster mode each call holds keys of one hash slot.
-    fn batch(&self, keys: &[StoredKey]) -> Batch<ScriptCall> {
+    fn batch(&self, keys: &[StoredKey]) -> Batch {
         let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
         let mut open: HashMap<u16, usize> = HashMap::new();
-        let mut batch = Batch { calls: Vec::new(), slots: Vec::new(), order: Vec::new() };
+        let mut batch = Batch::default();
         for (index, key) in keys.iter().enumerate() {
             let window = WindowId(key.window);
             let name = self.redis_key(window, key.key.as_slice());
@@ -643,7 +572,20 @@ impl RedisStore {
                     groups.len() - 1
                 }
             };
-            self.add_key(&mut groups[group].2, &name, window, &self.dirty[key]);
+            let dirty = &self.dirty[key];
+            let spec = self.windows.spec(key.window);
+            let flush = KeyFlush {
+                spec: &spec,
+                ttl_ms: ttl_ms(&spec, self.config.max_lateness),
+                version: dirty.version,
+                refresh: dirty.refresh_sent,
+                state: &dirty.state,
+                base_head: dirty.base_head,
+                offsets: &dirty.offsets,
+                deltas: &dirty.inflight,
+                full: dirty.full,
+            };
+            codec::add_key(&mut groups[group].2, &name, &flush);
             groups[group].1.push(index);
             if groups[group].1.len() == KEYS_PER_CALL {
                 open.remove(&group_slot);
@@ -651,16 +593,19 @@ impl RedisStore {
         }
         for (group_slot, members, call) in groups {
             batch.order.extend(members);
-            batch.calls.push(call);
+            batch.calls.push(Op::Script(call));
             batch.slots.push(group_slot);
         }
         batch
     }
 
     /// Flattens per-call replies back into the order the keys were given.
-    fn replies(&mut self, calls: Calls, order: &[usize]) -> Result<Vec<KeyReply>, StoreError> {
+    fn replies(&mut self, calls: Vec<Value>, order: &[usize]) -> Result<Vec<codec::KeyReply>, StoreError> {
         self.stats.script_calls += calls.len() as u64;
-        let flat: Vec<KeyReply> = calls.into_iter().flatten().collect();
+        let mut flat = Vec::with_capacity(order.len());
+        for call in calls {
+            flat.extend(codec::key_replies(call)?);
+        }
         if flat.len() != order.len() {
             return Err(StoreError::Protocol(format!("{} replies for {} keys", flat.len(), order.len())));
         }
@@ -671,78 +616,47 @@ impl RedisStore {
         Ok(replies)
     }
 
-    /// Parses the script's reply for one key.
-    fn parse_reply(&mut self, window: WindowId, reply: KeyReply) -> Result<Reply, StoreError> {
-        let spec = self.windows.spec(window.0);
-        if reply.is_empty() {
-            return Ok(Reply::Empty);
-        }
-        if reply.len() == 1 && reply[0] == b"!" {
-            return Ok(Reply::Stale);
-        }
-        let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
-        let number = |bytes: &[u8]| -> Result<f64, StoreError> {
-            std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<f64>().ok()).ok_or_else(|| bad("not a number"))
-        };
-        if reply.len() < 5 || reply.len() % 2 == 0 {
-            return Err(bad("wrong length"));
-        }
-        let head = number(&reply[0])? as i64;
-        self.stats.refused_late += number(&reply[1])? as u64;
-        self.stats.skipped_applied += number(&reply[2])? as u64;
-        let version = number(&reply[3])? as u64;
-        match reply[4].as_slice() {
-            b"=" => return Ok(Reply::Current { version }),
-            b"*" => {}
-            _ => return Err(bad("unknown marker")),
-        }
-        let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
-        for pair in reply[5..].chunks_exact(2) {
-            let (field, value) = (&pair[0], &pair[1]);
-            if field.starts_with(b"o:") {
-                if let Some((lane, offset)) = recorded_offset(field, value) {
-                    raise(&mut offsets, lane, offset);
-                }
-                continue;
-            }
-            match field.first() {
-                Some(b'b') => buckets.push((number(&field[1..])? as i64, number(value)?)),
-                Some(b'd') if field.len() == 17 => {
-                    let mut digest = [0u8; 16];
-                    digest.copy_from_slice(&field[1..]);
-                    values.push((u128::from_le_bytes(digest), number(value)? as i64));
-                }
-                _ => return Err(bad("unknown field")),
-            }
-        }
-        let state = WindowState::from_window(&spec, head, buckets, values);
-        Ok(Reply::Window { version, state, offsets })
-    }
-
-    /// Hands every pending delta to the flusher, one script call per 256 dirty keys.
+    /// Hands the pending deltas of up to `MAX_FLUSH_KEYS` keys, the journal writes and the epoch
+    /// checks to the flusher.
     fn send(&mut self) -> Result<(), StoreError> {
         debug_assert!(self.inflight.is_none());
         self.last_flush = Instant::now();
-        let keys: Vec<StoredKey> =
-            self.dirty.iter().filter(|(_, d)| !d.pending.is_empty()).map(|(k, _)| k.clone()).collect();
-        if keys.is_empty() {
+        let keys: Vec<StoredKey> = self
+            .dirty
+            .iter()
+            .filter(|(_, d)| !d.pending.is_empty() || d.full)
+            .map(|(k, _)| k.clone())
+            .take(MAX_FLUSH_KEYS)
+            .collect();
+        if keys.is_empty() && self.pending == 0 {
             // Nothing pending and nothing in flight: everything counted is in Redis.
             self.durable = self.counted;
-            return Ok(());
         }
         for key in &keys {
+            let spec = self.windows.spec(key.window);
             let dirty = self.dirty.get_mut(key).expect("listed above");
+            self.pending -= dirty.pending.len();
             dirty.inflight = std::mem::take(&mut dirty.pending);
             dirty.inflight_oldest = dirty.pending_oldest.take();
             dirty.sent_head = dirty.state.head();
-            dirty.refresh_sent = refresh_due(&self.windows.spec(key.window), dirty.version, dirty.refreshed);
+            dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed);
         }
-        let batch = self.batch(&keys);
-        let order = batch.order.clone();
+        let observations = keys.iter().map(|k| self.dirty[k].inflight.len()).sum();
+        let scripts = self.batch(&keys);
+        let order = scripts.order.clone();
+        let mut first = Batch::default();
+        self.epochs.add_checks(&mut first, self.cluster);
+        let journal = self.journals.take(&mut first, self.cluster);
+        let job = FlushJob {
+            first,
+            epochs: self.epochs.keys.len(),
+            known: self.epochs.known.clone(),
+            scripts,
+            attempts: self.config.attempts,
+        };
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
-        jobs.send(batch).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
-        self.inflight = Some(Inflight { keys, order, observations: self.pending, sent: Instant::now() });
-        self.pending = 0;
+        jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now(), journal });
         Ok(())
     }
 
@@ -762,18 +676,41 @@ impl RedisStore {
                 }
             }
         };
-        let Inflight { keys, order, observations, sent } = self.inflight.take().expect("checked above");
+        let Inflight { keys, order, observations, sent, journal } = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
-        let replies = match done.result.and_then(|calls| self.replies(calls, &order)) {
+        let (first, scripts) = match done.result {
+            Ok(replies) => replies,
+            Err(e) => {
+                self.unsent(&keys, journal);
+                self.stats.failed_flushes += 1;
+                self.fail(&e);
+                return Err(e);
+            }
+        };
+        self.recovered();
+        let lost = match self.epochs.check(&first[..self.epochs.keys.len().min(first.len())]) {
+            Ok(lost) => lost || scripts.is_none(),
+            Err(e) => {
+                self.unsent(&keys, journal);
+                return Err(e);
+            }
+        };
+        self.stats.journaled += journal.records() as u64;
+        self.journals.written(journal);
+        if lost {
+            // Nothing of this flush's deltas was written: they go again, over views written
+            // again in full.
+            self.unsent(&keys, journal::Sent::default());
+            self.reseed();
+            return Ok(());
+        }
+        let replies = match self.replies(scripts.unwrap_or_default(), &order) {
             Ok(replies) => replies,
             Err(e) => {
                 // Not applied (or not known to be): the deltas go back in front of what was
-                // counted since, and the next flush sends them again.
-                for key in &keys {
-                    let dirty = self.dirty.get_mut(key).expect("in flight keys stay dirty");
-                    self.pending += dirty.inflight.len();
-                    dirty.send_again();
-                }
+                // counted since, and the next flush sends them again (they are tagged: the
+                // script skips what it applied).
+                self.unsent(&keys, journal::Sent::default());
                 self.stats.failed_flushes += 1;
                 return Err(e);
             }
@@ -785,40 +722,63 @@ impl RedisStore {
             self.samples.drain(..2048);
         }
         // Redis ran every call: each key's in-flight deltas are done unless its writes were
-        // refused as stale. A reply we cannot read only costs the cached copy.
+        // refused as stale or the key was gone. A reply we cannot read only costs the cached copy.
         let mut first_error = None;
         for (key, reply) in keys.into_iter().zip(replies) {
-            let window = WindowId(key.window);
             let spec = self.windows.spec(key.window);
-            let parsed = self.parse_reply(window, reply);
-            if let Ok(Reply::Stale) = parsed {
-                // Another writer moved the key on: send the deltas to be merged, and learn its
-                // window from that reply.
-                let dirty = self.dirty.get_mut(&key).expect("in flight keys stay dirty");
-                self.pending += dirty.inflight.len();
-                dirty.send_again();
-                dirty.version = None;
-                self.stats.stale_writes += 1;
-                continue;
+            let parsed = codec::parse_reply(&spec, &reply);
+            if let Ok((_, counts)) = &parsed {
+                self.stats.refused_late += counts.late;
+                self.stats.skipped_applied += counts.skipped;
+            }
+            match parsed {
+                Ok((Reply::Stale, _)) => {
+                    let dirty = self.dirty.get_mut(&key).expect("in flight keys stay dirty");
+                    if dirty.full && dirty.inflight.is_empty() && dirty.pending.is_empty() {
+                        // A view written again in full found the key re-created by someone
+                        // else: theirs stands, ours is read again when needed.
+                        self.dirty.remove(&key);
+                        continue;
+                    }
+                    // Another writer moved the key on: send the deltas to be merged, and learn
+                    // its window from that reply.
+                    self.pending += dirty.inflight.len();
+                    dirty.send_again();
+                    dirty.version = None;
+                    dirty.full = false;
+                    self.stats.stale_writes += 1;
+                    continue;
+                }
+                Ok((Reply::Missing, _)) => {
+                    // The key is gone at a version we knew: write the view again (its deltas
+                    // were not applied).
+                    let dirty = self.dirty.get_mut(&key).expect("in flight keys stay dirty");
+                    self.pending += dirty.inflight.len();
+                    dirty.send_again();
+                    dirty.rewrite();
+                    self.stats.lost_keys += 1;
+                    continue;
+                }
+                _ => {}
             }
             let dirty = self.dirty.remove(&key).expect("in flight keys stay dirty");
             // Conservative: the refresh happened after the flush was sent.
-            let refreshed = if dirty.refresh_sent { Some(sent) } else { dirty.refreshed };
+            let refreshed = if dirty.refresh_sent || dirty.full { Some(sent) } else { dirty.refreshed };
             let (state, version, base_head, offsets) = match parsed {
                 // Nobody else wrote since our view: it already holds the in-flight deltas and
                 // those counted since, exactly as Redis now does plus what it has not seen.
-                Ok(Reply::Current { version }) => {
+                Ok((Reply::Current { version }, _)) => {
                     let mut offsets = dirty.offsets;
                     for origin in dirty.inflight.iter().filter_map(|o| o.origin) {
-                        raise(&mut offsets, origin.lane, origin.offset);
+                        codec::raise(&mut offsets, origin.lane, origin.offset);
                     }
                     (dirty.state, Some(version), dirty.sent_head, offsets)
                 }
-                Ok(reply @ (Reply::Window { .. } | Reply::Empty)) => {
+                Ok((reply @ (Reply::Window(_) | Reply::Empty), _)) => {
                     // The window as Redis has it now, plus what was counted since it was sent.
-                    let (mut state, version, offsets) = match reply {
-                        Reply::Window { version, state, offsets } => (state, version, offsets),
-                        _ => (WindowState::new(spec.aggregate), 0, Offsets::new()),
+                    let Stored { mut state, version, offsets } = match reply {
+                        Reply::Window(stored) => stored,
+                        _ => Stored { state: WindowState::new(spec.aggregate), version: 0, offsets: Offsets::new() },
                     };
                     let base_head = state.head();
                     for o in &dirty.pending {
@@ -826,7 +786,7 @@ impl RedisStore {
                     }
                     (state, Some(version), base_head, offsets)
                 }
-                Ok(Reply::Stale) => unreachable!("handled above"),
+                Ok((Reply::Stale | Reply::Missing, _)) => unreachable!("handled above"),
                 Err(e) => {
                     // Keep our own merged view, which already holds every delta; with no known
                     // version the next flush asks for the whole window.
@@ -837,28 +797,77 @@ impl RedisStore {
             if dirty.pending.is_empty() {
                 self.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
             } else {
-                let dirty = Dirty::new(state, version, base_head, refreshed, offsets, dirty.pending, dirty.pending_oldest);
-                self.dirty.insert(key, dirty);
+                let mut again = Dirty::new(state, version, base_head, refreshed, offsets);
+                again.pending = dirty.pending;
+                again.pending_oldest = dirty.pending_oldest;
+                self.dirty.insert(key, again);
             }
         }
-        // Durable: everything counted before the oldest observation Redis has not acknowledged.
-        let oldest = self.dirty.values().filter_map(|d| d.pending_oldest).min();
-        self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
+        self.update_durable();
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Durable: everything counted before the oldest observation Redis has not acknowledged.
+    fn update_durable(&mut self) {
+        let oldest = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).min();
+        self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
+    }
+
+    /// The flush of `keys` did not happen (or is not known to have): their deltas and the journal
+    /// writes go again with the next one.
+    fn unsent(&mut self, keys: &[StoredKey], journal: journal::Sent) {
+        for key in keys {
+            let dirty = self.dirty.get_mut(key).expect("in flight keys stay dirty");
+            self.pending += dirty.inflight.len();
+            dirty.send_again();
+        }
+        self.journals.failed(journal);
+    }
+
+    /// Redis lost its data: every key this process holds a view of is written again from it,
+    /// with the deltas Redis has not acknowledged (in case someone re-created the key first).
+    fn reseed(&mut self) {
+        self.stats.data_losses += 1;
+        let cached: Vec<(Arc<StoredKey>, Arc<Cached>)> = self.cache.iter().collect();
+        self.cache.invalidate_all();
+        let mut count = self.dirty.len();
+        for dirty in self.dirty.values_mut() {
+            dirty.rewrite();
+        }
+        for (key, cached) in cached {
+            let key = (*key).clone();
+            if self.dirty.contains_key(&key) || cached.state.head().is_none() {
+                continue;
+            }
+            let mut dirty = Dirty::new(cached.state.clone(), Some(0), None, None, cached.offsets.clone());
+            dirty.rewrite();
+            self.dirty.insert(key, dirty);
+            count += 1;
+        }
+        self.stats.reseeded_keys += count as u64;
+        tracing::error!(
+            keys = count,
+            "Redis lost its data (its epoch key vanished or changed): writing every counter this worker holds again from its local view"
+        );
+    }
+
     /// Takes in a finished flush and starts the next when one is due; waits for Redis only under
-    /// backpressure. A failed flush is kept for `take_flush_error`, not returned: its deltas stay
-    /// pending. Only a stopped flusher thread is an error.
+    /// backpressure while it answers. A failed flush is kept for `take_flush_error`, not returned:
+    /// its deltas stay pending. Only a stopped flusher thread is an error.
     fn write_behind(&mut self) -> Result<(), StoreError> {
         let mut result = self.complete(false);
-        let due = self.pending >= self.config.max_pending || self.last_flush.elapsed() >= self.config.flush_interval;
+        let outage = self.outage.is_some();
+        let interval = if outage { self.config.probe_interval } else { self.config.flush_interval };
+        let full = self.pending >= self.config.max_pending;
+        let due = (full && !outage) || self.last_flush.elapsed() >= interval;
         if due && self.inflight.is_none() {
             self.send()?;
-        } else if self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
+        } else if !outage && self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
             // Backpressure: Redis is slower than counting; wait for it rather than grow.
             result = result.and(self.complete(true));
-            self.send()?;
+            if self.inflight.is_none() {
+                self.send()?;
+            }
         }
         match result {
             Err(StoreError::Unavailable(m)) if m == FLUSHER_STOPPED => Err(StoreError::Unavailable(m)),
@@ -874,15 +883,15 @@ impl RedisStore {
     /// master on a cluster) and caches them. A plain read needs no script: every field a hash
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
-        let mut batch = Batch { calls: Vec::with_capacity(keys.len()), slots: Vec::new(), order: Vec::new() };
+        let mut batch = Batch::default();
         for &(window, key) in keys {
             let name = self.redis_key(window, key);
-            batch.slots.push(if self.cluster { slot(&name) } else { 0 });
             let mut hgetall = redis::cmd("HGETALL");
-            hgetall.arg(name);
-            batch.calls.push(hgetall);
+            hgetall.arg(&name);
+            batch.command(self.cluster, &name, hgetall);
         }
-        let (replies, retries) = self.link.query(&batch);
+        // At most a reconnect: the counting path does not wait out a long outage.
+        let (replies, retries) = self.link.query(&batch, self.config.attempts.min(2));
         self.stats.retries += retries;
         let replies = replies?;
         if replies.len() != keys.len() {
@@ -891,11 +900,27 @@ impl RedisStore {
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
-            let cached = Arc::new(decode_hash(&self.windows.spec(window.0), &reply)?);
+            let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
+            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
             self.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
         }
         Ok(states)
+    }
+
+    /// The view of a key that is neither dirty nor cached: read from Redis, or `None` while Redis
+    /// is unavailable (the read failing opens the breaker).
+    fn load(&mut self, window: WindowId, key: &[u8]) -> Option<Arc<Cached>> {
+        if self.outage.is_some() {
+            return None;
+        }
+        match self.read(&[(window, key)]) {
+            Ok(mut states) => states.pop(),
+            Err(e) => {
+                self.fail(&e);
+                None
+            }
+        }
     }
 }
 
@@ -910,50 +935,68 @@ impl CounterStore for RedisStore {
         let lookup = KeyRef { window: window.0, key };
         let observation = Observation { bucket, delta, origin: self.origin };
         let index = self.counted + 1;
-        let (applied, counted) = match self.dirty.get_mut(&lookup) {
-            Some(dirty) if replayed(&dirty.offsets, observation.origin) => (judge(&dirty.state, &spec, bucket), false),
+        let (applied, counted, base_unknown) = match self.dirty.get_mut(&lookup) {
+            Some(dirty) if codec::replayed(&dirty.offsets, observation.origin) => {
+                (judge(&dirty.state, &spec, bucket), false, dirty.base_unknown)
+            }
             Some(dirty) => {
                 let applied = dirty.state.apply(&spec, bucket, delta);
                 let counted = matches!(applied, Applied::Counted(_));
                 if counted {
-                    dirty.pending.push(observation);
-                    dirty.pending_oldest.get_or_insert(index);
+                    dirty.push(observation, index);
                 }
-                (applied, counted)
+                (applied, counted, dirty.base_unknown)
             }
             None => {
                 let clean = match self.cache.get(&lookup) {
-                    Some(state) => state,
-                    None => self.read(&[(window, key)])?.pop().expect("one state per key"),
+                    Some(state) => Some(state),
+                    None => self.load(window, key),
                 };
-                if replayed(&clean.offsets, observation.origin) {
-                    (judge(&clean.state, &spec, bucket), false)
-                } else {
-                    let mut state = clean.state.clone();
-                    let applied = state.apply(&spec, bucket, delta);
-                    let counted = matches!(applied, Applied::Counted(_));
-                    if counted {
-                        let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                        let base_head = clean.state.head();
-                        let offsets = clean.offsets.clone();
-                        let dirty =
-                            Dirty::new(state, clean.version, base_head, clean.refreshed, offsets, vec![observation], Some(index));
-                        self.dirty.insert(stored, dirty);
+                match clean {
+                    Some(clean) if codec::replayed(&clean.offsets, observation.origin) => {
+                        (judge(&clean.state, &spec, bucket), false, false)
                     }
-                    (applied, counted)
+                    Some(clean) => {
+                        let mut state = clean.state.clone();
+                        let applied = state.apply(&spec, bucket, delta);
+                        let counted = matches!(applied, Applied::Counted(_));
+                        if counted {
+                            let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
+                            let mut dirty =
+                                Dirty::new(state, clean.version, clean.state.head(), clean.refreshed, clean.offsets.clone());
+                            dirty.push(observation, index);
+                            self.dirty.insert(stored, dirty);
+                        }
+                        (applied, counted, false)
+                    }
+                    None => {
+                        // Redis is unavailable: count from nothing; the deltas are merged into
+                        // whatever Redis holds when it answers again (applied ones skipped).
+                        let mut state = WindowState::new(spec.aggregate);
+                        let applied = state.apply(&spec, bucket, delta);
+                        let mut dirty = Dirty::new(state, None, None, None, Offsets::new());
+                        dirty.base_unknown = true;
+                        dirty.push(observation, index);
+                        self.dirty.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, dirty);
+                        (applied, true, true)
+                    }
                 }
             }
         };
+        let degraded = base_unknown || self.outage.is_some();
         if counted {
             self.pending += 1;
             self.counted += 1;
+            if degraded {
+                self.stats.degraded_observations += 1;
+            }
         } else if observation.origin.is_some() && matches!(applied, Applied::Counted(_)) {
             self.stats.skipped_applied += 1;
         }
-        // The observation is counted whatever happens to the write-behind: a failed flush keeps
-        // its deltas for the next one and is reported through `take_flush_error`.
-        self.write_behind()?;
-        Ok(Observed::exact(applied))
+        // Writing behind is left to `tick`, which the caller runs between events: a flush then
+        // never carries part of an event's deltas (nor an event's deltas without its journal
+        // entry).
+        Ok(Observed { applied, degraded })
     }
 
     fn set_origin(&mut self, origin: Option<Origin>) {
@@ -961,11 +1004,15 @@ impl CounterStore for RedisStore {
     }
 
     fn prefetches(&self) -> bool {
-        true
+        self.outage.is_none()
     }
 
-    /// One pipeline reading every key of the batch that is neither dirty nor cached.
+    /// One pipeline reading every key of the batch that is neither dirty nor cached. A failure
+    /// opens the breaker: the keys are then counted locally.
     fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        if self.outage.is_some() {
+            return Ok(());
+        }
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
         for (window, key) in keys {
@@ -978,17 +1025,27 @@ impl CounterStore for RedisStore {
             }
         }
         if !wanted.is_empty() {
-            self.read(&wanted)?;
+            if let Err(e) = self.read(&wanted) {
+                self.fail(&e);
+            }
         }
         Ok(())
     }
 
     /// Waits for the flush in flight, then sends everything still pending and waits for it: on
-    /// return Redis holds every delta counted so far.
+    /// success Redis holds every delta counted so far. Keys whose writes met another writer, or
+    /// that were gone, come back pending and go again; a large re-seed takes several flushes.
     fn flush(&mut self) -> Result<(), StoreError> {
         self.complete(true)?;
-        self.send()?;
-        self.complete(true)
+        loop {
+            self.send()?;
+            self.complete(true)?;
+            let settled = self.pending == 0 && !self.dirty.values().any(|d| d.full) && !self.journals.pending();
+            if settled {
+                self.update_durable();
+                return Ok(());
+            }
+        }
     }
 
     fn live_keys(&self) -> usize {
@@ -1005,6 +1062,34 @@ impl CounterStore for RedisStore {
 
     fn tick(&mut self) -> Result<(), StoreError> {
         self.write_behind()
+    }
+
+    fn saturated(&self) -> bool {
+        self.dirty.len() >= self.config.max_local_keys
+    }
+
+    fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
+        self.journals.record(origin, record);
+    }
+
+    fn set_journal_namespace(&mut self, namespace: &str) {
+        self.journals.set_namespace(namespace);
+    }
+
+    fn load_journal(&mut self, lane: u64) -> Result<Journal, StoreError> {
+        let key = self.journals.key(lane);
+        let mut batch = Batch::default();
+        let mut hgetall = redis::cmd("HGETALL");
+        hgetall.arg(&key);
+        batch.command(self.cluster, &key, hgetall);
+        let (replies, retries) = self.link.query(&batch, self.config.attempts);
+        self.stats.retries += retries;
+        let reply = replies?.pop().ok_or_else(|| StoreError::Protocol("no reply to a journal read".into()))?;
+        Ok(self.journals.loaded(lane, &codec::flat(reply)?))
+    }
+
+    fn trim_journal(&mut self, lane: u64, committed: i64) {
+        self.journals.trim(lane, committed);
     }
 }
 

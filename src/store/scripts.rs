@@ -4,8 +4,6 @@
 
 use std::sync::LazyLock;
 
-use super::link::{Call, CallReply};
-
 /// Applies a key's pending deltas, refuses late ones, prunes, refreshes the TTL and returns the
 /// key's window (see the header of `lua/apply_window.lua` for the protocol).
 pub static APPLY_WINDOW: LazyLock<redis::Script> =
@@ -93,17 +91,6 @@ impl ScriptCall {
         cmd
     }
 }
-
-impl Call for ScriptCall {
-    type Reply = CallReply;
-    fn add_to(&self, pipe: &mut redis::Pipeline) {
-        pipe.add_command(self.cmd());
-    }
-    fn run_through(&self, conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<CallReply> {
-        self.cmd().query(conn)
-    }
-}
-
 
 #[cfg(test)]
 mod tests {

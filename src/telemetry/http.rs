@@ -1,6 +1,6 @@
 //! The internal HTTP port: `/metrics` (Prometheus text), `/healthz` (liveness: the consumer loop
-//! is turning) and `/readyz` (readiness: rules loaded, store connected, consumer subscribed, not
-//! shutting down).
+//! is turning) and `/readyz` (readiness: rules loaded, store connected, consumer subscribed, a
+//! broker reachable, not shutting down).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +22,8 @@ const STALL_LIMIT: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    /// Set when librdkafka reports every broker down; cleared when one is up again.
+    brokers_down: AtomicBool,
     /// Wall-clock milliseconds of the consumer loop's last turn; 0 before it starts.
     heartbeat_ms: AtomicU64,
 }
@@ -31,8 +33,13 @@ impl Health {
         self.ready.store(ready, Ordering::Release);
     }
 
+    /// Ready: subscribed, not shutting down, and some broker reachable.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && !self.brokers_down.load(Ordering::Acquire)
+    }
+
+    pub fn set_brokers_down(&self, down: bool) {
+        self.brokers_down.store(down, Ordering::Release);
     }
 
     pub fn beat(&self) {

@@ -101,6 +101,26 @@ pub struct Metrics {
     pub live_keys: Gauge,
     /// Partitions this worker owns.
     pub assigned_partitions: Gauge,
+    /// 1 while Redis answers, 0 while it is unavailable and the worker counts locally.
+    pub redis_available: Gauge,
+    /// Times Redis became unavailable (the circuit breaker opened).
+    pub redis_outages: Counter,
+    /// Observations counted locally while Redis was unavailable (merged when it answered again).
+    pub degraded_observations: Counter,
+    /// Rule hits made on locally counted values while Redis was unavailable, by rule.
+    pub degraded_hits: Family<RuleLabels, Counter>,
+    /// Times Redis was found to have lost its data (epoch key vanished or changed).
+    pub redis_data_losses: Counter,
+    /// Keys written again from this worker's views after Redis lost data.
+    pub reseeded_keys: Counter,
+    /// Keys found gone from Redis at a version this worker knew (lost or expired), written again.
+    pub lost_keys: Counter,
+    /// Decision records written to the decision journal.
+    pub journaled_decisions: Counter,
+    /// Decisions delivered again from the journal for events re-read after a crash.
+    pub redelivered_decisions: Counter,
+    /// 1 while the local state waiting for Redis is at `redis.max_local_keys` (partitions paused).
+    pub store_saturated: Gauge,
 }
 
 impl Metrics {
@@ -126,6 +146,16 @@ impl Metrics {
             rules_active: Gauge::default(),
             live_keys: Gauge::default(),
             assigned_partitions: Gauge::default(),
+            redis_available: Gauge::default(),
+            redis_outages: Counter::default(),
+            degraded_observations: Counter::default(),
+            degraded_hits: Family::default(),
+            redis_data_losses: Counter::default(),
+            reseeded_keys: Counter::default(),
+            lost_keys: Counter::default(),
+            journaled_decisions: Counter::default(),
+            redelivered_decisions: Counter::default(),
+            store_saturated: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("events", "Events read, by outcome", metrics.events.clone());
@@ -167,6 +197,28 @@ impl Metrics {
         registry.register("rules_active", "Enabled rules in force", metrics.rules_active.clone());
         registry.register("store_live_keys", "(rule, key) windows held in this process", metrics.live_keys.clone());
         registry.register("assigned_partitions", "Partitions owned by this worker", metrics.assigned_partitions.clone());
+        registry.register("redis_available", "1 while Redis answers, 0 while counting locally", metrics.redis_available.clone());
+        registry.register("redis_outages", "Times Redis became unavailable", metrics.redis_outages.clone());
+        registry.register(
+            "degraded_observations",
+            "Observations counted locally while Redis was unavailable",
+            metrics.degraded_observations.clone(),
+        );
+        registry.register(
+            "degraded_hits",
+            "Rule hits on locally counted values while Redis was unavailable, by rule",
+            metrics.degraded_hits.clone(),
+        );
+        registry.register("redis_data_losses", "Times Redis was found to have lost its data", metrics.redis_data_losses.clone());
+        registry.register("redis_reseeded_keys", "Keys written again from local views after a Redis data loss", metrics.reseeded_keys.clone());
+        registry.register("redis_lost_keys", "Keys found gone from Redis at a known version, written again", metrics.lost_keys.clone());
+        registry.register("journaled_decisions", "Decision records written to the decision journal", metrics.journaled_decisions.clone());
+        registry.register(
+            "redelivered_decisions",
+            "Decisions delivered again from the journal for events re-read after a crash",
+            metrics.redelivered_decisions.clone(),
+        );
+        registry.register("store_saturated", "1 while local state waiting for Redis is full", metrics.store_saturated.clone());
         Metrics { registry, ..metrics }
     }
 
@@ -190,6 +242,59 @@ impl Default for Metrics {
     }
 }
 
+/// Lets a repeated log line through once per `every`: librdkafka reports the same broken
+/// connection on every reconnect attempt while a broker is down.
+pub struct LogLimiter {
+    every: std::time::Duration,
+    seen: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+impl LogLimiter {
+    pub fn new(every: std::time::Duration) -> LogLimiter {
+        LogLimiter { every, seen: Default::default() }
+    }
+
+    /// `Some(n)` when a line of this kind may be logged now, `n` being how many like it were
+    /// held back since the last one; `None` when it is held back. Lines are alike when they
+    /// match but for digits (ports, counts, durations).
+    pub fn allow(&self, facility: &str, message: &str) -> Option<u64> {
+        let kind: String = facility.chars().chain(message.chars().filter(|c| !c.is_ascii_digit()).take(80)).collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() > 1024 {
+            seen.clear();
+        }
+        let now = std::time::Instant::now();
+        match seen.get_mut(&kind) {
+            Some((at, held)) if now.duration_since(*at) < self.every => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                *at = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                seen.insert(kind, (now, 0));
+                Some(0)
+            }
+        }
+    }
+
+    /// Routes a librdkafka log line to `tracing`, rate-limited.
+    pub fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        let Some(held) = self.allow(facility, message) else { return };
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", facility, held_back = held, "{message}")
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", facility, held_back = held, "{message}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", facility, held_back = held, "{message}"),
+            L::Debug => tracing::debug!(target: "librdkafka", facility, held_back = held, "{message}"),
+        }
+    }
+}
+
 /// Installs the global tracing subscriber: `RUST_LOG` if set, else `config.level`.
 pub fn init_logging(config: &LogConfig) -> Result<(), String> {
     use tracing_subscriber::EnvFilter;
@@ -204,4 +309,20 @@ pub fn init_logging(config: &LogConfig) -> Result<(), String> {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     result.map_err(|e| format!("cannot install the logger: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogLimiter;
+
+    #[test]
+    fn repeated_lines_pass_once_per_period() {
+        let limiter = LogLimiter::new(std::time::Duration::from_secs(3600));
+        assert_eq!(limiter.allow("FAIL", "127.0.0.1:9092/1: Connect failed (after 3ms)"), Some(0));
+        assert_eq!(limiter.allow("FAIL", "127.0.0.1:9092/1: Connect failed (after 12ms)"), None);
+        assert_eq!(limiter.allow("FAIL", "other broker unreachable"), Some(0));
+        let now = LogLimiter::new(std::time::Duration::ZERO);
+        assert_eq!(now.allow("FAIL", "x"), Some(0));
+        assert_eq!(now.allow("FAIL", "x"), Some(0));
+    }
 }

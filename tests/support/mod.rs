@@ -217,10 +217,16 @@ impl RedisCluster {
     }
 }
 
+/// The counter keys in a Redis: every `vg:*` key but the epoch and the decision journals.
+pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
+    keys.into_iter().filter(|k| !k.starts_with("vg:epoch") && !k.starts_with("vg:j:")).collect()
+}
+
 /// Sum of every live count/sum bucket and the number of live distinct values, per Redis key.
 pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (f64, usize)> {
-    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
-    keys.into_iter()
+    counter_keys(conn)
+        .into_iter()
         .map(|key| {
             let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
             // Bucket fields are slot numbers (digits only); distinct fields start with 'd'.

@@ -1,0 +1,397 @@
+//! How windows look in Redis (DESIGN §5): the arguments a flush sends for one key to
+//! `lua/apply_window.lua`, the script's replies, and a key's hash read back with HGETALL.
+
+use super::scripts::ScriptCall;
+use super::{Origin, StoreError};
+use crate::window::{Aggregate, Delta, WindowSpec, WindowState};
+
+/// One key's reply: its items (head, late, skipped, version, marker, field, value, …).
+pub(super) type KeyReply = Vec<Vec<u8>>;
+
+/// A script call's replies, one per key, from the raw reply.
+pub(super) fn key_replies(value: redis::Value) -> Result<Vec<KeyReply>, StoreError> {
+    redis::from_redis_value(value).map_err(|e| StoreError::Protocol(format!("apply_window reply: {e}")))
+}
+
+/// A flat list of byte strings (HGETALL) from the raw reply.
+pub(super) fn flat(value: redis::Value) -> Result<Vec<Vec<u8>>, StoreError> {
+    redis::from_redis_value(value).map_err(|e| StoreError::Protocol(format!("unexpected reply: {e}")))
+}
+
+/// One counted observation Redis has not acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Observation {
+    pub(super) bucket: i64,
+    pub(super) delta: Delta,
+    pub(super) origin: Option<Origin>,
+}
+
+/// Highest applied offset per lane (`o:<lane>` in Redis).
+pub(super) type Offsets = smallvec::SmallVec<[(u64, i64); 1]>;
+
+pub(super) fn offset_of(offsets: &Offsets, lane: u64) -> Option<i64> {
+    offsets.iter().find(|(l, _)| *l == lane).map(|&(_, o)| o)
+}
+
+pub(super) fn raise(offsets: &mut Offsets, lane: u64, offset: i64) {
+    match offsets.iter_mut().find(|(l, _)| *l == lane) {
+        Some(entry) => entry.1 = entry.1.max(offset),
+        None => offsets.push((lane, offset)),
+    }
+}
+
+/// A recorded offset field (`o:<lane>` → offset). Lanes vigil does not write (not a number)
+/// are someone else's business: `None`.
+fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u64, i64)> {
+    let lane = std::str::from_utf8(field.strip_prefix(b"o:")?).ok()?.parse().ok()?;
+    let offset = std::str::from_utf8(value).ok()?.parse().ok()?;
+    Some((lane, offset))
+}
+
+/// Whether an observation from `origin` was applied before (its input is being replayed).
+pub(super) fn replayed(offsets: &Offsets, origin: Option<Origin>) -> bool {
+    origin.is_some_and(|o| offset_of(offsets, o.lane).is_some_and(|applied| o.offset <= applied))
+}
+
+/// A window as Redis holds it: its state, its version (0: Redis holds nothing) and the offsets
+/// it recorded.
+pub(super) struct Stored {
+    pub(super) state: WindowState,
+    pub(super) version: u64,
+    pub(super) offsets: Offsets,
+}
+
+/// A parsed script reply for one key.
+pub(super) enum Reply {
+    /// The key holds nothing.
+    Empty,
+    /// The caller's view was current (`=`): it holds what Redis holds now.
+    Current { version: u64 },
+    /// Redis' window (`*`), other writers' deltas included.
+    Window(Stored),
+    /// Writes for a stale version, not made (`!`): the deltas are sent again.
+    Stale,
+    /// The caller knew the key at a version and it is gone (`?`): nothing was written; the caller
+    /// writes its whole view again.
+    Missing,
+}
+
+/// What a reply said beyond the window: deltas refused as late and deltas skipped as applied
+/// before.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct ReplyCounts {
+    pub(super) late: u64,
+    pub(super) skipped: u64,
+}
+
+/// Parses the script's reply for one key.
+pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply, ReplyCounts), StoreError> {
+    let counts = ReplyCounts::default();
+    if reply.is_empty() {
+        return Ok((Reply::Empty, counts));
+    }
+    if reply.len() == 1 {
+        match reply[0].as_slice() {
+            b"!" => return Ok((Reply::Stale, counts)),
+            b"?" => return Ok((Reply::Missing, counts)),
+            _ => {}
+        }
+    }
+    let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
+    let number = |bytes: &[u8]| -> Result<f64, StoreError> {
+        std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<f64>().ok()).ok_or_else(|| bad("not a number"))
+    };
+    if reply.len() < 5 || reply.len() % 2 == 0 {
+        return Err(bad("wrong length"));
+    }
+    let head = number(&reply[0])? as i64;
+    let counts = ReplyCounts { late: number(&reply[1])? as u64, skipped: number(&reply[2])? as u64 };
+    let version = number(&reply[3])? as u64;
+    match reply[4].as_slice() {
+        b"=" => return Ok((Reply::Current { version }, counts)),
+        b"*" => {}
+        _ => return Err(bad("unknown marker")),
+    }
+    let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
+    for pair in reply[5..].chunks_exact(2) {
+        let (field, value) = (&pair[0], &pair[1]);
+        if field.starts_with(b"o:") {
+            if let Some((lane, offset)) = recorded_offset(field, value) {
+                raise(&mut offsets, lane, offset);
+            }
+            continue;
+        }
+        match field.first() {
+            Some(b'b') => buckets.push((number(&field[1..])? as i64, number(value)?)),
+            Some(b'd') if field.len() == 17 => {
+                let mut digest = [0u8; 16];
+                digest.copy_from_slice(&field[1..]);
+                values.push((u128::from_le_bytes(digest), number(value)? as i64));
+            }
+            _ => return Err(bad("unknown field")),
+        }
+    }
+    let state = WindowState::from_window(spec, head, buckets, values);
+    Ok((Reply::Window(Stored { state, version, offsets }), counts))
+}
+
+/// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
+/// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
+pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored, StoreError> {
+    if flat.is_empty() {
+        return Ok(Stored { state: WindowState::new(spec.aggregate), version: 0, offsets: Offsets::new() });
+    }
+    let bad = |what: &str| StoreError::Protocol(format!("stored window: {what}"));
+    fn text(bytes: &[u8]) -> Result<&str, StoreError> {
+        std::str::from_utf8(bytes).map_err(|_| StoreError::Protocol("stored window: not text".into()))
+    }
+    if flat.len() % 2 != 0 {
+        return Err(bad("odd field count"));
+    }
+    let (mut head, mut version) = (None, None);
+    for pair in flat.chunks_exact(2) {
+        match pair[0].as_slice() {
+            b"h" => head = Some(text(&pair[1])?.parse::<i64>().map_err(|_| bad("bad head"))?),
+            b"v" => version = Some(text(&pair[1])?.parse::<u64>().map_err(|_| bad("bad version"))?),
+            _ => {}
+        }
+    }
+    let head = head.ok_or_else(|| bad("no head"))?;
+    let k = spec.buckets;
+    let unslot = |slot: i64| head - (head - slot).rem_euclid(k);
+    let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
+    for pair in flat.chunks_exact(2) {
+        let (field, value) = (&pair[0], &pair[1]);
+        if field.starts_with(b"o:") {
+            if let Some((lane, offset)) = recorded_offset(field, value) {
+                raise(&mut offsets, lane, offset);
+            }
+        } else if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
+            let slot = text(field)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
+            let amount = text(value)?.parse::<f64>().map_err(|_| bad("bad amount"))?;
+            buckets.push((unslot(slot), amount));
+        } else if field.len() == 17 && field[0] == b'd' {
+            let mut digest = [0u8; 16];
+            digest.copy_from_slice(&field[1..]);
+            let slot = text(value)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
+            values.push((u128::from_le_bytes(digest), unslot(slot)));
+        }
+    }
+    let state = WindowState::from_window(spec, head, buckets, values);
+    Ok(Stored { state, version: version.unwrap_or(0), offsets })
+}
+
+/// A version for a key created by this process: random, so that a key that expired and was
+/// created again does not come back to a version someone's cached view was based on.
+fn fresh_version() -> u64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // Below 2^52: Lua's doubles then count up from it exactly.
+    SEED.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) % (1 << 52) + 1
+}
+
+/// Most slots one write may delete: a head that moved further is merged by the script instead.
+const MAX_WRITE_DELETES: i64 = 64;
+
+/// What a flush sends for one key.
+pub(super) struct KeyFlush<'a> {
+    pub(super) spec: &'a WindowSpec,
+    pub(super) ttl_ms: i64,
+    /// The Redis version the view is based on (0: Redis held nothing); `None` if unknown.
+    pub(super) version: Option<u64>,
+    /// Whether the writes should refresh the TTL.
+    pub(super) refresh: bool,
+    /// The view with the deltas applied.
+    pub(super) state: &'a WindowState,
+    /// The head Redis holds at `version`.
+    pub(super) base_head: Option<i64>,
+    /// The offsets the view knows Redis recorded.
+    pub(super) offsets: &'a Offsets,
+    pub(super) deltas: &'a [Observation],
+    /// Write the whole view, not only what the deltas touched (the key was lost).
+    pub(super) full: bool,
+}
+
+/// Appends one key to a script call: the key, its header, and either the writes to make if
+/// Redis still holds the version the view is based on (see `add_writes`), or the deltas for the
+/// script to merge. A full write (the key was lost) sends both: the writes if the key is still
+/// absent, the deltas to merge if someone created it meanwhile.
+pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
+    let deltas = key.deltas;
+    // With every delta tagged, the script skips those it applied before (stride 4).
+    let tagged = deltas.iter().all(|o| o.origin.is_some());
+    call.key(name.as_bytes());
+    call.arg(match key.spec.aggregate {
+        Aggregate::Count => b"c",
+        Aggregate::Sum => b"s",
+        Aggregate::Distinct => b"d",
+    });
+    call.int(key.spec.buckets);
+    call.int(key.ttl_ms);
+    call.int(if tagged { 4 } else { 2 });
+    match key.version {
+        Some(version) => call.int(version as i64),
+        None => call.arg(b""),
+    }
+    let deltas_count = call.placeholder();
+    let writes_count = call.placeholder();
+    if !key.full {
+        if let Some(version) = key.version {
+            let mark = call.mark();
+            if add_writes(call, key, version) {
+                call.fill(writes_count, call.args() - mark.1);
+                return;
+            }
+            call.truncate(mark);
+        }
+    }
+    let deltas_start = call.args();
+    if !tagged && key.spec.aggregate == Aggregate::Count {
+        // Untagged increments commute: one per bucket.
+        let mut per_bucket: smallvec::SmallVec<[(i64, i64); 4]> = Default::default();
+        for o in deltas {
+            match per_bucket.iter_mut().find(|(b, _)| *b == o.bucket) {
+                Some(entry) => entry.1 += 1,
+                None => per_bucket.push((o.bucket, 1)),
+            }
+        }
+        for (bucket, n) in per_bucket {
+            call.int(bucket);
+            call.int(n);
+        }
+    } else {
+        for o in deltas {
+            call.int(o.bucket);
+            match o.delta {
+                Delta::Count => call.int(1),
+                Delta::Sum(amount) => call.float(amount),
+                Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
+            }
+            if let (true, Some(origin)) = (tagged, o.origin) {
+                call.uint(origin.lane);
+                call.int(origin.offset);
+            }
+        }
+    }
+    call.fill(deltas_count, call.args() - deltas_start);
+    if key.full {
+        let mark = call.mark();
+        if add_writes(call, key, 0) {
+            call.fill(writes_count, call.args() - mark.1);
+        } else {
+            call.truncate(mark);
+        }
+    }
+}
+
+/// Appends what a flush writes if Redis still holds `version` (the fast path of
+/// `lua/apply_window.lua`): whether to refresh the TTL, the count of field/value entries, the
+/// entries — the next version (`v`), the head (`h`), each bucket the deltas touched with its
+/// value in the view, or each distinct value with its latest bucket, by slot (every live one for
+/// a full write) — then the slots that slid out since `base_head`. False when that is not known
+/// here (a distinct window whose head moved: the values that slid out are not kept): the script
+/// merges the deltas instead.
+fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
+    let (spec, state, deltas) = (key.spec, key.state, key.deltas);
+    let Some(head) = state.head() else { return false };
+    let k = spec.buckets;
+    let oldest_live = head - k + 1;
+    let base_head = if key.full { None } else { key.base_head };
+    let moved = base_head.map_or(0, |base| head - base);
+    call.arg(if key.refresh || key.full { b"1" } else { b"0" });
+    let sets_count = call.placeholder();
+    let sets_start = call.args();
+    call.arg(b"v");
+    call.int(if version == 0 { fresh_version() } else { version + 1 } as i64);
+    call.arg(b"h");
+    call.int(head);
+    match state {
+        WindowState::Series(series) => {
+            let mut touched: smallvec::SmallVec<[(i64, f64); 4]> = if key.full {
+                series.buckets().collect()
+            } else {
+                let mut buckets: smallvec::SmallVec<[i64; 4]> =
+                    deltas.iter().map(|o| o.bucket).filter(|&b| b >= oldest_live).collect();
+                buckets.sort_unstable();
+                buckets.dedup();
+                let mut touched = smallvec::SmallVec::new();
+                for bucket in buckets {
+                    let Some(value) = state.bucket_value(bucket) else { return false };
+                    touched.push((bucket, value));
+                }
+                touched
+            };
+            touched.retain(|(b, _)| *b >= oldest_live);
+            for &(bucket, value) in &touched {
+                call.int(bucket.rem_euclid(k));
+                match spec.aggregate {
+                    Aggregate::Sum => call.float(value),
+                    _ => call.int(value as i64),
+                }
+            }
+            add_offsets(call, key);
+            call.fill(sets_count, call.args() - sets_start);
+            if let Some(base) = base_head {
+                if moved.min(k) > MAX_WRITE_DELETES {
+                    return false;
+                }
+                for bucket in (base - k + 1)..=base.min(head - k) {
+                    let slot = bucket.rem_euclid(k);
+                    if !touched.iter().any(|&(b, _)| b.rem_euclid(k) == slot) {
+                        call.int(slot);
+                    }
+                }
+            }
+        }
+        WindowState::Distinct(set) => {
+            if moved > 0 {
+                return false;
+            }
+            let mut values: smallvec::SmallVec<[(u128, i64); 4]> = if key.full {
+                set.live_values(spec).collect()
+            } else {
+                let mut digests: smallvec::SmallVec<[u128; 4]> = deltas
+                    .iter()
+                    .filter_map(|o| if let Delta::Distinct(v) = o.delta { Some(v) } else { None })
+                    .collect();
+                digests.sort_unstable();
+                digests.dedup();
+                let mut values = smallvec::SmallVec::new();
+                for value in digests {
+                    let Some(latest) = state.latest_bucket(value) else { return false };
+                    values.push((value, latest));
+                }
+                values
+            };
+            values.retain(|(_, latest)| *latest >= oldest_live);
+            for (value, latest) in values {
+                let mut field = [0u8; 17];
+                field[0] = b'd';
+                field[1..].copy_from_slice(&value.to_le_bytes());
+                call.arg(&field);
+                call.int(latest.rem_euclid(k));
+            }
+            add_offsets(call, key);
+            call.fill(sets_count, call.args() - sets_start);
+        }
+    }
+    true
+}
+
+/// The highest offset per lane of the deltas (and, for a full write, of the whole view), as
+/// `o:<lane>` fields.
+fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
+    let mut offsets = if key.full { key.offsets.clone() } else { Offsets::new() };
+    for origin in key.deltas.iter().filter_map(|o| o.origin) {
+        raise(&mut offsets, origin.lane, origin.offset);
+    }
+    for (lane, offset) in offsets {
+        let mut field = Vec::with_capacity(24);
+        field.extend_from_slice(b"o:");
+        field.extend_from_slice(itoa::Buffer::new().format(lane).as_bytes());
+        call.arg(&field);
+        call.int(offset);
+    }
+}
