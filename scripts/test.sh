@@ -24,13 +24,16 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # A real Kafka-protocol broker for the worker's end-to-end tests: tansu (Apache Kafka itself is
-# not installable here). Built from crates.io once (10-20 minutes), then cached in ~/.cargo/bin;
-# the tests find it there (or at $TANSU) and start their own brokers on free loopback ports.
+# not installable here), built with in-memory and SQLite storage (the broker-restart test keeps
+# its topics in a SQLite file). Built from crates.io once (15-25 minutes), then cached in
+# ~/.cache/vigil-tools; the tests find it there (or at $TANSU) and start their own brokers on
+# free loopback ports.
 TANSU_VERSION=0.6.0
-tansu_bin="${TANSU:-$HOME/.cargo/bin/tansu}"
+tansu_root="$HOME/.cache/vigil-tools/tansu-$TANSU_VERSION"
+tansu_bin="${TANSU:-$tansu_root/bin/tansu}"
 if ! "$tansu_bin" --version 2>/dev/null | grep -qx "tansu $TANSU_VERSION"; then
-    echo "installing tansu $TANSU_VERSION (first run only; cached in ~/.cargo/bin)" >&2
-    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
+    echo "installing tansu $TANSU_VERSION (first run only; cached in $tansu_root)" >&2
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore,libsql --locked --root "$tansu_root"
 fi
 
 # One build (the test profile), then every test: unit, property, fixture, CLI, Redis and Kafka

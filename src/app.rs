@@ -91,6 +91,11 @@ fn input_identity(input: &Path, input_id: Option<&str>) -> anyhow::Result<Vec<u8
         hasher.update_reader(file).with_context(|| format!("{}: cannot read input", input.display()))?;
         return Ok([b"content:", hasher.finalize().as_bytes().as_slice()].concat());
     }
+    eprintln!(
+        "replay: reading {} into Redis without --input-id: its events count as a new input; \
+         replaying them again would count them again (give the same --input-id to count them once)",
+        if input == Path::new("-") { "stdin" } else { "a stream" }
+    );
     let random: [u8; 16] = rand::random();
     Ok([b"run:", random.as_slice()].concat())
 }

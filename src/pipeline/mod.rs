@@ -104,6 +104,21 @@ impl<S: CounterStore> Engine<S> {
         self.bounds.check_future(event.ts, self.clock.now_ms())
     }
 
+    /// The newest accepted event time of `lane` (what its watermark follows).
+    pub fn newest(&self, lane: u64) -> Option<i64> {
+        self.newest.iter().find(|(l, _)| *l == lane).map(|&(_, n)| n)
+    }
+
+    /// Starts `lane` from a known newest event time (what a previous owner of the lane had
+    /// reached), so its watermark continues where it was.
+    pub fn resume_lane(&mut self, lane: u64, newest: i64) {
+        match self.newest.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, n)) => *n = (*n).max(newest),
+            None => self.newest.push((lane, newest)),
+        }
+        self.update_horizon();
+    }
+
     /// Forgets an input lane (a revoked partition): its watermark no longer holds state back.
     pub fn close_lane(&mut self, lane: u64) {
         self.newest.retain(|&(l, _)| l != lane);

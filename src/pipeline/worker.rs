@@ -363,6 +363,7 @@ impl Worker {
         if let Some(covered) = journal.covered {
             tracing::info!(partition = key.1, covered, records = journal.records.len(), "decision journal loaded");
         }
+        let mut resumed = false;
         loop {
             if stop.load(Ordering::Acquire) || self.shutdown.is_triggered() {
                 return;
@@ -376,6 +377,18 @@ impl Worker {
                 match receiver.try_recv() {
                     Ok(more) => batch.extend(more),
                     Err(_) => break,
+                }
+            }
+            if !resumed {
+                // The watermark continues where it was just before the first offset read.
+                resumed = true;
+                let first = batch.first().map_or(0, Message::offset);
+                match journal.newest_before(first) {
+                    Some(newest) => self.lock_engine().resume_lane(lane, newest),
+                    None if journal.covered.is_some() => {
+                        tracing::warn!(partition = key.1, first, "no watermark recorded before the first offset read: it starts afresh")
+                    }
+                    None => {}
                 }
             }
             self.process(key, &batch, stop, progress, &journal);
@@ -460,7 +473,7 @@ impl Worker {
         }
         let emit_allow = self.config.worker.emit_allow;
         let mut outputs: Vec<Output<'_>> = Vec::new();
-        let mut processed = 0;
+        let mut processed: usize = 0;
         let mut failure = None;
         let (mut decided, mut allowed, mut dead, mut redelivered) = (0, 0, 0, 0);
         let mark = {
@@ -552,6 +565,11 @@ impl Worker {
                     }
                 }
                 processed += 1;
+            }
+            // Offsets are committed at batch ends: a next owner resumes after one, with the
+            // watermark recorded there.
+            if let (Some(last), Some(newest)) = (processed.checked_sub(1).map(|i| messages[i].offset()), engine.newest(lane)) {
+                engine.store_mut().journal_mark(lane, last, newest);
             }
             let counts: Vec<_> = engine.take_rule_counts().collect();
             for (index, counts) in counts {

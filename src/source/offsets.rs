@@ -1,6 +1,8 @@
 //! Offset progress of one partition: which offset may be committed. An offset is committable
 //! once every event before it has been decided, its records (decision, dead letter) have been
-//! acknowledged by the broker, and the counter deltas it made are durable in the store.
+//! acknowledged by the broker, and the counter deltas it made are durable in the store. Offsets
+//! are committed only just after the end of a processed batch: the decision journal records the
+//! partition's watermark there, for the next owner to resume from it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -12,12 +14,13 @@ pub struct Progress {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// (last offset of a processed batch, the store's counted mark after it), oldest first.
+    /// (last offset of a processed batch, the store's counted mark after it), oldest first, until
+    /// its deltas are durable.
     processed: VecDeque<(i64, u64)>,
+    /// Last offsets of batches whose deltas are durable, oldest first (the newest one stays).
+    durable_ends: VecDeque<i64>,
     /// Offsets with records not yet acknowledged, and how many.
     undelivered: BTreeMap<i64, u32>,
-    /// The next offset after the newest batch whose deltas are durable.
-    durable_next: Option<i64>,
     /// The offset last handed to the consumer's offset store.
     stored: Option<i64>,
 }
@@ -61,14 +64,16 @@ impl Progress {
             if mark > durable_mark {
                 break;
             }
-            inner.durable_next = Some(offset + 1);
+            inner.durable_ends.push_back(offset);
             inner.processed.pop_front();
         }
-        let durable_next = inner.durable_next?;
-        Some(match inner.undelivered.keys().next() {
-            Some(&first) if first < durable_next => first,
-            _ => durable_next,
-        })
+        // The newest durable batch end with every record before it delivered.
+        let first_undelivered = inner.undelivered.keys().next().copied().unwrap_or(i64::MAX);
+        let end = inner.durable_ends.iter().rev().find(|&&end| end < first_undelivered).copied()?;
+        while inner.durable_ends.front().is_some_and(|&older| older < end) {
+            inner.durable_ends.pop_front();
+        }
+        Some(end + 1)
     }
 
     /// The committable offset if it moved past the one stored last; remembers it as stored.
@@ -100,7 +105,7 @@ mod tests {
         progress.expect_delivery(11);
         progress.processed(12, 5);
         assert_eq!(progress.committable(4), None, "deltas not durable yet");
-        assert_eq!(progress.committable(5), Some(11), "11 waits for its decision");
+        assert_eq!(progress.committable(5), None, "11 waits for its decision, and 10..=12 is one batch");
         progress.delivered(11);
         assert_eq!(progress.committable(5), Some(13));
         // Batch 13..=20 with two records for 15, then a later batch already durable.
@@ -109,7 +114,7 @@ mod tests {
         progress.processed(20, 9);
         progress.processed(25, 9);
         progress.delivered(15);
-        assert_eq!(progress.committable(9), Some(15));
+        assert_eq!(progress.committable(9), Some(13), "batch 13..=20 waits for 15");
         progress.delivered(15);
         assert_eq!(progress.committable(9), Some(26));
         assert_eq!(progress.undelivered(), 0);

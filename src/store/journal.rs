@@ -24,6 +24,8 @@ const JOURNAL_TTL_MS: i64 = 7 * 86_400_000;
 pub struct Journal {
     /// Every offset up to this one is journaled (no entry: the event produced no record).
     pub covered: Option<i64>,
+    /// The lane's newest accepted event time after each batch end offset.
+    pub newest_after: std::collections::BTreeMap<i64, i64>,
     /// The record each journaled event produced, by offset.
     pub records: HashMap<i64, Vec<u8>>,
 }
@@ -37,6 +39,11 @@ impl Journal {
             _ => None,
         }
     }
+
+    /// The lane's newest accepted event time just before `offset`, if a batch ended there.
+    pub fn newest_before(&self, offset: i64) -> Option<i64> {
+        self.newest_after.get(&(offset - 1)).copied()
+    }
 }
 
 #[derive(Default)]
@@ -44,6 +51,11 @@ struct Lane {
     key: String,
     /// The highest offset recorded so far.
     covered: Option<i64>,
+    /// (batch end offset, newest accepted event time after it, the store's counted index of the
+    /// mark) not yet written.
+    marks: Vec<(i64, i64, u64)>,
+    /// Batch end offsets Redis holds a newest event time for.
+    held_marks: BTreeSet<i64>,
     /// The highest offset Redis holds as covered.
     written_covered: Option<i64>,
     /// The highest covered offset sent (written, or in a flush in flight).
@@ -62,8 +74,15 @@ pub(super) struct Journals {
     lanes: HashMap<u64, Lane>,
 }
 
-/// What a flush took from one lane: its covered offset, its records, the offsets it deletes.
-type SentLane = (u64, Option<i64>, Vec<(i64, Vec<u8>)>, Vec<i64>);
+/// What a flush took from one lane.
+struct SentLane {
+    lane: u64,
+    covered: Option<i64>,
+    entries: Vec<(i64, Vec<u8>)>,
+    marks: Vec<(i64, i64, u64)>,
+    trims: Vec<i64>,
+    trimmed_marks: Vec<i64>,
+}
 
 /// What a flush took from the journals, to put back if it fails.
 #[derive(Default)]
@@ -74,7 +93,7 @@ pub(super) struct Sent {
 impl Sent {
     /// How many records it carries.
     pub(super) fn records(&self) -> usize {
-        self.lanes.iter().map(|(_, _, entries, _)| entries.len()).sum()
+        self.lanes.iter().map(|l| l.entries.len()).sum()
     }
 }
 
@@ -117,19 +136,37 @@ impl Journals {
         }
     }
 
+    /// A batch of `lane` ended at `offset`, its newest accepted event time then `newest`; the
+    /// store counts the mark as `index` (its offsets wait for it to be durable).
+    pub(super) fn mark(&mut self, lane: u64, offset: i64, newest: i64, index: u64) {
+        self.lane(lane).marks.push((offset, newest, index));
+    }
+
+    /// The counted index of the oldest mark not yet written (pending, or in `inflight`).
+    pub(super) fn oldest_unwritten(&self, inflight: Option<&Sent>) -> Option<u64> {
+        let pending = self.lanes.values().flat_map(|l| l.marks.iter().map(|m| m.2));
+        let sent = inflight.into_iter().flat_map(|s| s.lanes.iter().flat_map(|l| l.marks.iter().map(|m| m.2)));
+        pending.chain(sent).min()
+    }
+
     /// Takes in `lane`'s journal as read from Redis (HGETALL); later writes keep its coverage.
     pub(super) fn loaded(&mut self, lane: u64, flat: &[Vec<u8>]) -> Journal {
         let mut journal = Journal::default();
         for pair in flat.chunks_exact(2) {
             let number = std::str::from_utf8(&pair[0]).ok().and_then(|s| s.parse::<i64>().ok());
+            let value = || std::str::from_utf8(&pair[1]).ok().and_then(|s| s.parse().ok());
+            let mark = pair[0].strip_prefix(b"w").and_then(|o| std::str::from_utf8(o).ok()?.parse::<i64>().ok());
             if pair[0] == b"n" {
-                journal.covered = std::str::from_utf8(&pair[1]).ok().and_then(|s| s.parse().ok());
+                journal.covered = value();
+            } else if let (Some(offset), Some(newest)) = (mark, value()) {
+                journal.newest_after.insert(offset, newest);
             } else if let Some(offset) = number {
                 journal.records.insert(offset, pair[1].clone());
             }
         }
         let state = self.lane(lane);
         state.covered = state.covered.max(journal.covered);
+        state.held_marks.extend(journal.newest_after.keys().copied());
         state.written_covered = journal.covered;
         state.sent_covered = state.sent_covered.max(journal.covered);
         state.held.extend(journal.records.keys().copied());
@@ -147,7 +184,10 @@ impl Journals {
         self.lanes.values().any(|l| {
             !l.entries.is_empty()
                 || l.covered > l.sent_covered
-                || l.trim_below.is_some_and(|t| l.held.first().is_some_and(|&first| first < t))
+                || !l.marks.is_empty()
+                || l.trim_below.is_some_and(|t| {
+                    l.held.first().is_some_and(|&first| first < t) || l.held_marks.first().is_some_and(|&first| first < t - 1)
+                })
         })
     }
 
@@ -155,19 +195,28 @@ impl Journals {
     pub(super) fn take(&mut self, batch: &mut Batch, cluster: bool) -> Sent {
         let mut sent = Sent::default();
         for (&id, lane) in self.lanes.iter_mut() {
-            let trims: Vec<i64> = match lane.trim_below {
-                Some(below) => lane.held.range(..below).copied().collect(),
-                None => Vec::new(),
+            // Records below the committed offset, and marks below the one just before it (where
+            // the next owner starts) are no longer needed.
+            let (trims, trimmed_marks): (Vec<i64>, Vec<i64>) = match lane.trim_below {
+                Some(below) => (lane.held.range(..below).copied().collect(), lane.held_marks.range(..below - 1).copied().collect()),
+                None => (Vec::new(), Vec::new()),
             };
             let moved = lane.covered > lane.sent_covered;
-            if lane.entries.is_empty() && !moved && trims.is_empty() {
+            if lane.entries.is_empty() && lane.marks.is_empty() && !moved && trims.is_empty() && trimmed_marks.is_empty() {
                 continue;
             }
             let entries = std::mem::take(&mut lane.entries);
+            let marks = std::mem::take(&mut lane.marks);
             lane.sent_covered = lane.covered;
-            if let (Some(covered), true) = (lane.covered, !entries.is_empty() || moved) {
+            if !entries.is_empty() || !marks.is_empty() || moved {
                 let mut hset = redis::cmd("HSET");
-                hset.arg(&lane.key).arg("n").arg(covered);
+                hset.arg(&lane.key);
+                if let Some(covered) = lane.covered {
+                    hset.arg("n").arg(covered);
+                }
+                for (offset, newest, _) in &marks {
+                    hset.arg(format!("w{offset}")).arg(newest);
+                }
                 for (offset, record) in &entries {
                     hset.arg(offset).arg(record.as_slice());
                 }
@@ -176,34 +225,43 @@ impl Journals {
                 expire.arg(&lane.key).arg(JOURNAL_TTL_MS);
                 batch.command(cluster, &lane.key, expire);
             }
-            if !trims.is_empty() {
+            if !trims.is_empty() || !trimmed_marks.is_empty() {
                 let mut hdel = redis::cmd("HDEL");
                 hdel.arg(&lane.key).arg(&trims);
+                for offset in &trimmed_marks {
+                    hdel.arg(format!("w{offset}"));
+                }
                 batch.command(cluster, &lane.key, hdel);
             }
-            sent.lanes.push((id, lane.covered, entries, trims));
+            sent.lanes.push(SentLane { lane: id, covered: lane.covered, entries, marks, trims, trimmed_marks });
         }
         sent
     }
 
     /// The writes of `sent` were made.
     pub(super) fn written(&mut self, sent: Sent) {
-        for (id, covered, entries, trims) in sent.lanes {
-            let lane = self.lane(id);
-            lane.written_covered = lane.written_covered.max(covered);
-            lane.held.extend(entries.iter().map(|(offset, _)| *offset));
-            for offset in trims {
+        for sent in sent.lanes {
+            let lane = self.lane(sent.lane);
+            lane.written_covered = lane.written_covered.max(sent.covered);
+            lane.held.extend(sent.entries.iter().map(|(offset, _)| *offset));
+            lane.held_marks.extend(sent.marks.iter().map(|(offset, _, _)| *offset));
+            for offset in sent.trims {
                 lane.held.remove(&offset);
+            }
+            for offset in sent.trimmed_marks {
+                lane.held_marks.remove(&offset);
             }
         }
     }
 
     /// The writes of `sent` failed (or may have): they are made again by the next flush.
     pub(super) fn failed(&mut self, sent: Sent) {
-        for (id, _, mut entries, _) in sent.lanes {
-            let lane = self.lane(id);
-            entries.append(&mut lane.entries);
-            lane.entries = entries;
+        for mut sent in sent.lanes {
+            let lane = self.lane(sent.lane);
+            sent.entries.append(&mut lane.entries);
+            lane.entries = sent.entries;
+            sent.marks.append(&mut lane.marks);
+            lane.marks = sent.marks;
             lane.sent_covered = lane.written_covered;
         }
     }
@@ -217,8 +275,11 @@ mod tests {
     fn a_journal_says_what_each_covered_offset_produced() {
         let mut journals = Journals::new();
         journals.set_namespace("group");
-        let flat: Vec<Vec<u8>> = [&b"n"[..], b"12", b"10", b"{\"a\":1}", b"3", b"{}"].iter().map(|b| b.to_vec()).collect();
+        let flat: Vec<Vec<u8>> =
+            [&b"n"[..], b"12", b"w9", b"1700000000000", b"10", b"{\"a\":1}", b"3", b"{}"].iter().map(|b| b.to_vec()).collect();
         let journal = journals.loaded(4, &flat);
+        assert_eq!(journal.newest_before(10), Some(1_700_000_000_000));
+        assert_eq!(journal.newest_before(11), None);
         assert_eq!(journal.produced(10), Some(Some(&b"{\"a\":1}"[..])));
         assert_eq!(journal.produced(11), Some(None), "covered, no record");
         assert_eq!(journal.produced(13), None, "not covered");
@@ -230,17 +291,21 @@ mod tests {
         journals.set_namespace("group");
         journals.record(Origin { lane: 1, offset: 5 }, Some(b"r5"));
         journals.record(Origin { lane: 1, offset: 6 }, None);
+        journals.mark(1, 6, 1_000, 3);
+        assert_eq!(journals.oldest_unwritten(None), Some(3));
         assert!(journals.pending());
         let mut batch = Batch::default();
         let sent = journals.take(&mut batch, false);
         assert_eq!(batch.calls.len(), 2, "HSET and PEXPIRE");
         assert!(!journals.pending());
+        assert_eq!(journals.oldest_unwritten(Some(&sent)), Some(3), "in flight");
         journals.failed(sent);
         assert!(journals.pending());
         let mut batch = Batch::default();
         let sent = journals.take(&mut batch, false);
         journals.written(sent);
         assert!(!journals.pending());
+        assert_eq!(journals.oldest_unwritten(None), None);
         // Committed past 5: its record is deleted.
         journals.trim(1, 6);
         assert!(journals.pending());

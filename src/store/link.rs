@@ -15,6 +15,10 @@ use redis::Value;
 use super::scripts::{ScriptCall, APPLY_WINDOW};
 use super::StoreError;
 
+/// Most calls sent in one pipeline (one round trip). A script call serves up to 256 keys, a read
+/// one key: a few dozen calls keep a round trip short and what a lost connection costs small.
+const PIPELINE_CALLS: usize = 64;
+
 /// How long a connection attempt and a reply may take.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Timeouts {
@@ -330,31 +334,36 @@ impl Link {
             Conn::Single(conn) => conn,
         };
         // Each call's result is kept across attempts, so a call that ran is never sent again
-        // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say). The calls that met
-        // NOSCRIPT are sent again at once, after loading the script once for all of them.
+        // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say). The calls go in
+        // pipelines of at most `PIPELINE_CALLS`: a connection lost in the middle of a long batch
+        // keeps the results of the pipelines before it. The calls that met NOSCRIPT are sent
+        // again at once, after loading the script once for all of them.
         let mut redone = 0;
         for _pass in 0..2 {
             let waiting: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &i in &waiting {
-                pipe.add_command(batch.calls[i].cmd());
-            }
-            let replies = match pipe.query::<Vec<redis::RedisResult<Value>>>(conn) {
-                Ok(replies) => replies,
-                Err(e) => {
-                    // A timeout, a reset: the connection is in an unknown state. Which calls ran
-                    // is unknown too; they are sent again on a new connection.
-                    self.conn = None;
-                    return Err(e);
-                }
-            };
             let (mut error, mut reload) = (None, false);
-            for (i, reply) in waiting.into_iter().zip(replies) {
-                match reply {
-                    Ok(reply) => results[i] = Some(reply),
-                    Err(e) if is_noscript(&e) => reload = true,
-                    Err(e) => error = Some(e),
+            for chunk in waiting.chunks(PIPELINE_CALLS) {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for &i in chunk {
+                    pipe.add_command(batch.calls[i].cmd());
+                }
+                let replies = match pipe.query::<Vec<redis::RedisResult<Value>>>(conn) {
+                    Ok(replies) => replies,
+                    Err(e) => {
+                        // A timeout, a reset: the connection is in an unknown state. Which calls
+                        // of this pipeline ran is unknown too; they are sent again on a new
+                        // connection (every call the store makes is idempotent).
+                        self.conn = None;
+                        return Err(e);
+                    }
+                };
+                for (&i, reply) in chunk.iter().zip(replies) {
+                    match reply {
+                        Ok(reply) => results[i] = Some(reply),
+                        Err(e) if is_noscript(&e) => reload = true,
+                        Err(e) => error = Some(e),
+                    }
                 }
             }
             if let Some(e) = error {

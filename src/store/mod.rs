@@ -156,10 +156,15 @@ pub trait CounterStore {
         false
     }
 
-    /// Records that the event at `origin` produced `record` (or no record), for a lane's next
+    /// Records that the event at `origin` produced `record` (or no record), for the lane's next
     /// owner to deliver the same bytes again if it re-reads the event (see [`journal`]). Stores
     /// that do not outlive the process keep nothing.
     fn journal(&mut self, _origin: Origin, _record: Option<&[u8]>) {}
+
+    /// Records that a batch of `lane` ended at `offset` with `newest` as the lane's newest
+    /// accepted event time, for a next owner resuming after `offset` to start from the same
+    /// watermark.
+    fn journal_mark(&mut self, _lane: u64, _offset: i64, _newest: i64) {}
 
     /// Names the journals this process writes (its consumer group).
     fn set_journal_namespace(&mut self, _namespace: &str) {}
@@ -227,6 +232,9 @@ impl CounterStore for AnyStore {
     }
     fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
         delegate!(self, s => s.journal(origin, record))
+    }
+    fn journal_mark(&mut self, lane: u64, offset: i64, newest: i64) {
+        delegate!(self, s => s.journal_mark(lane, offset, newest))
     }
     fn set_journal_namespace(&mut self, namespace: &str) {
         delegate!(self, s => s.set_journal_namespace(namespace))

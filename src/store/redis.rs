@@ -334,6 +334,31 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<Fl
     }
 }
 
+/// A read for the reader thread: windows (HGETALL per key) or a journal.
+struct ReadJob {
+    id: u64,
+    batch: Batch,
+    attempts: u32,
+}
+
+struct ReadDone {
+    id: u64,
+    result: Result<Vec<Value>, StoreError>,
+    retries: u64,
+}
+
+/// Runs reads on their own connection, so that the counting path can stop waiting for a Redis
+/// that stopped answering: a pipeline against a frozen server waits for each of its replies in
+/// turn (redis-rs), far longer than one response timeout.
+fn reader(mut link: Link, jobs: mpsc::Receiver<ReadJob>, done: mpsc::Sender<ReadDone>) {
+    for job in jobs {
+        let (result, retries) = link.query(&job.batch, job.attempts);
+        if done.send(ReadDone { id: job.id, result, retries }).is_err() {
+            return;
+        }
+    }
+}
+
 /// Appends `bytes` as lowercase hex: how digests appear in Redis key names.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -367,8 +392,14 @@ fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instan
 }
 
 pub struct RedisStore {
-    /// For reads (loads and prefetches) on the caller's thread.
-    link: Link,
+    /// Reads (loads, prefetches, journals) go to the reader thread; the caller waits at most
+    /// `read_deadline` for each.
+    reads: Option<mpsc::Sender<ReadJob>>,
+    read_done: mpsc::Receiver<ReadDone>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    read_seq: u64,
+    /// A read the caller stopped waiting for: until it comes back, reads fail at once.
+    read_outstanding: Option<u64>,
     config: RedisStoreConfig,
     windows: Windows,
     /// Keys with unacknowledged deltas. Never evicted: nothing counted is dropped before Redis
@@ -397,6 +428,8 @@ pub struct RedisStore {
     done: mpsc::Receiver<FlushDone>,
     flusher: Option<std::thread::JoinHandle<()>>,
     last_flush: Instant,
+    /// When a flush last checked the epoch keys.
+    last_epoch_check: Instant,
     /// Since when Redis has been unavailable (the circuit breaker is open), and why.
     outage: Option<(Instant, String)>,
     epochs: Epochs,
@@ -467,8 +500,18 @@ impl RedisStore {
             .name("vigil-flusher".into())
             .spawn(move || flusher(flusher_link, job_rx, done_tx))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the flusher thread: {e}")))?;
+        let (reads, read_rx) = mpsc::channel();
+        let (read_tx, read_done) = mpsc::channel();
+        let reader = std::thread::Builder::new()
+            .name("vigil-reader".into())
+            .spawn(move || reader(link, read_rx, read_tx))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the reader thread: {e}")))?;
         Ok(RedisStore {
-            link,
+            reads: Some(reads),
+            read_done,
+            reader: Some(reader),
+            read_seq: 0,
+            read_outstanding: None,
             windows: Windows::default(),
             dirty: HashMap::default(),
             cache: moka::sync::Cache::builder()
@@ -487,6 +530,7 @@ impl RedisStore {
             done,
             flusher: Some(flusher),
             last_flush: Instant::now(),
+            last_epoch_check: Instant::now(),
             outage: None,
             epochs,
             journals: Journals::new(),
@@ -532,6 +576,52 @@ impl RedisStore {
         key_name.push(':');
         push_hex(&mut key_name, &digest.as_bytes()[..16]);
         key_name
+    }
+
+    /// The longest the counting path waits for Redis: a connection and a reply.
+    fn read_deadline(&self) -> Duration {
+        self.config.connect_timeout + self.config.response_timeout
+    }
+
+    /// Runs `batch` on the reader thread, waiting at most `read_deadline` for it.
+    fn query_read(&mut self, batch: Batch, attempts: u32) -> Result<Vec<Value>, StoreError> {
+        if let Some(outstanding) = self.read_outstanding {
+            // A read the caller gave up on: Redis is taken as unavailable until it answers it.
+            loop {
+                match self.read_done.try_recv() {
+                    Ok(done) if done.id == outstanding => {
+                        self.read_outstanding = None;
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        return Err(StoreError::Unavailable("an earlier read is still waiting for Redis".into()))
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => return Err(StoreError::Unavailable("the reader thread stopped".into())),
+                }
+            }
+        }
+        self.read_seq += 1;
+        let id = self.read_seq;
+        let reads = self.reads.as_ref().expect("the reader runs until drop");
+        reads
+            .send(ReadJob { id, batch, attempts })
+            .map_err(|_| StoreError::Unavailable("the reader thread stopped".into()))?;
+        let deadline = Instant::now() + self.read_deadline().saturating_mul(attempts.max(1));
+        loop {
+            match self.read_done.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(done) if done.id == id => {
+                    self.stats.retries += done.retries;
+                    return done.result;
+                }
+                Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.read_outstanding = Some(id);
+                    return Err(StoreError::Unavailable(format!("no reply from Redis within {:?}", self.read_deadline())));
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(StoreError::Unavailable("the reader thread stopped".into())),
+            }
+        }
     }
 
     /// Redis failed: open the breaker (count locally) if it is not open yet.
@@ -628,10 +718,15 @@ impl RedisStore {
             .map(|(k, _)| k.clone())
             .take(MAX_FLUSH_KEYS)
             .collect();
-        if keys.is_empty() && self.pending == 0 {
+        if keys.is_empty() && self.pending == 0 && !self.journals.pending() {
             // Nothing pending and nothing in flight: everything counted is in Redis.
             self.durable = self.counted;
+            // Idle: the epoch is still checked, but only once per probe interval.
+            if self.last_epoch_check.elapsed() < self.config.probe_interval {
+                return Ok(());
+            }
         }
+        self.last_epoch_check = Instant::now();
         for key in &keys {
             let spec = self.windows.spec(key.window);
             let dirty = self.dirty.get_mut(key).expect("listed above");
@@ -660,13 +755,29 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Takes in the flush in flight: waits for it if `wait`, else only if it is already done.
+    /// The longest the caller waits for a flush: every attempt's connection and reply, twice
+    /// (a flush has two round trips).
+    fn flush_deadline(&self) -> Duration {
+        (self.config.connect_timeout + self.config.response_timeout).saturating_mul(2 * self.config.attempts.max(1))
+    }
+
+    /// Takes in the flush in flight: waits for it if `wait` (at most `flush_deadline`: Redis is
+    /// then taken as unavailable, and the flush is taken in whenever it ends), else only if it
+    /// is already done.
     fn complete(&mut self, wait: bool) -> Result<(), StoreError> {
         if self.inflight.is_none() {
             return Ok(());
         }
         let done = if wait {
-            self.done.recv().map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?
+            match self.done.recv_timeout(self.flush_deadline()) {
+                Ok(done) => done,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let error = StoreError::Unavailable(format!("a flush got no reply within {:?}", self.flush_deadline()));
+                    self.fail(&error);
+                    return Err(error);
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+            }
         } else {
             match self.done.try_recv() {
                 Ok(done) => done,
@@ -697,6 +808,7 @@ impl RedisStore {
         };
         self.stats.journaled += journal.records() as u64;
         self.journals.written(journal);
+        self.update_durable();
         if lost {
             // Nothing of this flush's deltas was written: they go again, over views written
             // again in full.
@@ -807,9 +919,12 @@ impl RedisStore {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Durable: everything counted before the oldest observation Redis has not acknowledged.
+    /// Durable: everything counted before the oldest observation (or journal mark) Redis has
+    /// not acknowledged.
     fn update_durable(&mut self) {
-        let oldest = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).min();
+        let deltas = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).min();
+        let marks = self.journals.oldest_unwritten(self.inflight.as_ref().map(|i| &i.journal));
+        let oldest = deltas.into_iter().chain(marks).min();
         self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
     }
 
@@ -863,7 +978,8 @@ impl RedisStore {
         if due && self.inflight.is_none() {
             self.send()?;
         } else if !outage && self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
-            // Backpressure: Redis is slower than counting; wait for it rather than grow.
+            // Backpressure: Redis is slower than counting; wait for it rather than grow (a Redis
+            // that stops answering meanwhile opens the breaker).
             result = result.and(self.complete(true));
             if self.inflight.is_none() {
                 self.send()?;
@@ -891,9 +1007,7 @@ impl RedisStore {
             batch.command(self.cluster, &name, hgetall);
         }
         // At most a reconnect: the counting path does not wait out a long outage.
-        let (replies, retries) = self.link.query(&batch, self.config.attempts.min(2));
-        self.stats.retries += retries;
-        let replies = replies?;
+        let replies = self.query_read(batch, self.config.attempts.min(2))?;
         if replies.len() != keys.len() {
             return Err(StoreError::Protocol(format!("{} replies for {} reads", replies.len(), keys.len())));
         }
@@ -1072,6 +1186,12 @@ impl CounterStore for RedisStore {
         self.journals.record(origin, record);
     }
 
+    fn journal_mark(&mut self, lane: u64, offset: i64, newest: i64) {
+        // Counted like an observation: offsets are committed only once it is in Redis.
+        self.counted += 1;
+        self.journals.mark(lane, offset, newest, self.counted);
+    }
+
     fn set_journal_namespace(&mut self, namespace: &str) {
         self.journals.set_namespace(namespace);
     }
@@ -1082,9 +1202,7 @@ impl CounterStore for RedisStore {
         let mut hgetall = redis::cmd("HGETALL");
         hgetall.arg(&key);
         batch.command(self.cluster, &key, hgetall);
-        let (replies, retries) = self.link.query(&batch, self.config.attempts);
-        self.stats.retries += retries;
-        let reply = replies?.pop().ok_or_else(|| StoreError::Protocol("no reply to a journal read".into()))?;
+        let reply = self.query_read(batch, self.config.attempts)?.pop().ok_or_else(|| StoreError::Protocol("no reply to a journal read".into()))?;
         Ok(self.journals.loaded(lane, &codec::flat(reply)?))
     }
 
@@ -1095,12 +1213,14 @@ impl CounterStore for RedisStore {
 
 impl Drop for RedisStore {
     /// Shutdown flushes: what was counted reaches Redis unless Redis stays unreachable through
-    /// every retry. Then the flusher thread ends with its channel.
+    /// every retry.
     fn drop(&mut self) {
         let _ = self.flush();
+        // The threads end with their channels, once what they are doing returns (not waited
+        // for: it may be waiting on a Redis that stopped answering).
         self.jobs = None;
-        if let Some(flusher) = self.flusher.take() {
-            let _ = flusher.join();
-        }
+        self.reads = None;
+        drop(self.flusher.take());
+        drop(self.reader.take());
     }
 }

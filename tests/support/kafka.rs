@@ -15,44 +15,81 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::free_port;
 
-/// The tansu binary: `$TANSU`, else `~/.cargo/bin/tansu`, else `tansu` on the PATH.
+/// The tansu binary: `$TANSU`, else where `scripts/test.sh` installs it
+/// (`~/.cache/vigil-tools/tansu-0.6.0/bin/tansu`, built with in-memory and SQLite storage), else
+/// `~/.cargo/bin/tansu`, else `tansu` on the PATH.
 fn tansu() -> PathBuf {
     if let Some(path) = std::env::var_os("TANSU") {
         return PathBuf::from(path);
     }
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-    let installed = home.join(".cargo/bin/tansu");
-    if installed.exists() {
-        installed
-    } else {
-        PathBuf::from("tansu")
-    }
+    [".cache/vigil-tools/tansu-0.6.0/bin/tansu", ".cargo/bin/tansu"]
+        .into_iter()
+        .map(|p| home.join(p))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("tansu"))
 }
 
 pub struct Broker {
     child: Child,
     pub port: u16,
+    /// SQLite storage directory of a persistent broker (`None`: in memory).
+    storage: Option<PathBuf>,
 }
 
 impl Broker {
-    /// Starts tansu on a free port and waits until it answers a metadata request.
+    /// Starts tansu with in-memory storage on a free port and waits until it answers a metadata
+    /// request.
     pub fn start() -> Broker {
+        Broker::start_in(None)
+    }
+
+    /// Starts tansu storing its topics and groups in a SQLite file in `dir`: a restart keeps them.
+    pub fn start_persistent(dir: &Path) -> Broker {
+        Broker::start_in(Some(dir.to_path_buf()))
+    }
+
+    fn spawn(port: u16, storage: Option<&Path>) -> Child {
+        let url = format!("tcp://127.0.0.1:{port}");
+        let mut command = Command::new(tansu());
+        command
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--cluster-id", "vigil-test"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match storage {
+            // tansu opens the SQLite file relative to its working directory.
+            Some(dir) => command.current_dir(dir).args(["--storage-engine", "sqlite://tansu.db"]),
+            None => command.args(["--storage-engine", "memory://tansu/"]),
+        };
+        command.spawn().expect("tansu not found: run scripts/test.sh, which installs it")
+    }
+
+    fn start_in(storage: Option<PathBuf>) -> Broker {
         for _ in 0..5 {
             let port = free_port();
-            let url = format!("tcp://127.0.0.1:{port}");
-            let child = Command::new(tansu())
-                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-                .args(["--storage-engine", "memory://tansu/", "--cluster-id", "vigil-test"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("tansu not found: run scripts/test.sh, which installs it");
-            let mut broker = Broker { child, port };
+            let child = Broker::spawn(port, storage.as_deref());
+            let mut broker = Broker { child, port, storage: storage.clone() };
             if broker.wait_until_serving() {
                 return broker;
             }
         }
-        panic!("could not start tansu on a free port");
+        panic!("could not start tansu on a free port (a persistent broker needs tansu built with SQLite storage: scripts/test.sh)");
+    }
+
+    /// Kills the broker (SIGKILL) and starts it again on the same port with the same storage.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            self.child = Broker::spawn(self.port, self.storage.as_deref());
+            if self.wait_until_serving() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the broker did not come back on port {}", self.port);
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// True once this child serves metadata on the port; false if it exited (port taken).

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod kafka;
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -111,11 +112,29 @@ impl RedisServer {
         (RedisServer::start_with(extra), dir.join("ca.pem"))
     }
 
-    /// Kills the server and starts a new, empty one on the same port (a Redis restart).
+    /// A server that logs every write to an append-only file in `dir` and fsyncs it before
+    /// answering (`appendfsync always`): a SIGKILL loses nothing it acknowledged.
+    pub fn start_persistent(dir: &std::path::Path) -> RedisServer {
+        let dir = dir.to_str().unwrap().to_owned();
+        RedisServer::start_with(move |_| ["--appendonly", "yes", "--appendfsync", "always", "--dir", &dir].map(String::from).to_vec())
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same port: empty, or with what its
+    /// append-only file kept for a persistent server.
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.child = spawn_redis(self.port, &self.extra).expect("restart redis-server on its port");
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
     }
 
     pub fn url(&self) -> String {
@@ -127,9 +146,16 @@ impl RedisServer {
     }
 }
 
+/// Sends `signal` (e.g. "STOP") to a process this test started.
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill").args([format!("-{signal}"), pid.to_string()]).status().expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        // Only the process this test started, by its PID.
+        // Only the process this test started, by its PID (resumed first if a test paused it).
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

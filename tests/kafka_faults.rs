@@ -1,0 +1,377 @@
+//! `vigil run` under faults, end to end against a real Kafka-protocol broker (tansu) and real
+//! `redis-server` processes, all started here on free loopback ports and stopped by PID: twenty
+//! SIGKILLs with restarts while events arrive, a third worker joining and leaving, Redis frozen for
+//! ten seconds, Redis killed and restarted from its append-only file, a proxy dropping Redis
+//! connections after Redis executed a request, and a broker restart.
+//!
+//! Each test ends with: the counters in Redis equal to one clean pass over the events (nothing
+//! lost, nothing doubled), a decision record for every event, every copy of a record delivered
+//! twice identical to the first, and the worker alive. `VIGIL_LONG_FAULTS=1` runs longer
+//! variants (more events, more kills).
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use support::kafka::{Broker, Record, Worker};
+use support::proxy::Proxy;
+use support::{redis_totals, RedisServer};
+use vigil::pipeline::{replay, Engine, ReplayOptions};
+use vigil::store::MemoryStore;
+use vigil::workload::{generate, WorkloadSpec};
+
+const LONG: Duration = Duration::from_secs(300);
+
+fn long_mode() -> bool {
+    std::env::var("VIGIL_LONG_FAULTS").is_ok_and(|v| v == "1")
+}
+
+/// Generated events (late ones included) with a few bad lines: each line one Kafka message.
+fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
+    let spec = WorkloadSpec { events, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, seed, ..WorkloadSpec::default() };
+    let mut out = Vec::new();
+    generate(&spec, &mut out).unwrap();
+    let mut lines: Vec<Vec<u8>> = out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    for (i, bad) in [&b"not json"[..], b"[1]", br#"{"no":"ts"}"#].into_iter().enumerate() {
+        lines.insert((i + 1) * lines.len() / 4, bad.to_vec());
+    }
+    lines
+}
+
+fn user_key(line: &[u8]) -> Option<Vec<u8>> {
+    let value: Value = serde_json::from_slice(line).ok()?;
+    value.get("user_id")?.as_str().map(|s| s.as_bytes().to_vec())
+}
+
+fn keyed(lines: &[Vec<u8>]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    lines.iter().map(|l| (user_key(l), l.clone())).collect()
+}
+
+/// The in-process replay of `lines` (in this order): every record, by event id, without source.
+fn reference_records(lines: &[Vec<u8>]) -> HashMap<String, Value> {
+    let mut engine = Engine::new(vigil::rule_files::load(Path::new("rules")).unwrap(), MemoryStore::new());
+    let (mut out, input) = (Vec::new(), lines.join(&b'\n'));
+    replay(&mut engine, &input[..], &mut out, std::io::sink(), ReplayOptions { emit_allow: true, ..ReplayOptions::default() }).unwrap();
+    out.split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut record: Value = serde_json::from_slice(l).unwrap();
+            record.as_object_mut().unwrap().remove("source");
+            (record["event_id"].as_str().unwrap().to_owned(), record)
+        })
+        .collect()
+}
+
+/// The counters one clean pass over `lines` leaves in a fresh Redis.
+fn reference_totals(dir: &Path, lines: &[Vec<u8>]) -> BTreeMap<String, (f64, usize)> {
+    let reference = RedisServer::start();
+    let input = dir.join("reference.jsonl");
+    std::fs::write(&input, lines.join(&b'\n')).unwrap();
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["replay", "--rules", "rules", "--input", input.to_str().unwrap(), "--redis", &reference.url()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    redis_totals(&mut reference.connection())
+}
+
+fn config(broker: &str, redis: &str, worker: &str) -> String {
+    format!(
+        r#"
+[kafka]
+brokers = "{broker}"
+group_id = "vigil-faults"
+statistics_interval = "1s"
+[kafka.properties]
+"session.timeout.ms" = 6000
+"heartbeat.interval.ms" = 500
+[redis]
+url = "{redis}"
+response_timeout = "1s"
+probe_interval = "500ms"
+[rules]
+path = "rules"
+[worker]
+emit_allow = true
+shutdown_timeout = "15s"
+commit_interval = "1s"
+{worker}
+"#
+    )
+}
+
+fn topics(broker: &Broker, partitions: u32) {
+    broker.create_topic("events", partitions);
+    broker.create_topic("decisions", 1);
+    broker.create_topic("events.dlq", 1);
+}
+
+/// Produces `records` spread evenly over `over`, in chunks.
+fn produce_paced(broker: &Broker, records: &[(Option<Vec<u8>>, Vec<u8>)], over: Duration, partition: Option<i32>) {
+    let chunks = 40;
+    let size = records.len().div_ceil(chunks);
+    let started = Instant::now();
+    for (i, chunk) in records.chunks(size).enumerate() {
+        broker.produce("events", chunk, partition);
+        let due = started + over.mul_f64((i + 1) as f64 / chunks as f64);
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// What the decisions topic holds: the first copy of each event's record, and how many events
+/// had copies delivered more than once.
+struct Delivered {
+    first: HashMap<String, Value>,
+    duplicated: usize,
+}
+
+/// Reads the decisions until every event has one, and checks every copy of a record is the same
+/// bytes as the first.
+fn read_decisions(broker: &Broker, events: usize) -> Delivered {
+    let wanted = |records: &[Record]| {
+        let ids: std::collections::HashSet<&[u8]> = records.iter().map(|r| event_id_bytes(&r.payload)).collect();
+        ids.len() >= events
+    };
+    let records = broker.read("decisions", 1, wanted, Duration::from_secs(2), LONG);
+    let mut payloads: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    let mut differing = Vec::new();
+    for record in &records {
+        let json = record.json();
+        let id = json["event_id"].as_str().unwrap().to_owned();
+        *copies.entry(id.clone()).or_default() += 1;
+        match payloads.get(&id) {
+            Some(first) if *first != record.payload => differing.push((String::from_utf8_lossy(first).into_owned(), String::from_utf8_lossy(&record.payload).into_owned())),
+            Some(_) => {}
+            None => {
+                payloads.insert(id, record.payload.clone());
+            }
+        }
+    }
+    assert!(differing.is_empty(), "{} records delivered again differ from their first copy, e.g. {:?}", differing.len(), &differing[..differing.len().min(2)]);
+    let first = payloads
+        .into_iter()
+        .map(|(id, payload)| {
+            let mut json: Value = serde_json::from_slice(&payload).unwrap();
+            json.as_object_mut().unwrap().remove("source");
+            (id, json)
+        })
+        .collect();
+    Delivered { first, duplicated: copies.values().filter(|&&n| n > 1).count() }
+}
+
+/// The `event_id` bytes of a record, without parsing the whole JSON.
+fn event_id_bytes(payload: &[u8]) -> &[u8] {
+    let start = payload.windows(12).position(|w| w == b"\"event_id\":\"").map_or(0, |p| p + 12);
+    let end = payload[start..].iter().position(|&b| b == b'"').map_or(payload.len(), |e| start + e);
+    &payload[start..end]
+}
+
+fn good_events(lines: &[Vec<u8>]) -> usize {
+    lines.iter().filter(|l| serde_json::from_slice::<Value>(l).is_ok_and(|v| v.get("ts").is_some_and(Value::is_i64))).count()
+}
+
+fn assert_totals_equal(got: &BTreeMap<String, (f64, usize)>, want: &BTreeMap<String, (f64, usize)>, context: &str) {
+    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(3).collect();
+    let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
+    assert!(
+        differing.is_empty() && extra == 0,
+        "{} of {} keys differ, {extra} extra, e.g. {differing:?}\n{context}",
+        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
+        want.len()
+    );
+}
+
+/// Records that differ from the exact reference, ignoring hits marked degraded.
+fn wrong_decisions<'a>(delivered: &'a Delivered, reference: &HashMap<String, Value>) -> Vec<&'a str> {
+    delivered
+        .first
+        .iter()
+        .filter(|(id, record)| !record.to_string().contains("\"degraded\"") && reference.get(*id) != Some(*record))
+        .map(|(id, _)| id.as_str())
+        .collect()
+}
+
+#[test]
+fn twenty_sigkills_with_restarts_lose_nothing_and_double_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 1);
+    let (events, kills, seconds) = if long_mode() { (60_000, 40, 60) } else { (25_000, 20, 25) };
+    let lines = workload(events, 31);
+    let reference = reference_records(&lines);
+    let config = config(&broker.bootstrap(), &redis.url(), "");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let worker = std::thread::scope(|scope| {
+        scope.spawn(|| produce_paced(&broker, &keyed(&lines), Duration::from_secs(seconds), Some(0)));
+        let mut worker = Worker::start(dir.path(), "w0", &config);
+        for kill in 1..=kills {
+            std::thread::sleep(Duration::from_millis(rng.random_range(300..2_500)));
+            worker.signal("KILL");
+            worker.wait_exit(Duration::from_secs(10)).expect("killed");
+            worker = Worker::start(dir.path(), &format!("w{kill}"), &config);
+        }
+        worker
+    });
+    let mut worker = worker;
+    worker.wait_ready(LONG);
+    let delivered = read_decisions(&broker, good_events(&lines));
+    assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200), "the last worker is alive");
+    let logs: String = (0..=kills).map(|k| std::fs::read_to_string(dir.path().join(format!("w{k}.log"))).unwrap_or_default()).collect();
+    let resumed = logs.matches("decision journal loaded").count();
+    assert!(delivered.duplicated > 0 && resumed > 0, "kills came between a flush and its commit: {} duplicated, {resumed} journal loads", delivered.duplicated);
+    // One partition, in order: every decision must be the exact one.
+    let wrong = wrong_decisions(&delivered, &reference);
+    assert!(wrong.is_empty(), "{} decisions differ from the exact ones, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
+    assert_eq!(delivered.first.len(), reference.len());
+    // Let the last worker flush, then compare the counters.
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    let want = reference_totals(dir.path(), &lines);
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, &worker.log_text());
+}
+
+#[test]
+fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 4);
+    let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 32);
+    let reference = reference_records(&lines);
+    let config = config(&broker.bootstrap(), &redis.url(), "");
+    let (mut first, mut second, third) = std::thread::scope(|scope| {
+        scope.spawn(|| produce_paced(&broker, &keyed(&lines), Duration::from_secs(24), None));
+        let mut first = Worker::start(dir.path(), "w1", &config);
+        let mut second = Worker::start(dir.path(), "w2", &config);
+        first.wait_ready(LONG);
+        second.wait_ready(LONG);
+        std::thread::sleep(Duration::from_secs(6));
+        let mut third = Worker::start(dir.path(), "w3", &config);
+        third.wait_ready(LONG);
+        std::thread::sleep(Duration::from_secs(8));
+        third.signal("TERM");
+        let status = third.wait_exit(Duration::from_secs(30)).expect("the third worker leaves");
+        assert!(status.success(), "{}", third.log_text());
+        (first, second, third)
+    });
+    let delivered = read_decisions(&broker, good_events(&lines));
+    assert!(third.log_text().contains("partitions assigned"), "the third worker took part:\n{}", third.log_text());
+    for worker in [&mut first, &mut second] {
+        assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200));
+    }
+    // Rules keyed by the Kafka key (the user) see each user's events in order, whoever owns the
+    // partition: their hits are exact.
+    let user_keyed = ["login-fail-user-10m", "login-devices-user-24h", "pay-cards-user-24h", "pay-amount-user-country-1d"];
+    let hits = |record: &Value| -> Vec<Value> {
+        record["hits"].as_array().unwrap().iter().filter(|h| user_keyed.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
+    };
+    let wrong: Vec<&String> = delivered.first.iter().filter(|(id, r)| hits(r) != hits(&reference[*id])).map(|(id, _)| id).take(3).collect();
+    assert!(wrong.is_empty(), "user-keyed hits differ, e.g. {wrong:?}");
+    for worker in [&mut first, &mut second] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success());
+    }
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), "");
+    drop(third);
+}
+
+#[test]
+fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let broker = Broker::start();
+    let mut redis = RedisServer::start_persistent(data.path());
+    topics(&broker, 1);
+    let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 33);
+    let reference = reference_records(&lines);
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker.bootstrap(), &redis.url(), ""));
+    worker.wait_ready(LONG);
+    let third = lines.len() / 3;
+    broker.produce("events", &keyed(&lines[..third]), Some(0));
+    broker.read("decisions", 1, |r| r.len() >= third / 2, Duration::ZERO, LONG);
+
+    // Frozen for ten seconds: the worker goes on deciding (on local counts) and stays alive.
+    redis.pause();
+    broker.produce("events", &keyed(&lines[third..2 * third]), Some(0));
+    let during = broker.read("decisions", 1, |r| r.len() >= third + third / 2, Duration::ZERO, Duration::from_secs(9));
+    assert!(during.len() >= third + third / 2, "decisions went on while Redis was frozen: {}\n{}", during.len(), worker.log_text());
+    assert_eq!(worker.get("/healthz").unwrap().0, 200);
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(Duration::from_secs(9)));
+    redis.resume();
+
+    // Killed and restarted from its append-only file.
+    broker.read("decisions", 1, |r| r.len() >= 2 * third - 100, Duration::ZERO, LONG);
+    redis.restart();
+    broker.produce("events", &keyed(&lines[2 * third..]), Some(0));
+    let delivered = read_decisions(&broker, good_events(&lines));
+    assert!(delivered.first.values().any(|r| r.to_string().contains("\"degraded\":true")), "hits during the freeze are marked degraded");
+    let wrong = wrong_decisions(&delivered, &reference);
+    assert!(wrong.len() < 50, "{} records differ from the exact ones outside the outage", wrong.len());
+    assert!(worker.metric("vigil_redis_outages_total").unwrap_or(0.0) >= 1.0, "{}", worker.log_text());
+    assert_eq!(worker.metric("vigil_redis_available"), Some(1.0));
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
+}
+
+#[test]
+fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    let proxy = Proxy::start(redis.port);
+    topics(&broker, 2);
+    let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 34);
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker.bootstrap(), &proxy.url(), ""));
+    worker.wait_ready(LONG);
+    proxy.drop_every(30);
+    broker.produce("events", &keyed(&lines), None);
+    read_decisions(&broker, good_events(&lines));
+    assert!(proxy.dropped() >= 10, "dropped {}", proxy.dropped());
+    proxy.drop_every(0);
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
+}
+
+#[test]
+fn a_broker_restart_mid_stream_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start_persistent(storage.path());
+    let redis = RedisServer::start();
+    topics(&broker, 1);
+    let lines = workload(if long_mode() { 40_000 } else { 20_000 }, 35);
+    let reference = reference_records(&lines);
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker.bootstrap(), &redis.url(), ""));
+    worker.wait_ready(LONG);
+    let half = lines.len() / 2;
+    broker.produce("events", &keyed(&lines[..half]), Some(0));
+    broker.read("decisions", 1, |r| r.len() >= half / 2, Duration::ZERO, LONG);
+    broker.restart();
+    // Not ready while no broker answers; ready again once it does.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut was_unready = false;
+    while Instant::now() < deadline {
+        match worker.get("/readyz") {
+            Some((503, _)) => was_unready = true,
+            Some((200, _)) if was_unready => break,
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    broker.produce("events", &keyed(&lines[half..]), Some(0));
+    let delivered = read_decisions(&broker, good_events(&lines));
+    assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200));
+    let wrong = wrong_decisions(&delivered, &reference);
+    assert!(wrong.is_empty(), "{} decisions differ, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
+    let _: PathBuf = storage.path().to_path_buf();
+}

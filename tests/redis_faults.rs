@@ -1,0 +1,270 @@
+//! `vigil replay --redis` under Redis faults, against real `redis-server` processes started here:
+//! a proxy that drops connections after Redis executed a request, the same input replayed twice,
+//! Redis frozen (SIGSTOP) for ten seconds, killed and restarted with its append-only file, and
+//! restarted empty. Each ends with the counters in Redis equal to one clean pass over the input:
+//! nothing lost, nothing counted twice.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::proxy::Proxy;
+use support::{redis_totals, RedisServer};
+use vigil::workload::{generate, WorkloadSpec};
+
+/// Events in order inside every rule's window (so the exact totals do not depend on timing), with
+/// enough keys for many flushes.
+fn events(n: u64, seed: u64) -> Vec<String> {
+    let spec = WorkloadSpec { events: n, users: 3_000, ips: 1_000, rate_per_sec: 400, late: 0.0, out_of_order: 0.02, seed, ..WorkloadSpec::default() };
+    let mut out = Vec::new();
+    generate(&spec, &mut out).unwrap();
+    String::from_utf8(out).unwrap().lines().map(str::to_owned).collect()
+}
+
+fn vigil() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vigil"));
+    // Historic event times: the future bound does not matter, the lateness bound must not bite.
+    cmd.env("RUST_LOG", "warn");
+    cmd
+}
+
+/// `vigil replay --redis url` of `lines` as a file; returns (stdout, stderr).
+fn replay_file(dir: &std::path::Path, name: &str, lines: &[String], redis: &str) -> (String, String) {
+    let input = dir.join(name);
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = vigil()
+        .args(["replay", "--rules", "rules", "--input", input.to_str().unwrap(), "--redis", redis])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "replay failed: {stderr}");
+    (stdout, stderr)
+}
+
+/// The counters one clean pass over `lines` leaves in a fresh Redis.
+fn reference_totals(dir: &std::path::Path, lines: &[String]) -> std::collections::BTreeMap<String, (f64, usize)> {
+    let reference = RedisServer::start();
+    replay_file(dir, "reference.jsonl", lines, &reference.url());
+    redis_totals(&mut reference.connection())
+}
+
+/// The in-process replay's decision records (the exact decisions).
+fn memory_records(dir: &std::path::Path, lines: &[String]) -> String {
+    let input = dir.join("memory.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = vigil().args(["replay", "--rules", "rules", "--input", input.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn assert_totals_equal(got: &std::collections::BTreeMap<String, (f64, usize)>, want: &std::collections::BTreeMap<String, (f64, usize)>) {
+    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
+    let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
+    assert!(
+        differing.is_empty() && extra == 0,
+        "{} of {} keys differ, {extra} extra, e.g. {differing:?}",
+        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
+        want.len()
+    );
+}
+
+#[test]
+fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(60_000, 21);
+    let want = reference_totals(dir.path(), &lines);
+    let exact = memory_records(dir.path(), &lines);
+
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port);
+    proxy.drop_every(100);
+    let (stdout, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &proxy.url());
+    assert!(proxy.dropped() >= 5, "the proxy dropped {} replies", proxy.dropped());
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    // A lost reply costs a retry on a new connection, never a count or a decision.
+    assert!(!stderr.contains("unavailable"), "{stderr}");
+    assert_eq!(stdout, exact, "{stderr}");
+}
+
+#[test]
+fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(20_000, 22);
+    let want = reference_totals(dir.path(), &lines);
+    let redis = RedisServer::start();
+    let (first, _) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
+    let (_, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    assert!(stderr.contains("already counted in Redis by an earlier run of this input"), "{stderr}");
+    assert!(!first.is_empty());
+
+    // The same events through stdin under one --input-id count once too; stdin without one is a
+    // new input each time, and the run says so.
+    let again = RedisServer::start();
+    let run = |id: Option<&str>| {
+        let mut cmd = vigil();
+        cmd.args(["replay", "--rules", "rules", "--input", "-", "--redis", &again.url()]);
+        if let Some(id) = id {
+            cmd.args(["--input-id", id]);
+        }
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    run(Some("batch-7"));
+    run(Some("batch-7"));
+    assert_totals_equal(&redis_totals(&mut again.connection()), &want);
+    assert!(run(None).contains("without --input-id"));
+}
+
+/// A replay reading its events from a pipe, so a test can act between two parts of the input.
+struct StreamingReplay {
+    child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::sync::mpsc::Receiver<String>,
+    records: Vec<String>,
+}
+
+impl StreamingReplay {
+    fn start(redis: &str) -> StreamingReplay {
+        let mut child = vigil()
+            .args(["replay", "--rules", "rules", "--input", "-", "--emit-allow", "--redis", redis, "--input-id", "stream"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        StreamingReplay { stdin: child.stdin.take(), child, stdout: rx, records: Vec::new() }
+    }
+
+    fn feed(&mut self, lines: &[String]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Waits until `n` records came out (output is buffered: a batch at a time).
+    fn wait_records(&mut self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.records.len() < n && Instant::now() < deadline {
+            if let Ok(line) = self.stdout.recv_timeout(Duration::from_millis(50)) {
+                self.records.push(line);
+            }
+        }
+        self.records.len() >= n
+    }
+
+    /// Closes the input and waits for the end: (success, stderr).
+    fn finish(mut self) -> (bool, String, Vec<String>) {
+        drop(self.stdin.take());
+        let mut stderr = String::new();
+        use std::io::Read;
+        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        let status = self.child.wait().unwrap();
+        while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(1)) {
+            self.records.push(line);
+        }
+        (status.success(), stderr, std::mem::take(&mut self.records))
+    }
+}
+
+impl Drop for StreamingReplay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn redis_frozen_for_ten_seconds_mid_replay_costs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(40_000, 23);
+    let want = reference_totals(dir.path(), &lines);
+    let redis = RedisServer::start();
+    let mut replay = StreamingReplay::start(&redis.url());
+    replay.feed(&lines[..20_000]);
+    assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first half is decided");
+    redis.pause();
+    let paused = Instant::now();
+    replay.feed(&lines[20_000..30_000]);
+    // While Redis answers nothing, the replay goes on (on local counts, marked degraded).
+    assert!(replay.wait_records(28_000, Duration::from_secs(9)), "decisions go on while Redis is frozen ({} so far)", replay.records.len());
+    let frozen_for = paused.elapsed();
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(frozen_for));
+    redis.resume();
+    replay.feed(&lines[30_000..]);
+    let (ok, stderr, records) = replay.finish();
+    assert!(ok, "{stderr}");
+    assert_eq!(records.len(), lines.len(), "a record per event");
+    assert!(records.iter().any(|r| r.contains("\"degraded\":true")), "hits during the outage are marked degraded");
+    assert!(stderr.contains("redis: unavailable 1 times"), "{stderr}");
+    // Everything counted locally was merged once when Redis came back.
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+}
+
+#[test]
+fn redis_killed_and_restarted_from_its_append_only_file_mid_replay_ends_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(40_000, 24);
+    let want = reference_totals(dir.path(), &lines);
+    let exact = memory_records(dir.path(), &lines);
+    let data = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start_persistent(data.path());
+    let mut replay = StreamingReplay::start(&redis.url());
+    replay.feed(&lines[..20_000]);
+    assert!(replay.wait_records(10_000, Duration::from_secs(60)));
+    redis.restart();
+    replay.feed(&lines[20_000..]);
+    let (ok, stderr, records) = replay.finish();
+    assert!(ok, "{stderr}");
+    assert_eq!(records.len(), lines.len());
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    // Nothing was lost: no data loss was detected, and decisions made on Redis' view are exact.
+    assert!(stderr.contains("lost its data 0 times"), "{stderr}");
+    let exact: std::collections::HashSet<&str> = exact.lines().collect();
+    let wrong: Vec<&String> = records
+        .iter()
+        .filter(|r| r.contains("\"hits\":[{") && !r.contains("\"degraded\"") && !exact.contains(r.as_str()))
+        .take(3)
+        .collect();
+    assert!(wrong.is_empty(), "records differ from the exact decisions: {wrong:?}");
+}
+
+#[test]
+fn redis_restarted_empty_or_flushed_mid_replay_is_written_again_from_local_views() {
+    for flushall in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = events(30_000, 25);
+        let want = reference_totals(dir.path(), &lines);
+        let mut redis = RedisServer::start();
+        let mut replay = StreamingReplay::start(&redis.url());
+        replay.feed(&lines[..15_000]);
+        assert!(replay.wait_records(8_000, Duration::from_secs(60)));
+        if flushall {
+            let _: () = redis::cmd("FLUSHALL").query(&mut redis.connection()).unwrap();
+        } else {
+            redis.restart();
+        }
+        replay.feed(&lines[15_000..]);
+        let (ok, stderr, records) = replay.finish();
+        assert!(ok, "{stderr}");
+        assert_eq!(records.len(), lines.len());
+        assert!(stderr.contains("lost its data 1 times"), "the loss is detected and reported: {stderr}");
+        // One process held a view of every key: writing them again restores every counter.
+        assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    }
+}
