@@ -152,6 +152,9 @@ impl ConsumerContext for WorkerContext {
                 let assigned: Vec<PartitionKey> =
                     list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
                 tracing::info!(partitions = ?assigned, "partitions assigned");
+                // While other workers owned partitions, they counted keys this one may hold
+                // views of: read them again.
+                self.worker.lock_engine().store_mut().forget_cached();
                 for key in assigned {
                     self.worker.start_partition(key);
                 }

@@ -149,6 +149,11 @@ pub trait CounterStore {
         Ok(())
     }
 
+    /// Drops every clean window held locally (views read from the shared store): they are read
+    /// again when needed. After a rebalance, views of keys another worker counted meanwhile
+    /// would be stale.
+    fn forget_cached(&mut self) {}
+
     /// Whether the local state the shared store has not acknowledged reached its bound (during
     /// an outage): the caller should stop feeding events (they wait in their input) and `tick`
     /// until it clears.
@@ -229,6 +234,9 @@ impl CounterStore for AnyStore {
     }
     fn saturated(&self) -> bool {
         delegate!(self, s => s.saturated())
+    }
+    fn forget_cached(&mut self) {
+        delegate!(self, s => s.forget_cached())
     }
     fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
         delegate!(self, s => s.journal(origin, record))

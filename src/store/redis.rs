@@ -1182,6 +1182,10 @@ impl CounterStore for RedisStore {
         self.dirty.len() >= self.config.max_local_keys
     }
 
+    fn forget_cached(&mut self) {
+        self.cache.invalidate_all();
+    }
+
     fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
         self.journals.record(origin, record);
     }

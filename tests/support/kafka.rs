@@ -77,10 +77,20 @@ impl Broker {
         panic!("could not start tansu on a free port (a persistent broker needs tansu built with SQLite storage: scripts/test.sh)");
     }
 
-    /// Kills the broker (SIGKILL) and starts it again on the same port with the same storage.
-    pub fn restart(&mut self) {
+    /// Kills the broker (SIGKILL); `start_again` brings it back.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Kills the broker (SIGKILL) and starts it again on the same port with the same storage.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Starts a killed broker again on its port with its storage.
+    pub fn start_again(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             self.child = Broker::spawn(self.port, self.storage.as_deref());
@@ -164,7 +174,7 @@ impl Broker {
             }
             producer.poll(Duration::ZERO);
         }
-        producer.flush(Duration::from_secs(60)).expect("test records delivered");
+        producer.flush(Duration::from_secs(180)).expect("test records delivered");
     }
 
     /// Reads `topic` from the start of every partition until `wanted(records)` holds and no new
