@@ -292,15 +292,17 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = ?config, "starting vigil run");
     let Some(rules) = load_rules(&config.rules.path) else { return Ok(ExitCode::from(1)) };
-    let store = match &config.redis.url {
+    let (store, journal) = match &config.redis.url {
         None => {
             tracing::warn!("no redis.url: counting in process, exact only while this is the only worker");
-            AnyStore::Memory(MemoryStore::new())
+            (AnyStore::Memory(MemoryStore::new()), None)
         }
         Some(url) => {
             let store = RedisStore::connect(url, config.redis_store())
                 .with_context(|| format!("connecting to Redis at {}", redact_url(url)))?;
-            AnyStore::Redis(Box::new(store))
+            let journal = vigil::store::JournalWriter::connect(url, &config.redis_store(), &config.kafka.group_id)
+                .with_context(|| format!("connecting to Redis at {}", redact_url(url)))?;
+            (AnyStore::Redis(Box::new(store)), Some(journal))
         }
     };
     let metrics = Arc::new(Metrics::new());
@@ -323,7 +325,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     });
     tracing::info!(%listen, "serving /metrics /healthz /readyz");
     runtime.spawn(on_signals(shutdown.clone(), config.worker.shutdown_timeout));
-    let result = worker::run(config, rules, store, metrics, health, shutdown.clone());
+    let result = worker::run(config, rules, store, journal, metrics, health, shutdown.clone());
     shutdown.trigger();
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -268,15 +268,18 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
         args.rules_path.display().to_string()
     );
     let config = Config::parse("bench", &text, config_env).map_err(|e| e.to_string())?;
-    let store = match &args.redis {
-        None => AnyStore::Memory(MemoryStore::new()),
-        Some(url) => AnyStore::Redis(Box::new(RedisStore::connect(url, config.redis_store()).map_err(|e| e.to_string())?)),
+    let (store, journal) = match &args.redis {
+        None => (AnyStore::Memory(MemoryStore::new()), None),
+        Some(url) => (
+            AnyStore::Redis(Box::new(RedisStore::connect(url, config.redis_store()).map_err(|e| e.to_string())?)),
+            Some(crate::store::JournalWriter::connect(url, &config.redis_store(), &config.kafka.group_id).map_err(|e| e.to_string())?),
+        ),
     };
     let metrics = Arc::new(Metrics::new());
     let shutdown = Shutdown::new();
     let worker_thread = {
         let (metrics, shutdown) = (Arc::clone(&metrics), shutdown.clone());
-        std::thread::spawn(move || worker::run(config, rules, store, metrics, Arc::new(Health::default()), shutdown))
+        std::thread::spawn(move || worker::run(config, rules, store, journal, metrics, Arc::new(Health::default()), shutdown))
     };
     let processed = || -> u64 {
         ["decided", "allowed", "dead_lettered"]

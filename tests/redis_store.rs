@@ -507,3 +507,72 @@ fn redis_cluster_spreads_keys_and_survives_a_slot_migration() {
     let stats = store.stats();
     assert!(stats.retries >= 1, "{stats:?}");
 }
+
+#[test]
+fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
+    use vigil::store::journal::JournalBatch;
+    use vigil::store::{JournalError, JournalWriter};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    let mut first = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    let mut second = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    assert_eq!(first.claim(3).unwrap(), vigil::store::Journal::default());
+    let batch = |covered: i64, records: &[(i64, &str)]| JournalBatch {
+        covered: Some(covered),
+        mark: Some((covered, 1_700_000_000_000 + covered)),
+        records: records.iter().map(|(o, r)| (*o, r.as_bytes().to_vec())).collect(),
+    };
+    first.write(3, &batch(11, &[(10, "r10"), (11, "r11")])).unwrap();
+    // The lane moves to a second worker: it sees what the first recorded...
+    let journal = second.claim(3).unwrap();
+    assert_eq!(journal.produced(10), Some(Some(&b"r10"[..])));
+    assert_eq!(journal.produced(9), Some(None));
+    assert_eq!(journal.produced(12), None);
+    assert_eq!(journal.newest_before(12), Some(1_700_000_000_011));
+    // ...and the first, still running, can no longer write.
+    assert!(matches!(first.write(3, &batch(12, &[(12, "stale")])), Err(JournalError::Fenced)));
+    second.write(3, &batch(12, &[(12, "r12")])).unwrap();
+    // Committed past 11: the records before it go with the next write.
+    second.trim(3, 12);
+    second.write(3, &batch(13, &[])).unwrap();
+    let journal = JournalWriter::connect(&redis.url(), &config, "group").unwrap().claim(3).unwrap();
+    assert_eq!(journal.records.keys().copied().collect::<std::collections::BTreeSet<_>>(), [12].into());
+    assert_eq!(journal.covered, Some(13));
+    // Another consumer group's lane 3 is another journal.
+    assert_eq!(JournalWriter::connect(&redis.url(), &config, "other").unwrap().claim(3).unwrap().covered, None);
+}
+
+#[test]
+fn the_script_checks_every_argument_before_its_first_write() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let script = script();
+    // Two keys: the first well formed, the second with a bad TTL. Nothing may be written.
+    let mut inv = script.key("vg:t:first");
+    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    inv.key("vg:t:second").arg("c").arg(3).arg(0).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
+    assert!(error.to_string().contains("key 2: bad TTL"), "{error}");
+    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(&mut conn).unwrap();
+    assert_eq!(exists, 0, "the first key was not written");
+    // A key known at a version that is gone: "?" and nothing written.
+    let mut inv = script.key("vg:t:gone");
+    inv.arg("c").arg(3).arg(60_000).arg(2).arg("12345").arg(2).arg(0).arg(5).arg(1);
+    let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
+    assert_eq!(replies, [vec![b"?".to_vec()]]);
+    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:gone").query(&mut conn).unwrap();
+    assert_eq!(exists, 0);
+    // Out of memory: Redis refuses the whole call before it runs (the script declares itself).
+    let _: () = redis::cmd("SET").arg("filler").arg("x".repeat(1 << 20)).query(&mut conn).unwrap();
+    let used: String = redis::cmd("INFO").arg("memory").query(&mut conn).unwrap();
+    let used: u64 = used.lines().find_map(|l| l.strip_prefix("used_memory:")).unwrap().trim().parse().unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(used / 2).query(&mut conn).unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("noeviction").query(&mut conn).unwrap();
+    let mut inv = script.key("vg:t:oom");
+    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
+    assert!(error.to_string().contains("OOM"), "{error}");
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0).query(&mut conn).unwrap();
+    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:oom").query(&mut conn).unwrap();
+    assert_eq!(exists, 0);
+}

@@ -36,7 +36,8 @@ use crate::rules::{decide, Action, Mode, RuleSet, Source};
 use crate::shutdown::Shutdown;
 use crate::sink::{dead_letter_headers, Kind, Sink, Ticket};
 use crate::source::{self, Progress};
-use crate::store::{AnyStore, CounterStore, Journal, Origin, RedisStats, StoreError};
+use crate::store::journal::JournalBatch;
+use crate::store::{AnyStore, CounterStore, Journal, JournalError, JournalWriter, Origin, RedisStats, StoreError};
 use crate::telemetry::http::Health;
 use crate::telemetry::{ActionLabels, CodeLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
 
@@ -71,6 +72,14 @@ impl WorkerError {
     }
 }
 
+/// Why a partition loop stopped processing a batch.
+enum Failure {
+    /// The counter store failed; the rest of the batch is tried again.
+    Store(StoreError),
+    /// Another worker owns the partition now: the loop stops.
+    Fenced,
+}
+
 /// A running partition loop.
 struct PartitionLoop {
     sender: Option<SyncSender<Vec<OwnedMessage>>>,
@@ -93,6 +102,9 @@ struct Worker {
     partitions: Mutex<HashMap<PartitionKey, PartitionLoop>>,
     /// Store statistics already exported.
     exported: Mutex<RedisStats>,
+    /// The decision journal (with Redis; none with the in-process store, which a restart loses
+    /// anyway).
+    journal: Option<Mutex<JournalWriter>>,
 }
 
 struct WorkerContext {
@@ -173,7 +185,7 @@ impl ConsumerContext for WorkerContext {
                         self.worker.metrics.committed_offset.get_or_create(&labels).set(next);
                         // Nobody reads the events before `next` again: their journal entries go.
                         let lane = self.worker.lane(element.topic(), element.partition());
-                        self.worker.lock_engine().store_mut().trim_journal(lane, next);
+                        self.worker.with_journal(|journal| journal.trim(lane, next));
                     }
                 }
             }
@@ -187,6 +199,7 @@ pub fn run(
     config: Config,
     rules: RuleSet,
     store: AnyStore,
+    journal: Option<JournalWriter>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: Shutdown,
@@ -200,9 +213,9 @@ pub fn run(
         shutdown: shutdown.clone(),
         partitions: Mutex::new(HashMap::new()),
         exported: Mutex::new(RedisStats::default()),
+        journal: journal.map(Mutex::new),
         config,
     });
-    worker.lock_engine().store_mut().set_journal_namespace(&worker.config.kafka.group_id);
     let consumer: BaseConsumer<WorkerContext> = source::consumer_config(&worker.config.kafka, &worker.config.worker)
         .create_with_context(WorkerContext {
             worker: Arc::clone(&worker),
@@ -292,6 +305,10 @@ impl Worker {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn with_journal<T>(&self, f: impl FnOnce(&mut JournalWriter) -> T) -> Option<T> {
+        self.journal.as_ref().map(|journal| f(&mut journal.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+
     fn start_partition(self: &Arc<Self>, key: PartitionKey) {
         let (sender, receiver) = mpsc::sync_channel(QUEUE_DEPTH);
         let stop = Arc::new(AtomicBool::new(false));
@@ -358,7 +375,7 @@ impl Worker {
     fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Vec<OwnedMessage>>, stop: &AtomicBool, progress: &Arc<Progress>) {
         // What a previous owner produced for the events this one may read again.
         let lane = self.lane(&key.0, key.1);
-        let loaded = self.lock_engine().store_mut().load_journal(lane);
+        let loaded = self.with_journal(|journal| journal.claim(lane)).unwrap_or_else(|| Ok(Journal::default()));
         let journal = loaded.unwrap_or_else(|e| {
             tracing::warn!(error = %e, partition = key.1, "cannot read the decision journal: events re-read after a crash are judged again");
             Journal::default()
@@ -409,7 +426,11 @@ impl Worker {
         while start < batch.len() {
             match self.process_some(key, &batch[start..], progress, journal) {
                 Ok(()) => return,
-                Err((done, error)) => {
+                Err((_, Failure::Fenced)) => {
+                    stop.store(true, Ordering::Release);
+                    return;
+                }
+                Err((done, Failure::Store(error))) => {
                     start += done;
                     self.metrics.redis_errors.get_or_create(&CodeLabels { code: "read_failed" }).inc();
                     tracing::warn!(error = %error, partition = key.1, "counter store unavailable; retrying the batch");
@@ -466,7 +487,7 @@ impl Worker {
         messages: &[OwnedMessage],
         progress: &Arc<Progress>,
         journal: &Journal,
-    ) -> Result<(), (usize, StoreError)> {
+    ) -> Result<(), (usize, Failure)> {
         struct Output<'m> {
             offset: i64,
             key: Option<&'m [u8]>,
@@ -479,6 +500,7 @@ impl Worker {
         let mut processed: usize = 0;
         let mut failure = None;
         let (mut decided, mut allowed, mut dead, mut redelivered) = (0, 0, 0, 0);
+        let mut journaled = JournalBatch::default();
         let mark = {
             let mut engine = self.lock_engine();
             let limit = self.config.worker.max_event_bytes;
@@ -496,7 +518,7 @@ impl Worker {
                     engine.touched_keys(event, &mut touched);
                 }
                 if let Err(e) = engine.store_mut().prefetch(&touched) {
-                    return Err((0, e));
+                    return Err((0, Failure::Store(e)));
                 }
             }
             let lane = self.lane(topic, *partition);
@@ -551,10 +573,8 @@ impl Worker {
                             decide::write_record(&mut record, engine.rules(), event, &decision, source);
                             let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
                             self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
-                            engine.store_mut().journal(origin, Some(&record));
+                            journaled.records.push((offset, record.clone()));
                             outputs.push(Output { offset, key: message.key(), payload: record.clone(), dead_letter: None, event_time_ms });
-                        } else {
-                            engine.store_mut().journal(origin, None);
                         }
                         for hit in decision.hits.iter().filter(|h| h.degraded) {
                             let rule = engine.rules().rule(hit.rule).id.clone();
@@ -571,8 +591,9 @@ impl Worker {
             }
             // Offsets are committed at batch ends: a next owner resumes after one, with the
             // watermark recorded there.
-            if let (Some(last), Some(newest)) = (processed.checked_sub(1).map(|i| messages[i].offset()), engine.newest(lane)) {
-                engine.store_mut().journal_mark(lane, last, newest);
+            if let Some(last) = processed.checked_sub(1).map(|i| messages[i].offset()) {
+                journaled.covered = Some(last);
+                journaled.mark = engine.newest(lane).map(|newest| (last, newest));
             }
             let counts: Vec<_> = engine.take_rule_counts().collect();
             for (index, counts) in counts {
@@ -594,6 +615,26 @@ impl Worker {
             }
             engine.store().counted_mark()
         };
+        // The batch's records are journaled before they go out (and before its deltas can be
+        // flushed): a next owner re-reading these events delivers the same records.
+        if processed > 0 {
+            let lane = self.lane(topic, *partition);
+            match self.with_journal(|journal| journal.write(lane, &journaled)) {
+                None | Some(Ok(())) => {
+                    self.metrics.journaled_decisions.inc_by(journaled.records.len() as u64);
+                }
+                Some(Err(JournalError::Fenced)) => {
+                    // Another worker owns the partition now (the broker moved it while this one
+                    // still ran): its records are not ours to deliver.
+                    tracing::warn!(topic = %topic, partition = *partition, "partition taken over by another worker: dropping this batch and stopping");
+                    self.metrics.journal_errors.get_or_create(&CodeLabels { code: "fenced" }).inc();
+                    return Err((processed, Failure::Fenced));
+                }
+                Some(Err(e)) => {
+                    self.metrics.journal_errors.get_or_create(&CodeLabels { code: e.code() }).inc();
+                }
+            }
+        }
         self.metrics.inc_events("decided", decided);
         self.metrics.inc_events("allowed", allowed);
         self.metrics.inc_events("dead_lettered", dead);
@@ -614,7 +655,7 @@ impl Worker {
         }
         match failure {
             None => Ok(()),
-            Some(e) => Err((processed, e)),
+            Some(e) => Err((processed, Failure::Store(e))),
         }
     }
 
@@ -674,7 +715,6 @@ impl Worker {
             self.metrics.redis_data_losses.inc_by(stats.data_losses.saturating_sub(exported.data_losses));
             self.metrics.reseeded_keys.inc_by(stats.reseeded_keys.saturating_sub(exported.reseeded_keys));
             self.metrics.lost_keys.inc_by(stats.lost_keys.saturating_sub(exported.lost_keys));
-            self.metrics.journaled_decisions.inc_by(stats.journaled.saturating_sub(exported.journaled));
             self.metrics.redis_available.set(i64::from(redis.available()));
             *exported = stats;
         }
@@ -688,14 +728,16 @@ impl Worker {
             let mut all = self.lock_partitions();
             partitions.iter().filter_map(|key| all.remove_entry(key)).collect()
         };
-        for (key, _) in &loops {
-            self.lock_engine().close_lane(self.lane(&key.0, key.1));
-            self.metrics.assigned_partitions.dec();
-            self.metrics.consumer_lag.remove(&PartitionLabels { topic: key.0.clone(), partition: key.1 });
-        }
         let progress: Vec<(PartitionKey, Arc<Progress>)> =
             loops.iter().map(|(key, state)| (key.clone(), Arc::clone(&state.progress))).collect();
         stop_loops(loops.into_iter().map(|(_, state)| state).collect());
+        for (key, _) in &progress {
+            let lane = self.lane(&key.0, key.1);
+            self.lock_engine().close_lane(lane);
+            self.with_journal(|journal| journal.release(lane));
+            self.metrics.assigned_partitions.dec();
+            self.metrics.consumer_lag.remove(&PartitionLabels { topic: key.0.clone(), partition: key.1 });
+        }
 
         let mut problems = Vec::new();
         // Deltas: flush, retrying until the deadline.

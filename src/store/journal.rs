@@ -1,5 +1,5 @@
-//! The decision journal: what each event of an input lane produced, written to Redis in the same
-//! flush as (and before) the event's counter deltas, and read back by whoever takes the lane over.
+//! The decision journal: what each event of an input lane (a Kafka partition) produced, written
+//! to Redis before the records go out, and read back by whoever takes the lane over.
 //!
 //! Why: after a crash, the lane's next owner re-reads the events after the last committed offset.
 //! Those whose deltas were flushed are judged but not counted again (their keys recorded their
@@ -8,13 +8,34 @@
 //! the record the first run produced (no entry: it produced none), so the copy delivered again is
 //! the same bytes. Entries below the committed offset are deleted: nobody re-reads them.
 //!
-//! Layout: one hash per lane, `vg:j:<digest of (namespace, lane)>`: field `n` = covered, field
-//! `<offset>` = record. A TTL (refreshed by every write) removes journals of abandoned lanes.
+//! Ordering: a batch's records are journaled before they are produced and before its deltas can
+//! be flushed, so whatever a next owner finds counted, it also finds journaled.
+//!
+//! Fencing: the owner of a lane claims its journal with a fresh token; a write by an earlier
+//! owner (a worker the broker already dropped from the group while it kept running) is refused,
+//! and that worker drops the batch instead of producing it. So two workers never deliver
+//! different records for one event, even when a rebalance overlaps them.
+//!
+//! The journal also keeps the lane's newest accepted event time at each batch end (the points
+//! offsets are committed at), so the next owner resumes the watermark where it was.
+//!
+//! Layout (`lua/journal.lua`): one hash per lane, `vg:j:<digest of (namespace, lane)>`: `owner`,
+//! `n` = covered, `w<offset>` = newest event time after that batch end, `<offset>` = record. A TTL
+//! refreshed by every write removes journals of abandoned lanes.
+//!
+//! While Redis is unavailable the journal is skipped (records still go out, counted locally and
+//! marked degraded): an event re-read after a crash in that time is judged again.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use super::link::Batch;
-use super::Origin;
+use redis::Value;
+
+use super::link::{Batch, Link, Timeouts};
+use super::redis::{open_target, push_hex, RedisStoreConfig};
+use super::scripts::JOURNAL;
+use super::StoreError;
 
 /// How long a journal outlives its last write.
 const JOURNAL_TTL_MS: i64 = 7 * 86_400_000;
@@ -24,10 +45,10 @@ const JOURNAL_TTL_MS: i64 = 7 * 86_400_000;
 pub struct Journal {
     /// Every offset up to this one is journaled (no entry: the event produced no record).
     pub covered: Option<i64>,
-    /// The lane's newest accepted event time after each batch end offset.
-    pub newest_after: std::collections::BTreeMap<i64, i64>,
     /// The record each journaled event produced, by offset.
     pub records: HashMap<i64, Vec<u8>>,
+    /// The lane's newest accepted event time after each batch end offset.
+    pub newest_after: BTreeMap<i64, i64>,
 }
 
 impl Journal {
@@ -44,226 +65,270 @@ impl Journal {
     pub fn newest_before(&self, offset: i64) -> Option<i64> {
         self.newest_after.get(&(offset - 1)).copied()
     }
+
+    /// Reads a journal hash (HGETALL).
+    fn parse(flat: &[Vec<u8>]) -> Journal {
+        let mut journal = Journal::default();
+        let number = |bytes: &[u8]| std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<i64>().ok());
+        for pair in flat.chunks_exact(2) {
+            let (field, value) = (pair[0].as_slice(), &pair[1]);
+            if field == b"n" {
+                journal.covered = number(value);
+            } else if let Some(offset) = field.strip_prefix(b"w").and_then(number) {
+                if let Some(newest) = number(value) {
+                    journal.newest_after.insert(offset, newest);
+                }
+            } else if let Some(offset) = number(field) {
+                journal.records.insert(offset, value.clone());
+            }
+        }
+        journal
+    }
+}
+
+/// What one batch of a lane adds to its journal.
+#[derive(Debug, Default)]
+pub struct JournalBatch {
+    /// The last offset of the batch whose outcome is recorded.
+    pub covered: Option<i64>,
+    /// (batch end offset, the lane's newest accepted event time after it).
+    pub mark: Option<(i64, i64)>,
+    /// The records the batch produced, by offset.
+    pub records: Vec<(i64, Vec<u8>)>,
+}
+
+/// Why a journal write was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Another worker claimed the lane: this one no longer owns it.
+    #[error("another worker took the partition over")]
+    Fenced,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl JournalError {
+    /// Low-cardinality code for metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            JournalError::Fenced => "fenced",
+            JournalError::Store(e) => e.code(),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Lane {
     key: String,
-    /// The highest offset recorded so far.
-    covered: Option<i64>,
-    /// (batch end offset, newest accepted event time after it, the store's counted index of the
-    /// mark) not yet written.
-    marks: Vec<(i64, i64, u64)>,
-    /// Batch end offsets Redis holds a newest event time for.
-    held_marks: BTreeSet<i64>,
-    /// The highest offset Redis holds as covered.
-    written_covered: Option<i64>,
-    /// The highest covered offset sent (written, or in a flush in flight).
-    sent_covered: Option<i64>,
-    /// Records not yet written.
-    entries: Vec<(i64, Vec<u8>)>,
-    /// Offsets Redis holds records for.
+    token: String,
+    /// Offsets Redis holds records for, and batch ends it holds watermarks for.
     held: BTreeSet<i64>,
-    /// Records below this offset are no longer needed.
+    held_marks: BTreeSet<i64>,
+    /// Records below this offset (and marks below the one just before it) are no longer needed.
     trim_below: Option<i64>,
 }
 
-/// The journals of every lane this process writes.
-pub(super) struct Journals {
+struct Job {
+    id: u64,
+    batch: Batch,
+}
+
+struct Done {
+    id: u64,
+    result: Result<Vec<Value>, StoreError>,
+}
+
+/// Claims and writes the journals of the lanes this worker owns, on its own connection and
+/// thread: callers wait at most a connection plus a reply for each call.
+pub struct JournalWriter {
+    jobs: Option<mpsc::Sender<Job>>,
+    done: mpsc::Receiver<Done>,
+    next_id: u64,
+    /// A call the caller stopped waiting for: until it comes back, calls fail at once.
+    outstanding: Option<u64>,
+    cluster: bool,
     namespace: Vec<u8>,
     lanes: HashMap<u64, Lane>,
+    deadline: Duration,
+    /// Since when Redis has not answered the journal; calls are skipped until `probe_interval`
+    /// has passed.
+    outage: Option<Instant>,
+    probe_interval: Duration,
 }
 
-/// What a flush took from one lane.
-struct SentLane {
-    lane: u64,
-    covered: Option<i64>,
-    entries: Vec<(i64, Vec<u8>)>,
-    marks: Vec<(i64, i64, u64)>,
-    trims: Vec<i64>,
-    trimmed_marks: Vec<i64>,
-}
-
-/// What a flush took from the journals, to put back if it fails.
-#[derive(Default)]
-pub(super) struct Sent {
-    lanes: Vec<SentLane>,
-}
-
-impl Sent {
-    /// How many records it carries.
-    pub(super) fn records(&self) -> usize {
-        self.lanes.iter().map(|l| l.entries.len()).sum()
-    }
-}
-
-impl Journals {
-    pub(super) fn new() -> Journals {
-        Journals { namespace: Vec::new(), lanes: HashMap::new() }
-    }
-
-    /// Journals are named by (namespace, lane): the namespace tells apart consumer groups that
+impl JournalWriter {
+    /// Connects to the Redis at `url`; `namespace` (the consumer group) tells apart groups that
     /// number their lanes alike.
-    pub(super) fn set_namespace(&mut self, namespace: &str) {
-        self.namespace = namespace.as_bytes().to_vec();
-        self.lanes.clear();
-    }
-
-    fn lane(&mut self, lane: u64) -> &mut Lane {
-        let namespace = &self.namespace;
-        self.lanes.entry(lane).or_insert_with(|| {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(namespace);
-            hasher.update(&[0]);
-            hasher.update(&lane.to_le_bytes());
-            let mut key = String::from("vg:j:");
-            super::redis::push_hex(&mut key, &hasher.finalize().as_bytes()[..16]);
-            Lane { key, ..Lane::default() }
+    pub fn connect(url: &str, config: &RedisStoreConfig, namespace: &str) -> Result<JournalWriter, StoreError> {
+        let (target, cluster, _) = open_target(url, config)?;
+        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout };
+        let mut link = Link::open(target, timeouts, config.retry_backoff)?;
+        let (jobs, job_rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("vigil-journal".into())
+            .spawn(move || {
+                for job in job_rx {
+                    let (result, _) = link.query(&job.batch, 2);
+                    if done_tx.send(Done { id: job.id, result }).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the journal thread: {e}")))?;
+        Ok(JournalWriter {
+            jobs: Some(jobs),
+            done,
+            next_id: 0,
+            outstanding: None,
+            cluster,
+            namespace: namespace.as_bytes().to_vec(),
+            lanes: HashMap::new(),
+            deadline: (config.connect_timeout + config.response_timeout) * 2,
+            outage: None,
+            probe_interval: config.probe_interval,
         })
     }
 
     /// The Redis key of `lane`'s journal.
-    pub(super) fn key(&mut self, lane: u64) -> String {
-        self.lane(lane).key.clone()
+    fn key(&self, lane: u64) -> String {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&self.namespace);
+        hasher.update(&[0]);
+        hasher.update(&lane.to_le_bytes());
+        let mut key = String::from("vg:j:");
+        push_hex(&mut key, &hasher.finalize().as_bytes()[..16]);
+        key
     }
 
-    /// The event at `origin` produced `record` (or none).
-    pub(super) fn record(&mut self, origin: Origin, record: Option<&[u8]>) {
-        let lane = self.lane(origin.lane);
-        lane.covered = Some(lane.covered.map_or(origin.offset, |c| c.max(origin.offset)));
-        if let Some(record) = record {
-            lane.entries.push((origin.offset, record.to_vec()));
-        }
-    }
-
-    /// A batch of `lane` ended at `offset`, its newest accepted event time then `newest`; the
-    /// store counts the mark as `index` (its offsets wait for it to be durable).
-    pub(super) fn mark(&mut self, lane: u64, offset: i64, newest: i64, index: u64) {
-        self.lane(lane).marks.push((offset, newest, index));
-    }
-
-    /// The counted index of the oldest mark not yet written (pending, or in `inflight`).
-    pub(super) fn oldest_unwritten(&self, inflight: Option<&Sent>) -> Option<u64> {
-        let pending = self.lanes.values().flat_map(|l| l.marks.iter().map(|m| m.2));
-        let sent = inflight.into_iter().flat_map(|s| s.lanes.iter().flat_map(|l| l.marks.iter().map(|m| m.2)));
-        pending.chain(sent).min()
-    }
-
-    /// Takes in `lane`'s journal as read from Redis (HGETALL); later writes keep its coverage.
-    pub(super) fn loaded(&mut self, lane: u64, flat: &[Vec<u8>]) -> Journal {
-        let mut journal = Journal::default();
-        for pair in flat.chunks_exact(2) {
-            let number = std::str::from_utf8(&pair[0]).ok().and_then(|s| s.parse::<i64>().ok());
-            let value = || std::str::from_utf8(&pair[1]).ok().and_then(|s| s.parse().ok());
-            let mark = pair[0].strip_prefix(b"w").and_then(|o| std::str::from_utf8(o).ok()?.parse::<i64>().ok());
-            if pair[0] == b"n" {
-                journal.covered = value();
-            } else if let (Some(offset), Some(newest)) = (mark, value()) {
-                journal.newest_after.insert(offset, newest);
-            } else if let Some(offset) = number {
-                journal.records.insert(offset, pair[1].clone());
+    /// Runs one script call on the journal thread, waiting at most `deadline`.
+    fn call(&mut self, key: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        if let Some(since) = self.outage {
+            if since.elapsed() < self.probe_interval {
+                return Err(StoreError::Unavailable("Redis did not answer the journal lately".into()));
             }
         }
-        let state = self.lane(lane);
-        state.covered = state.covered.max(journal.covered);
-        state.held_marks.extend(journal.newest_after.keys().copied());
-        state.written_covered = journal.covered;
-        state.sent_covered = state.sent_covered.max(journal.covered);
-        state.held.extend(journal.records.keys().copied());
-        journal
-    }
-
-    /// Records of `lane` below `committed` are no longer needed: its input is committed there.
-    pub(super) fn trim(&mut self, lane: u64, committed: i64) {
-        let state = self.lane(lane);
-        state.trim_below = Some(state.trim_below.map_or(committed, |t| t.max(committed)));
-    }
-
-    /// Whether anything waits to be written.
-    pub(super) fn pending(&self) -> bool {
-        self.lanes.values().any(|l| {
-            !l.entries.is_empty()
-                || l.covered > l.sent_covered
-                || !l.marks.is_empty()
-                || l.trim_below.is_some_and(|t| {
-                    l.held.first().is_some_and(|&first| first < t) || l.held_marks.first().is_some_and(|&first| first < t - 1)
-                })
-        })
-    }
-
-    /// Appends the writes of every lane to `batch` and takes them out of the journals.
-    pub(super) fn take(&mut self, batch: &mut Batch, cluster: bool) -> Sent {
-        let mut sent = Sent::default();
-        for (&id, lane) in self.lanes.iter_mut() {
-            // Records below the committed offset, and marks below the one just before it (where
-            // the next owner starts) are no longer needed.
-            let (trims, trimmed_marks): (Vec<i64>, Vec<i64>) = match lane.trim_below {
-                Some(below) => (lane.held.range(..below).copied().collect(), lane.held_marks.range(..below - 1).copied().collect()),
-                None => (Vec::new(), Vec::new()),
-            };
-            let moved = lane.covered > lane.sent_covered;
-            if lane.entries.is_empty() && lane.marks.is_empty() && !moved && trims.is_empty() && trimmed_marks.is_empty() {
-                continue;
-            }
-            let entries = std::mem::take(&mut lane.entries);
-            let marks = std::mem::take(&mut lane.marks);
-            lane.sent_covered = lane.covered;
-            if !entries.is_empty() || !marks.is_empty() || moved {
-                let mut hset = redis::cmd("HSET");
-                hset.arg(&lane.key);
-                if let Some(covered) = lane.covered {
-                    hset.arg("n").arg(covered);
+        if let Some(outstanding) = self.outstanding {
+            loop {
+                match self.done.try_recv() {
+                    Ok(done) if done.id == outstanding => {
+                        self.outstanding = None;
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(_) => return Err(StoreError::Unavailable("an earlier journal call is still waiting for Redis".into())),
                 }
-                for (offset, newest, _) in &marks {
-                    hset.arg(format!("w{offset}")).arg(newest);
-                }
-                for (offset, record) in &entries {
-                    hset.arg(offset).arg(record.as_slice());
-                }
-                batch.command(cluster, &lane.key, hset);
-                let mut expire = redis::cmd("PEXPIRE");
-                expire.arg(&lane.key).arg(JOURNAL_TTL_MS);
-                batch.command(cluster, &lane.key, expire);
             }
-            if !trims.is_empty() || !trimmed_marks.is_empty() {
-                let mut hdel = redis::cmd("HDEL");
-                hdel.arg(&lane.key).arg(&trims);
-                for offset in &trimmed_marks {
-                    hdel.arg(format!("w{offset}"));
-                }
-                batch.command(cluster, &lane.key, hdel);
-            }
-            sent.lanes.push(SentLane { lane: id, covered: lane.covered, entries, marks, trims, trimmed_marks });
         }
-        sent
-    }
-
-    /// The writes of `sent` were made.
-    pub(super) fn written(&mut self, sent: Sent) {
-        for sent in sent.lanes {
-            let lane = self.lane(sent.lane);
-            lane.written_covered = lane.written_covered.max(sent.covered);
-            lane.held.extend(sent.entries.iter().map(|(offset, _)| *offset));
-            lane.held_marks.extend(sent.marks.iter().map(|(offset, _, _)| *offset));
-            for offset in sent.trims {
-                lane.held.remove(&offset);
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut batch = Batch::default();
+        batch.command(self.cluster, key, cmd);
+        let jobs = self.jobs.as_ref().expect("the journal thread runs until drop");
+        jobs.send(Job { id, batch }).map_err(|_| StoreError::Unavailable("the journal thread stopped".into()))?;
+        let deadline = Instant::now() + self.deadline;
+        let result = loop {
+            match self.done.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(done) if done.id == id => break done.result,
+                Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.outstanding = Some(id);
+                    break Err(StoreError::Unavailable(format!("no reply from Redis within {:?}", self.deadline)));
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break Err(StoreError::Unavailable("the journal thread stopped".into())),
             }
-            for offset in sent.trimmed_marks {
-                lane.held_marks.remove(&offset);
+        };
+        match result {
+            Ok(mut replies) => {
+                self.outage = None;
+                replies.pop().ok_or_else(|| StoreError::Protocol("no reply to a journal call".into()))
+            }
+            Err(e) => {
+                self.outage = Some(Instant::now());
+                Err(e)
             }
         }
     }
 
-    /// The writes of `sent` failed (or may have): they are made again by the next flush.
-    pub(super) fn failed(&mut self, sent: Sent) {
-        for mut sent in sent.lanes {
-            let lane = self.lane(sent.lane);
-            sent.entries.append(&mut lane.entries);
-            lane.entries = sent.entries;
-            sent.marks.append(&mut lane.marks);
-            lane.marks = sent.marks;
-            lane.sent_covered = lane.written_covered;
+    fn script(&self, key: &str, op: &str, token: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(JOURNAL.get_hash()).arg(1).arg(key).arg(op).arg(token).arg(JOURNAL_TTL_MS);
+        cmd
+    }
+
+    /// Makes this worker the owner of `lane`'s journal and returns what it holds.
+    pub fn claim(&mut self, lane: u64) -> Result<Journal, StoreError> {
+        let key = self.key(lane);
+        let mut token = String::new();
+        push_hex(&mut token, &rand::random::<[u8; 12]>());
+        let reply = self.call(&key, self.script(&key, "claim", &token))?;
+        let flat: Vec<Vec<u8>> = redis::from_redis_value(reply).map_err(|e| StoreError::Protocol(format!("journal: {e}")))?;
+        let journal = Journal::parse(&flat);
+        let lane = self.lanes.entry(lane).or_default();
+        *lane = Lane {
+            key,
+            token,
+            held: journal.records.keys().copied().collect(),
+            held_marks: journal.newest_after.keys().copied().collect(),
+            trim_below: None,
+        };
+        Ok(journal)
+    }
+
+    /// Records a batch of `lane`, if this worker still owns it.
+    pub fn write(&mut self, lane: u64, batch: &JournalBatch) -> Result<(), JournalError> {
+        let Some(state) = self.lanes.get(&lane) else { return Err(JournalError::Fenced) };
+        let (key, token) = (state.key.clone(), state.token.clone());
+        let (trims, trimmed_marks): (Vec<i64>, Vec<i64>) = match state.trim_below {
+            Some(below) => (state.held.range(..below).copied().collect(), state.held_marks.range(..below - 1).copied().collect()),
+            None => (Vec::new(), Vec::new()),
+        };
+        let mut cmd = self.script(&key, "write", &token);
+        let entries = usize::from(batch.covered.is_some()) + usize::from(batch.mark.is_some()) + batch.records.len();
+        cmd.arg(2 * entries);
+        if let Some(covered) = batch.covered {
+            cmd.arg("n").arg(covered);
         }
+        if let Some((offset, newest)) = batch.mark {
+            cmd.arg(format!("w{offset}")).arg(newest);
+        }
+        for (offset, record) in &batch.records {
+            cmd.arg(offset).arg(record.as_slice());
+        }
+        cmd.arg(&trims);
+        for offset in &trimmed_marks {
+            cmd.arg(format!("w{offset}"));
+        }
+        let fenced = match self.call(&key, cmd)? {
+            Value::BulkString(reply) => reply == b"fenced",
+            Value::SimpleString(reply) => reply == "fenced",
+            _ => false,
+        };
+        if fenced {
+            return Err(JournalError::Fenced);
+        }
+        let state = self.lanes.get_mut(&lane).expect("looked up above");
+        state.held.extend(batch.records.iter().map(|(offset, _)| *offset));
+        state.held_marks.extend(batch.mark.map(|(offset, _)| offset));
+        for offset in trims {
+            state.held.remove(&offset);
+        }
+        for offset in trimmed_marks {
+            state.held_marks.remove(&offset);
+        }
+        Ok(())
+    }
+
+    /// The input of `lane` is committed up to `committed`: older entries go with its next write.
+    pub fn trim(&mut self, lane: u64, committed: i64) {
+        if let Some(state) = self.lanes.get_mut(&lane) {
+            state.trim_below = Some(state.trim_below.map_or(committed, |t| t.max(committed)));
+        }
+    }
+
+    /// Forgets a lane this worker no longer owns.
+    pub fn release(&mut self, lane: u64) {
+        self.lanes.remove(&lane);
     }
 }
 
@@ -273,50 +338,16 @@ mod tests {
 
     #[test]
     fn a_journal_says_what_each_covered_offset_produced() {
-        let mut journals = Journals::new();
-        journals.set_namespace("group");
-        let flat: Vec<Vec<u8>> =
-            [&b"n"[..], b"12", b"w9", b"1700000000000", b"10", b"{\"a\":1}", b"3", b"{}"].iter().map(|b| b.to_vec()).collect();
-        let journal = journals.loaded(4, &flat);
-        assert_eq!(journal.newest_before(10), Some(1_700_000_000_000));
-        assert_eq!(journal.newest_before(11), None);
+        let flat: Vec<Vec<u8>> = [&b"owner"[..], b"t", b"n", b"12", b"w9", b"1700000000000", b"10", b"{\"a\":1}", b"3", b"{}"]
+            .iter()
+            .map(|b| b.to_vec())
+            .collect();
+        let journal = Journal::parse(&flat);
         assert_eq!(journal.produced(10), Some(Some(&b"{\"a\":1}"[..])));
         assert_eq!(journal.produced(11), Some(None), "covered, no record");
         assert_eq!(journal.produced(13), None, "not covered");
-    }
-
-    #[test]
-    fn writes_go_out_once_and_come_back_when_they_fail() {
-        let mut journals = Journals::new();
-        journals.set_namespace("group");
-        journals.record(Origin { lane: 1, offset: 5 }, Some(b"r5"));
-        journals.record(Origin { lane: 1, offset: 6 }, None);
-        journals.mark(1, 6, 1_000, 3);
-        assert_eq!(journals.oldest_unwritten(None), Some(3));
-        assert!(journals.pending());
-        let mut batch = Batch::default();
-        let sent = journals.take(&mut batch, false);
-        assert_eq!(batch.calls.len(), 2, "HSET and PEXPIRE");
-        assert!(!journals.pending());
-        assert_eq!(journals.oldest_unwritten(Some(&sent)), Some(3), "in flight");
-        journals.failed(sent);
-        assert!(journals.pending());
-        let mut batch = Batch::default();
-        let sent = journals.take(&mut batch, false);
-        journals.written(sent);
-        assert!(!journals.pending());
-        assert_eq!(journals.oldest_unwritten(None), None);
-        // Committed past 5: its record is deleted.
-        journals.trim(1, 6);
-        assert!(journals.pending());
-        let mut batch = Batch::default();
-        let sent = journals.take(&mut batch, false);
-        assert_eq!(batch.calls.len(), 1, "HDEL");
-        journals.written(sent);
-        assert!(!journals.pending());
-        // Different namespaces, different keys.
-        let key = journals.key(1);
-        journals.set_namespace("other");
-        assert_ne!(journals.key(1), key);
+        assert_eq!(journal.newest_before(10), Some(1_700_000_000_000));
+        assert_eq!(journal.newest_before(11), None);
+        assert_eq!(journal.records.len(), 2, "owner is not a record");
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::scripts::{ScriptCall, APPLY_WINDOW};
+use super::scripts::{ScriptCall, SOURCES};
 use super::StoreError;
 
 /// Most calls sent in one pipeline (one round trip). A script call serves up to 256 keys, a read
@@ -372,7 +372,7 @@ impl Link {
             if !reload {
                 return Ok(redone);
             }
-            APPLY_WINDOW.prepare_invoke().load(conn)?;
+            load_scripts(conn)?;
             redone += results.iter().filter(|r| r.is_none()).count() as u64;
         }
         Err(redis::RedisError::from((redis::ErrorKind::Io, "NOSCRIPT after loading the script")))
@@ -381,9 +381,17 @@ impl Link {
 
 fn load_script(conn: &mut Conn) -> redis::RedisResult<()> {
     match conn {
-        Conn::Single(single) => APPLY_WINDOW.prepare_invoke().load(single).map(drop),
+        Conn::Single(single) => load_scripts(single),
         Conn::Cluster(cluster) => load_on_all_masters(&mut cluster.cluster),
     }
+}
+
+/// SCRIPT LOAD of every script on one server.
+fn load_scripts(conn: &mut redis::Connection) -> redis::RedisResult<()> {
+    for source in SOURCES {
+        redis::cmd("SCRIPT").arg("LOAD").arg(source).query::<String>(conn)?;
+    }
+    Ok(())
 }
 
 /// The script cache no longer holds the script (Redis restarted, or `SCRIPT FLUSH`).
@@ -391,15 +399,18 @@ fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
-/// Every master needs the script: SCRIPT LOAD routed to all of them.
+/// Every master needs the scripts: SCRIPT LOAD routed to all of them.
 fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<()> {
-    let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(include_str!("../../lua/apply_window.lua"));
-    let route = redis::cluster_routing::RoutingInfo::MultiNode((
-        redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
-        None,
-    ));
-    conn.route_command(&load, route).map(drop)
+    for source in SOURCES {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(source);
+        let route = redis::cluster_routing::RoutingInfo::MultiNode((
+            redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+            None,
+        ));
+        conn.route_command(&load, route)?;
+    }
+    Ok(())
 }
 
 /// The Redis Cluster hash slot of a key (CRC16/XMODEM mod 16384) of a key without a hash tag.

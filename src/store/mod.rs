@@ -15,7 +15,7 @@ pub mod memory;
 pub mod redis;
 mod scripts;
 
-pub use journal::Journal;
+pub use journal::{Journal, JournalError, JournalWriter};
 pub use memory::MemoryStore;
 pub use redis::{FlushSample, RedisStats, RedisStore, RedisStoreConfig};
 
@@ -161,26 +161,6 @@ pub trait CounterStore {
         false
     }
 
-    /// Records that the event at `origin` produced `record` (or no record), for the lane's next
-    /// owner to deliver the same bytes again if it re-reads the event (see [`journal`]). Stores
-    /// that do not outlive the process keep nothing.
-    fn journal(&mut self, _origin: Origin, _record: Option<&[u8]>) {}
-
-    /// Records that a batch of `lane` ended at `offset` with `newest` as the lane's newest
-    /// accepted event time, for a next owner resuming after `offset` to start from the same
-    /// watermark.
-    fn journal_mark(&mut self, _lane: u64, _offset: i64, _newest: i64) {}
-
-    /// Names the journals this process writes (its consumer group).
-    fn set_journal_namespace(&mut self, _namespace: &str) {}
-
-    /// What the events of `lane` produced, as far as its journal covers them.
-    fn load_journal(&mut self, _lane: u64) -> Result<Journal, StoreError> {
-        Ok(Journal::default())
-    }
-
-    /// The input of `lane` is committed up to `committed`: older journal entries can go.
-    fn trim_journal(&mut self, _lane: u64, _committed: i64) {}
 }
 
 /// The store `vigil run` was configured with.
@@ -238,19 +218,5 @@ impl CounterStore for AnyStore {
     fn forget_cached(&mut self) {
         delegate!(self, s => s.forget_cached())
     }
-    fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
-        delegate!(self, s => s.journal(origin, record))
-    }
-    fn journal_mark(&mut self, lane: u64, offset: i64, newest: i64) {
-        delegate!(self, s => s.journal_mark(lane, offset, newest))
-    }
-    fn set_journal_namespace(&mut self, namespace: &str) {
-        delegate!(self, s => s.set_journal_namespace(namespace))
-    }
-    fn load_journal(&mut self, lane: u64) -> Result<Journal, StoreError> {
-        delegate!(self, s => s.load_journal(lane))
-    }
-    fn trim_journal(&mut self, lane: u64, committed: i64) {
-        delegate!(self, s => s.trim_journal(lane, committed))
-    }
+
 }

@@ -40,7 +40,6 @@ use hashbrown::HashMap;
 use redis::Value;
 
 use super::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
-use super::journal::{self, Journal, Journals};
 use super::keys::{KeyBytes, KeyRef, StoredKey};
 use super::link::{slot, unavailable, Batch, Link, Op, Target, Timeouts};
 use super::scripts::ScriptCall;
@@ -136,8 +135,6 @@ pub struct RedisStats {
     pub lost_keys: u64,
     /// Keys written again from this process's view after Redis lost its data.
     pub reseeded_keys: u64,
-    /// Decision records written to journals.
-    pub journaled: u64,
 }
 
 /// One acknowledged flush, for the flush size and latency metrics.
@@ -284,8 +281,8 @@ fn epoch_key_in_slot(target: u16) -> String {
         .expect("some tag hashes to every slot")
 }
 
-/// A flush for the flusher thread: first the epoch checks and journal writes, then, if no data
-/// loss showed, the script calls.
+/// A flush for the flusher thread: first the epoch checks, then, if no data loss showed, the
+/// script calls.
 struct FlushJob {
     first: Batch,
     epochs: usize,
@@ -306,7 +303,6 @@ struct Inflight {
     order: Vec<usize>,
     observations: usize,
     sent: Instant,
-    journal: journal::Sent,
 }
 
 /// The write-behind task: runs flushes on its own connection while the caller goes on.
@@ -334,7 +330,7 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<Fl
     }
 }
 
-/// A read for the reader thread: windows (HGETALL per key) or a journal.
+/// A read for the reader thread: windows (HGETALL per key).
 struct ReadJob {
     id: u64,
     batch: Batch,
@@ -392,7 +388,7 @@ fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instan
 }
 
 pub struct RedisStore {
-    /// Reads (loads, prefetches, journals) go to the reader thread; the caller waits at most
+    /// Reads (loads, prefetches) go to the reader thread; the caller waits at most
     /// `read_deadline` for each.
     reads: Option<mpsc::Sender<ReadJob>>,
     read_done: mpsc::Receiver<ReadDone>,
@@ -433,52 +429,53 @@ pub struct RedisStore {
     /// Since when Redis has been unavailable (the circuit breaker is open), and why.
     outage: Option<(Instant, String)>,
     epochs: Epochs,
-    journals: Journals,
     stats: RedisStats,
+}
+
+/// Where `url` points: one server or a Redis Cluster (found from a node with cluster mode on), and
+/// for a cluster the first slot each master serves.
+pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Target, bool, Vec<u16>), StoreError> {
+    // rustls needs a process-wide crypto provider; a second install attempt is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match &config.tls_ca_file {
+        Some(path) => {
+            let root_cert = std::fs::read(path)
+                .map_err(|e| StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display())))?;
+            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
+            redis::Client::build_with_tls(url, certs).map_err(unavailable)?
+        }
+        None => redis::Client::open(url).map_err(unavailable)?,
+    };
+    let mut probe = client.get_connection_with_timeout(config.connect_timeout).map_err(unavailable)?;
+    probe.set_read_timeout(Some(config.response_timeout)).map_err(unavailable)?;
+    let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(unavailable)?;
+    if !info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        return Ok((Target::Single(client), false, Vec::new()));
+    }
+    let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut probe).map_err(unavailable)?;
+    let mut first_slots: Vec<u16> = ranges
+        .iter()
+        .filter_map(|range| match range {
+            Value::Array(items) => redis::from_redis_value::<u16>(items.first()?.clone()).ok(),
+            _ => None,
+        })
+        .collect();
+    first_slots.sort_unstable();
+    let cluster = redis::cluster::ClusterClientBuilder::new(vec![url])
+        .connection_timeout(config.connect_timeout)
+        .response_timeout(config.response_timeout)
+        .build()
+        .map_err(unavailable)?;
+    Ok((Target::Cluster { seed: client, cluster: Box::new(cluster) }, true, first_slots))
 }
 
 impl RedisStore {
     /// Connects to `url` (`redis://`, `redis://user:pass@host`, `rediss://`).
     pub fn connect(url: &str, config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
-        // rustls needs a process-wide crypto provider; a second install attempt is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = match &config.tls_ca_file {
-            Some(path) => {
-                let root_cert = std::fs::read(path).map_err(|e| {
-                    StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display()))
-                })?;
-                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
-                redis::Client::build_with_tls(url, certs).map_err(unavailable)?
-            }
-            None => redis::Client::open(url).map_err(unavailable)?,
-        };
+        let (target, cluster, first_slots) = open_target(url, &config)?;
         let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout };
-        // A node with cluster mode on means a Redis Cluster: use the cluster client, seeded with it.
-        let mut probe = client.get_connection_with_timeout(timeouts.connect).map_err(unavailable)?;
-        probe.set_read_timeout(Some(timeouts.response)).map_err(unavailable)?;
-        let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(unavailable)?;
-        let cluster = info.lines().any(|l| l.trim() == "cluster_enabled:1");
-        let (target, epoch_keys) = if cluster {
-            // One epoch key per master, in the first slot it serves.
-            let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut probe).map_err(unavailable)?;
-            let mut first_slots: Vec<u16> = ranges
-                .iter()
-                .filter_map(|range| match range {
-                    Value::Array(items) => redis::from_redis_value::<u16>(items.first()?.clone()).ok(),
-                    _ => None,
-                })
-                .collect();
-            first_slots.sort_unstable();
-            let cluster = redis::cluster::ClusterClientBuilder::new(vec![url])
-                .connection_timeout(timeouts.connect)
-                .response_timeout(timeouts.response)
-                .build()
-                .map_err(unavailable)?;
-            let keys = first_slots.into_iter().map(epoch_key_in_slot).collect();
-            (Target::Cluster { seed: client, cluster: Box::new(cluster) }, keys)
-        } else {
-            (Target::Single(client), vec!["vg:epoch".to_owned()])
-        };
+        // One epoch key on a single server; on a cluster one per master, in the first slot it serves.
+        let epoch_keys = if cluster { first_slots.into_iter().map(epoch_key_in_slot).collect() } else { vec!["vg:epoch".to_owned()] };
         let mut link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
         let flusher_link = Link::open(target, timeouts, config.retry_backoff)?;
         let mut epochs = Epochs {
@@ -533,7 +530,6 @@ impl RedisStore {
             last_epoch_check: Instant::now(),
             outage: None,
             epochs,
-            journals: Journals::new(),
             stats: RedisStats::default(),
             config,
         })
@@ -706,8 +702,8 @@ impl RedisStore {
         Ok(replies)
     }
 
-    /// Hands the pending deltas of up to `MAX_FLUSH_KEYS` keys, the journal writes and the epoch
-    /// checks to the flusher.
+    /// Hands the pending deltas of up to `MAX_FLUSH_KEYS` keys and the epoch checks to the
+    /// flusher.
     fn send(&mut self) -> Result<(), StoreError> {
         debug_assert!(self.inflight.is_none());
         self.last_flush = Instant::now();
@@ -718,7 +714,7 @@ impl RedisStore {
             .map(|(k, _)| k.clone())
             .take(MAX_FLUSH_KEYS)
             .collect();
-        if keys.is_empty() && self.pending == 0 && !self.journals.pending() {
+        if keys.is_empty() && self.pending == 0 {
             // Nothing pending and nothing in flight: everything counted is in Redis.
             self.durable = self.counted;
             // Idle: the epoch is still checked, but only once per probe interval.
@@ -741,7 +737,6 @@ impl RedisStore {
         let order = scripts.order.clone();
         let mut first = Batch::default();
         self.epochs.add_checks(&mut first, self.cluster);
-        let journal = self.journals.take(&mut first, self.cluster);
         let job = FlushJob {
             first,
             epochs: self.epochs.keys.len(),
@@ -751,7 +746,7 @@ impl RedisStore {
         };
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
-        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now(), journal });
+        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now() });
         Ok(())
     }
 
@@ -787,12 +782,12 @@ impl RedisStore {
                 }
             }
         };
-        let Inflight { keys, order, observations, sent, journal } = self.inflight.take().expect("checked above");
+        let Inflight { keys, order, observations, sent } = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         let (first, scripts) = match done.result {
             Ok(replies) => replies,
             Err(e) => {
-                self.unsent(&keys, journal);
+                self.unsent(&keys);
                 self.stats.failed_flushes += 1;
                 self.fail(&e);
                 return Err(e);
@@ -802,17 +797,14 @@ impl RedisStore {
         let lost = match self.epochs.check(&first[..self.epochs.keys.len().min(first.len())]) {
             Ok(lost) => lost || scripts.is_none(),
             Err(e) => {
-                self.unsent(&keys, journal);
+                self.unsent(&keys);
                 return Err(e);
             }
         };
-        self.stats.journaled += journal.records() as u64;
-        self.journals.written(journal);
-        self.update_durable();
         if lost {
             // Nothing of this flush's deltas was written: they go again, over views written
             // again in full.
-            self.unsent(&keys, journal::Sent::default());
+            self.unsent(&keys);
             self.reseed();
             return Ok(());
         }
@@ -822,7 +814,7 @@ impl RedisStore {
                 // Not applied (or not known to be): the deltas go back in front of what was
                 // counted since, and the next flush sends them again (they are tagged: the
                 // script skips what it applied).
-                self.unsent(&keys, journal::Sent::default());
+                self.unsent(&keys);
                 self.stats.failed_flushes += 1;
                 return Err(e);
             }
@@ -919,24 +911,20 @@ impl RedisStore {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Durable: everything counted before the oldest observation (or journal mark) Redis has
-    /// not acknowledged.
+    /// Durable: everything counted before the oldest observation Redis has not acknowledged.
     fn update_durable(&mut self) {
-        let deltas = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).min();
-        let marks = self.journals.oldest_unwritten(self.inflight.as_ref().map(|i| &i.journal));
-        let oldest = deltas.into_iter().chain(marks).min();
+        let oldest = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).min();
         self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
     }
 
-    /// The flush of `keys` did not happen (or is not known to have): their deltas and the journal
-    /// writes go again with the next one.
-    fn unsent(&mut self, keys: &[StoredKey], journal: journal::Sent) {
+    /// The flush of `keys` did not happen (or is not known to have): their deltas go again with
+    /// the next one.
+    fn unsent(&mut self, keys: &[StoredKey]) {
         for key in keys {
             let dirty = self.dirty.get_mut(key).expect("in flight keys stay dirty");
             self.pending += dirty.inflight.len();
             dirty.send_again();
         }
-        self.journals.failed(journal);
     }
 
     /// Redis lost its data: every key this process holds a view of is written again from it,
@@ -1108,8 +1096,7 @@ impl CounterStore for RedisStore {
             self.stats.skipped_applied += 1;
         }
         // Writing behind is left to `tick`, which the caller runs between events: a flush then
-        // never carries part of an event's deltas (nor an event's deltas without its journal
-        // entry).
+        // never carries part of an event's deltas.
         Ok(Observed { applied, degraded })
     }
 
@@ -1154,7 +1141,7 @@ impl CounterStore for RedisStore {
         loop {
             self.send()?;
             self.complete(true)?;
-            let settled = self.pending == 0 && !self.dirty.values().any(|d| d.full) && !self.journals.pending();
+            let settled = self.pending == 0 && !self.dirty.values().any(|d| d.full);
             if settled {
                 self.update_durable();
                 return Ok(());
@@ -1186,33 +1173,6 @@ impl CounterStore for RedisStore {
         self.cache.invalidate_all();
     }
 
-    fn journal(&mut self, origin: Origin, record: Option<&[u8]>) {
-        self.journals.record(origin, record);
-    }
-
-    fn journal_mark(&mut self, lane: u64, offset: i64, newest: i64) {
-        // Counted like an observation: offsets are committed only once it is in Redis.
-        self.counted += 1;
-        self.journals.mark(lane, offset, newest, self.counted);
-    }
-
-    fn set_journal_namespace(&mut self, namespace: &str) {
-        self.journals.set_namespace(namespace);
-    }
-
-    fn load_journal(&mut self, lane: u64) -> Result<Journal, StoreError> {
-        let key = self.journals.key(lane);
-        let mut batch = Batch::default();
-        let mut hgetall = redis::cmd("HGETALL");
-        hgetall.arg(&key);
-        batch.command(self.cluster, &key, hgetall);
-        let reply = self.query_read(batch, self.config.attempts)?.pop().ok_or_else(|| StoreError::Protocol("no reply to a journal read".into()))?;
-        Ok(self.journals.loaded(lane, &codec::flat(reply)?))
-    }
-
-    fn trim_journal(&mut self, lane: u64, committed: i64) {
-        self.journals.trim(lane, committed);
-    }
 }
 
 impl Drop for RedisStore {

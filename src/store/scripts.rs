@@ -6,8 +6,18 @@ use std::sync::LazyLock;
 
 /// Applies a key's pending deltas, refuses late ones, prunes, refreshes the TTL and returns the
 /// key's window (see the header of `lua/apply_window.lua` for the protocol).
-pub static APPLY_WINDOW: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../lua/apply_window.lua")));
+pub static APPLY_WINDOW: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(APPLY_WINDOW_SOURCE));
+
+const APPLY_WINDOW_SOURCE: &str = include_str!("../../lua/apply_window.lua");
+
+/// Claims an input lane's decision journal, or writes to it if still its owner (see the header of
+/// `lua/journal.lua`).
+pub static JOURNAL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(JOURNAL_SOURCE));
+
+const JOURNAL_SOURCE: &str = include_str!("../../lua/journal.lua");
+
+/// The source of every script, for SCRIPT LOAD.
+pub(super) const SOURCES: [&str; 2] = [APPLY_WINDOW_SOURCE, JOURNAL_SOURCE];
 
 /// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
 /// tens of thousands of arguments, and one allocation each would dominate the client's time.

@@ -119,6 +119,9 @@ pub struct Metrics {
     pub journaled_decisions: Counter,
     /// Decisions delivered again from the journal for events re-read after a crash.
     pub redelivered_decisions: Counter,
+    /// Journal writes not made, by code (`fenced`: another worker took the partition over, the
+    /// batch was dropped; `unavailable`: Redis did not answer, the records went out unjournaled).
+    pub journal_errors: Family<CodeLabels, Counter>,
     /// 1 while the local state waiting for Redis is at `redis.max_local_keys` (partitions paused).
     pub store_saturated: Gauge,
 }
@@ -155,6 +158,7 @@ impl Metrics {
             lost_keys: Counter::default(),
             journaled_decisions: Counter::default(),
             redelivered_decisions: Counter::default(),
+            journal_errors: Family::default(),
             store_saturated: Gauge::default(),
             registry: Registry::default(),
         };
@@ -218,6 +222,7 @@ impl Metrics {
             "Decisions delivered again from the journal for events re-read after a crash",
             metrics.redelivered_decisions.clone(),
         );
+        registry.register("journal_errors", "Decision journal writes not made, by code", metrics.journal_errors.clone());
         registry.register("store_saturated", "1 while local state waiting for Redis is full", metrics.store_saturated.clone());
         Metrics { registry, ..metrics }
     }
