@@ -1,6 +1,6 @@
 #!lua
--- Applies pending deltas to sliding windows and returns the windows (DESIGN §3, §5). One call
--- serves many keys, each applied, pruned and read back atomically on its own.
+-- Applies pending deltas to sliding windows and returns the windows (the window semantics are in
+-- the README). One call serves many keys, each applied, pruned and read back atomically on its own.
 --
 -- The shebang (Redis 7+) makes Redis refuse the whole call before it runs when it is out of
 -- memory, and every argument is checked before the first write: a call either fails before it

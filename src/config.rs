@@ -1,4 +1,4 @@
-//! Configuration of `vigil run` (DESIGN §7): a TOML file over embedded defaults
+//! Configuration of `vigil run`: a TOML file over embedded defaults
 //! (`src/config_defaults.toml`), then `VIGIL_<SECTION>_<KEY>` environment overrides. Strict:
 //! unknown keys are errors, and every error names the key and where it came from
 //! (`file:line:col` or the environment variable). Secrets are redacted in `Debug`.
@@ -39,7 +39,7 @@ pub struct KafkaConfig {
     pub group_id: String,
     /// Topics events are read from.
     pub input_topics: Vec<String>,
-    /// Topic decision records are produced to (DESIGN §4), keyed by the event's Kafka key.
+    /// Topic decision records are produced to, keyed by the event's Kafka key.
     pub decisions_topic: String,
     /// Topic bad events are produced to, with their original bytes and `vigil.*` headers.
     pub dead_letter_topic: String,

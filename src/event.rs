@@ -371,8 +371,8 @@ pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
     }
 }
 
-/// Bounds on event time relative to the wall clock and to the newest event of an input (DESIGN
-/// §3.5). `None` disables a bound (`off`).
+/// Bounds on event time relative to the wall clock and to the newest event of an input (the
+/// `[input]` section of the worker's config). `None` disables a bound (`off`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeBounds {
     /// An event more than this far ahead of the wall clock is a bad event (`future_ts`).

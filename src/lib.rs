@@ -6,7 +6,7 @@
 //!
 //! - [`event`]: JSON bytes → [`event::Event`], decoding only the fields the rules use
 //!   (a [`event::Projection`]), with JSON-typed scalars and canonical keys.
-//! - [`window`]: exact bucket math of DESIGN §3 — bucket index, late events, the per-key
+//! - [`window`]: exact bucket math of the window semantics — bucket index, late events, the per-key
 //!   [`window::WindowState`] for count, sum and distinct.
 //! - [`rules`]: the TOML rule language. `compile` validates files and reports every error as
 //!   `file:line:col: message`; `plan` says which window and key an event touches; `decide` turns

@@ -1,4 +1,4 @@
-//! Exact sliding windows over time buckets (DESIGN §3). Pure: no I/O, no clocks.
+//! Exact sliding windows over time buckets. Pure: no I/O, no clocks.
 //!
 //! For a window of `k` buckets of `b` ms, an event at `t` falls in bucket `i = floor(t / b)`. Per key
 //! the state keeps `head` (the largest bucket counted) and the buckets `head-k+1 ..= head`. An event
@@ -146,7 +146,7 @@ impl WindowState {
         }
     }
 
-    /// Applies an observation at bucket `bucket` (DESIGN §3 steps 1–3).
+    /// Applies an observation at bucket `bucket` (steps 1–3 of the window semantics).
     pub fn apply(&mut self, spec: &WindowSpec, bucket: i64, delta: Delta) -> Applied {
         match (self, delta) {
             (WindowState::Series(s), Delta::Count) => s.add(spec, bucket, 1.0),
@@ -166,7 +166,7 @@ impl WindowState {
     }
 }
 
-/// DESIGN §3 steps 1–2 for the head: `None` if `bucket` is late (`<= head - k`), else the new
+/// Steps 1–2 of the window semantics for the head: `None` if `bucket` is late (`<= head - k`), else the new
 /// head `max(head, bucket)`, stored.
 fn advance_head(head: &mut Option<i64>, spec: &WindowSpec, bucket: i64) -> Option<i64> {
     let new_head = match *head {

@@ -220,6 +220,7 @@ fn good_events(lines: &[Vec<u8>]) -> usize {
 }
 
 fn assert_totals_equal(got: &BTreeMap<String, (f64, usize)>, want: &BTreeMap<String, (f64, usize)>, context: &str) {
+    eprintln!("comparing {} Redis keys with one clean pass", want.len());
     let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(3).collect();
     let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
     assert!(
@@ -398,6 +399,7 @@ fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
     broker.produce("events", &keyed(&lines), None);
     read_decisions(&broker, good_events(&lines));
     assert!(proxy.dropped() >= 10, "dropped {}", proxy.dropped());
+    eprintln!("the proxy dropped {} replies after Redis executed them", proxy.dropped());
     proxy.drop_every(0);
     worker.signal("TERM");
     assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());

@@ -60,6 +60,7 @@ fn memory_records(dir: &std::path::Path, lines: &[String]) -> String {
 }
 
 fn assert_totals_equal(got: &std::collections::BTreeMap<String, (f64, usize)>, want: &std::collections::BTreeMap<String, (f64, usize)>) {
+    eprintln!("comparing {} Redis keys with one clean pass", want.len());
     let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
     let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
     assert!(
@@ -82,6 +83,7 @@ fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
     proxy.drop_every(100);
     let (stdout, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &proxy.url());
     assert!(proxy.dropped() >= 5, "the proxy dropped {} replies", proxy.dropped());
+    eprintln!("the proxy dropped {} replies after Redis executed them", proxy.dropped());
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
     // A lost reply costs a retry on a new connection, never a count or a decision.
     assert!(!stderr.contains("unavailable"), "{stderr}");

@@ -1,4 +1,4 @@
-//! Property test: the engine against a deliberately simple reference model of DESIGN §2–§4 on
+//! Property test: the engine against a deliberately simple reference model of the rule language, the window semantics and the decision record on
 //! random rule sets and random event streams (out-of-order and late events, missing and mistyped
 //! fields, bad lines, every aggregate, shadow and disabled rules).
 //!
@@ -237,7 +237,7 @@ fn json_eq(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// Time bounds as the reference applies them (DESIGN §3.5), with the wall clock at `CLOCK_MS`.
+/// Time bounds as the reference applies them, with the wall clock at `CLOCK_MS`.
 #[derive(Debug, Clone, Copy)]
 struct Bounds {
     skew: Option<i64>,

@@ -64,7 +64,7 @@ pub struct Engine<S> {
     bounds: TimeBounds,
     clock: Arc<dyn Clock>,
     /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
-    /// replay): its watermark follows it (DESIGN §3.5).
+    /// replay): its watermark follows it.
     newest: Vec<(u64, i64)>,
 }
 

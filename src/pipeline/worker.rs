@@ -1,5 +1,5 @@
-//! `vigil run`: a member of a Kafka consumer group that decodes, counts, decides and produces
-//! (DESIGN §1), at least once by construction.
+//! `vigil run`: a member of a Kafka consumer group that decodes, counts, decides and produces,
+//! at least once by construction.
 //!
 //! Threads:
 //! - the caller's thread polls the consumer (which also runs the rebalance callbacks) and routes
@@ -467,7 +467,7 @@ impl Worker {
         }
     }
 
-    /// The lane the store records applied offsets under (DESIGN §6 `o:<partition>`): the
+    /// The lane the store records applied offsets under (`o:<partition>`): the
     /// partition, made unique per input topic when there are several (by the topic's position
     /// in `kafka.input_topics`).
     fn lane(&self, topic: &str, partition: i32) -> u64 {

@@ -1,4 +1,4 @@
-//! Rule files (DESIGN §2) → validated [`Rule`]s, with every error reported at once as
+//! Rule files → validated [`Rule`]s, with every error reported at once as
 //! `file:line:col: message`. Pure: the caller reads the files.
 
 use std::collections::HashMap;

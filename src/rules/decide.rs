@@ -1,4 +1,4 @@
-//! Decide: window values against limits → a [`Decision`], and its JSON record (DESIGN §4). Pure.
+//! Decide: window values against limits → a [`Decision`], and its JSON record. Pure.
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -7,7 +7,7 @@ use super::model::{Action, Mode};
 use super::RuleSet;
 use crate::event::{CanonicalNumber, Event, FieldValue, Scalar};
 
-/// Why a rule fired, when the record says (DESIGN §4).
+/// Why a rule fired, when the record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
     /// Its condition held.

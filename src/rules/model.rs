@@ -56,7 +56,7 @@ impl Mode {
     }
 }
 
-/// How a rule judges while the shared counter store is unavailable (DESIGN §6).
+/// How a rule judges while the shared counter store is unavailable (see [RELIABILITY.md](RELIABILITY.md)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum OnStoreError {
     /// On the values counted locally; its hits are marked `degraded`.

@@ -1,4 +1,4 @@
-//! How windows look in Redis (DESIGN §5): the arguments a flush sends for one key to
+//! How windows look in Redis: the arguments a flush sends for one key to
 //! `lua/apply_window.lua`, the script's replies, and a key's hash read back with HGETALL.
 
 use super::scripts::ScriptCall;

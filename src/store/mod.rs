@@ -1,4 +1,4 @@
-//! Counter stores: where sliding-window state lives (DESIGN §6). A store knows named windows and
+//! Counter stores: where sliding-window state lives (see [RELIABILITY.md](RELIABILITY.md)). A store knows named windows and
 //! opaque keys, never rules: the pipeline maps each rule to a window and each event to a key.
 //!
 //! - `memory`: the in-process store. `redis`: the Redis store (merged views, write-behind,
@@ -49,7 +49,7 @@ impl Windows {
 
 /// Where the observations being applied come from: an ordered input (`lane`, e.g. a Kafka
 /// partition) and the position in it. A store that records the highest offset it applied per lane
-/// and key counts an input replayed after a crash only once (DESIGN §6).
+/// and key counts an input replayed after a crash only once (see [RELIABILITY.md](RELIABILITY.md)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Origin {
     pub lane: u64,
@@ -100,7 +100,7 @@ pub trait CounterStore {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId;
 
     /// Applies one observation at event time `ts_ms` to `key` in `window`, returning the key's
-    /// window value (DESIGN §3) or [`Applied::Late`].
+    /// window value or [`Applied::Late`].
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError>;
 
     /// Tags the observations applied from now on with `origin` (`None`: untagged, as in replay).
@@ -110,7 +110,7 @@ pub trait CounterStore {
     fn set_origin(&mut self, _origin: Option<Origin>) {}
 
     /// A promise from the caller: no observation older than `horizon_ms` will be applied or read
-    /// from now on (they are late for every window: DESIGN §3.5). A store may then drop the keys
+    /// from now on (they are late for every window). A store may then drop the keys
     /// no such event can observe. The horizon never moves back.
     fn set_horizon(&mut self, _horizon_ms: i64) {}
 

@@ -1,4 +1,4 @@
-//! The Redis store (DESIGN §5–§6): per key, the last window read from Redis merged with this
+//! The Redis store: per key, the last window read from Redis merged with this
 //! process's deltas since; deltas written behind by a flusher thread in batched script calls
 //! (`lua/apply_window.lua`, up to 256 keys per call; one hash slot per call on a Redis Cluster).
 //!

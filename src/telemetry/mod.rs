@@ -66,7 +66,7 @@ pub struct Metrics {
     pub decisions: Family<ActionLabels, Counter>,
     /// Rule hits, by rule, mode and action.
     pub rule_hits: Family<RuleHitLabels, Counter>,
-    /// Events whose bucket had slid out of the key's window, by rule (DESIGN §3.1).
+    /// Events whose bucket had slid out of the key's window, by rule.
     pub late_events: Family<RuleLabels, Counter>,
     /// Events not counted for a rule because a dimension or the aggregated field was unusable.
     pub skipped_events: Family<RuleLabels, Counter>,
@@ -80,7 +80,7 @@ pub struct Metrics {
     /// failed every attempt and is sent again; `read_failed`: a window load that failed).
     pub redis_errors: Family<CodeLabels, Counter>,
     /// Observations judged but not counted again: their key had recorded their offset (input
-    /// replayed after a crash or a rebalance; DESIGN §6).
+    /// replayed after a crash or a rebalance).
     pub replayed_observations: Counter,
     /// Keys whose write-behind writes met a version another worker had moved on; their deltas
     /// were merged by the next flush.
