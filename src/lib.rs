@@ -5,7 +5,8 @@
 //! Pure core (no I/O; no tokio, redis, rdkafka or moka — tested in microseconds):
 //!
 //! - [`event`]: JSON bytes → [`event::Event`], decoding only the fields the rules use
-//!   (a [`event::Projection`]), with JSON-typed scalars and canonical keys.
+//!   (a [`event::Projection`]), with JSON-typed scalars and canonical keys; the event-time bounds
+//!   ([`event::TimeBounds`]: future skew, watermark).
 //! - [`window`]: exact bucket math of the window semantics — bucket index, late events, the per-key
 //!   [`window::WindowState`] for count, sum and distinct.
 //! - [`rules`]: the TOML rule language. `compile` validates files and reports every error as
@@ -15,9 +16,14 @@
 //! Around it:
 //!
 //! - [`store`]: the [`store::CounterStore`] trait (named windows, opaque keys — it does not know
-//!   rules), the in-process [`store::MemoryStore`], and [`store::RedisStore`]: windows in Redis
-//!   hashes updated by `lua/apply_window.lua`, a local merged view, batched write-behind, and
-//!   per-key recorded input offsets so a re-read input is counted once.
+//!   rules), the in-process [`store::MemoryStore`] (drops a key only once the watermark passed
+//!   it), and [`store::RedisStore`]: windows in Redis hashes updated by `lua/apply_window.lua`, a
+//!   local merged view, batched write-behind on a flusher thread, reads on a reader thread the
+//!   counting path waits on with a deadline, a circuit breaker that counts locally while Redis is
+//!   away, an epoch key that reveals a Redis that lost its data, and per-key recorded input
+//!   offsets so a re-read input is counted once. [`store::JournalWriter`]: each partition's
+//!   decision journal (`lua/journal.lua`), written before records go out, fenced per owner.
+//! - [`clock`]: the injected wall clock (the future bound).
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
 //!   decode → plan → count → decide for one event, [`pipeline::replay`] for a JSON-lines stream.
@@ -39,12 +45,16 @@
 //! # Data flow
 //!
 //! ```text
-//! JSON line ─► event::decode ─► rules::plan (per rule: match? key bytes, delta)
-//!           ─► store.apply (window value, or late) ─► rules::decide ─► decision record
+//! JSON line ─► event::decode ─► Engine::admit (future bound) ─► watermark of the input lane
+//!           ─► rules::plan (per rule: match? key bytes, delta)
+//!           ─► store.apply (window value or late; degraded while Redis is away)
+//!           ─► rules::decide (on_store_error) ─► decision record
 //!
 //! vigil run:  consumer poll ─► partition loop (ordered) ─► the same engine, under one lock
-//!             ─► sink (decision / dead letter, ticket → source::Progress)
-//!             committer: store write-behind ─► durable mark ─► offsets stored ─► committed
+//!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead
+//!                letter, ticket → source::Progress)
+//!             committer: store write-behind ─► durable mark ─► offsets stored at batch ends
+//!                        ─► committed ─► journal trimmed
 //! ```
 
 pub mod clock;

@@ -15,9 +15,10 @@ use redis::Value;
 use super::scripts::{ScriptCall, SOURCES};
 use super::StoreError;
 
-/// Most calls sent in one pipeline (one round trip). A script call serves up to 256 keys, a read
-/// one key: a few dozen calls keep a round trip short and what a lost connection costs small.
-const PIPELINE_CALLS: usize = 64;
+/// Most calls sent in one pipeline (one round trip): a batch's reads (one call per key) in a
+/// round trip or two, a whole flush (at most 64 script calls) in one, and a lost connection
+/// costs at most this many calls sent again.
+const PIPELINE_CALLS: usize = 1024;
 
 /// How long a connection attempt and a reply may take.
 #[derive(Debug, Clone, Copy)]
@@ -336,7 +337,8 @@ impl Link {
         // Each call's result is kept across attempts, so a call that ran is never sent again
         // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say). The calls go in
         // pipelines of at most `PIPELINE_CALLS`: a connection lost in the middle of a long batch
-        // keeps the results of the pipelines before it. The calls that met NOSCRIPT are sent
+        // keeps the results of the pipelines before it (redis-rs waits a response timeout per
+        // reply of a pipeline a frozen server does not answer, which the callers' deadlines bound). The calls that met NOSCRIPT are sent
         // again at once, after loading the script once for all of them.
         let mut redone = 0;
         for _pass in 0..2 {

@@ -303,6 +303,8 @@ struct Inflight {
     order: Vec<usize>,
     observations: usize,
     sent: Instant,
+    /// How many epoch checks the flush starts with.
+    epochs: usize,
 }
 
 /// The write-behind task: runs flushes on its own connection while the caller goes on.
@@ -426,6 +428,8 @@ pub struct RedisStore {
     last_flush: Instant,
     /// When a flush last checked the epoch keys.
     last_epoch_check: Instant,
+    /// The next flush checks the epoch keys whenever the last check was (`flush` asks for it).
+    epoch_due: bool,
     /// Since when Redis has been unavailable (the circuit breaker is open), and why.
     outage: Option<(Instant, String)>,
     epochs: Epochs,
@@ -528,6 +532,7 @@ impl RedisStore {
             flusher: Some(flusher),
             last_flush: Instant::now(),
             last_epoch_check: Instant::now(),
+            epoch_due: false,
             outage: None,
             epochs,
             stats: RedisStats::default(),
@@ -718,11 +723,10 @@ impl RedisStore {
             // Nothing pending and nothing in flight: everything counted is in Redis.
             self.durable = self.counted;
             // Idle: the epoch is still checked, but only once per probe interval.
-            if self.last_epoch_check.elapsed() < self.config.probe_interval {
+            if !self.epoch_due && self.last_epoch_check.elapsed() < self.config.probe_interval {
                 return Ok(());
             }
         }
-        self.last_epoch_check = Instant::now();
         for key in &keys {
             let spec = self.windows.spec(key.window);
             let dirty = self.dirty.get_mut(key).expect("listed above");
@@ -735,18 +739,22 @@ impl RedisStore {
         let observations = keys.iter().map(|k| self.dirty[k].inflight.len()).sum();
         let scripts = self.batch(&keys);
         let order = scripts.order.clone();
+        // The epoch is checked once per probe interval (and on every flush while Redis is away):
+        // a round trip before the scripts. In between, a key lost at a version this process knew
+        // is still caught by the script ("?").
         let mut first = Batch::default();
-        self.epochs.add_checks(&mut first, self.cluster);
-        let job = FlushJob {
-            first,
-            epochs: self.epochs.keys.len(),
-            known: self.epochs.known.clone(),
-            scripts,
-            attempts: self.config.attempts,
-        };
+        let check_epochs =
+            self.epoch_due || self.outage.is_some() || self.last_epoch_check.elapsed() >= self.config.probe_interval;
+        if check_epochs {
+            self.epoch_due = false;
+            self.last_epoch_check = Instant::now();
+            self.epochs.add_checks(&mut first, self.cluster);
+        }
+        let epochs = if check_epochs { self.epochs.keys.len() } else { 0 };
+        let job = FlushJob { first, epochs, known: self.epochs.known.clone(), scripts, attempts: self.config.attempts };
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
-        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now() });
+        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now(), epochs });
         Ok(())
     }
 
@@ -782,7 +790,7 @@ impl RedisStore {
                 }
             }
         };
-        let Inflight { keys, order, observations, sent } = self.inflight.take().expect("checked above");
+        let Inflight { keys, order, observations, sent, epochs } = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         let (first, scripts) = match done.result {
             Ok(replies) => replies,
@@ -794,7 +802,7 @@ impl RedisStore {
             }
         };
         self.recovered();
-        let lost = match self.epochs.check(&first[..self.epochs.keys.len().min(first.len())]) {
+        let lost = match self.epochs.check(&first[..epochs.min(first.len())]) {
             Ok(lost) => lost || scripts.is_none(),
             Err(e) => {
                 self.unsent(&keys);
@@ -1138,6 +1146,8 @@ impl CounterStore for RedisStore {
     /// that were gone, come back pending and go again; a large re-seed takes several flushes.
     fn flush(&mut self) -> Result<(), StoreError> {
         self.complete(true)?;
+        // Whoever waits for everything to be in Redis also learns whether Redis lost it.
+        self.epoch_due = true;
         loop {
             self.send()?;
             self.complete(true)?;
