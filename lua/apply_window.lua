@@ -20,7 +20,8 @@
 --            how many ARGV entries of deltas follow (a multiple of the stride; 0 to just read)
 --            how many ARGV entries of writes follow the deltas (0: none)
 --          deltas in the order they were counted: count → value is an integer increment;
---          sum → a number, added in order; distinct → the value's digest (16 raw bytes)
+--          sum → an integer of micro-units (up to 19 digits), added in order and saturating at
+--          the 64-bit limits; distinct → the value's digest (16 raw bytes)
 --          writes: "1" to refresh the TTL or "0" (the caller refreshed it less than a window
 --          ago, so it is still above its floor); how many field/value entries follow; those
 --          entries: "v" and the next version (one more than the caller's, or a random one below
@@ -65,6 +66,44 @@ local function is_int(s)
   return type(s) == 'string' and #s <= 16 and string.match(s, '^%-?%d+$') ~= nil
 end
 
+-- Sums are 64-bit integers of micro-units, beyond what a Lua double holds exactly (2^53), so
+-- they are added as two limbs, hi * 10^9 + lo, both of the value's sign (each limb is exact).
+local BASE = 1000000000
+local MAX_HI, MAX_LO = 9223372036, 854775807
+
+local function is_amount(s)
+  return type(s) == 'string' and #s <= 20 and string.match(s, '^%-?%d+$') ~= nil and #string.match(s, '%d+') <= 19
+end
+
+local function limbs(s)
+  local negative = string.byte(s, 1) == 45 -- '-'
+  local digits = negative and string.sub(s, 2) or s
+  local n = #digits
+  local lo = tonumber(string.sub(digits, math.max(1, n - 8)))
+  local hi = n > 9 and tonumber(string.sub(digits, 1, n - 9)) or 0
+  if negative then return {-hi, -lo} end
+  return {hi, lo}
+end
+
+-- a + b, saturating at the limits of a 64-bit integer, exactly as the caller adds.
+local function add_limbs(a, b)
+  local hi, lo = a[1] + b[1], a[2] + b[2]
+  local carry = math.floor(lo / BASE)
+  lo = lo - carry * BASE
+  hi = hi + carry
+  if hi > MAX_HI or (hi == MAX_HI and lo > MAX_LO) then return {MAX_HI, MAX_LO} end
+  if hi < 0 and lo > 0 then hi, lo = hi + 1, lo - BASE end
+  if hi < -MAX_HI or (hi == -MAX_HI and lo < -MAX_LO - 1) then return {-MAX_HI, -MAX_LO - 1} end
+  return {hi, lo}
+end
+
+local function limbs_text(v)
+  local hi, lo = v[1], v[2]
+  if hi == 0 then return string.format('%.0f', lo) end
+  if hi < 0 or lo < 0 then return '-' .. string.format('%.0f', -hi) .. string.format('%09.0f', -lo) end
+  return string.format('%.0f', hi) .. string.format('%09.0f', lo)
+end
+
 -- Every argument of every key, before anything is written; nil if they are well formed.
 local function invalid()
   local at = 1
@@ -89,8 +128,7 @@ local function invalid()
       local value = ARGV[i + 1]
       if not is_int(ARGV[i]) then return bad('bad bucket') end
       if kind == 'c' and not is_int(value) then return bad('bad increment') end
-      local amount = tonumber(value)
-      if kind == 's' and (amount == nil or amount ~= amount or math.abs(amount) == math.huge) then return bad('bad amount') end
+      if kind == 's' and not is_amount(value) then return bad('bad amount') end
       if kind == 'd' and #value ~= 16 then return bad('bad digest') end
       if stride == 4 and (ARGV[i + 2] == '' or not is_int(ARGV[i + 3])) then return bad('bad position') end
     end
@@ -106,15 +144,6 @@ local function invalid()
   end
   if at ~= #ARGV + 1 then return 'apply_window: arguments left over' end
   return nil
-end
-
--- The shortest of %.15g, %.16g, %.17g that reads back as exactly x.
-local function exact(x)
-  for digits = 15, 17 do
-    local text = string.format('%.' .. digits .. 'g', x)
-    if tonumber(text) == x then return text end
-  end
-  return string.format('%.17g', x)
 end
 
 -- The version after a write to a key at `version` (0: the key is new).
@@ -169,7 +198,13 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
       local field, value = flat[j], flat[j + 1]
       local slot = tonumber(field)
       if slot ~= nil then
-        buckets[unslot(slot, head, k)] = tonumber(value)
+        if kind == 's' then
+          -- Versions before exact sums stored units as doubles: read them as micro-units.
+          if not is_amount(value) then value = string.format('%.0f', (tonumber(value) or 0) * 1000000) end
+          buckets[unslot(slot, head, k)] = limbs(value)
+        else
+          buckets[unslot(slot, head, k)] = tonumber(value)
+        end
       elseif string.byte(field, 1) == 100 then -- 'd'
         latest[string.sub(field, 2)] = unslot(tonumber(value), head, k)
       end
@@ -207,8 +242,10 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
             latest[value] = bucket
             touched_values[value] = true
           end
+        elseif kind == 's' then
+          buckets[bucket] = add_limbs(buckets[bucket] or {0, 0}, limbs(value))
+          touched_buckets[bucket] = true
         else
-          -- Sums add in counting order in doubles, exactly as the caller does.
           buckets[bucket] = (buckets[bucket] or 0) + tonumber(value)
           touched_buckets[bucket] = true
         end
@@ -230,7 +267,7 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
   local version_text = string.format('%.0f', version)
   local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
   local function text(value)
-    if kind == 's' then return exact(value) end
+    if kind == 's' then return limbs_text(value) end
     return string.format('%.0f', value)
   end
   if not current then

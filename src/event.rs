@@ -8,7 +8,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+pub use crate::decimal::Decimal;
 
 /// Slot of the event's `ts` field in every projection.
 pub const TS_SLOT: usize = 0;
@@ -44,69 +47,36 @@ impl BadEvent {
     }
 }
 
-/// A JSON number as it appeared: integer tokens stay integers, anything with a fraction or exponent
-/// is a float. Comparisons and keys use [`Number::canonical`], where `1` and `1.0` are equal.
+/// A JSON number: the exact decimal its text writes (compared and keyed by that value, so `1`,
+/// `1.0` and `100e-2` are one number and `1.0000000000000001` another), and the nearest double
+/// (for arithmetic, which is IEEE-754).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Number {
-    Int(i64),
-    UInt(u64),
-    Float(f64),
-}
-
-/// A number reduced to one representation per mathematical value: integral values (whatever their
-/// JSON spelling) are `Int`, everything else keeps its `f64` bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CanonicalNumber {
-    Int(i128),
-    Float(u64),
+pub struct Number {
+    pub exact: Decimal,
+    pub float: f64,
+    /// Written without a fraction or an exponent (`ts` must be).
+    pub integer_text: bool,
 }
 
 impl Number {
-    pub fn canonical(self) -> CanonicalNumber {
-        match self {
-            Number::Int(i) => CanonicalNumber::Int(i as i128),
-            Number::UInt(u) => CanonicalNumber::Int(u as i128),
-            Number::Float(f) => {
-                // i128 holds every integral f64 below 2^127; larger ones keep their bits.
-                if f.fract() == 0.0 && f.abs() < 1.0e38 {
-                    CanonicalNumber::Int(f as i128)
-                } else {
-                    CanonicalNumber::Float(f.to_bits())
-                }
-            }
-        }
+    /// Parses JSON number text.
+    pub fn parse(text: &str) -> Option<Number> {
+        let exact = Decimal::parse(text)?;
+        let float = text.parse::<f64>().ok()?;
+        let integer_text = !text.contains(['.', 'e', 'E']);
+        Some(Number { exact, float, integer_text })
+    }
+
+    pub fn from_i64(v: i64) -> Number {
+        Number { exact: Decimal::from_i64(v), float: v as f64, integer_text: true }
+    }
+
+    pub fn from_decimal(exact: Decimal) -> Number {
+        Number { exact, float: exact.to_f64(), integer_text: false }
     }
 
     pub fn as_f64(self) -> f64 {
-        match self {
-            Number::Int(i) => i as f64,
-            Number::UInt(u) => u as f64,
-            Number::Float(f) => f,
-        }
-    }
-}
-
-impl CanonicalNumber {
-    pub fn as_f64(self) -> f64 {
-        match self {
-            CanonicalNumber::Int(i) => i as f64,
-            CanonicalNumber::Float(bits) => f64::from_bits(bits),
-        }
-    }
-}
-
-impl serde::Serialize for CanonicalNumber {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match *self {
-            CanonicalNumber::Int(i) => match i64::try_from(i) {
-                Ok(small) => s.serialize_i64(small),
-                Err(_) => match u64::try_from(i) {
-                    Ok(big) => s.serialize_u64(big),
-                    Err(_) => s.serialize_f64(i as f64),
-                },
-            },
-            CanonicalNumber::Float(bits) => s.serialize_f64(f64::from_bits(bits)),
-        }
+        self.float
     }
 }
 
@@ -119,9 +89,10 @@ pub enum FieldValue<'a> {
     Bool(bool),
     Number(Number),
     Str(Cow<'a, str>),
-    /// An object or array: present, but not a scalar, so never a key or a match.
+    /// An object: present, but not a scalar, so never a key or a match.
     Object,
-    Array,
+    /// An array, with its elements (for `in`); never a key or a match.
+    Array(Vec<FieldValue<'a>>),
 }
 
 impl FieldValue<'_> {
@@ -133,7 +104,7 @@ impl FieldValue<'_> {
             FieldValue::Number(_) => "number",
             FieldValue::Str(_) => "string",
             FieldValue::Object => "object",
-            FieldValue::Array => "array",
+            FieldValue::Array(_) => "array",
         }
     }
 
@@ -141,7 +112,7 @@ impl FieldValue<'_> {
     pub fn scalar(&self) -> Option<Scalar<'_>> {
         match self {
             FieldValue::Bool(b) => Some(Scalar::Bool(*b)),
-            FieldValue::Number(n) => Some(Scalar::Number(n.canonical())),
+            FieldValue::Number(n) => Some(Scalar::Number(n.exact)),
             FieldValue::Str(s) => Some(Scalar::Str(s)),
             _ => None,
         }
@@ -152,7 +123,7 @@ impl FieldValue<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scalar<'a> {
     Bool(bool),
-    Number(CanonicalNumber),
+    Number(Decimal),
     Str(&'a str),
 }
 
@@ -162,20 +133,26 @@ impl Scalar<'_> {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         match *self {
             Scalar::Bool(b) => out.extend_from_slice(&[b'b', b as u8]),
-            Scalar::Number(CanonicalNumber::Int(i)) => match i64::try_from(i) {
-                Ok(small) => {
-                    out.push(b'i');
-                    out.extend_from_slice(&small.to_le_bytes());
-                }
-                Err(_) => {
-                    out.push(b'I');
-                    out.extend_from_slice(&i.to_le_bytes());
+            Scalar::Number(n) => match n.as_i128() {
+                // Integers keep the encoding they always had (keys in Redis stay the same).
+                Some(i) => match i64::try_from(i) {
+                    Ok(small) => {
+                        out.push(b'i');
+                        out.extend_from_slice(&small.to_le_bytes());
+                    }
+                    Err(_) => {
+                        out.push(b'I');
+                        out.extend_from_slice(&i.to_le_bytes());
+                    }
+                },
+                None => {
+                    // Any other number by its exact decimal text (unambiguous: length-prefixed).
+                    let text = n.to_string();
+                    out.push(b'd');
+                    out.push(text.len() as u8);
+                    out.extend_from_slice(text.as_bytes());
                 }
             },
-            Scalar::Number(CanonicalNumber::Float(bits)) => {
-                out.push(b'f');
-                out.extend_from_slice(&bits.to_le_bytes());
-            }
             Scalar::Str(s) => {
                 out.push(b's');
                 // LEB128 length: one byte for strings under 128 bytes keeps keys short.
@@ -348,12 +325,13 @@ pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
     let out_of_range = |what: String| BadEvent::BadTs(format!("{what} is outside 0..={MAX_TS_MS} (1970 to the end of 9999)"));
     match value {
         FieldValue::Missing => Err(BadEvent::MissingTs),
-        FieldValue::Number(Number::Int(ms)) if (0..=MAX_TS_MS).contains(ms) => Ok(*ms),
-        FieldValue::Number(Number::Int(ms)) => Err(out_of_range(ms.to_string())),
-        FieldValue::Number(Number::UInt(ms)) => Err(out_of_range(ms.to_string())),
-        FieldValue::Number(Number::Float(f)) => Err(BadEvent::BadTs(format!(
-            "{f} is not an integer number of milliseconds"
-        ))),
+        FieldValue::Number(n) if !n.integer_text => {
+            Err(BadEvent::BadTs(format!("{} is not an integer number of milliseconds", n.exact)))
+        }
+        FieldValue::Number(n) => match n.exact.as_i64() {
+            Some(ms) if (0..=MAX_TS_MS).contains(&ms) => Ok(ms),
+            _ => Err(out_of_range(n.exact.to_string())),
+        },
         FieldValue::Str(s) => {
             let parsed = chrono::DateTime::parse_from_rfc3339(s)
                 .map_err(|e| BadEvent::BadTs(format!("{} is not RFC 3339 ({e})", quote_prefix(s))))?;
@@ -505,64 +483,61 @@ struct ValueSeed<'p, 'o, 'a> {
 impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'a> ValueSeed<'_, '_, 'a> {
-    fn set(self, value: FieldValue<'a>) {
-        if let Some(slot) = self.node.slot {
-            self.out[slot] = value;
-        }
-    }
-}
-
-impl<'de: 'a, 'a> Visitor<'de> for ValueSeed<'_, '_, 'a> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.set(FieldValue::Bool(v));
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.set(FieldValue::Number(Number::Int(v)));
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        let n = i64::try_from(v).map(Number::Int).unwrap_or(Number::UInt(v));
-        self.set(FieldValue::Number(n));
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.set(FieldValue::Number(Number::Float(v)));
-        Ok(())
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
-        self.set(FieldValue::Str(Cow::Borrowed(v)));
-        Ok(())
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.set(FieldValue::Str(Cow::Owned(v.to_owned())));
-        Ok(())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.set(FieldValue::Null);
-        Ok(())
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        self.set(FieldValue::Array);
-        Ok(())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        // The value's own text: numbers are kept as the exact decimal they write, which the
+        // parser's f64 would lose.
+        let raw = <&'de RawValue>::deserialize(d)?;
+        let text = raw.get();
         let ValueSeed { node, out } = self;
         if let Some(slot) = node.slot {
-            out[slot] = FieldValue::Object;
+            out[slot] = interpret(text).map_err(de::Error::custom)?;
         }
-        visit_object(node, out, map)
+        if !node.children.is_empty() && text.starts_with('{') {
+            let mut nested = serde_json::Deserializer::from_str(text);
+            nested.deserialize_map(ObjectVisitor { node, out }).map_err(de::Error::custom)?;
+        }
+        Ok(())
+    }
+}
+
+/// A JSON value's text (already validated by the parser) as a [`FieldValue`].
+fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
+    Ok(match text.as_bytes().first() {
+        Some(b'"') => {
+            let inner = &text[1..text.len() - 1];
+            if inner.contains('\\') {
+                FieldValue::Str(Cow::Owned(serde_json::from_str::<String>(text)?))
+            } else {
+                FieldValue::Str(Cow::Borrowed(inner))
+            }
+        }
+        Some(b't') => FieldValue::Bool(true),
+        Some(b'f') => FieldValue::Bool(false),
+        Some(b'n') => FieldValue::Null,
+        Some(b'{') => FieldValue::Object,
+        Some(b'[') => {
+            let elements: Vec<&RawValue> = serde_json::from_str(text)?;
+            FieldValue::Array(elements.into_iter().map(|e| interpret(e.get())).collect::<Result<_, _>>()?)
+        }
+        _ => match Number::parse(text) {
+            Some(n) => FieldValue::Number(n),
+            None => return Err(de::Error::custom(format!("bad number {}", quote_prefix(text)))),
+        },
+    })
+}
+
+/// Visits an object nested under a projected path.
+struct ObjectVisitor<'p, 'o, 'a> {
+    node: &'p Node,
+    out: &'o mut [FieldValue<'a>],
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for ObjectVisitor<'_, '_, 'a> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        visit_object(self.node, self.out, map)
     }
 }
 
@@ -583,9 +558,9 @@ mod tests {
         let e = decode(line, &p).unwrap();
         assert_eq!(e.ts, 1_700_000_000_000);
         assert_eq!(e.field(s[0]), &FieldValue::Str("u-1".into()));
-        assert_eq!(e.field(s[1]), &FieldValue::Number(Number::Int(7)));
+        assert_eq!(e.field(s[1]), &FieldValue::Number(Number::from_i64(7)));
         assert_eq!(e.field(s[2]), &FieldValue::Str("ios".into()));
-        assert_eq!(e.field(s[3]), &FieldValue::Number(Number::Float(12.5)));
+        assert_eq!(e.field(s[3]), &FieldValue::Number(Number::parse("12.5").unwrap()));
         assert_eq!(e.event_id(), &FieldValue::Missing);
     }
 
@@ -608,7 +583,7 @@ mod tests {
     fn last_duplicate_key_wins() {
         let (p, s) = projection(&["a"]);
         let e = decode(br#"{"ts":1,"a":1,"a":2}"#, &p).unwrap();
-        assert_eq!(e.field(s[0]), &FieldValue::Number(Number::Int(2)));
+        assert_eq!(e.field(s[0]), &FieldValue::Number(Number::from_i64(2)));
     }
 
     #[test]
@@ -668,17 +643,20 @@ mod tests {
     }
 
     #[test]
-    fn canonical_numbers_equate_integral_floats() {
-        assert_eq!(Number::Int(1).canonical(), Number::Float(1.0).canonical());
-        assert_eq!(Number::UInt(u64::MAX).canonical(), CanonicalNumber::Int(u64::MAX as i128));
-        assert_eq!(Number::Float(-0.0).canonical(), Number::Int(0).canonical());
-        assert_ne!(Number::Float(1.5).canonical(), Number::Int(1).canonical());
+    fn numbers_are_keyed_by_exact_decimal_value() {
+        let n = |t: &str| Number::parse(t).unwrap().exact;
+        assert_eq!(n("1"), n("1.0"));
+        assert_eq!(n("-0.0"), n("0"));
+        assert_ne!(n("1.5"), n("1"));
+        assert_ne!(n("1.0000000000000001"), n("1"));
         let enc = |s: Scalar| {
             let mut v = Vec::new();
             s.encode_into(&mut v);
             v
         };
-        assert_ne!(enc(Scalar::Str("17")), enc(Scalar::Number(CanonicalNumber::Int(17))));
+        assert_ne!(enc(Scalar::Str("17")), enc(Scalar::Number(Decimal::from_i64(17))));
+        assert_eq!(enc(Scalar::Number(n("17.0"))), enc(Scalar::Number(Decimal::from_i64(17))));
+        assert_ne!(enc(Scalar::Number(n("1.0000000000000001"))), enc(Scalar::Number(n("1"))));
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         let mut ab_c = enc(Scalar::Str("ab"));
         ab_c.extend(enc(Scalar::Str("c")));

@@ -58,6 +58,7 @@
 //! ```
 
 pub mod clock;
+pub mod decimal;
 pub mod config;
 pub mod event;
 pub mod kafka_bench;

@@ -114,7 +114,7 @@ pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Re
     let cpu_before = redis_cpu(&mut conn)?;
     // The engine only plans here (which rule, which key); the store is never used.
     let mut planner = Engine::new(rules.clone(), MemoryStore::new());
-    let specs: Vec<WindowSpec> = rules.active().map(|i| rules.rule(i).window).collect();
+    let specs: Vec<WindowSpec> = rules.active_counters().map(|i| rules.counter(i).window).collect();
     let started = Instant::now();
     let (mut events, mut calls) = (0u64, 0u64);
     let mut pipe = redis::pipe();
@@ -184,10 +184,10 @@ pub struct MemoryRow {
 /// Redis bytes per key.
 pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<MemoryRow>, RedisBenchError> {
     let layouts: [(&str, WindowSpec); 4] = [
-        ("count, 10 buckets (10m/1m)", WindowSpec { bucket_ms: 60_000, buckets: 10, aggregate: Aggregate::Count }),
-        ("count, 60 buckets (1h/1m)", WindowSpec { bucket_ms: 60_000, buckets: 60, aggregate: Aggregate::Count }),
-        ("sum, 60 buckets (1h/1m)", WindowSpec { bucket_ms: 60_000, buckets: 60, aggregate: Aggregate::Sum }),
-        ("distinct, 60 buckets, 10 values", WindowSpec { bucket_ms: 60_000, buckets: 60, aggregate: Aggregate::Distinct }),
+        ("count, 10 buckets (10m/1m)", WindowSpec::new(60_000, 10, Aggregate::Count)),
+        ("count, 60 buckets (1h/1m)", WindowSpec::new(60_000, 60, Aggregate::Count)),
+        ("sum, 60 buckets (1h/1m)", WindowSpec::new(60_000, 60, Aggregate::Sum)),
+        ("distinct, 60 buckets, 10 values", WindowSpec::new(60_000, 60, Aggregate::Distinct)),
     ];
     let mut conn = redis::Client::open(url)?.get_connection()?;
     let mut rows = Vec::new();
@@ -202,7 +202,7 @@ pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<Memory
                 let ts = 1_700_000_000_000 + i * step;
                 let delta = match spec.aggregate {
                     Aggregate::Count => Delta::Count,
-                    Aggregate::Sum => Delta::Sum(((i * 37) % 5000) as f64 / 100.0),
+                    Aggregate::Sum => Delta::Sum(((i * 37) % 5000) as i64 * 10_000),
                     Aggregate::Distinct => Delta::Distinct(u128::from((i % 10) as u64) << 64 | u128::from(key)),
                 };
                 store.apply(window, &key.to_le_bytes(), ts, delta)?;

@@ -34,9 +34,19 @@ pub struct WindowSpec {
     /// Number of buckets `k` in the window, >= 1.
     pub buckets: i64,
     pub aggregate: Aggregate,
+    /// Distinct windows: the most values recorded per key (a new value beyond it is not
+    /// recorded, so no key grows without bound).
+    pub max_distinct: u32,
 }
 
+/// Values a distinct window records per key unless the counter says otherwise.
+pub const DEFAULT_MAX_DISTINCT: u32 = 10_000;
+
 impl WindowSpec {
+    pub const fn new(bucket_ms: i64, buckets: i64, aggregate: Aggregate) -> WindowSpec {
+        WindowSpec { bucket_ms, buckets, aggregate, max_distinct: DEFAULT_MAX_DISTINCT }
+    }
+
     pub fn window_ms(&self) -> i64 {
         self.bucket_ms * self.buckets
     }
@@ -59,7 +69,8 @@ impl WindowSpec {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Delta {
     Count,
-    Sum(f64),
+    /// An amount in micro-units (10^-6), exact.
+    Sum(i64),
     /// A distinct value, by the digest of its canonical encoding.
     Distinct(u128),
 }
@@ -69,8 +80,8 @@ pub enum Delta {
 pub enum Applied {
     /// The bucket had slid out of the key's window: nothing changed.
     Late,
-    /// Counted; the key's window value afterwards.
-    Counted(f64),
+    /// Counted; the key's window value afterwards (count, micro-unit sum or distinct count).
+    Counted(i64),
 }
 
 /// The state of one (window, key): a bucket series for count/sum, a latest-bucket-per-value set
@@ -97,13 +108,13 @@ impl WindowState {
     pub fn from_window(
         spec: &WindowSpec,
         head: i64,
-        buckets: impl IntoIterator<Item = (i64, f64)>,
+        buckets: impl IntoIterator<Item = (i64, i64)>,
         values: impl IntoIterator<Item = (u128, i64)>,
     ) -> WindowState {
         let oldest_live = head - spec.buckets + 1;
         match spec.aggregate {
             Aggregate::Count | Aggregate::Sum => {
-                let mut live: SmallVec<[(i64, f64); 2]> =
+                let mut live: SmallVec<[(i64, i64); 2]> =
                     buckets.into_iter().filter(|&(b, _)| (oldest_live..=head).contains(&b)).collect();
                 live.sort_by_key(|&(b, _)| b);
                 WindowState::Series(BucketSeries { head: Some(head), buckets: Buckets(live) })
@@ -130,7 +141,7 @@ impl WindowState {
     }
 
     /// The count or sum held in `bucket`, if it is live and not empty (count/sum windows).
-    pub fn bucket_value(&self, bucket: i64) -> Option<f64> {
+    pub fn bucket_value(&self, bucket: i64) -> Option<i64> {
         match self {
             WindowState::Series(s) => s.buckets.0.iter().find(|&&(b, _)| b == bucket).map(|&(_, v)| v),
             WindowState::Distinct(_) => None,
@@ -149,7 +160,7 @@ impl WindowState {
     /// Applies an observation at bucket `bucket` (steps 1–3 of the window semantics).
     pub fn apply(&mut self, spec: &WindowSpec, bucket: i64, delta: Delta) -> Applied {
         match (self, delta) {
-            (WindowState::Series(s), Delta::Count) => s.add(spec, bucket, 1.0),
+            (WindowState::Series(s), Delta::Count) => s.add(spec, bucket, 1),
             (WindowState::Series(s), Delta::Sum(v)) => s.add(spec, bucket, v),
             (WindowState::Distinct(d), Delta::Distinct(v)) => d.add(spec, bucket, v),
             // The store opens a state per window spec, so a delta always matches its state.
@@ -158,10 +169,29 @@ impl WindowState {
     }
 
     /// The current window value (what [`Applied::Counted`] reported last).
-    pub fn value(&self) -> f64 {
+    pub fn value(&self) -> i64 {
         match self {
             WindowState::Series(s) => s.value(),
-            WindowState::Distinct(d) => d.live as f64,
+            WindowState::Distinct(d) => d.live as i64,
+        }
+    }
+
+    /// Reads the window at bucket `bucket` without changing it: late if `bucket <= head - k`,
+    /// else, with `h = max(head, bucket)`, the buckets `h-k+1 ..= head` (distinct: the values
+    /// whose latest bucket is at least `h-k+1`).
+    pub fn read(&self, spec: &WindowSpec, bucket: i64) -> Applied {
+        let Some(head) = self.head() else { return Applied::Counted(0) };
+        if bucket <= head - spec.buckets {
+            return Applied::Late;
+        }
+        let oldest = head.max(bucket) - spec.buckets + 1;
+        match self {
+            WindowState::Series(s) => {
+                Applied::Counted(s.buckets.0.iter().filter(|&&(b, _)| b >= oldest).fold(0i64, |a, &(_, v)| a.saturating_add(v)))
+            }
+            WindowState::Distinct(d) => {
+                Applied::Counted(d.per_bucket.0.iter().filter(|&&(b, _)| b >= oldest).map(|&(_, n)| i64::from(n)).sum())
+            }
         }
     }
 }
@@ -184,12 +214,29 @@ fn advance_head(head: &mut Option<i64>, spec: &WindowSpec, bucket: i64) -> Optio
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Buckets<V>(SmallVec<[(i64, V); 2]>);
 
-impl<V: Copy + std::ops::AddAssign> Buckets<V> {
+/// How bucket values add: sums saturate at the 64-bit limit instead of wrapping.
+trait Accumulate: Copy {
+    fn accumulate(&mut self, amount: Self);
+}
+
+impl Accumulate for i64 {
+    fn accumulate(&mut self, amount: i64) {
+        *self = self.saturating_add(amount);
+    }
+}
+
+impl Accumulate for u32 {
+    fn accumulate(&mut self, amount: u32) {
+        *self = self.saturating_add(amount);
+    }
+}
+
+impl<V: Accumulate> Buckets<V> {
     /// Adds `amount` to `bucket`, creating it in order if absent. Events arrive mostly in order,
     /// so the search runs from the back.
     fn add(&mut self, bucket: i64, amount: V) {
         match self.0.iter().rposition(|&(b, _)| b <= bucket) {
-            Some(pos) if self.0[pos].0 == bucket => self.0[pos].1 += amount,
+            Some(pos) if self.0[pos].0 == bucket => self.0[pos].1.accumulate(amount),
             Some(pos) => self.0.insert(pos + 1, (bucket, amount)),
             None => self.0.insert(0, (bucket, amount)),
         }
@@ -213,11 +260,11 @@ impl<V: Copy + std::ops::AddAssign> Buckets<V> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BucketSeries {
     head: Option<i64>,
-    buckets: Buckets<f64>,
+    buckets: Buckets<i64>,
 }
 
 impl BucketSeries {
-    fn add(&mut self, spec: &WindowSpec, bucket: i64, amount: f64) -> Applied {
+    fn add(&mut self, spec: &WindowSpec, bucket: i64, amount: i64) -> Applied {
         let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
         self.buckets.add(bucket, amount);
         self.buckets.drop_before(head - spec.buckets + 1, |_| {});
@@ -226,12 +273,12 @@ impl BucketSeries {
 
     /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend
     /// on how the buckets were filled.
-    fn value(&self) -> f64 {
-        self.buckets.0.iter().map(|&(_, v)| v).sum()
+    fn value(&self) -> i64 {
+        self.buckets.0.iter().fold(0i64, |a, &(_, v)| a.saturating_add(v))
     }
 
     /// Live buckets, oldest first.
-    pub fn buckets(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
+    pub fn buckets(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
         self.buckets.0.iter().copied()
     }
 }
@@ -314,8 +361,13 @@ impl DistinctSet {
     fn add(&mut self, spec: &WindowSpec, bucket: i64, value: u128) -> Applied {
         let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
         let oldest_live = head - spec.buckets + 1;
+        // Slide first, so values that fell out make room.
+        let live = &mut self.live;
+        self.per_bucket.drop_before(oldest_live, |n| *live -= u64::from(n));
         match self.latest.get(value) {
             Some(prev) if prev >= bucket => {}
+            // A value not recorded in the window while it is full is not recorded.
+            previous if previous.is_none_or(|prev| prev < oldest_live) && self.live >= u64::from(spec.max_distinct) => {}
             previous => {
                 // A value moving from `prev` to `bucket` stays live, unless `prev` already slid
                 // out, in which case its count went with it and the value comes back to life.
@@ -333,7 +385,7 @@ impl DistinctSet {
         if self.latest.len() > 2 * self.live as usize + 8 {
             self.latest.retain_from(oldest_live);
         }
-        Applied::Counted(self.live as f64)
+        Applied::Counted(self.live as i64)
     }
 
     /// Decrements `bucket`'s count; false if the bucket is no longer held (it slid out).
@@ -362,10 +414,42 @@ mod tests {
     use super::*;
 
     fn spec(aggregate: Aggregate, bucket_ms: i64, buckets: i64) -> WindowSpec {
-        WindowSpec { bucket_ms, buckets, aggregate }
+        WindowSpec::new(bucket_ms, buckets, aggregate)
     }
 
-    fn counted(a: Applied) -> f64 {
+    #[test]
+    fn reading_changes_nothing_and_follows_the_event_time() {
+        let s = spec(Aggregate::Count, 10, 3);
+        let mut w = WindowState::new(Aggregate::Count);
+        assert_eq!(w.read(&s, 5), Applied::Counted(0));
+        w.apply(&s, 4, Delta::Count);
+        w.apply(&s, 5, Delta::Count);
+        let before = w.clone();
+        assert_eq!(w.read(&s, 5), Applied::Counted(2));
+        // At bucket 7 the window would be 5..=7: bucket 4 is not seen, but not dropped either.
+        assert_eq!(w.read(&s, 7), Applied::Counted(1));
+        assert_eq!(w.read(&s, 2), Applied::Late);
+        assert_eq!(w.read(&s, 3), Applied::Counted(2));
+        assert_eq!(w, before);
+    }
+
+    #[test]
+    fn distinct_saturates_at_max_distinct() {
+        let s = WindowSpec { max_distinct: 3, ..spec(Aggregate::Distinct, 60_000, 5) };
+        let mut w = WindowState::new(Aggregate::Distinct);
+        let at = |w: &mut WindowState, b: i64, v: u128| counted(w.apply(&s, b, Delta::Distinct(v)));
+        assert_eq!(at(&mut w, 0, 1), 1);
+        assert_eq!(at(&mut w, 1, 2), 2);
+        assert_eq!(at(&mut w, 1, 2), 2);
+        assert_eq!(at(&mut w, 1, 3), 3);
+        assert_eq!(at(&mut w, 2, 4), 3);
+        assert_eq!(at(&mut w, 3, 1), 3);
+        assert_eq!(at(&mut w, 5, 5), 3);
+        assert_eq!(at(&mut w, 6, 5), 2);
+        assert_eq!(at(&mut w, 6, 4), 3);
+    }
+
+    fn counted(a: Applied) -> i64 {
         match a {
             Applied::Counted(v) => v,
             Applied::Late => panic!("unexpected late"),
@@ -386,13 +470,13 @@ mod tests {
     fn count_slides_and_drops_old_buckets() {
         let s = spec(Aggregate::Count, 1000, 3);
         let mut w = WindowState::new(Aggregate::Count);
-        assert_eq!(counted(w.apply(&s, 0, Delta::Count)), 1.0);
-        assert_eq!(counted(w.apply(&s, 1, Delta::Count)), 2.0);
-        assert_eq!(counted(w.apply(&s, 2, Delta::Count)), 3.0);
+        assert_eq!(counted(w.apply(&s, 0, Delta::Count)), 1);
+        assert_eq!(counted(w.apply(&s, 1, Delta::Count)), 2);
+        assert_eq!(counted(w.apply(&s, 2, Delta::Count)), 3);
         // Bucket 3 pushes bucket 0 out: window is 1..=3.
-        assert_eq!(counted(w.apply(&s, 3, Delta::Count)), 3.0);
+        assert_eq!(counted(w.apply(&s, 3, Delta::Count)), 3);
         // A jump far ahead empties the window.
-        assert_eq!(counted(w.apply(&s, 100, Delta::Count)), 1.0);
+        assert_eq!(counted(w.apply(&s, 100, Delta::Count)), 1);
     }
 
     #[test]
@@ -402,7 +486,7 @@ mod tests {
         w.apply(&s, 10, Delta::Count);
         assert_eq!(w.apply(&s, 7, Delta::Count), Applied::Late);
         // Bucket 8 = head - k + 1 is still in the window.
-        assert_eq!(counted(w.apply(&s, 8, Delta::Count)), 2.0);
+        assert_eq!(counted(w.apply(&s, 8, Delta::Count)), 2);
         assert_eq!(w.head(), Some(10));
     }
 
@@ -410,17 +494,17 @@ mod tests {
     fn out_of_order_within_window_is_counted_in_its_bucket() {
         let s = spec(Aggregate::Sum, 10, 4);
         let mut w = WindowState::new(Aggregate::Sum);
-        w.apply(&s, 5, Delta::Sum(1.0));
-        w.apply(&s, 3, Delta::Sum(2.0));
-        w.apply(&s, 4, Delta::Sum(4.0));
-        assert_eq!(counted(w.apply(&s, 5, Delta::Sum(8.0))), 15.0);
+        w.apply(&s, 5, Delta::Sum(1));
+        w.apply(&s, 3, Delta::Sum(2));
+        w.apply(&s, 4, Delta::Sum(4));
+        assert_eq!(counted(w.apply(&s, 5, Delta::Sum(8))), 15);
         // Head 6 drops bucket 2 (none) and keeps 3..=6.
-        assert_eq!(counted(w.apply(&s, 6, Delta::Sum(16.0))), 31.0);
-        // Head 7 drops bucket 3 (2.0).
-        assert_eq!(counted(w.apply(&s, 7, Delta::Sum(0.5))), 29.5);
+        assert_eq!(counted(w.apply(&s, 6, Delta::Sum(16))), 31);
+        // Head 7 drops bucket 3 (2).
+        assert_eq!(counted(w.apply(&s, 7, Delta::Sum(1))), 30);
         if let WindowState::Series(series) = &w {
             let buckets: Vec<_> = series.buckets().collect();
-            assert_eq!(buckets, [(4, 4.0), (5, 9.0), (6, 16.0), (7, 0.5)]);
+            assert_eq!(buckets, [(4, 4), (5, 9), (6, 16), (7, 1)]);
         }
     }
 
@@ -428,18 +512,18 @@ mod tests {
     fn distinct_counts_values_by_latest_bucket() {
         let s = spec(Aggregate::Distinct, 10, 3);
         let mut w = WindowState::new(Aggregate::Distinct);
-        assert_eq!(counted(w.apply(&s, 0, Delta::Distinct(1))), 1.0);
-        assert_eq!(counted(w.apply(&s, 0, Delta::Distinct(1))), 1.0);
-        assert_eq!(counted(w.apply(&s, 1, Delta::Distinct(2))), 2.0);
+        assert_eq!(counted(w.apply(&s, 0, Delta::Distinct(1))), 1);
+        assert_eq!(counted(w.apply(&s, 0, Delta::Distinct(1))), 1);
+        assert_eq!(counted(w.apply(&s, 1, Delta::Distinct(2))), 2);
         // Value 1 seen again in bucket 2: its latest moves, so it survives bucket 0 sliding out.
-        assert_eq!(counted(w.apply(&s, 2, Delta::Distinct(1))), 2.0);
-        assert_eq!(counted(w.apply(&s, 3, Delta::Distinct(3))), 3.0);
+        assert_eq!(counted(w.apply(&s, 2, Delta::Distinct(1))), 2);
+        assert_eq!(counted(w.apply(&s, 3, Delta::Distinct(3))), 3);
         // Head 4: window 2..=4; value 2 (latest 1) is gone.
-        assert_eq!(counted(w.apply(&s, 4, Delta::Distinct(3))), 2.0);
+        assert_eq!(counted(w.apply(&s, 4, Delta::Distinct(3))), 2);
         // An older sighting (bucket 2) of value 3 does not move its latest back.
-        assert_eq!(counted(w.apply(&s, 2, Delta::Distinct(3))), 2.0);
+        assert_eq!(counted(w.apply(&s, 2, Delta::Distinct(3))), 2);
         // Value 2 returns after sliding out: counted afresh.
-        assert_eq!(counted(w.apply(&s, 4, Delta::Distinct(2))), 3.0);
+        assert_eq!(counted(w.apply(&s, 4, Delta::Distinct(2))), 3);
         assert_eq!(w.apply(&s, 1, Delta::Distinct(9)), Applied::Late);
     }
 
@@ -477,7 +561,7 @@ mod tests {
             let latest = naive.entry(value).or_insert(bucket);
             *latest = (*latest).max(bucket);
             let live = naive.values().filter(|&&b| b > head - s.buckets).count();
-            assert_eq!(applied, Applied::Counted(live as f64), "step {step}");
+            assert_eq!(applied, Applied::Counted(live as i64), "step {step}");
         }
         assert!(matches!(&w, WindowState::Distinct(d) if matches!(d.latest, Latest::Large(_))));
     }
@@ -486,7 +570,7 @@ mod tests {
     fn from_window_rebuilds_the_same_state() {
         let s = spec(Aggregate::Sum, 10, 3);
         let mut built = WindowState::new(Aggregate::Sum);
-        for (b, v) in [(4, 1.5), (5, 2.0), (6, 0.25), (6, 1.0)] {
+        for (b, v) in [(4, 15), (5, 2), (6, 25), (6, 1)] {
             built.apply(&s, b, Delta::Sum(v));
         }
         let WindowState::Series(series) = &built else { panic!() };
@@ -494,7 +578,7 @@ mod tests {
         // Out of order and with a bucket that is no longer live: both handled.
         let mut shuffled = buckets.clone();
         shuffled.reverse();
-        shuffled.push((3, 99.0));
+        shuffled.push((3, 99));
         let rebuilt = WindowState::from_window(&s, 6, shuffled, []);
         assert_eq!(rebuilt, built);
 
@@ -520,9 +604,9 @@ mod tests {
         assert!(s.can_drop(9, 19_000));
         let mut w = WindowState::new(Aggregate::Count);
         w.apply(&s, 9, Delta::Count);
-        assert_eq!(w.apply(&s, 18, Delta::Count), Applied::Counted(2.0));
+        assert_eq!(w.apply(&s, 18, Delta::Count), Applied::Counted(2));
         let mut w = WindowState::new(Aggregate::Count);
         w.apply(&s, 9, Delta::Count);
-        assert_eq!(w.apply(&s, 19, Delta::Count), Applied::Counted(1.0), "as if it had been dropped");
+        assert_eq!(w.apply(&s, 19, Delta::Count), Applied::Counted(1), "as if it had been dropped");
     }
 }

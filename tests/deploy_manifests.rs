@@ -31,8 +31,8 @@ fn exported_metrics() -> BTreeSet<String> {
     metrics.inc_events("allowed", 1);
     metrics.decisions.get_or_create(&ActionLabels { action: "allow" }).inc();
     metrics.rule_hits.get_or_create(&RuleHitLabels { rule: "r".into(), mode: "enforce", action: "block" }).inc();
-    metrics.late_events.get_or_create(&RuleLabels { rule: "r".into() }).inc();
-    metrics.skipped_events.get_or_create(&RuleLabels { rule: "r".into() }).inc();
+    metrics.late_events.get_or_create(&CounterLabels { counter: "r".into() }).inc();
+    metrics.skipped_events.get_or_create(&SkipLabels { counter: "r".into(), reason: "sum_range" }).inc();
     metrics.dead_letters.get_or_create(&ReasonLabels { reason: "missing_ts" }).inc();
     metrics.redis_errors.get_or_create(&CodeLabels { code: "retry" }).inc();
     metrics.delivery_errors.get_or_create(&CodeLabels { code: "broker" }).inc();

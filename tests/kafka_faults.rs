@@ -61,13 +61,14 @@ fn reference_records(lines: &[Vec<u8>]) -> HashMap<String, Value> {
         .map(|l| {
             let mut record: Value = serde_json::from_slice(l).unwrap();
             record.as_object_mut().unwrap().remove("source");
+            record.as_object_mut().unwrap().remove("decision_id");
             (record["event_id"].as_str().unwrap().to_owned(), record)
         })
         .collect()
 }
 
 /// The counters one clean pass over `lines` leaves in a fresh Redis.
-fn reference_totals(dir: &Path, lines: &[Vec<u8>]) -> BTreeMap<String, (f64, usize)> {
+fn reference_totals(dir: &Path, lines: &[Vec<u8>]) -> BTreeMap<String, (i128, usize)> {
     let reference = RedisServer::start();
     let input = dir.join("reference.jsonl");
     std::fs::write(&input, lines.join(&b'\n')).unwrap();
@@ -173,6 +174,7 @@ fn read_decisions(broker: &Broker, events: usize) -> Delivered {
         .map(|(id, payload)| {
             let mut json: Value = serde_json::from_slice(&payload).unwrap();
             json.as_object_mut().unwrap().remove("source");
+            json.as_object_mut().unwrap().remove("decision_id");
             (id, json)
         })
         .collect();
@@ -219,7 +221,7 @@ fn good_events(lines: &[Vec<u8>]) -> usize {
     lines.iter().filter(|l| serde_json::from_slice::<Value>(l).is_ok_and(|v| v.get("ts").is_some_and(Value::is_i64))).count()
 }
 
-fn assert_totals_equal(got: &BTreeMap<String, (f64, usize)>, want: &BTreeMap<String, (f64, usize)>, context: &str) {
+fn assert_totals_equal(got: &BTreeMap<String, (i128, usize)>, want: &BTreeMap<String, (i128, usize)>, context: &str) {
     eprintln!("comparing {} Redis keys with one clean pass", want.len());
     let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(3).collect();
     let extra = got.keys().filter(|k| !want.contains_key(*k)).count();

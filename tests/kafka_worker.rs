@@ -57,6 +57,7 @@ fn reference(rules: &Path, lines: &[Vec<u8>], emit_allow: bool) -> (BTreeMap<usi
             let mut record: Value = serde_json::from_slice(l).unwrap();
             let line = record["source"]["line"].as_u64().unwrap() as usize;
             record.as_object_mut().unwrap().remove("source");
+            record.as_object_mut().unwrap().remove("decision_id");
             (line - 1, record)
         })
         .collect();
@@ -121,6 +122,9 @@ fn keyed(lines: &[Vec<u8>]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
 fn without_source(record: &Record) -> (Value, Value) {
     let mut json = record.json();
     let source = json.as_object_mut().unwrap().remove("source").unwrap();
+    // The decision id names the event's place in its topic.
+    let id = json.as_object_mut().unwrap().remove("decision_id").unwrap();
+    assert_eq!(id, format!("{}/{}/{}", source["topic"].as_str().unwrap(), source["partition"], source["offset"]));
     (json, source)
 }
 
@@ -206,7 +210,7 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
         decisions.len(),
         "every decided event has one record"
     );
-    assert!(worker.metric("vigil_late_events_total{rule=\"login-fail-user-10m\"}").unwrap() > 0.0);
+    assert!(worker.metric("vigil_late_events_total{counter=\"login-fail-user-10m\"}").unwrap() > 0.0);
     assert!(worker.metric("vigil_flush_batch_keys_count").unwrap() > 0.0);
     assert!(worker.metric("vigil_decision_latency_seconds_count").unwrap() > 0.0);
     assert_eq!(worker.metric("vigil_consumer_lag{topic=\"events\",partition=\"0\"}"), Some(0.0), "{metrics}");

@@ -44,7 +44,7 @@ fn replay_file(dir: &std::path::Path, name: &str, lines: &[String], redis: &str)
 }
 
 /// The counters one clean pass over `lines` leaves in a fresh Redis.
-fn reference_totals(dir: &std::path::Path, lines: &[String]) -> std::collections::BTreeMap<String, (f64, usize)> {
+fn reference_totals(dir: &std::path::Path, lines: &[String]) -> std::collections::BTreeMap<String, (i128, usize)> {
     let reference = RedisServer::start();
     replay_file(dir, "reference.jsonl", lines, &reference.url());
     redis_totals(&mut reference.connection())
@@ -59,7 +59,7 @@ fn memory_records(dir: &std::path::Path, lines: &[String]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn assert_totals_equal(got: &std::collections::BTreeMap<String, (f64, usize)>, want: &std::collections::BTreeMap<String, (f64, usize)>) {
+fn assert_totals_equal(got: &std::collections::BTreeMap<String, (i128, usize)>, want: &std::collections::BTreeMap<String, (i128, usize)>) {
     eprintln!("comparing {} Redis keys with one clean pass", want.len());
     let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
     let extra = got.keys().filter(|k| !want.contains_key(*k)).count();

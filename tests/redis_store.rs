@@ -258,6 +258,7 @@ fn decisions(bytes: &[u8]) -> Vec<serde_json::Value> {
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             v.as_object_mut().unwrap().remove("source");
+            v.as_object_mut().unwrap().remove("decision_id");
             v
         })
         .collect()
@@ -405,7 +406,7 @@ fn a_redis_restart_keeps_pending_deltas_and_reconnects() {
     let mut redis = RedisServer::start();
     let config = RedisStoreConfig { max_pending: usize::MAX, flush_interval: std::time::Duration::MAX, ..RedisStoreConfig::default() };
     let mut store = RedisStore::connect(&redis.url(), config).unwrap();
-    let spec = vigil::window::WindowSpec { bucket_ms: 1_000, buckets: 60, aggregate: vigil::window::Aggregate::Count };
+    let spec = vigil::window::WindowSpec::new(1_000, 60, vigil::window::Aggregate::Count);
     let window = store.open_window("restart", spec);
     for i in 0..5_000u64 {
         store.apply(window, &(i % 500).to_le_bytes(), 1_000_000 + i as i64, vigil::window::Delta::Count).unwrap();
@@ -478,7 +479,7 @@ fn redis_cluster_spreads_keys_and_survives_a_slot_migration() {
     let hot_key = {
         let rules = vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
         let mut probe = connect();
-        let first = rules.rule(rules.active().next().unwrap());
+        let first = rules.counter(rules.active_counters().next().unwrap());
         let window = probe.open_window(&first.id, first.window);
         let mut key = Vec::new();
         vigil::event::Scalar::Str("u-1").encode_into(&mut key);

@@ -196,7 +196,8 @@ fn build_input(lines: &[(i64, i64, String)]) -> String {
 #[derive(Default)]
 struct KeyState {
     head: Option<i64>,
-    buckets: BTreeMap<i64, f64>,
+    /// Counts, or sums in micro-units.
+    buckets: BTreeMap<i64, i64>,
     latest: HashMap<String, i64>,
 }
 
@@ -295,12 +296,14 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
             let dims: Option<Vec<String>> = rule.dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect();
             let Some(dims) = dims else { continue };
             let field = rule.field().and_then(|f| get(&event, f));
+            // Sums: micro-units of the amount, which must lie in [0, 1e12) (the generated
+            // amounts are exact in binary, so the double gives their micro-units exactly).
             let amount = match rule.aggregate {
                 "sum" => match field {
-                    Some(Value::Number(n)) => n.as_f64().unwrap(),
+                    Some(Value::Number(n)) if (0.0..1e12).contains(&n.as_f64().unwrap()) => (n.as_f64().unwrap() * 1e6).round() as i64,
                     _ => continue,
                 },
-                _ => 1.0,
+                _ => 1,
             };
             let distinct = match rule.aggregate {
                 "distinct" => match field.and_then(scalar_id) {
@@ -323,13 +326,14 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
                     let latest = s.latest.entry(id).or_insert(bucket);
                     *latest = (*latest).max(bucket);
                 }
-                None => *s.buckets.entry(bucket).or_insert(0.0) += amount,
+                None => *s.buckets.entry(bucket).or_insert(0) += amount,
             }
             let oldest = head - rule.buckets + 1;
             s.buckets.retain(|&b, _| b >= oldest);
             let value = match rule.aggregate {
                 "distinct" => s.latest.values().filter(|&&b| b >= oldest).count() as f64,
-                _ => s.buckets.values().sum(),
+                "sum" => s.buckets.values().sum::<i64>() as f64 / 1e6,
+                _ => s.buckets.values().sum::<i64>() as f64,
             };
             if value > rule.limit {
                 let key: Map<String, Value> =
@@ -359,8 +363,8 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
                        "limit": num(rules[r].limit), "window_ms": rules[r].window_ms()})
             })
             .collect();
-        records.push(json!({"event_id": event_id, "ts": ts, "action": action, "hits": hits,
-                            "source": {"line": i + 1}}));
+        records.push(json!({"decision_id": format!("line/{}", i + 1), "event_id": event_id, "ts": ts, "action": action,
+                            "hits": hits, "source": {"line": i + 1}}));
     }
     records
 }
@@ -373,7 +377,17 @@ fn engine_records(rules: &[RuleParams], input: &str, store: MemoryStore, bounds:
     let mut engine = Engine::new(set, store).with_time(bounds.engine(), Arc::new(FixedClock::new(CLOCK_MS)));
     let mut out = Vec::new();
     replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
-    String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    // The rules version is a hash of the rule text: checked for its form, then set aside.
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut record: Value = serde_json::from_str(l).unwrap();
+            let version = record.as_object_mut().unwrap().remove("rules_version").unwrap();
+            assert!(version.as_str().is_some_and(|v| v.len() == 12 && v.bytes().all(|b| b.is_ascii_hexdigit())), "{version}");
+            record
+        })
+        .collect()
 }
 
 fn assert_same(rules: &[RuleParams], input: &str, store: MemoryStore, bounds: Bounds) -> Result<(), TestCaseError> {

@@ -64,6 +64,12 @@ const INPUT: &str = concat!(
     r#"{"ts":1"#,
 );
 
+/// The rules version the first record names.
+fn rules_version(stdout: &str) -> String {
+    let first: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    first["rules_version"].as_str().unwrap().to_owned()
+}
+
 #[test]
 fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     let dir = tempfile::tempdir().unwrap();
@@ -74,11 +80,13 @@ fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     assert_eq!(out.status.code(), Some(0));
 
     let stdout = String::from_utf8(out.stdout).unwrap();
+    let version = rules_version(&stdout);
+    assert_eq!(version.len(), 12);
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
-            r#"{"event_id":17,"ts":102000,"action":"block","hits":[{"rule_id":"fails-per-user","mode":"enforce","action":"block","key":{"user_id":"u1"},"value":3,"limit":2,"window_ms":60000}],"source":{"line":8}}"#,
-            r#"{"event_id":"p3","ts":106000,"action":"allow","hits":[{"rule_id":"amount-per-card","mode":"shadow","action":"review","key":{"card.id":"c9"},"value":100.25,"limit":100,"window_ms":3600000}],"source":{"line":12}}"#,
+            format!(r#"{{"decision_id":"line/8","event_id":17,"ts":102000,"action":"block","rules_version":"{version}","hits":[{{"rule_id":"fails-per-user","mode":"enforce","action":"block","key":{{"user_id":"u1"}},"value":3,"limit":2,"window_ms":60000}}],"source":{{"line":8}}}}"#),
+            format!(r#"{{"decision_id":"line/12","event_id":"p3","ts":106000,"action":"allow","rules_version":"{version}","hits":[{{"rule_id":"amount-per-card","mode":"shadow","action":"review","key":{{"card.id":"c9"}},"value":100.25,"limit":100,"window_ms":3600000}}],"source":{{"line":12}}}}"#),
         ]
     );
 
@@ -93,7 +101,7 @@ fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     assert!(
         lines[5].starts_with(
             "replay: 8 events read, 2 decisions, 5 bad lines, 1 late (0 events behind the watermark), \
-             2 skipped for missing field (1 dimension, 1 sum field, 0 distinct field), "
+             2 skipped (1 dimension, 1 sum field, 0 sum range, 0 distinct field), 0 counter reads, "
         ),
         "{}",
         lines[5]
@@ -121,7 +129,10 @@ fn emit_allow_prints_a_record_for_every_event() {
     let out = vigil(&["replay", "--rules", &rules, "--input", "-", "--emit-allow"], Some(INPUT));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 8);
-    assert!(stdout.starts_with(r#"{"event_id":"a1","ts":100000,"action":"allow","hits":[],"source":{"line":1}}"#));
+    let version = rules_version(&stdout);
+    assert!(stdout.starts_with(&format!(
+        r#"{{"decision_id":"line/1","event_id":"a1","ts":100000,"action":"allow","rules_version":"{version}","hits":[],"source":{{"line":1}}}}"#
+    )));
 }
 
 #[test]

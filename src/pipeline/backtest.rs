@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::{Engine, ReplayError};
 use crate::event::decode;
+use crate::rules::Form;
 use crate::store::{MemoryStore, Origin};
 
 /// One rule's results.
@@ -114,8 +115,16 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
             if let Some(tag) = &fraud {
                 *rule.fraud_caught.entry(tag.clone()).or_default() += 1;
             }
-            rules.plan(position, &event, &mut key);
-            if !keys[position].contains(&key) {
+            // The key of the counter the rule fires on (a v1 rule's own, else the first its
+            // condition names).
+            let counter = match rules.rule(hit.rule).form {
+                Form::V1 { counter, .. } => Some(counter),
+                Form::V2 => rules.rule(hit.rule).counters().first().copied(),
+            };
+            let formed = counter
+                .and_then(|c| rules.counter_position(c))
+                .is_some_and(|p| rules.counter_key(p, &event, &mut key));
+            if formed && !keys[position].contains(&key) {
                 keys[position].insert(key.clone());
             }
         }

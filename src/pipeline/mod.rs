@@ -10,25 +10,32 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, SystemClock};
-use crate::event::{decode, BadEvent, Event, TimeBounds};
-use crate::rules::{decide, Decision, Hit, OnStoreError, Plan, Reason, RuleSet, SkipReason, Source};
-use crate::store::{CounterStore, Origin, StoreError, WindowId};
-use crate::window::Applied;
+use smallvec::SmallVec;
 
-/// Per-rule-evaluation counts, for the replay summary and metrics.
+use crate::decimal::MICROS_PER_UNIT;
+use crate::event::{decode, BadEvent, Event, FieldValue, TimeBounds};
+use crate::rules::expr::{Context, Num};
+use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, SkipReason, Source};
+use crate::store::{CounterStore, Observed, Origin, StoreError, WindowId};
+use crate::window::{Aggregate, Applied};
+
+/// Per-evaluation counts, for the replay summary and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EvalCounts {
     /// Events judged (decoded successfully).
     pub events: u64,
-    /// (event, rule) pairs not counted because the event was late: its bucket had slid out of the
-    /// key's window, or the event was behind its input's watermark.
+    /// (event, counter) pairs not counted because the event was late: its bucket had slid out of
+    /// the key's window, or the event was behind its input's watermark.
     pub late: u64,
-    /// Events behind their input's watermark (`max_lateness`): late for every rule.
+    /// Events behind their input's watermark (`max_lateness`): late for every counter.
     pub behind_watermark: u64,
-    /// (event, rule) pairs skipped because a dimension or the aggregated field was unusable.
+    /// (event, counter) pairs skipped because a dimension or the aggregated field was unusable.
     pub skipped_dimension: u64,
     pub skipped_sum_field: u64,
+    pub skipped_sum_range: u64,
     pub skipped_distinct_field: u64,
+    /// Counter values read without counting (a rule referring to a counter the event did not feed).
+    pub reads: u64,
     /// Events with at least one hit.
     pub decisions: u64,
     /// Hits made on values counted locally while the shared store was unavailable.
@@ -37,35 +44,114 @@ pub struct EvalCounts {
 
 impl EvalCounts {
     pub fn skipped(&self) -> u64 {
-        self.skipped_dimension + self.skipped_sum_field + self.skipped_distinct_field
+        self.skipped_dimension + self.skipped_sum_field + self.skipped_sum_range + self.skipped_distinct_field
     }
 }
 
 /// What happened to one rule's evaluations, for per-rule metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RuleCounts {
-    /// Events whose `match` held (counted, late or skipped).
+    /// Events in the rule's scope (its `match` held).
     pub matched: u64,
-    pub late: u64,
-    pub skipped: u64,
     pub hits: u64,
+}
+
+/// What happened to one counter's observations, for per-counter metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterCounts {
+    pub late: u64,
+    /// Skips by reason: dimension, sum field, sum range, distinct field.
+    pub skipped: [u64; 4],
+}
+
+/// A counter's state for the event being evaluated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Outcome {
+    /// Not fed by the event and not read yet: read on first reference.
+    Unread,
+    /// Unknown: its key cannot be formed, or the event is late for it.
+    Unknown,
+    /// Counted, or read, with this raw value; `degraded` if computed from local state only.
+    Known { value: i64, degraded: bool, counted: bool },
 }
 
 /// Evaluates events against a rule set over a counter store.
 pub struct Engine<S> {
     rules: RuleSet,
     store: S,
-    /// The store window of each active rule, by active position.
+    /// The store window of each active counter, by active position.
     windows: Vec<WindowId>,
-    key: Vec<u8>,
+    /// Per active counter: its key for the current event, and its outcome.
+    keys: Vec<Vec<u8>>,
+    outcomes: Vec<Outcome>,
     counts: EvalCounts,
-    /// Per active position, since the last [`Engine::take_rule_counts`].
+    /// Per active rule, since the last [`Engine::take_rule_counts`].
     rule_counts: Vec<RuleCounts>,
+    /// Per active counter, since the last [`Engine::take_counter_counts`].
+    counter_counts: Vec<CounterCounts>,
     bounds: TimeBounds,
     clock: Arc<dyn Clock>,
     /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
     /// replay): its watermark follows it.
     newest: Vec<(u64, i64)>,
+}
+
+/// Expression context over one event: fields from the event; counters from the outcomes of
+/// counting, read from the store on first reference.
+struct Judge<'a, 'e, S> {
+    event: &'e Event<'e>,
+    rules: &'a RuleSet,
+    store: &'a mut S,
+    windows: &'a [WindowId],
+    keys: &'a mut [Vec<u8>],
+    outcomes: &'a mut [Outcome],
+    reads: &'a mut u64,
+    error: Option<StoreError>,
+}
+
+impl<S: CounterStore> Judge<'_, '_, S> {
+    /// The outcome of a counter for this event, reading it if needed.
+    fn outcome(&mut self, counter: usize) -> Outcome {
+        let Some(position) = self.rules.counter_position(counter) else { return Outcome::Unknown };
+        if self.outcomes[position] == Outcome::Unread {
+            self.outcomes[position] = if !self.rules.counter_key(position, self.event, &mut self.keys[position]) {
+                Outcome::Unknown
+            } else {
+                *self.reads += 1;
+                match self.store.read(self.windows[position], &self.keys[position], self.event.ts) {
+                    Ok(Observed { applied: Applied::Counted(value), degraded }) => {
+                        Outcome::Known { value, degraded, counted: false }
+                    }
+                    Ok(Observed { applied: Applied::Late, .. }) => Outcome::Unknown,
+                    Err(e) => {
+                        self.error.get_or_insert(e);
+                        Outcome::Unknown
+                    }
+                }
+            };
+        }
+        self.outcomes[position]
+    }
+}
+
+impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
+    fn field(&self, slot: usize) -> &'e FieldValue<'e> {
+        self.event.field(slot)
+    }
+
+    fn counter(&mut self, index: usize) -> Option<Num> {
+        match self.outcome(index) {
+            Outcome::Known { value, .. } => {
+                let aggregate = self.rules.counter(index).aggregate();
+                let float = match aggregate {
+                    Aggregate::Sum => value as f64 / MICROS_PER_UNIT as f64,
+                    _ => value as f64,
+                };
+                Some(Num { float, exact: Some(decide::counter_value(aggregate, value)) })
+            }
+            _ => None,
+        }
+    }
 }
 
 impl<S: CounterStore> Engine<S> {
@@ -76,9 +162,11 @@ impl<S: CounterStore> Engine<S> {
             rules: RuleSet::empty(),
             store,
             windows: Vec::new(),
-            key: Vec::with_capacity(64),
+            keys: Vec::new(),
+            outcomes: Vec::new(),
             counts: EvalCounts::default(),
             rule_counts: Vec::new(),
+            counter_counts: Vec::new(),
             bounds: TimeBounds::default(),
             clock: Arc::new(SystemClock),
             newest: Vec::new(),
@@ -155,18 +243,21 @@ impl<S: CounterStore> Engine<S> {
         false
     }
 
-    /// Swaps in a new rule set between two events. A rule whose id and window are unchanged keeps
-    /// its counters (the store hands back the same window); a changed window starts afresh.
+    /// Swaps in a new rule set between two events. A counter whose id and window are unchanged
+    /// keeps its state (the store hands back the same window); a changed window starts afresh.
     /// Returns the old set.
     pub fn replace_rules(&mut self, rules: RuleSet) -> RuleSet {
         self.windows = rules
-            .active()
+            .active_counters()
             .map(|index| {
-                let rule = rules.rule(index);
-                self.store.open_window(&rule.id, rule.window)
+                let counter = rules.counter(index);
+                self.store.open_window(&counter.id, counter.window)
             })
             .collect();
-        self.rule_counts = vec![RuleCounts::default(); self.windows.len()];
+        self.keys = vec![Vec::with_capacity(64); self.windows.len()];
+        self.outcomes = vec![Outcome::Unread; self.windows.len()];
+        self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
+        self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
         std::mem::replace(&mut self.rules, rules)
     }
 
@@ -175,6 +266,13 @@ impl<S: CounterStore> Engine<S> {
         let active: Vec<usize> = self.rules.active().collect();
         let counts = std::mem::replace(&mut self.rule_counts, vec![RuleCounts::default(); active.len()]);
         active.into_iter().zip(counts).filter(|(_, c)| *c != RuleCounts::default())
+    }
+
+    /// Per-counter counts since the last call, as (counter index, counts) of the active counters.
+    pub fn take_counter_counts(&mut self) -> impl Iterator<Item = (usize, CounterCounts)> + '_ {
+        let active: Vec<usize> = self.rules.active_counters().collect();
+        let counts = std::mem::replace(&mut self.counter_counts, vec![CounterCounts::default(); active.len()]);
+        active.into_iter().zip(counts).filter(|(_, c)| *c != CounterCounts::default())
     }
 
     pub fn rules(&self) -> &RuleSet {
@@ -198,19 +296,26 @@ impl<S: CounterStore> Engine<S> {
         self.counts
     }
 
-    /// Appends the (window, key) of every observation `event` would make, for
-    /// [`CounterStore::prefetch`].
+    /// Appends the (window, key) of every counter `event` would count, and of every counter a
+    /// rule may read for it, for [`CounterStore::prefetch`].
     pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
+        let mut key = Vec::new();
         for position in 0..self.rules.active_len() {
-            if let Plan::Observe(_) = self.rules.plan(position, event, &mut self.key) {
-                out.push((self.windows[position], self.key.clone()));
+            let wanted = match self.rules.plan(position, event, &mut key) {
+                Plan::Observe(_) => true,
+                Plan::Skip(SkipReason::Dimension) => false,
+                Plan::Skip(_) => self.rules.is_read(position),
+                Plan::NoMatch => self.rules.is_read(position) && self.rules.counter_key(position, event, &mut key),
+            };
+            if wanted {
+                out.push((self.windows[position], key.clone()));
             }
         }
     }
 
     /// Counts `event`, read from `origin` (its input lane and position there), into every
-    /// matching rule's window and returns the hits. An event behind its lane's watermark is
-    /// late for every rule.
+    /// counter it feeds (in file order), then judges it with every rule (in file order) and
+    /// returns the hits. An event behind its lane's watermark is late for every counter.
     pub fn evaluate(&mut self, event: &Event<'_>, origin: Origin) -> Result<Decision, StoreError> {
         self.counts.events += 1;
         let behind = self.behind_watermark(origin.lane, event.ts);
@@ -218,50 +323,111 @@ impl<S: CounterStore> Engine<S> {
             self.counts.behind_watermark += 1;
         }
         self.store.set_origin(Some(origin));
-        let mut decision = Decision::default();
-        for (position, index) in self.rules.active().enumerate() {
-            let delta = match self.rules.plan(position, event, &mut self.key) {
-                Plan::NoMatch => continue,
-                Plan::Skip(reason) => {
-                    self.rule_counts[position].matched += 1;
-                    self.rule_counts[position].skipped += 1;
-                    *match reason {
-                        SkipReason::Dimension => &mut self.counts.skipped_dimension,
-                        SkipReason::SumField => &mut self.counts.skipped_sum_field,
-                        SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
-                    } += 1;
-                    continue;
+
+        for position in 0..self.rules.active_len() {
+            self.outcomes[position] = match self.rules.plan(position, event, &mut self.keys[position]) {
+                Plan::NoMatch => {
+                    if behind {
+                        Outcome::Unknown
+                    } else {
+                        Outcome::Unread
+                    }
                 }
-                Plan::Observe(delta) => delta,
+                Plan::Skip(reason) => {
+                    let (total, slot) = match reason {
+                        SkipReason::Dimension => (&mut self.counts.skipped_dimension, 0),
+                        SkipReason::SumField => (&mut self.counts.skipped_sum_field, 1),
+                        SkipReason::SumRange => (&mut self.counts.skipped_sum_range, 2),
+                        SkipReason::DistinctField => (&mut self.counts.skipped_distinct_field, 3),
+                    };
+                    *total += 1;
+                    self.counter_counts[position].skipped[slot] += 1;
+                    // A skipped event did not feed the counter: a rule reads it (if its key
+                    // can be formed).
+                    if behind || reason == SkipReason::Dimension {
+                        Outcome::Unknown
+                    } else {
+                        Outcome::Unread
+                    }
+                }
+                Plan::Observe(_) if behind => {
+                    self.counts.late += 1;
+                    self.counter_counts[position].late += 1;
+                    Outcome::Unknown
+                }
+                Plan::Observe(delta) => {
+                    let observed = self.store.apply(self.windows[position], &self.keys[position], event.ts, delta)?;
+                    match observed.applied {
+                        Applied::Late => {
+                            self.counts.late += 1;
+                            self.counter_counts[position].late += 1;
+                            Outcome::Unknown
+                        }
+                        Applied::Counted(value) => Outcome::Known { value, degraded: observed.degraded, counted: true },
+                    }
+                }
             };
-            self.rule_counts[position].matched += 1;
-            if behind {
-                self.counts.late += 1;
-                self.rule_counts[position].late += 1;
+        }
+        let mut decision = Decision::default();
+        let rules = &self.rules;
+        let mut judge = Judge {
+            event,
+            rules,
+            store: &mut self.store,
+            windows: &self.windows,
+            keys: &mut self.keys,
+            outcomes: &mut self.outcomes,
+            reads: &mut self.counts.reads,
+            error: None,
+        };
+        for (position, index) in rules.active().enumerate() {
+            if !rules.in_scope(position, event) {
                 continue;
             }
-            let observed = self.store.apply(self.windows[position], &self.key, event.ts, delta)?;
-            let value = match observed.applied {
-                Applied::Late => {
-                    self.counts.late += 1;
-                    self.rule_counts[position].late += 1;
-                    continue;
+            self.rule_counts[position].matched += 1;
+            let rule = rules.rule(index);
+            let hit = match rule.form {
+                Form::V1 { counter, limit } => {
+                    let Some(counter_position) = rules.counter_position(counter) else { continue };
+                    // Fires only on an event its counter counted (v1 semantics).
+                    let Outcome::Known { value, degraded, counted: true } = judge.outcomes[counter_position] else { continue };
+                    let (fires, reason) = match (degraded, rule.on_store_error) {
+                        (false, _) | (true, OnStoreError::Local) => (decide::exceeds(rules.counter(counter).aggregate(), value, limit), None),
+                        (true, OnStoreError::Allow) => (false, None),
+                        (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+                    };
+                    fires.then(|| Hit { rule: index, value: Some(value), reason, degraded, counters: SmallVec::new() })
                 }
-                Applied::Counted(value) => value,
+                Form::V2 => {
+                    let holds = rule.when.as_ref().is_none_or(|when| when.expr.holds(&mut judge));
+                    // Every counter the condition names, known ones in the record, whatever
+                    // evaluation short-circuited.
+                    let mut counters = SmallVec::new();
+                    let mut degraded = false;
+                    for &counter in rule.counters() {
+                        if let Outcome::Known { value, degraded: d, .. } = judge.outcome(counter) {
+                            counters.push((counter, value));
+                            degraded |= d;
+                        }
+                    }
+                    let (fires, reason) = match (degraded, rule.on_store_error) {
+                        (false, _) | (true, OnStoreError::Local) => (holds, Some(Reason::When)),
+                        (true, OnStoreError::Allow) => (false, None),
+                        (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+                    };
+                    fires.then(|| Hit { rule: index, value: None, reason, degraded, counters })
+                }
             };
-            let rule = self.rules.rule(index);
-            let (fires, reason) = match (observed.degraded, rule.on_store_error) {
-                (false, _) | (true, OnStoreError::Local) => (decide::exceeds(value, rule.limit), None),
-                (true, OnStoreError::Allow) => (false, None),
-                (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
-            };
-            if fires {
+            if let Some(hit) = hit {
                 self.rule_counts[position].hits += 1;
-                if observed.degraded {
+                if hit.degraded {
                     self.counts.degraded_hits += 1;
                 }
-                decision.hits.push(Hit { rule: index, value, reason, degraded: observed.degraded });
+                decision.hits.push(hit);
             }
+        }
+        if let Some(e) = judge.error {
+            return Err(e);
         }
         if !decision.is_empty() {
             self.counts.decisions += 1;
@@ -314,7 +480,7 @@ impl std::fmt::Display for ReplaySummary {
         write!(
             f,
             "replay: {} events read, {} decisions, {} bad lines, {} late ({} events behind the watermark), \
-             {} skipped for missing field ({} dimension, {} sum field, {} distinct field), {:.3}s, {:.0} events/s",
+             {} skipped ({} dimension, {} sum field, {} sum range, {} distinct field), {} counter reads, {:.3}s, {:.0} events/s",
             c.events,
             c.decisions,
             self.bad_lines,
@@ -323,7 +489,9 @@ impl std::fmt::Display for ReplaySummary {
             c.skipped(),
             c.skipped_dimension,
             c.skipped_sum_field,
+            c.skipped_sum_range,
             c.skipped_distinct_field,
+            c.reads,
             self.elapsed.as_secs_f64(),
             self.events_per_second(),
         )

@@ -39,7 +39,10 @@ use crate::source::{self, Progress};
 use crate::store::journal::JournalBatch;
 use crate::store::{AnyStore, CounterStore, Journal, JournalError, JournalWriter, Origin, RedisStats, StoreError};
 use crate::telemetry::http::Health;
-use crate::telemetry::{ActionLabels, CodeLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels, RuleLabels};
+use crate::telemetry::{
+    ActionLabels, CodeLabels, CounterLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels,
+    RuleLabels, SkipLabels, SKIP_REASONS,
+};
 
 /// Messages a partition loop takes per engine lock.
 const MAX_BATCH: usize = 1024;
@@ -606,11 +609,18 @@ impl Worker {
                     let labels = RuleHitLabels { rule: rule.id.clone(), mode, action: rule.action.as_str() };
                     self.metrics.rule_hits.get_or_create(&labels).inc_by(counts.hits);
                 }
+            }
+            let counts: Vec<_> = engine.take_counter_counts().collect();
+            for (index, counts) in counts {
+                let counter = engine.rules().counter(index);
                 if counts.late > 0 {
-                    self.metrics.late_events.get_or_create(&RuleLabels { rule: rule.id.clone() }).inc_by(counts.late);
+                    self.metrics.late_events.get_or_create(&CounterLabels { counter: counter.id.clone() }).inc_by(counts.late);
                 }
-                if counts.skipped > 0 {
-                    self.metrics.skipped_events.get_or_create(&RuleLabels { rule: rule.id.clone() }).inc_by(counts.skipped);
+                for (reason, n) in SKIP_REASONS.iter().zip(counts.skipped) {
+                    if n > 0 {
+                        let labels = SkipLabels { counter: counter.id.clone(), reason };
+                        self.metrics.skipped_events.get_or_create(&labels).inc_by(n);
+                    }
                 }
             }
             engine.store().counted_mark()

@@ -1,37 +1,66 @@
-//! Rule files → validated [`Rule`]s, with every error reported at once as
-//! `file:line:col: message`. Pure: the caller reads the files.
+//! Rule files → validated counters and rules, with every error reported at once as
+//! `file:line:col: message` (an error inside an expression at its column in the file). Pure: the
+//! caller reads the files.
+//!
+//! Three passes: each file's tables are read into drafts (keys, types, durations); then every
+//! id is known, so duplicates are found and `$counter` references resolve across files; then
+//! expressions are compiled against the shared event projection.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use toml_edit::{Document, Item, Table, TableLike, Value};
 
-use super::model::{parse_duration, Action, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule};
-use crate::event::{CanonicalNumber, FieldPath, Number};
-use crate::window::{Aggregate, WindowSpec};
+use super::expr::{self, Names};
+use super::model::{
+    parse_duration, Action, Counter, Form, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule, Scope,
+};
+use crate::event::{Decimal, FieldPath, Projection};
+use crate::window::{Aggregate, WindowSpec, DEFAULT_MAX_DISTINCT};
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
-pub const RULE_KEYS: [&str; 13] = [
+pub const RULE_KEYS: [&str; 16] = [
     "id",
     "description",
     "action",
     "mode",
     "enabled",
     "match",
+    "when",
+    "on_store_error",
     "dimensions",
     "window",
     "bucket",
     "aggregate",
     "field",
     "limit",
-    "on_store_error",
+    "hold",
+    "hold_key",
+];
+/// Keys a `[[counter]]` table may hold.
+pub const COUNTER_KEYS: [&str; 11] = [
+    "id",
+    "description",
+    "match",
+    "dimensions",
+    "window",
+    "bucket",
+    "aggregate",
+    "field",
+    "allow_negative",
+    "max_distinct",
+    "enabled",
 ];
 /// The most buckets a window may have.
 pub const MAX_BUCKETS: i64 = 3600;
-/// The most dimension fields a rule may have.
+/// The longest window: 400 days.
+pub const MAX_WINDOW_MS: i64 = 400 * 86_400_000;
+/// The most dimension fields a counter may have.
 pub const MAX_DIMENSIONS: usize = 4;
 /// Buckets in a window when `bucket` is not given.
 pub const DEFAULT_BUCKETS: i64 = 60;
+/// The largest `max_distinct`.
+pub const MAX_DISTINCT_LIMIT: i64 = 100_000;
 
 /// One problem in a rule file, at a position.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,62 +114,265 @@ pub fn not_utf8(name: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
     Diagnostic { origin: source.origin(valid_up_to), message: "file is not valid UTF-8".to_owned() }
 }
 
-/// Parses and validates one rule file. Rules that are valid on their own are returned even when
-/// others are not; cross-file checks (duplicate ids) are done by [`check_ids`].
-pub fn compile_file(name: &str, text: &str) -> (Vec<Rule>, Vec<Diagnostic>) {
-    let mut report = Report { source: Source { name, text }, diagnostics: Vec::new() };
-    let doc = match Document::parse(text) {
-        Ok(doc) => doc,
-        Err(err) => {
-            let offset = err.span().map_or(0, |s| s.start);
-            let message = err.message().lines().next().unwrap_or("invalid TOML").trim_end();
-            report.error(offset, format!("TOML syntax error: {message}"));
-            return (Vec::new(), report.diagnostics);
-        }
-    };
-    let root = doc.as_table();
-    for (key, _) in root.iter() {
-        if key != "rule" {
-            let at = key_offset(root, key);
-            report.error(at, format!("unknown top-level key {key:?}; rules are [[rule]] tables"));
-        }
-    }
-    let mut rules = Vec::new();
-    if let Some(item) = root.get("rule") {
-        match item.as_array_of_tables() {
-            Some(tables) => {
-                for table in tables.iter() {
-                    if let Some(rule) = compile_rule(table, &mut report) {
-                        rules.push(rule);
-                    }
-                }
-            }
-            None => {
-                let at = key_offset(root, "rule");
-                report.error(at, "\"rule\" must be an array of tables: write each rule as [[rule]]");
-            }
-        }
-    }
-    let mut diagnostics = report.diagnostics;
-    diagnostics.sort_by_key(|d| (d.origin.line, d.origin.col));
-    (rules, diagnostics)
+/// An expression string as written in a file: its value, and where its TOML token starts.
+#[derive(Debug, Clone)]
+struct ExprSite {
+    file: usize,
+    /// Byte offset of the TOML string token in the file.
+    at: usize,
+    value: String,
 }
 
-/// Refuses duplicate ids across every rule loaded together, pointing at each later definition.
-pub fn check_ids(rules: &[Rule]) -> Vec<Diagnostic> {
-    let mut first: HashMap<&str, &Origin> = HashMap::new();
+/// A `match` as read: a table (checked already) or an expression (compiled in the last pass).
+#[derive(Debug, Clone)]
+enum DraftScope {
+    All,
+    Table(Vec<Matcher>),
+    Expr(ExprSite),
+}
+
+#[derive(Debug)]
+struct CounterDraft {
+    counter: Counter,
+    scope: DraftScope,
+}
+
+#[derive(Debug)]
+struct RuleDraft {
+    id: String,
+    description: Option<String>,
+    action: Action,
+    mode: Mode,
+    enabled: bool,
+    scope: DraftScope,
+    when: Option<ExprSite>,
+    /// v1 form: the limit (its counter has the rule's id).
+    limit: Option<Decimal>,
+    on_store_error: OnStoreError,
+    origin: Origin,
+}
+
+/// What compiling a set of files gives.
+pub struct CompiledSet {
+    pub counters: Vec<Counter>,
+    pub rules: Vec<Rule>,
+    pub projection: Projection,
+    /// Likely mistakes that do not stop loading.
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// Compiles `(file name, text)` pairs, in the order given. Every error of every file is
+/// reported; nothing is built if there is any.
+pub fn compile_sources(sources: &[(&str, &str)]) -> Result<CompiledSet, Vec<Diagnostic>> {
     let mut diagnostics = Vec::new();
-    for rule in rules {
-        if let Some(prev) = first.get(rule.id.as_str()) {
+    let mut warnings = Vec::new();
+    let mut counters: Vec<CounterDraft> = Vec::new();
+    let mut rules: Vec<RuleDraft> = Vec::new();
+    // Every id with where it was defined, to find duplicates (a v1 rule's id once).
+    let mut ids: Vec<(String, Origin)> = Vec::new();
+    for (file, (name, text)) in sources.iter().enumerate() {
+        let mut report = Report { source: Source { name, text }, diagnostics: Vec::new() };
+        read_file(file, text, &mut report, &mut counters, &mut rules, &mut ids, &mut warnings);
+        let mut file_diags = report.diagnostics;
+        file_diags.sort_by_key(|d| (d.origin.line, d.origin.col));
+        diagnostics.extend(file_diags);
+    }
+    let mut first: HashMap<&str, &Origin> = HashMap::new();
+    for (id, origin) in &ids {
+        if let Some(prev) = first.get(id.as_str()) {
             diagnostics.push(Diagnostic {
-                origin: rule.origin.clone(),
-                message: format!("duplicate rule id {:?} (first defined at {prev})", rule.id),
+                origin: origin.clone(),
+                message: format!("duplicate id {id:?} (first defined at {prev}); counters, rules and lists share one namespace"),
             });
         } else {
-            first.insert(&rule.id, &rule.origin);
+            first.insert(id, origin);
         }
     }
-    diagnostics
+
+    // Names resolve against every counter that was read, so a reference to a counter with an
+    // error of its own is not reported a second time as unknown.
+    let index: HashMap<String, (usize, bool)> =
+        counters.iter().enumerate().map(|(i, c)| (c.counter.id.clone(), (i, c.counter.enabled))).collect();
+    let rule_ids: std::collections::HashSet<&str> = rules.iter().map(|r| r.id.as_str()).collect();
+    let names = CounterNames { index: &index, rule_ids: &rule_ids };
+    let mut projection = Projection::new();
+    let site_error = |site: &ExprSite, e: expr::ExprError| {
+        let (name, text) = sources[site.file];
+        let source = Source { name, text };
+        Diagnostic { origin: source.origin(site.at + raw_offset(&text[site.at..], e.offset)), message: e.message }
+    };
+    let compile_scope = |scope: &DraftScope, projection: &mut Projection, diagnostics: &mut Vec<Diagnostic>| match scope {
+        DraftScope::All => Some(Scope::All),
+        DraftScope::Table(m) => Some(Scope::Table(m.clone())),
+        DraftScope::Expr(site) => match expr::compile(&site.value, projection, &names, false) {
+            Ok(c) => Some(Scope::Expr(Box::new(c))),
+            Err(e) => {
+                diagnostics.push(site_error(site, e));
+                None
+            }
+        },
+    };
+    let mut built_counters = Vec::with_capacity(counters.len());
+    for draft in &counters {
+        if let Some(scope) = compile_scope(&draft.scope, &mut projection, &mut diagnostics) {
+            built_counters.push(Counter { scope, scope_text: scope_text(&draft.scope), ..draft.counter.clone() });
+        }
+    }
+    let mut built_rules = Vec::with_capacity(rules.len());
+    for draft in &rules {
+        let scope = compile_scope(&draft.scope, &mut projection, &mut diagnostics);
+        let when = match &draft.when {
+            None => Some(None),
+            Some(site) => match expr::compile(&site.value, &mut projection, &names, true) {
+                Ok(c) => Some(Some(Box::new(c))),
+                Err(e) => {
+                    diagnostics.push(site_error(site, e));
+                    None
+                }
+            },
+        };
+        let (Some(scope), Some(when)) = (scope, when) else { continue };
+        let form = match draft.limit {
+            Some(limit) => Form::V1 { counter: index[&draft.id].0, limit },
+            None => Form::V2,
+        };
+        if let Some(w) = &when {
+            if let Some(value) = w.expr.constant() {
+                if value != expr::Val::Bool(true) {
+                    warnings.push(Diagnostic {
+                        origin: draft.origin.clone(),
+                        message: format!("rule {:?} can never fire: its `when` is always {}", draft.id, constant_name(&value)),
+                    });
+                }
+            }
+        }
+        built_rules.push(Rule {
+            id: draft.id.clone(),
+            description: draft.description.clone(),
+            action: draft.action,
+            mode: draft.mode,
+            enabled: draft.enabled,
+            scope,
+            scope_text: scope_text(&draft.scope),
+            when,
+            when_text: draft.when.as_ref().map(|w| w.value.clone()),
+            form,
+            on_store_error: draft.on_store_error,
+            origin: draft.origin.clone(),
+        });
+    }
+    if !diagnostics.is_empty() {
+        // By file (in load order), then by position.
+        let file_index = |d: &Diagnostic| sources.iter().position(|(name, _)| *name == d.origin.file).unwrap_or(usize::MAX);
+        diagnostics.sort_by_key(|d| (file_index(d), d.origin.line, d.origin.col));
+        return Err(diagnostics);
+    }
+    // Counters no rule reads are almost always a mistake (a v1 rule reads its own).
+    for (i, counter) in built_counters.iter().enumerate() {
+        let read = built_rules.iter().any(|r| r.counters().contains(&i) || matches!(r.form, Form::V1 { counter, .. } if counter == i));
+        if !read && counter.enabled {
+            warnings.push(Diagnostic {
+                origin: counter.origin.clone(),
+                message: format!("counter {:?} is not read by any rule", counter.id),
+            });
+        }
+    }
+    Ok(CompiledSet { counters: built_counters, rules: built_rules, projection, warnings })
+}
+
+fn scope_text(scope: &DraftScope) -> Option<String> {
+    match scope {
+        DraftScope::Expr(site) => Some(site.value.clone()),
+        _ => None,
+    }
+}
+
+fn constant_name(v: &expr::Val<'_>) -> &'static str {
+    match v {
+        expr::Val::Bool(false) => "false",
+        expr::Val::Unknown => "unknown (it compares or computes across types)",
+        _ => "a value that is not a boolean",
+    }
+}
+
+struct CounterNames<'a> {
+    index: &'a HashMap<String, (usize, bool)>,
+    rule_ids: &'a std::collections::HashSet<&'a str>,
+}
+
+impl Names for CounterNames<'_> {
+    fn counter(&self, id: &str) -> Result<usize, String> {
+        match self.index.get(id) {
+            Some(&(i, true)) => Ok(i),
+            Some(&(_, false)) => Err(format!("counter \"{id}\" is disabled (enabled = false)")),
+            None if self.rule_ids.contains(id) => Err(format!("\"{id}\" is a rule, not a counter")),
+            None => Err(format!("unknown counter \"{id}\"")),
+        }
+    }
+
+    fn list(&self, id: &str) -> Result<(), String> {
+        Err(format!("unknown list \"{id}\" (lists are not supported by this version)"))
+    }
+}
+
+/// The byte offset, within a TOML string token `raw` (starting at its opening quote), of the
+/// `decoded`-th byte of its value: so an expression error points at its column in the file.
+fn raw_offset(raw: &str, decoded: usize) -> usize {
+    let (delim, literal) = if raw.starts_with("'''") {
+        (3, true)
+    } else if raw.starts_with("\"\"\"") {
+        (3, false)
+    } else if raw.starts_with('\'') {
+        (1, true)
+    } else {
+        (1, false)
+    };
+    let mut at = delim;
+    // A newline right after a multi-line string's opening delimiter is not part of the value.
+    if delim == 3 {
+        if raw[at..].starts_with("\r\n") {
+            at += 2;
+        } else if raw[at..].starts_with('\n') {
+            at += 1;
+        }
+    }
+    if literal {
+        return at + decoded;
+    }
+    let bytes = raw.as_bytes();
+    let mut count = 0;
+    while count < decoded && at < bytes.len() {
+        if bytes[at] == b'\\' && at + 1 < bytes.len() {
+            match bytes[at + 1] {
+                b'u' => {
+                    let code = u32::from_str_radix(raw.get(at + 2..at + 6).unwrap_or(""), 16).ok();
+                    count += code.and_then(char::from_u32).map_or(1, char::len_utf8);
+                    at += 6;
+                }
+                b'U' => {
+                    let code = u32::from_str_radix(raw.get(at + 2..at + 10).unwrap_or(""), 16).ok();
+                    count += code.and_then(char::from_u32).map_or(1, char::len_utf8);
+                    at += 10;
+                }
+                b' ' | b'\t' | b'\n' | b'\r' => {
+                    // A line-ending backslash: the whitespace up to the next text is dropped.
+                    at += 1;
+                    while at < bytes.len() && bytes[at].is_ascii_whitespace() {
+                        at += 1;
+                    }
+                }
+                _ => {
+                    count += 1;
+                    at += 2;
+                }
+            }
+        } else {
+            let len = raw[at..].chars().next().map_or(1, char::len_utf8);
+            count += len;
+            at += len;
+        }
+    }
+    at
 }
 
 fn key_offset(table: &dyn TableLike, key: &str) -> usize {
@@ -151,208 +383,413 @@ fn item_offset(item: &Item) -> usize {
     item.span().map_or(0, |s| s.start)
 }
 
-/// The fields of one `[[rule]]` as read, before cross-field checks.
+#[allow(clippy::too_many_arguments)]
+fn read_file(
+    file: usize,
+    text: &str,
+    report: &mut Report<'_>,
+    counters: &mut Vec<CounterDraft>,
+    rules: &mut Vec<RuleDraft>,
+    ids: &mut Vec<(String, Origin)>,
+    warnings: &mut Vec<Diagnostic>,
+) {
+    let doc = match Document::parse(text) {
+        Ok(doc) => doc,
+        Err(err) => {
+            let offset = err.span().map_or(0, |s| s.start);
+            let message = err.message().lines().next().unwrap_or("invalid TOML").trim_end();
+            report.error(offset, format!("TOML syntax error: {message}"));
+            return;
+        }
+    };
+    let root = doc.as_table();
+    for (key, _) in root.iter() {
+        match key {
+            "rule" | "counter" => {}
+            "list" => report.error(key_offset(root, key), "lists ([[list]]) are not supported by this version"),
+            _ => report.error(
+                key_offset(root, key),
+                format!("unknown top-level key {key:?}; a rule file holds [[counter]] and [[rule]] tables"),
+            ),
+        }
+    }
+    for kind in ["counter", "rule"] {
+        let Some(item) = root.get(kind) else { continue };
+        let Some(tables) = item.as_array_of_tables() else {
+            report.error(key_offset(root, kind), format!("{kind:?} must be an array of tables: write each one as [[{kind}]]"));
+            continue;
+        };
+        for table in tables.iter() {
+            let mut cx = TableCx { file, report: &mut *report, warnings: &mut *warnings };
+            if kind == "counter" {
+                if let Some((draft, id)) = read_counter(table, &mut cx) {
+                    ids.push(id);
+                    counters.push(draft);
+                }
+            } else if let Some((rule, counter, id)) = read_rule(table, &mut cx) {
+                ids.push(id);
+                if let Some(counter) = counter {
+                    counters.push(counter);
+                }
+                rules.push(rule);
+            }
+        }
+    }
+}
+
+struct TableCx<'r, 'a> {
+    file: usize,
+    report: &'r mut Report<'a>,
+    warnings: &'r mut Vec<Diagnostic>,
+}
+
+/// The keys shared by counters and v1 rules, as read.
 #[derive(Default)]
-struct Fields<'t> {
-    id: Option<String>,
-    description: Option<String>,
-    action: Option<Action>,
-    mode: Option<Mode>,
-    enabled: Option<bool>,
-    matchers: Option<Vec<Matcher>>,
+struct WindowKeys<'t> {
     dimensions: Option<Vec<FieldPath>>,
     window: Option<(i64, &'t str, usize)>,
     bucket: Option<(i64, &'t str, usize)>,
     aggregate: Option<(Aggregate, usize)>,
     field: Option<(FieldPath, usize)>,
-    limit: Option<CanonicalNumber>,
-    on_store_error: Option<OnStoreError>,
-    /// Set when a key was present but invalid: the rule is refused, but without a second,
-    /// misleading "missing" error for that key.
-    invalid: Vec<&'static str>,
 }
 
-fn compile_rule(table: &Table, report: &mut Report<'_>) -> Option<Rule> {
-    let header = table.span().map_or(0, |s| s.start);
-    let errors_before = report.diagnostics.len();
-    let mut f = Fields::default();
-    for (key, item) in table.iter() {
-        let key_at = key_offset(table, key);
-        let at = item_offset(item);
-        match key {
-            "id" => {
-                f.id = string(item, "id", report).and_then(|id| {
-                    if valid_id(id) {
-                        Some(id.to_owned())
-                    } else {
-                        report.error(
-                            at,
-                            format!("invalid rule id {id:?}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$"),
-                        );
-                        None
-                    }
-                });
-                mark(&mut f.invalid, f.id.is_none(), "id");
-            }
-            "description" => f.description = string(item, "description", report).map(str::to_owned),
-            "action" => {
-                f.action = string(item, "action", report).and_then(|s| {
-                    let parsed = Action::parse(s);
-                    if parsed.is_none() {
-                        report.error(at, format!("invalid action {s:?}: expected \"block\", \"review\" or \"alert\""));
-                    }
-                    parsed
-                });
-                mark(&mut f.invalid, f.action.is_none(), "action");
-            }
-            "mode" => {
-                f.mode = string(item, "mode", report).and_then(|s| {
-                    let parsed = Mode::parse(s);
-                    if parsed.is_none() {
-                        report.error(at, format!("invalid mode {s:?}: expected \"enforce\" or \"shadow\""));
-                    }
-                    parsed
-                });
-            }
-            "on_store_error" => {
-                f.on_store_error = string(item, "on_store_error", report).and_then(|s| {
-                    let parsed = OnStoreError::parse(s);
-                    if parsed.is_none() {
-                        report.error(at, format!("invalid on_store_error {s:?}: expected \"local\", \"allow\" or \"block\""));
-                    }
-                    parsed
-                });
-            }
-            "enabled" => match item.as_bool() {
-                Some(b) => f.enabled = Some(b),
-                None => report.error(at, format!("\"enabled\" must be a boolean, found {}", type_name(item))),
-            },
-            "match" => f.matchers = matchers(item, report),
-            "dimensions" => {
-                f.dimensions = dimensions(item, report);
-                mark(&mut f.invalid, f.dimensions.is_none(), "dimensions");
-            }
-            "window" => {
-                f.window = duration(item, "window", report);
-                mark(&mut f.invalid, f.window.is_none(), "window");
-            }
-            "bucket" => f.bucket = duration(item, "bucket", report),
-            "aggregate" => {
-                f.aggregate = string(item, "aggregate", report).and_then(|s| {
-                    let parsed = match s {
-                        "count" => Some(Aggregate::Count),
-                        "sum" => Some(Aggregate::Sum),
-                        "distinct" => Some(Aggregate::Distinct),
-                        _ => None,
-                    };
-                    if parsed.is_none() {
-                        report.error(
-                            at,
-                            format!("invalid aggregate {s:?}: expected \"count\", \"sum\" or \"distinct\""),
-                        );
-                    }
-                    parsed.map(|a| (a, at))
-                });
-                mark(&mut f.invalid, f.aggregate.is_none(), "aggregate");
-            }
-            "field" => {
-                f.field = string(item, "field", report).and_then(|s| match FieldPath::parse(s) {
-                    Some(p) => Some((p, key_at)),
-                    None => {
-                        report.error(at, bad_path(s));
-                        None
-                    }
-                });
-                mark(&mut f.invalid, f.field.is_none(), "field");
-            }
-            "limit" => {
-                f.limit = limit(item, report);
-                mark(&mut f.invalid, f.limit.is_none(), "limit");
-            }
-            other => report.error(
-                key_at,
-                format!("unknown key {other:?} in rule; expected one of: {}", RULE_KEYS.join(", ")),
-            ),
+/// Reads one key shared by counters and v1 rules; false if `key` is not one of them.
+fn window_key<'t>(key: &str, item: &'t Item, key_at: usize, w: &mut WindowKeys<'t>, invalid: &mut Vec<&'static str>, report: &mut Report<'_>) -> bool {
+    let at = item_offset(item);
+    match key {
+        "dimensions" => {
+            w.dimensions = dimensions(item, report);
+            mark(invalid, w.dimensions.is_none(), "dimensions");
         }
-    }
-
-    let name = f.id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id:?}"));
-    for (key, present) in [
-        ("id", f.id.is_some()),
-        ("action", f.action.is_some()),
-        ("dimensions", f.dimensions.is_some()),
-        ("window", f.window.is_some()),
-        ("limit", f.limit.is_some()),
-    ] {
-        if !present && !f.invalid.contains(&key) {
-            report.error(header, format!("{name} is missing required key {key:?}"));
+        "window" => {
+            w.window = duration(item, "window", report);
+            if let Some((ms, text, at)) = w.window {
+                if ms > MAX_WINDOW_MS {
+                    report.error(at, format!("window {text} is longer than 400d"));
+                    w.window = None;
+                }
+            }
+            mark(invalid, w.window.is_none(), "window");
         }
+        "bucket" => w.bucket = duration(item, "bucket", report),
+        "aggregate" => {
+            w.aggregate = string(item, "aggregate", report).and_then(|s| {
+                let parsed = match s {
+                    "count" => Some(Aggregate::Count),
+                    "sum" => Some(Aggregate::Sum),
+                    "distinct" => Some(Aggregate::Distinct),
+                    _ => None,
+                };
+                if parsed.is_none() {
+                    report.error(at, format!("invalid aggregate {s:?}: expected \"count\", \"sum\" or \"distinct\""));
+                }
+                parsed.map(|a| (a, at))
+            });
+            mark(invalid, w.aggregate.is_none(), "aggregate");
+        }
+        "field" => {
+            w.field = string(item, "field", report).and_then(|s| match FieldPath::parse(s) {
+                Some(p) => Some((p, key_at)),
+                None => {
+                    report.error(at, bad_path(s));
+                    None
+                }
+            });
+            mark(invalid, w.field.is_none(), "field");
+        }
+        _ => return false,
     }
+    true
+}
 
-    let aggregate = f.aggregate.map_or(Aggregate::Count, |(a, _)| a);
-    if !f.invalid.contains(&"aggregate") {
-        match (aggregate, &f.field) {
+/// Cross-key checks of the window keys; the spec if they hold.
+fn window_spec(w: &WindowKeys<'_>, invalid: &[&'static str], header: usize, report: &mut Report<'_>) -> Option<WindowSpec> {
+    let aggregate = w.aggregate.map_or(Aggregate::Count, |(a, _)| a);
+    if !invalid.contains(&"aggregate") {
+        match (aggregate, &w.field) {
             (Aggregate::Count, Some((_, at))) => {
                 report.error(*at, "\"field\" is not allowed with aggregate \"count\"");
             }
-            (Aggregate::Sum | Aggregate::Distinct, None) if !f.invalid.contains(&"field") => {
-                let at = f.aggregate.map_or(header, |(_, at)| at);
+            (Aggregate::Sum | Aggregate::Distinct, None) if !invalid.contains(&"field") => {
+                let at = w.aggregate.map_or(header, |(_, at)| at);
                 report.error(at, format!("aggregate {:?} requires \"field\"", aggregate.as_str()));
             }
             _ => {}
         }
     }
-
-    let spec = f.window.and_then(|(window, window_text, _)| {
-        let (bucket_ms, bucket_at) = match f.bucket {
-            Some((b, _, at)) => (b, at),
-            None => {
-                if window % DEFAULT_BUCKETS != 0 {
-                    let at = f.window.map_or(header, |(_, _, at)| at);
-                    report.error(
-                        at,
-                        format!(
-                            "window {window_text} has no default bucket (window/60 is not a whole number of milliseconds); set \"bucket\""
-                        ),
-                    );
-                    return None;
-                }
-                (window / DEFAULT_BUCKETS, header)
+    let (window, window_text, window_at) = w.window?;
+    let (bucket_ms, bucket_at) = match w.bucket {
+        Some((b, _, at)) => (b, at),
+        None => {
+            if window % DEFAULT_BUCKETS != 0 {
+                report.error(
+                    window_at,
+                    format!(
+                        "window {window_text} has no default bucket (window/60 is not a whole number of milliseconds); set \"bucket\""
+                    ),
+                );
+                return None;
             }
-        };
-        let bucket_text = f.bucket.map_or("", |(_, t, _)| t);
-        if window % bucket_ms != 0 {
-            report.error(bucket_at, format!("bucket {bucket_text} does not divide window {window_text}"));
-            return None;
+            (window / DEFAULT_BUCKETS, header)
         }
-        let buckets = window / bucket_ms;
-        if buckets > MAX_BUCKETS {
-            report.error(
-                bucket_at,
-                format!("window {window_text} with bucket {bucket_text} has {buckets} buckets; at most {MAX_BUCKETS} are allowed"),
-            );
-            return None;
-        }
-        Some(WindowSpec { bucket_ms, buckets, aggregate })
-    });
-
-    if report.diagnostics.len() > errors_before {
+    };
+    let bucket_text = w.bucket.map_or("", |(_, t, _)| t);
+    if window % bucket_ms != 0 {
+        report.error(bucket_at, format!("bucket {bucket_text} does not divide window {window_text}"));
         return None;
     }
-    Some(Rule {
-        id: f.id?,
-        description: f.description,
-        action: f.action?,
-        mode: f.mode.unwrap_or(Mode::Enforce),
-        enabled: f.enabled.unwrap_or(true),
-        matchers: f.matchers.unwrap_or_default(),
-        dimensions: f.dimensions?,
-        window: spec?,
-        field: f.field.map(|(p, _)| p),
-        limit: f.limit?,
-        on_store_error: f.on_store_error.unwrap_or_default(),
-        origin: report.source.origin(header),
+    let buckets = window / bucket_ms;
+    if buckets > MAX_BUCKETS {
+        report.error(
+            bucket_at,
+            format!("window {window_text} with bucket {bucket_text} has {buckets} buckets; at most {MAX_BUCKETS} are allowed"),
+        );
+        return None;
+    }
+    Some(WindowSpec::new(bucket_ms, buckets, aggregate))
+}
+
+fn read_id(item: &Item, report: &mut Report<'_>, what: &str) -> Option<String> {
+    let at = item_offset(item);
+    string(item, "id", report).and_then(|id| {
+        if valid_id(id) {
+            Some(id.to_owned())
+        } else {
+            report.error(at, format!("invalid {what} id {id:?}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$"));
+            None
+        }
     })
+}
+
+/// A `match`: a table (v1) or an expression string.
+fn read_scope(item: &Item, cx: &mut TableCx<'_, '_>) -> Option<DraftScope> {
+    if let Some(text) = item.as_str() {
+        return Some(DraftScope::Expr(ExprSite { file: cx.file, at: item_offset(item), value: text.to_owned() }));
+    }
+    matchers(item, cx.report, cx.warnings).map(DraftScope::Table)
+}
+
+fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(CounterDraft, (String, Origin))> {
+    let header = table.span().map_or(0, |s| s.start);
+    let errors_before = cx.report.diagnostics.len();
+    let mut invalid = Vec::new();
+    let mut w = WindowKeys::default();
+    let (mut id, mut description, mut scope, mut enabled) = (None, None, None, None);
+    let (mut allow_negative, mut max_distinct) = (None, None);
+    for (key, item) in table.iter() {
+        let key_at = key_offset(table, key);
+        let at = item_offset(item);
+        if window_key(key, item, key_at, &mut w, &mut invalid, cx.report) {
+            continue;
+        }
+        match key {
+            "id" => {
+                id = read_id(item, cx.report, "counter");
+                mark(&mut invalid, id.is_none(), "id");
+            }
+            "description" => description = string(item, "description", cx.report).map(str::to_owned),
+            "match" => scope = read_scope(item, cx),
+            "enabled" => enabled = boolean(item, "enabled", cx.report),
+            "allow_negative" => allow_negative = boolean(item, "allow_negative", cx.report).map(|b| (b, key_at)),
+            "max_distinct" => match item.as_integer() {
+                Some(n) if (1..=MAX_DISTINCT_LIMIT).contains(&n) => max_distinct = Some((n as u32, key_at)),
+                _ => cx.report.error(at, format!("\"max_distinct\" must be an integer from 1 to {MAX_DISTINCT_LIMIT}")),
+            },
+            "when" | "action" | "limit" => cx.report.error(
+                key_at,
+                format!("{key:?} belongs in a [[rule]]: a counter only counts; a rule reads it as $<counter id>"),
+            ),
+            other => cx.report.error(
+                key_at,
+                format!("unknown key {other:?} in counter; expected one of: {}", COUNTER_KEYS.join(", ")),
+            ),
+        }
+    }
+    let name = id.as_deref().map_or_else(|| "counter".to_owned(), |id| format!("counter {id:?}"));
+    for (key, present) in [("id", id.is_some()), ("dimensions", w.dimensions.is_some()), ("window", w.window.is_some())] {
+        if !present && !invalid.contains(&key) {
+            cx.report.error(header, format!("{name} is missing required key {key:?}"));
+        }
+    }
+    let spec = window_spec(&w, &invalid, header, cx.report);
+    let aggregate = w.aggregate.map_or(Aggregate::Count, |(a, _)| a);
+    if let Some((_, at)) = allow_negative.filter(|_| aggregate != Aggregate::Sum) {
+        cx.report.error(at, "\"allow_negative\" is only for aggregate \"sum\"");
+    }
+    if let Some((_, at)) = max_distinct.filter(|_| aggregate != Aggregate::Distinct) {
+        cx.report.error(at, "\"max_distinct\" is only for aggregate \"distinct\"");
+    }
+    if cx.report.diagnostics.len() > errors_before {
+        return None;
+    }
+    let origin = cx.report.source.origin(header);
+    let id = id?;
+    let mut window = spec?;
+    window.max_distinct = max_distinct.map_or(DEFAULT_MAX_DISTINCT, |(n, _)| n);
+    let counter = Counter {
+        id: id.clone(),
+        description,
+        enabled: enabled.unwrap_or(true),
+        scope: Scope::All,
+        scope_text: None,
+        dimensions: w.dimensions?,
+        window,
+        field: w.field.map(|(p, _)| p),
+        allow_negative: allow_negative.is_some_and(|(b, _)| b),
+        from_rule: false,
+        origin: origin.clone(),
+    };
+    Some((CounterDraft { counter, scope: scope.unwrap_or(DraftScope::All) }, (id, origin)))
+}
+
+#[allow(clippy::type_complexity)]
+fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Option<CounterDraft>, (String, Origin))> {
+    let header = table.span().map_or(0, |s| s.start);
+    let errors_before = cx.report.diagnostics.len();
+    let mut invalid = Vec::new();
+    let mut w = WindowKeys::default();
+    let mut window_keys_at: Vec<(&str, usize)> = Vec::new();
+    let (mut id, mut description, mut action, mut mode, mut enabled) = (None, None, None, None, None);
+    let (mut scope, mut when, mut limit, mut on_store_error) = (None, None, None, None);
+    for (key, item) in table.iter() {
+        let key_at = key_offset(table, key);
+        let at = item_offset(item);
+        if window_key(key, item, key_at, &mut w, &mut invalid, cx.report) {
+            window_keys_at.push((key, key_at));
+            continue;
+        }
+        match key {
+            "id" => {
+                id = read_id(item, cx.report, "rule");
+                mark(&mut invalid, id.is_none(), "id");
+            }
+            "description" => description = string(item, "description", cx.report).map(str::to_owned),
+            "action" => {
+                action = string(item, "action", cx.report).and_then(|s| {
+                    let parsed = Action::parse(s);
+                    if parsed.is_none() {
+                        cx.report.error(
+                            at,
+                            format!("invalid action {s:?}: expected \"block\", \"challenge\", \"review\", \"alert\" or \"allow\""),
+                        );
+                    }
+                    parsed
+                });
+                mark(&mut invalid, action.is_none(), "action");
+            }
+            "mode" => {
+                mode = string(item, "mode", cx.report).and_then(|s| {
+                    let parsed = Mode::parse(s);
+                    if parsed.is_none() {
+                        cx.report.error(at, format!("invalid mode {s:?}: expected \"enforce\" or \"shadow\""));
+                    }
+                    parsed
+                });
+            }
+            "on_store_error" => {
+                on_store_error = string(item, "on_store_error", cx.report).and_then(|s| {
+                    let parsed = OnStoreError::parse(s);
+                    if parsed.is_none() {
+                        cx.report.error(at, format!("invalid on_store_error {s:?}: expected \"local\", \"allow\" or \"block\""));
+                    }
+                    parsed
+                });
+            }
+            "enabled" => enabled = boolean(item, "enabled", cx.report),
+            "match" => scope = read_scope(item, cx),
+            "when" => match item.as_str() {
+                Some(text) => when = Some((ExprSite { file: cx.file, at, value: text.to_owned() }, key_at)),
+                None => cx.report.error(at, format!("\"when\" must be an expression string, found {}", type_name(item))),
+            },
+            "limit" => {
+                limit = read_limit(item, cx.report).map(|l| (l, key_at));
+                mark(&mut invalid, limit.is_none(), "limit");
+            }
+            "hold" | "hold_key" => cx.report.error(key_at, format!("{key:?}: holds are not supported by this version")),
+            other => cx.report.error(
+                key_at,
+                format!("unknown key {other:?} in rule; expected one of: {}", RULE_KEYS.join(", ")),
+            ),
+        }
+    }
+    let name = id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id:?}"));
+    // The v1 form (`window` + `limit`) is a counter and a rule in one table.
+    let v1 = w.window.is_some() || invalid.contains(&"window");
+    let mut required = vec![("id", id.is_some()), ("action", action.is_some())];
+    if v1 {
+        required.extend([("dimensions", w.dimensions.is_some()), ("limit", limit.is_some())]);
+        if let Some((_, at)) = &when {
+            cx.report.error(*at, "\"when\" is not allowed with \"window\" and \"limit\" (the v1 form fires on its limit): define a [[counter]] and test it in `when`");
+        }
+    } else {
+        if let Some((_, at)) = limit {
+            cx.report.error(at, "\"limit\" needs \"window\" (the v1 form); otherwise write the condition in `when`, like \"$counter-id > 5\"");
+        }
+        for (key, at) in &window_keys_at {
+            cx.report.error(*at, format!("{key:?} needs \"window\" (the v1 form); otherwise define a [[counter]] and test it in `when`"));
+        }
+    }
+    for (key, present) in required {
+        if !present && !invalid.contains(&key) {
+            cx.report.error(header, format!("{name} is missing required key {key:?}"));
+        }
+    }
+    let spec = if v1 { window_spec(&w, &invalid, header, cx.report) } else { None };
+    if cx.report.diagnostics.len() > errors_before {
+        return None;
+    }
+    let origin = cx.report.source.origin(header);
+    let id = id?;
+    let enabled = enabled.unwrap_or(true);
+    let scope = scope.unwrap_or(DraftScope::All);
+    let counter = if v1 {
+        let counter = Counter {
+            id: id.clone(),
+            description: None,
+            enabled,
+            scope: Scope::All,
+            scope_text: None,
+            dimensions: w.dimensions?,
+            window: spec?,
+            field: w.field.map(|(p, _)| p),
+            allow_negative: false,
+            from_rule: true,
+            origin: origin.clone(),
+        };
+        Some(CounterDraft { counter, scope: scope.clone() })
+    } else {
+        None
+    };
+    let rule = RuleDraft {
+        id: id.clone(),
+        description,
+        action: action?,
+        mode: mode.unwrap_or(Mode::Enforce),
+        enabled,
+        scope,
+        when: when.map(|(site, _)| site),
+        limit: limit.map(|(l, _)| l),
+        on_store_error: on_store_error.unwrap_or_default(),
+        origin: origin.clone(),
+    };
+    Some((rule, counter, (id, origin)))
+}
+
+fn boolean(item: &Item, key: &str, report: &mut Report<'_>) -> Option<bool> {
+    let b = item.as_bool();
+    if b.is_none() {
+        report.error(item_offset(item), format!("{key:?} must be a boolean, found {}", type_name(item)));
+    }
+    b
+}
+
+/// A TOML number as the exact decimal its text writes.
+fn toml_number(value: &Value) -> Option<Decimal> {
+    match value {
+        Value::Integer(i) => Some(Decimal::from_i64(*i.value())),
+        Value::Float(f) => Decimal::from_f64(*f.value()),
+        _ => None,
+    }
 }
 
 fn mark(invalid: &mut Vec<&'static str>, is_invalid: bool, key: &'static str) {
@@ -457,52 +894,70 @@ fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
     ok.then_some(paths)
 }
 
-fn limit(item: &Item, report: &mut Report<'_>) -> Option<CanonicalNumber> {
+fn read_limit(item: &Item, report: &mut Report<'_>) -> Option<Decimal> {
     let at = item_offset(item);
     let number = match item {
-        Item::Value(Value::Integer(i)) => Number::Int(*i.value()),
-        Item::Value(Value::Float(f)) => Number::Float(*f.value()),
+        Item::Value(v @ (Value::Integer(_) | Value::Float(_))) => exact_number(v, report),
         other => {
             report.error(at, format!("\"limit\" must be a number >= 0, found {}", type_name(other)));
             return None;
         }
     };
-    let value = number.as_f64();
-    if !value.is_finite() {
+    let Some(number) = number else {
         report.error(at, "\"limit\" must be a finite number");
         return None;
-    }
-    if value < 0.0 {
-        let shown = match number {
-            Number::Float(f) => f.to_string(),
-            _ => format!("{value}"),
-        };
-        report.error(at, format!("\"limit\" must be a number >= 0, found {shown}"));
+    };
+    if number.is_negative() {
+        report.error(at, format!("\"limit\" must be a number >= 0, found {number}"));
         return None;
     }
-    Some(number.canonical())
+    Some(number)
 }
 
-fn matchers(item: &Item, report: &mut Report<'_>) -> Option<Vec<Matcher>> {
+/// A TOML number as the exact decimal its text in the file writes (`None` for inf and nan).
+fn exact_number(value: &Value, report: &Report<'_>) -> Option<Decimal> {
+    if let Value::Float(_) = value {
+        if let Some(span) = value.span() {
+            if let Some(text) = report.source.text.get(span) {
+                return Decimal::parse(&text.trim().replace('_', ""));
+            }
+        }
+    }
+    toml_number(value)
+}
+
+/// A `match` table value that reads like a comparison (`"> 500"`): a table matches it literally.
+fn looks_like_comparison(s: &str) -> bool {
+    let t = s.trim_start();
+    ["<", ">", "!=", "==", ">=", "<="].iter().any(|op| t.starts_with(op)) && t.len() > 1
+}
+
+fn matchers(item: &Item, report: &mut Report<'_>, warnings: &mut Vec<Diagnostic>) -> Option<Vec<Matcher>> {
     let Some(table) = item.as_table_like() else {
         report.error(
             item_offset(item),
-            format!("\"match\" must be a table of field = value(s), found {}", type_name(item)),
+            format!("\"match\" must be an expression string or a table of field = value(s), found {}", type_name(item)),
         );
         return None;
     };
     let mut out = Vec::new();
-    let ok = collect_matchers(table, "", report, &mut out);
+    let ok = collect_matchers(table, "", report, warnings, &mut out);
     ok.then_some(out)
 }
 
 /// Flattens nested tables (`match.device.os = "ios"`) into dotted paths.
-fn collect_matchers(table: &dyn TableLike, prefix: &str, report: &mut Report<'_>, out: &mut Vec<Matcher>) -> bool {
+fn collect_matchers(
+    table: &dyn TableLike,
+    prefix: &str,
+    report: &mut Report<'_>,
+    warnings: &mut Vec<Diagnostic>,
+    out: &mut Vec<Matcher>,
+) -> bool {
     let mut ok = true;
     for (key, item) in table.iter() {
         let path_text = if prefix.is_empty() { key.to_owned() } else { format!("{prefix}.{key}") };
         if let Some(nested) = item.as_table_like() {
-            ok &= collect_matchers(nested, &path_text, report, out);
+            ok &= collect_matchers(nested, &path_text, report, warnings, out);
             continue;
         }
         let at = item_offset(item);
@@ -524,11 +979,21 @@ fn collect_matchers(table: &dyn TableLike, prefix: &str, report: &mut Report<'_>
         let mut any_of = Vec::with_capacity(values.len());
         for value in values {
             let parsed = match value {
-                Value::String(s) => Some(MatchValue::Str(s.value().clone())),
-                Value::Integer(i) => Some(MatchValue::Number(Number::Int(*i.value()).canonical())),
-                Value::Float(f) if f.value().is_finite() => {
-                    Some(MatchValue::Number(Number::Float(*f.value()).canonical()))
+                Value::String(s) => {
+                    if looks_like_comparison(s.value()) {
+                        let at = value.span().map_or(at, |s| s.start);
+                        warnings.push(Diagnostic {
+                            origin: report.source.origin(at),
+                            message: format!(
+                                "match value {:?} for {path_text:?} is compared as a plain string; to compare, write an expression: match = \"{path_text} {}\"",
+                                s.value(),
+                                s.value().trim()
+                            ),
+                        });
+                    }
+                    Some(MatchValue::Str(s.value().clone()))
                 }
+                Value::Integer(_) | Value::Float(_) => exact_number(value, report).map(MatchValue::Number),
                 Value::Boolean(b) => Some(MatchValue::Bool(*b.value())),
                 _ => None,
             };
@@ -557,7 +1022,14 @@ mod tests {
     use super::*;
 
     fn errors(text: &str) -> Vec<String> {
-        compile_file("r.toml", text).1.iter().map(ToString::to_string).collect()
+        match compile_sources(&[("r.toml", text)]) {
+            Ok(_) => Vec::new(),
+            Err(diags) => diags.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    fn compile_one(text: &str) -> CompiledSet {
+        compile_sources(&[("r.toml", text)]).unwrap_or_else(|d| panic!("{d:?}"))
     }
 
     const VALID: &str = r#"
@@ -572,23 +1044,25 @@ limit = 5
 
     #[test]
     fn compiles_a_valid_rule_with_defaults() {
-        let (rules, diags) = compile_file("r.toml", VALID);
-        assert!(diags.is_empty(), "{diags:?}");
-        let r = &rules[0];
+        let set = compile_one(VALID);
+        let r = &set.rules[0];
         assert_eq!(r.id, "login-fail-user-10m");
         assert_eq!(r.mode, Mode::Enforce);
         assert!(r.enabled);
-        assert_eq!(r.window, WindowSpec { bucket_ms: 10_000, buckets: 60, aggregate: Aggregate::Count });
-        assert_eq!(r.matchers.len(), 2);
+        assert_eq!(r.form, Form::V1 { counter: 0, limit: Decimal::from_i64(5) });
+        let c = &set.counters[0];
+        assert_eq!(c.id, r.id);
+        assert_eq!(c.window, WindowSpec::new(10_000, 60, Aggregate::Count));
+        assert!(matches!(&r.scope, Scope::Table(m) if m.len() == 2));
         assert_eq!(r.origin.to_string(), "r.toml:2:1");
     }
 
     #[test]
     fn nested_match_tables_become_dotted_paths() {
         let text = "[[rule]]\nid='a'\naction='alert'\ndimensions=['u']\nwindow='1m'\nlimit=1\nmatch.device.os='ios'\n[rule.match.geo]\ncountry=['FR','DE']\n";
-        let (rules, diags) = compile_file("r.toml", text);
-        assert!(diags.is_empty(), "{diags:?}");
-        let paths: Vec<&str> = rules[0].matchers.iter().map(|m| m.path.as_str()).collect();
+        let set = compile_one(text);
+        let Scope::Table(matchers) = &set.rules[0].scope else { panic!("a table") };
+        let paths: Vec<&str> = matchers.iter().map(|m| m.path.as_str()).collect();
         assert_eq!(paths, ["device.os", "geo.country"]);
     }
 
@@ -599,13 +1073,74 @@ limit = 5
             errors(text),
             [
                 "r.toml:2:6: invalid rule id \"A\": must match ^[a-z0-9][a-z0-9_.-]{0,63}$",
-                "r.toml:3:10: invalid action \"deny\": expected \"block\", \"review\" or \"alert\"",
+                "r.toml:3:10: invalid action \"deny\": expected \"block\", \"challenge\", \"review\", \"alert\" or \"allow\"",
                 "r.toml:4:14: \"dimensions\" must list 1 to 4 field paths, found 0",
                 "r.toml:5:10: invalid duration \"10x\" for window: expected an integer and a unit (ms, s, m, h or d), like \"10m\"",
                 "r.toml:6:9: \"limit\" must be a number >= 0, found -1",
-                "r.toml:7:1: unknown key \"colour\" in rule; expected one of: id, description, action, mode, enabled, match, dimensions, window, bucket, aggregate, field, limit, on_store_error",
+                "r.toml:7:1: unknown key \"colour\" in rule; expected one of: id, description, action, mode, enabled, match, when, on_store_error, dimensions, window, bucket, aggregate, field, limit, hold, hold_key",
             ]
         );
+    }
+
+    #[test]
+    fn expression_errors_point_into_the_file() {
+        // The column is that of the offending token inside the TOML string, escapes included.
+        let text = r#"[[counter]]
+id = 'c'
+dimensions = ['u']
+window = '1m'
+
+[[rule]]
+id = 'r'
+action = 'block'
+when = "$c > 1 && \"a\" == $nope"
+match = '''
+  type == 'x' &&
+  $c > 1'''
+"#;
+        assert_eq!(
+            errors(text),
+            [
+                "r.toml:9:28: unknown counter \"nope\"",
+                "r.toml:12:3: a match cannot use counters ($c): test it in the rule's `when`",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_two_forms_do_not_mix() {
+        let text = "[[rule]]\nid='r'\naction='block'\nlimit=5\nwhen='true'\n";
+        assert_eq!(
+            errors(text),
+            ["r.toml:4:1: \"limit\" needs \"window\" (the v1 form); otherwise write the condition in `when`, like \"$counter-id > 5\""]
+        );
+        let text = "[[rule]]\nid='r'\naction='block'\ndimensions=['u']\nwindow='1m'\nlimit=5\nwhen='true'\n";
+        assert_eq!(
+            errors(text),
+            ["r.toml:7:1: \"when\" is not allowed with \"window\" and \"limit\" (the v1 form fires on its limit): define a [[counter]] and test it in `when`"]
+        );
+    }
+
+    #[test]
+    fn warns_about_likely_mistakes() {
+        let text = "[[counter]]\nid='unread'\ndimensions=['u']\nwindow='1m'\n\n[[rule]]\nid='never'\naction='block'\nwhen=\"'a' > 1\"\n\n[[rule]]\nid='cmp'\naction='review'\nmatch={ amount = '> 500' }\n";
+        let warnings: Vec<String> = compile_one(text).warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            warnings,
+            [
+                "r.toml:14:18: match value \"> 500\" for \"amount\" is compared as a plain string; to compare, write an expression: match = \"amount > 500\"",
+                "r.toml:6:1: rule \"never\" can never fire: its `when` is always unknown (it compares or computes across types)",
+                "r.toml:1:1: counter \"unread\" is not read by any rule",
+            ]
+        );
+    }
+
+    #[test]
+    fn raw_offsets_follow_escapes_and_delimiters() {
+        assert_eq!(raw_offset("'abc'", 2), 3);
+        assert_eq!(raw_offset(r#""a\"b""#, 2), 4);
+        assert_eq!(raw_offset(r#""\u00e9x""#, 2), 7);
+        assert_eq!(raw_offset("'''\nab'''", 1), 5);
     }
 
     #[test]

@@ -1,14 +1,21 @@
-//! Rules: the TOML rule language, compiled into a [`RuleSet`] that plans which window each event
-//! touches and decides on the resulting values. Pure: no I/O (the caller reads rule files).
+//! Rules: the TOML rule language — counters (what to count), rules (what to judge) and
+//! expressions — compiled into a [`RuleSet`] that plans what each event counts, and decides on
+//! the values. Pure: no I/O (the caller reads rule files).
+//!
+//! - `model`: the validated counters and rules. `compile`: rule files → model, every error at
+//!   `file:line:col`. `expr`: the expression language (parse, resolve, three-valued evaluation).
+//!   `plan`: per event, which counters it feeds, under which key, with which delta; which rules
+//!   judge it. `decide`: hits → the decision and its JSON record.
 
 pub mod compile;
 pub mod decide;
+pub mod expr;
 pub mod model;
 pub mod plan;
 
-pub use compile::{check_ids, compile_file, Diagnostic};
+pub use compile::Diagnostic;
 pub use decide::{Decision, Hit, Reason, Source};
-pub use model::{Action, Mode, OnStoreError, Origin, Rule};
+pub use model::{Action, Counter, Form, Mode, OnStoreError, Origin, Rule, Scope};
 pub use plan::{Plan, SkipReason};
 
 use crate::event::Projection;
@@ -25,48 +32,79 @@ impl RuleErrors {
     }
 }
 
-/// Validated rules, ready to evaluate, in rule-file order.
+/// Validated counters and rules, ready to evaluate, in rule-file order.
 #[derive(Debug, Clone)]
 pub struct RuleSet {
+    counters: Vec<Counter>,
     rules: Vec<Rule>,
-    /// Enabled rules with their projection slots, in rule-file order.
-    active: Vec<plan::CompiledRule>,
+    /// Enabled counters with their projection slots, in order: a counter's active position.
+    active_counters: Vec<plan::PlannedCounter>,
+    /// Active position of each counter (`None`: disabled).
+    counter_position: Vec<Option<usize>>,
+    /// Enabled rules with their projection slots, in order.
+    active_rules: Vec<plan::PlannedRule>,
+    /// Per active counter: whether an enabled rule's `when` reads it.
+    read: Vec<bool>,
     projection: Projection,
+    version: String,
+    warnings: Vec<Diagnostic>,
 }
 
 impl RuleSet {
     /// Compiles `(file name, text)` pairs in the order given. Every error of every file is
     /// reported; no rule set is built if there is any.
     pub fn from_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<RuleSet, RuleErrors> {
-        let mut rules = Vec::new();
-        let mut diagnostics = Vec::new();
-        for (name, text) in sources {
-            let (file_rules, file_diags) = compile_file(name, text);
-            rules.extend(file_rules);
-            diagnostics.extend(file_diags);
+        let sources: Vec<(&str, &str)> = sources.into_iter().collect();
+        let compiled = compile::compile_sources(&sources).map_err(RuleErrors)?;
+        let mut hasher = blake3::Hasher::new();
+        for (name, text) in &sources {
+            // The file's own name, not where the directory happens to be.
+            let name = name.rsplit(['/', '\\']).next().unwrap_or(name);
+            hasher.update(&(name.len() as u64).to_le_bytes());
+            hasher.update(name.as_bytes());
+            hasher.update(&(text.len() as u64).to_le_bytes());
+            hasher.update(text.as_bytes());
         }
-        diagnostics.extend(check_ids(&rules));
-        if !diagnostics.is_empty() {
-            return Err(RuleErrors(diagnostics));
-        }
-        Ok(RuleSet::new(rules))
+        let version = hasher.finalize().to_hex()[..12].to_owned();
+        Ok(RuleSet::build(compiled, version))
     }
 
-    /// A set without rules (nothing matches).
+    /// A set without counters or rules (nothing matches).
     pub fn empty() -> RuleSet {
-        RuleSet::new(Vec::new())
+        let compiled = compile::CompiledSet {
+            counters: Vec::new(),
+            rules: Vec::new(),
+            projection: Projection::new(),
+            warnings: Vec::new(),
+        };
+        RuleSet::build(compiled, "000000000000".to_owned())
     }
 
-    /// Builds a set from rules that are already valid and uniquely named.
-    pub fn new(rules: Vec<Rule>) -> RuleSet {
-        let mut projection = Projection::new();
-        let active = rules
+    fn build(compiled: compile::CompiledSet, version: String) -> RuleSet {
+        let compile::CompiledSet { counters, rules, mut projection, warnings } = compiled;
+        let mut counter_position = vec![None; counters.len()];
+        let mut active_counters = Vec::new();
+        for (index, counter) in counters.iter().enumerate() {
+            if counter.enabled {
+                counter_position[index] = Some(active_counters.len());
+                active_counters.push(plan::PlannedCounter::new(index, counter, &mut projection));
+            }
+        }
+        let active_rules = rules
             .iter()
             .enumerate()
             .filter(|(_, r)| r.enabled)
-            .map(|(index, rule)| plan::CompiledRule::new(index, rule, &mut projection))
+            .map(|(index, rule)| plan::PlannedRule::new(index, rule, &mut projection))
             .collect();
-        RuleSet { rules, active, projection }
+        let mut read = vec![false; active_counters.len()];
+        for rule in rules.iter().filter(|r| r.enabled) {
+            for &counter in rule.counters() {
+                if let Some(position) = counter_position[counter] {
+                    read[position] = true;
+                }
+            }
+        }
+        RuleSet { counters, rules, active_counters, counter_position, active_rules, read, projection, version, warnings }
     }
 
     /// All rules, disabled ones included, in rule-file order.
@@ -78,6 +116,15 @@ impl RuleSet {
         &self.rules[index]
     }
 
+    /// All counters (those v1-form rules define included), disabled ones too.
+    pub fn counters(&self) -> &[Counter] {
+        &self.counters
+    }
+
+    pub fn counter(&self, index: usize) -> &Counter {
+        &self.counters[index]
+    }
+
     /// The paths events must be decoded for.
     pub fn projection(&self) -> &Projection {
         &self.projection
@@ -85,6 +132,45 @@ impl RuleSet {
 
     /// Indices (into [`RuleSet::rules`]) of the enabled rules, in order.
     pub fn active(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.active.iter().map(|c| c.index)
+        self.active_rules.iter().map(|r| r.index)
+    }
+
+    /// Indices (into [`RuleSet::counters`]) of the enabled counters, by active position.
+    pub fn active_counters(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
+        self.active_counters.iter().map(|c| c.index)
+    }
+
+    /// The active position of a counter (`None` if disabled).
+    pub fn counter_position(&self, index: usize) -> Option<usize> {
+        self.counter_position[index]
+    }
+
+    /// Whether a rule's `when` reads the counter at active `position`.
+    pub fn is_read(&self, position: usize) -> bool {
+        self.read[position]
+    }
+
+    /// A short hash of the rule files' names and contents: changes whenever a rule does.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Likely mistakes found while loading (not errors: the set loaded).
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.warnings
+    }
+
+    /// One line per counter and per rule for `vigil check`.
+    pub fn summaries(&self) -> Vec<String> {
+        let mut lines: Vec<(usize, String)> = Vec::new();
+        for counter in &self.counters {
+            if !counter.from_rule {
+                lines.push((counter.origin.line, decide::describe_counter(counter)));
+            }
+        }
+        for rule in &self.rules {
+            lines.push((rule.origin.line, decide::describe_rule(self, rule)));
+        }
+        lines.into_iter().map(|(_, l)| l).collect()
     }
 }

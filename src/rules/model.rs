@@ -2,31 +2,39 @@
 
 use std::fmt;
 
-use crate::event::{CanonicalNumber, FieldPath};
+use super::expr::Compiled;
+use crate::event::{Decimal, FieldPath};
 use crate::window::{Aggregate, WindowSpec};
 
-/// What a hit asks downstream to do. Ordered by severity: `Block > Review > Alert`.
+/// What a hit asks downstream to do. Ordered by severity: `Block > Challenge > Review > Alert`;
+/// `Allow` is not a severity but an override (an enforce-mode allow hit decides the event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Action {
     Alert,
     Review,
+    Challenge,
     Block,
+    Allow,
 }
 
 impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Block => "block",
+            Action::Challenge => "challenge",
             Action::Review => "review",
             Action::Alert => "alert",
+            Action::Allow => "allow",
         }
     }
 
     pub fn parse(s: &str) -> Option<Action> {
         match s {
             "block" => Some(Action::Block),
+            "challenge" => Some(Action::Challenge),
             "review" => Some(Action::Review),
             "alert" => Some(Action::Alert),
+            "allow" => Some(Action::Allow),
             _ => None,
         }
     }
@@ -87,19 +95,30 @@ impl OnStoreError {
     }
 }
 
-/// A value a `match` entry accepts, with JSON's types (strings never equal numbers).
+/// A value a `match` table entry accepts, with JSON's types (strings never equal numbers).
 #[derive(Debug, Clone, PartialEq)]
 pub enum MatchValue {
     Bool(bool),
-    Number(CanonicalNumber),
+    Number(Decimal),
     Str(String),
 }
 
-/// One `match` entry: the field must hold one of `any_of`.
+/// One `match` table entry: the field must hold one of `any_of`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matcher {
     pub path: FieldPath,
     pub any_of: Vec<MatchValue>,
+}
+
+/// Which events a counter counts or a rule judges.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// No `match`: every event.
+    All,
+    /// A `match` table: every entry must hold.
+    Table(Vec<Matcher>),
+    /// A `match` expression: it must be true.
+    Expr(Box<Compiled>),
 }
 
 /// Where a rule was defined, for messages and `vigil check`.
@@ -116,55 +135,65 @@ impl fmt::Display for Origin {
     }
 }
 
-/// A rule that passed validation.
+/// A counter that passed validation: a sliding-window aggregate per dimension key.
+#[derive(Debug, Clone)]
+pub struct Counter {
+    pub id: String,
+    pub description: Option<String>,
+    pub enabled: bool,
+    pub scope: Scope,
+    /// The `match` expression as written (for summaries).
+    pub scope_text: Option<String>,
+    pub dimensions: Vec<FieldPath>,
+    pub window: WindowSpec,
+    /// The summed or distinct field; `None` for count.
+    pub field: Option<FieldPath>,
+    /// Sums: amounts may be negative (down to -1e12).
+    pub allow_negative: bool,
+    /// Defined by a rule in the v1 form (`window` + `limit`): no warning when no rule reads it.
+    pub from_rule: bool,
+    pub origin: Origin,
+}
+
+impl Counter {
+    pub fn aggregate(&self) -> Aggregate {
+        self.window.aggregate
+    }
+}
+
+/// How a rule decides whether it fires.
 #[derive(Debug, Clone, PartialEq)]
+pub enum Form {
+    /// `window` + `limit`: fires when its own counter (by index) counted the event and the value
+    /// exceeds the limit.
+    V1 { counter: usize, limit: Decimal },
+    /// `when` (absent: always).
+    V2,
+}
+
+/// A rule that passed validation.
+#[derive(Debug, Clone)]
 pub struct Rule {
     pub id: String,
     pub description: Option<String>,
     pub action: Action,
     pub mode: Mode,
     pub enabled: bool,
-    pub matchers: Vec<Matcher>,
-    pub dimensions: Vec<FieldPath>,
-    pub window: WindowSpec,
-    /// The summed or distinct field; `None` for count.
-    pub field: Option<FieldPath>,
-    /// Fires when the window value exceeds it.
-    pub limit: CanonicalNumber,
+    pub scope: Scope,
+    /// The `match` expression as written (for summaries).
+    pub scope_text: Option<String>,
+    pub when: Option<Box<Compiled>>,
+    /// The `when` expression as written.
+    pub when_text: Option<String>,
+    pub form: Form,
     pub on_store_error: OnStoreError,
     pub origin: Origin,
 }
 
 impl Rule {
-    pub fn aggregate(&self) -> Aggregate {
-        self.window.aggregate
-    }
-
-    /// One line for `vigil check`: what the rule counts and when it fires.
-    pub fn summary(&self) -> String {
-        let what = match &self.field {
-            Some(f) => format!("{}({f})", self.aggregate().as_str()),
-            None => "count".to_owned(),
-        };
-        let dims: Vec<&str> = self.dimensions.iter().map(FieldPath::as_str).collect();
-        let matches = if self.matchers.is_empty() {
-            String::new()
-        } else {
-            let m: Vec<&str> = self.matchers.iter().map(|m| m.path.as_str()).collect();
-            format!(" where {}", m.join(", "))
-        };
-        format!(
-            "{id}: {action}/{mode}{disabled} {what} per {dims} over {window} (bucket {bucket}){matches} > {limit}  [{origin}]",
-            id = self.id,
-            action = self.action.as_str(),
-            mode = self.mode.as_str(),
-            disabled = if self.enabled { "" } else { " (disabled)" },
-            dims = dims.join("+"),
-            window = format_duration(self.window.window_ms()),
-            bucket = format_duration(self.window.bucket_ms),
-            limit = serde_json::to_string(&self.limit).unwrap_or_default(),
-            origin = self.origin,
-        )
+    /// The counters the rule's `when` refers to, in order of first reference.
+    pub fn counters(&self) -> &[usize] {
+        self.when.as_ref().map_or(&[], |w| &w.counters)
     }
 }
 
@@ -221,6 +250,6 @@ mod tests {
 
     #[test]
     fn action_severity_order() {
-        assert!(Action::Block > Action::Review && Action::Review > Action::Alert);
+        assert!(Action::Block > Action::Challenge && Action::Challenge > Action::Review && Action::Review > Action::Alert);
     }
 }

@@ -1,40 +1,104 @@
-//! Plan: for one event and one rule, whether the rule applies, under which dimension key, and
-//! what to add to its window. Pure.
+//! Plan: for one event, which counters it feeds (under which dimension key, with which delta),
+//! and which rules judge it. Pure.
 
-use super::model::{MatchValue, Rule};
+use super::expr::{Context, Num};
+use super::model::{Counter, MatchValue, Rule, Scope};
 use super::RuleSet;
+use crate::decimal::MICROS_PER_UNIT;
 use crate::event::{Event, FieldValue, Projection, Scalar};
 use crate::window::{Aggregate, Delta};
 
-/// A rule with its fields resolved to projection slots.
+/// A `match` with its table fields resolved to projection slots.
 #[derive(Debug, Clone)]
-pub(crate) struct CompiledRule {
-    pub(crate) index: usize,
-    matchers: Vec<(usize, Vec<MatchValue>)>,
-    dimensions: Vec<usize>,
-    field: Option<usize>,
-    aggregate: Aggregate,
+pub(crate) enum PlannedScope {
+    All,
+    Table(Vec<(usize, Vec<MatchValue>)>),
+    /// The expression of the counter's or rule's `match` (kept in the model).
+    Expr,
 }
 
-impl CompiledRule {
-    pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection) -> CompiledRule {
-        CompiledRule {
-            index,
-            matchers: rule.matchers.iter().map(|m| (projection.slot(&m.path), m.any_of.clone())).collect(),
-            dimensions: rule.dimensions.iter().map(|p| projection.slot(p)).collect(),
-            field: rule.field.as_ref().map(|p| projection.slot(p)),
-            aggregate: rule.aggregate(),
+impl PlannedScope {
+    fn new(scope: &Scope, projection: &mut Projection) -> PlannedScope {
+        match scope {
+            Scope::All => PlannedScope::All,
+            Scope::Table(matchers) => {
+                PlannedScope::Table(matchers.iter().map(|m| (projection.slot(&m.path), m.any_of.clone())).collect())
+            }
+            Scope::Expr(_) => PlannedScope::Expr,
+        }
+    }
+
+    fn holds(&self, scope: &Scope, event: &Event<'_>) -> bool {
+        match (self, scope) {
+            (PlannedScope::All, _) => true,
+            (PlannedScope::Table(matchers), _) => {
+                matchers.iter().all(|(slot, any_of)| any_of.iter().any(|v| value_matches(event.field(*slot), v)))
+            }
+            (PlannedScope::Expr, Scope::Expr(compiled)) => compiled.expr.holds(&mut FieldsOnly(event)),
+            (PlannedScope::Expr, _) => false,
         }
     }
 }
 
-/// Why a matching event was not counted for a rule.
+/// A `match` reads fields only.
+struct FieldsOnly<'r, 'e>(&'r Event<'e>);
+
+impl<'r, 'e> Context<'r> for FieldsOnly<'r, 'e> {
+    fn field(&self, slot: usize) -> &'r FieldValue<'r> {
+        self.0.field(slot)
+    }
+    fn counter(&mut self, _: usize) -> Option<Num> {
+        None
+    }
+}
+
+/// A counter with its fields resolved to projection slots.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedCounter {
+    pub(crate) index: usize,
+    scope: PlannedScope,
+    pub(crate) dimensions: Vec<usize>,
+    field: Option<usize>,
+    aggregate: Aggregate,
+    allow_negative: bool,
+}
+
+impl PlannedCounter {
+    pub(crate) fn new(index: usize, counter: &Counter, projection: &mut Projection) -> PlannedCounter {
+        PlannedCounter {
+            index,
+            scope: PlannedScope::new(&counter.scope, projection),
+            dimensions: counter.dimensions.iter().map(|p| projection.slot(p)).collect(),
+            field: counter.field.as_ref().map(|p| projection.slot(p)),
+            aggregate: counter.aggregate(),
+            allow_negative: counter.allow_negative,
+        }
+    }
+}
+
+/// A rule with its `match` table resolved to projection slots.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedRule {
+    pub(crate) index: usize,
+    scope: PlannedScope,
+}
+
+impl PlannedRule {
+    pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection) -> PlannedRule {
+        PlannedRule { index, scope: PlannedScope::new(&rule.scope, projection) }
+    }
+}
+
+/// Why an event in a counter's scope was not counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SkipReason {
-    /// A dimension field is missing, null, an object or an array.
+    /// A dimension field is missing, null, an object or an array (the key cannot be formed).
     Dimension,
     /// The summed field is not a number.
     SumField,
+    /// The summed amount is outside the counter's range (`[0, 1e12)`, or `(-1e12, 1e12)` with
+    /// `allow_negative`).
+    SumRange,
     /// The distinct field is missing, null, an object or an array.
     DistinctField,
 }
@@ -45,12 +109,13 @@ impl SkipReason {
         match self {
             SkipReason::Dimension => "missing_dimension",
             SkipReason::SumField => "non_numeric_sum_field",
+            SkipReason::SumRange => "sum_range",
             SkipReason::DistinctField => "missing_distinct_field",
         }
     }
 }
 
-/// What one rule does with one event.
+/// What one counter does with one event.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Plan {
     /// The `match` does not hold.
@@ -60,29 +125,30 @@ pub enum Plan {
     Observe(Delta),
 }
 
+/// Largest summed amount, exclusive: 10^12 units in micro-units.
+const SUM_LIMIT_MICROS: i64 = 1_000_000_000_000 * MICROS_PER_UNIT;
+
 impl RuleSet {
-    /// Plans the `position`-th active rule for `event`, writing its canonical dimension key into
-    /// `key` (cleared first) when the result is [`Plan::Observe`].
+    /// Plans the counter at active `position` for `event`, writing its canonical dimension key
+    /// into `key` (cleared first) unless the result is [`Plan::NoMatch`] or a dimension skip.
     pub fn plan(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> Plan {
-        let rule = &self.active[position];
-        let matches = rule
-            .matchers
-            .iter()
-            .all(|(slot, any_of)| any_of.iter().any(|v| value_matches(event.field(*slot), v)));
-        if !matches {
+        let planned = &self.active_counters[position];
+        if !planned.scope.holds(&self.counters[planned.index].scope, event) {
             return Plan::NoMatch;
         }
-        key.clear();
-        for &slot in &rule.dimensions {
-            match event.field(slot).scalar() {
-                Some(scalar) => scalar.encode_into(key),
-                None => return Plan::Skip(SkipReason::Dimension),
-            }
+        if !self.counter_key(position, event, key) {
+            return Plan::Skip(SkipReason::Dimension);
         }
-        let field = rule.field.map(|slot| event.field(slot));
-        let delta = match (rule.aggregate, field) {
+        let field = planned.field.map(|slot| event.field(slot));
+        let delta = match (planned.aggregate, field) {
             (Aggregate::Count, _) => Delta::Count,
-            (Aggregate::Sum, Some(FieldValue::Number(n))) => Delta::Sum(n.as_f64()),
+            (Aggregate::Sum, Some(FieldValue::Number(n))) => {
+                let low = if planned.allow_negative { -SUM_LIMIT_MICROS } else { -1 };
+                match n.exact.to_micros_half_even() {
+                    Some(micros) if micros > low && micros < SUM_LIMIT_MICROS => Delta::Sum(micros),
+                    _ => return Plan::Skip(SkipReason::SumRange),
+                }
+            }
             (Aggregate::Sum, _) => return Plan::Skip(SkipReason::SumField),
             (Aggregate::Distinct, Some(value)) => match value.scalar() {
                 Some(scalar) => Delta::Distinct(digest(&scalar)),
@@ -93,18 +159,37 @@ impl RuleSet {
         Plan::Observe(delta)
     }
 
-    /// Projection slots of a rule's dimensions (empty for a disabled rule).
-    pub fn dimension_slots(&self, rule: usize) -> &[usize] {
-        self.active.iter().find(|c| c.index == rule).map_or(&[], |c| &c.dimensions)
+    /// Writes the counter's dimension key for `event` into `key`; false if a dimension value is
+    /// missing, null, an object or an array.
+    pub fn counter_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+        key.clear();
+        for &slot in &self.active_counters[position].dimensions {
+            match event.field(slot).scalar() {
+                Some(scalar) => scalar.encode_into(key),
+                None => return false,
+            }
+        }
+        true
     }
 
-    /// The number of active rules, i.e. valid `position`s for [`RuleSet::plan`].
+    /// Whether the rule at active `position` judges `event` (its `match` holds).
+    pub fn in_scope(&self, position: usize, event: &Event<'_>) -> bool {
+        let planned = &self.active_rules[position];
+        planned.scope.holds(&self.rules[planned.index].scope, event)
+    }
+
+    /// Projection slots of a counter's dimensions.
+    pub fn dimension_slots(&self, counter: usize) -> &[usize] {
+        self.counter_position[counter].map_or(&[], |p| &self.active_counters[p].dimensions)
+    }
+
+    /// The number of active counters, i.e. valid `position`s for [`RuleSet::plan`].
     pub fn active_len(&self) -> usize {
-        self.active.len()
+        self.active_counters.len()
     }
 }
 
-/// Strict JSON-typed equality: strings only equal strings, numbers compare by value.
+/// Strict JSON-typed equality: strings only equal strings, numbers compare by decimal value.
 fn value_matches(value: &FieldValue<'_>, expected: &MatchValue) -> bool {
     match (value.scalar(), expected) {
         (Some(Scalar::Str(s)), MatchValue::Str(e)) => s == e,
@@ -177,7 +262,10 @@ mod tests {
         let sum = set("aggregate='sum'\nfield='amount'");
         let line = |amount: &str| format!(r#"{{"ts":1,"user_id":1,"device":{{"id":1}},"amount":{amount}}}"#);
         assert_eq!(plan(&sum, &line("\"12\"")).0, Plan::Skip(SkipReason::SumField));
-        assert_eq!(plan(&sum, &line("12.5")).0, Plan::Observe(Delta::Sum(12.5)));
+        assert_eq!(plan(&sum, &line("12.5")).0, Plan::Observe(Delta::Sum(12_500_000)));
+        assert_eq!(plan(&sum, &line("-1")).0, Plan::Skip(SkipReason::SumRange));
+        assert_eq!(plan(&sum, &line("1e12")).0, Plan::Skip(SkipReason::SumRange));
+        assert_eq!(plan(&sum, &line("0.0000005")).0, Plan::Observe(Delta::Sum(0)));
 
         let distinct = set("aggregate='distinct'\nfield='ip'");
         let with_ip = |ip: &str| format!(r#"{{"ts":1,"user_id":1,"device":{{"id":1}},"ip":{ip}}}"#);

@@ -98,13 +98,13 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
         }
     }
     let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
-    let number = |bytes: &[u8]| -> Result<f64, StoreError> {
-        std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<f64>().ok()).ok_or_else(|| bad("not a number"))
+    let number = |bytes: &[u8]| -> Result<i64, StoreError> {
+        std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad("not an integer"))
     };
     if reply.len() < 5 || reply.len() % 2 == 0 {
         return Err(bad("wrong length"));
     }
-    let head = number(&reply[0])? as i64;
+    let head = number(&reply[0])?;
     let counts = ReplyCounts { late: number(&reply[1])? as u64, skipped: number(&reply[2])? as u64 };
     let version = number(&reply[3])? as u64;
     match reply[4].as_slice() {
@@ -122,11 +122,11 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
             continue;
         }
         match field.first() {
-            Some(b'b') => buckets.push((number(&field[1..])? as i64, number(value)?)),
+            Some(b'b') => buckets.push((number(&field[1..])?, number(value)?)),
             Some(b'd') if field.len() == 17 => {
                 let mut digest = [0u8; 16];
                 digest.copy_from_slice(&field[1..]);
-                values.push((u128::from_le_bytes(digest), number(value)? as i64));
+                values.push((u128::from_le_bytes(digest), number(value)?));
             }
             _ => return Err(bad("unknown field")),
         }
@@ -168,7 +168,12 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
             }
         } else if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
             let slot = text(field)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
-            let amount = text(value)?.parse::<f64>().map_err(|_| bad("bad amount"))?;
+            let value = text(value)?;
+            // Versions before exact sums stored units as doubles: read them as micro-units.
+            let amount = match value.parse::<i64>() {
+                Ok(amount) => amount,
+                Err(_) => value.parse::<f64>().map(|units| (units * 1e6).round() as i64).map_err(|_| bad("bad amount"))?,
+            };
             buckets.push((unslot(slot), amount));
         } else if field.len() == 17 && field[0] == b'd' {
             let mut digest = [0u8; 16];
@@ -266,7 +271,7 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
             call.int(o.bucket);
             match o.delta {
                 Delta::Count => call.int(1),
-                Delta::Sum(amount) => call.float(amount),
+                Delta::Sum(micros) => call.int(micros),
                 Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
             }
             if let (true, Some(origin)) = (tagged, o.origin) {
@@ -309,7 +314,7 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     call.int(head);
     match state {
         WindowState::Series(series) => {
-            let mut touched: smallvec::SmallVec<[(i64, f64); 4]> = if key.full {
+            let mut touched: smallvec::SmallVec<[(i64, i64); 4]> = if key.full {
                 series.buckets().collect()
             } else {
                 let mut buckets: smallvec::SmallVec<[i64; 4]> =
@@ -326,10 +331,7 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
             touched.retain(|(b, _)| *b >= oldest_live);
             for &(bucket, value) in &touched {
                 call.int(bucket.rem_euclid(k));
-                match spec.aggregate {
-                    Aggregate::Sum => call.float(value),
-                    _ => call.int(value as i64),
-                }
+                call.int(value);
             }
             add_offsets(call, key);
             call.fill(sets_count, call.args() - sets_start);

@@ -92,6 +92,15 @@ impl CounterStore for MemoryStore {
         Ok(Observed::exact(applied))
     }
 
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+        let spec = self.windows.spec(window.0);
+        let applied = match self.states.get(&KeyRef { window: window.0, key }) {
+            Some(state) => state.read(&spec, spec.bucket_of(ts_ms)),
+            None => crate::window::Applied::Counted(0),
+        };
+        Ok(Observed::exact(applied))
+    }
+
     fn set_horizon(&mut self, horizon_ms: i64) {
         self.horizon = Some(self.horizon.map_or(horizon_ms, |h| h.max(horizon_ms)));
     }
@@ -110,7 +119,7 @@ mod tests {
     use super::*;
     use crate::window::{Aggregate, Applied};
 
-    const COUNT_1S_X10: WindowSpec = WindowSpec { bucket_ms: 100, buckets: 10, aggregate: Aggregate::Count };
+    const COUNT_1S_X10: WindowSpec = WindowSpec::new(100, 10, Aggregate::Count);
 
     #[test]
     fn same_name_and_spec_reopen_the_same_window() {
@@ -127,10 +136,10 @@ mod tests {
         let mut s = MemoryStore::new();
         let a = s.open_window("a", COUNT_1S_X10);
         let b = s.open_window("b", COUNT_1S_X10);
-        assert_eq!(s.apply(a, b"k", 0, Delta::Count).unwrap().applied, Applied::Counted(1.0));
-        assert_eq!(s.apply(a, b"k", 1, Delta::Count).unwrap().applied, Applied::Counted(2.0));
-        assert_eq!(s.apply(b, b"k", 2, Delta::Count).unwrap().applied, Applied::Counted(1.0));
-        assert_eq!(s.apply(a, b"k2", 3, Delta::Count).unwrap().applied, Applied::Counted(1.0));
+        assert_eq!(s.apply(a, b"k", 0, Delta::Count).unwrap().applied, Applied::Counted(1));
+        assert_eq!(s.apply(a, b"k", 1, Delta::Count).unwrap().applied, Applied::Counted(2));
+        assert_eq!(s.apply(b, b"k", 2, Delta::Count).unwrap().applied, Applied::Counted(1));
+        assert_eq!(s.apply(a, b"k2", 3, Delta::Count).unwrap().applied, Applied::Counted(1));
         assert_eq!(s.live_keys(), 3);
     }
 
@@ -157,7 +166,7 @@ mod tests {
         }
         assert_eq!(s.live_keys(), 1_000);
         // A key a year old still counts its old window exactly.
-        assert_eq!(s.apply(w, &0u64.to_le_bytes(), 5, Delta::Count).unwrap().applied, Applied::Counted(2.0));
+        assert_eq!(s.apply(w, &0u64.to_le_bytes(), 5, Delta::Count).unwrap().applied, Applied::Counted(2));
     }
 
     #[test]
@@ -170,7 +179,7 @@ mod tests {
         for i in 0..10u64 {
             s.apply(w, &i.to_le_bytes(), 5_000, Delta::Count).unwrap();
         }
-        assert_eq!(s.apply(w, b"old", 1_899, Delta::Count).unwrap().applied, Applied::Counted(2.0));
+        assert_eq!(s.apply(w, b"old", 1_899, Delta::Count).unwrap().applied, Applied::Counted(2));
         // Old's head is now bucket 18: kept until the horizon reaches bucket 28.
         s.set_horizon(2_799);
         s.apply(w, b"new", 5_000, Delta::Count).unwrap();

@@ -103,6 +103,12 @@ pub trait CounterStore {
     /// window value or [`Applied::Late`].
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError>;
 
+    /// Reads `key` in `window` at event time `ts_ms` without changing anything (a counter an
+    /// event refers to but does not feed): late if the time's bucket slid out of the key's
+    /// window, else the part of the window an event at that time would see; 0 for a key never
+    /// counted.
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError>;
+
     /// Tags the observations applied from now on with `origin` (`None`: untagged, as in replay).
     /// An observation whose offset is at or below the one the store recorded for its lane and key
     /// was counted before (an input replayed after a crash): it is judged against the window but
@@ -184,6 +190,9 @@ impl CounterStore for AnyStore {
     }
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
         delegate!(self, s => s.apply(window, key, ts_ms, delta))
+    }
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+        delegate!(self, s => s.read(window, key, ts_ms))
     }
     fn set_origin(&mut self, origin: Option<Origin>) {
         delegate!(self, s => s.set_origin(origin))

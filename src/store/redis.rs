@@ -1108,6 +1108,25 @@ impl CounterStore for RedisStore {
         Ok(Observed { applied, degraded })
     }
 
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+        let spec = self.windows.spec(window.0);
+        let bucket = spec.bucket_of(ts_ms);
+        let lookup = KeyRef { window: window.0, key };
+        if let Some(dirty) = self.dirty.get(&lookup) {
+            let degraded = dirty.base_unknown || self.outage.is_some();
+            return Ok(Observed { applied: dirty.state.read(&spec, bucket), degraded });
+        }
+        let clean = match self.cache.get(&lookup) {
+            Some(state) => Some(state),
+            None => self.load(window, key),
+        };
+        Ok(match clean {
+            Some(clean) => Observed { applied: clean.state.read(&spec, bucket), degraded: self.outage.is_some() },
+            // Redis is unavailable and nothing was counted here: what this process knows is 0.
+            None => Observed { applied: Applied::Counted(0), degraded: true },
+        })
+    }
+
     fn set_origin(&mut self, origin: Option<Origin>) {
         self.origin = origin;
     }

@@ -51,13 +51,6 @@ impl ScriptCall {
         self.arg(itoa::Buffer::new().format(n).as_bytes());
     }
 
-    /// The shortest text that parses back to the same double (what `{:?}` prints).
-    pub(super) fn float(&mut self, x: f64) {
-        use std::io::Write;
-        let _ = write!(self.args, "{x:?}");
-        self.arg_ends.push(self.args.len());
-    }
-
     /// How many arguments so far.
     pub(super) fn args(&self) -> usize {
         self.arg_ends.len()
@@ -112,7 +105,7 @@ mod tests {
         call.key(b"vg:r:1");
         let count = call.placeholder();
         call.int(-5);
-        call.float(0.1);
+        call.arg(b"0.1");
         let mark = call.mark();
         call.arg(b"dropped");
         call.truncate(mark);

@@ -42,6 +42,20 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CounterLabels {
+    pub counter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabels {
+    pub counter: String,
+    pub reason: &'static str,
+}
+
+/// The skip reasons, in the order of `CounterCounts::skipped`.
+pub const SKIP_REASONS: [&str; 4] = ["missing_dimension", "non_numeric_sum_field", "sum_range", "missing_distinct_field"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: &'static str,
 }
@@ -66,10 +80,11 @@ pub struct Metrics {
     pub decisions: Family<ActionLabels, Counter>,
     /// Rule hits, by rule, mode and action.
     pub rule_hits: Family<RuleHitLabels, Counter>,
-    /// Events whose bucket had slid out of the key's window, by rule.
-    pub late_events: Family<RuleLabels, Counter>,
-    /// Events not counted for a rule because a dimension or the aggregated field was unusable.
-    pub skipped_events: Family<RuleLabels, Counter>,
+    /// Events whose bucket had slid out of the key's window (or behind the watermark), by counter.
+    pub late_events: Family<CounterLabels, Counter>,
+    /// Events in a counter's scope not counted: unusable dimension or field, or a sum out of
+    /// range, by counter and reason.
+    pub skipped_events: Family<SkipLabels, Counter>,
     /// Events sent to the dead-letter topic, by reason.
     pub dead_letters: Family<ReasonLabels, Counter>,
     /// Keys per acknowledged write-behind flush.
@@ -165,10 +180,10 @@ impl Metrics {
         registry.register("events", "Events read, by outcome", metrics.events.clone());
         registry.register("decisions", "Decision records produced, by action", metrics.decisions.clone());
         registry.register("rule_hits", "Rule hits, by rule, mode and action", metrics.rule_hits.clone());
-        registry.register("late_events", "Events too late for the key's window, by rule", metrics.late_events.clone());
+        registry.register("late_events", "Events too late for the key's window, by counter", metrics.late_events.clone());
         registry.register(
             "skipped_events",
-            "Events not counted for a rule: unusable dimension or field, by rule",
+            "Events not counted: unusable dimension or field, or a sum out of range, by counter and reason",
             metrics.skipped_events.clone(),
         );
         registry.register("dead_letters", "Events sent to the dead-letter topic, by reason", metrics.dead_letters.clone());

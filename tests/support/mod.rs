@@ -249,17 +249,18 @@ pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
     keys.into_iter().filter(|k| !k.starts_with("vg:epoch") && !k.starts_with("vg:j:")).collect()
 }
 
-/// Sum of every live count/sum bucket and the number of live distinct values, per Redis key.
-pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (f64, usize)> {
+/// Sum of every live count/sum bucket (sums in micro-units, exact) and the number of live distinct
+/// values, per Redis key.
+pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usize)> {
     counter_keys(conn)
         .into_iter()
         .map(|key| {
             let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
             // Bucket fields are slot numbers (digits only); distinct fields start with 'd'.
-            let total: f64 = fields
+            let total: i128 = fields
                 .iter()
                 .filter(|(f, _)| f.iter().all(u8::is_ascii_digit))
-                .map(|(_, v)| v.parse::<f64>().unwrap())
+                .map(|(_, v)| v.parse::<i128>().unwrap_or_else(|_| panic!("{key}: bucket {v:?} is not an integer")))
                 .sum();
             let distinct = fields.iter().filter(|(f, _)| f[0] == b'd').count();
             (key, (total, distinct))
