@@ -112,7 +112,7 @@ enum Expr {
 }
 
 const FIELDS: [&str; 7] = ["kind", "code", "amount", "n", "val", "ip", "missing"];
-const LITERALS: [&str; 10] = ["1", "1.0", "2.5", "0", "'a'", "'1'", "true", "null", "'A'", "-3"];
+const LITERALS: [&str; 11] = ["1", "1.0", "2.5", "0", "'a'", "'1'", "true", "null", "'A'", "-3", "0.3"];
 const CIDRS: [&str; 2] = ["10.0.0.0/8", "2001:db8::/32"];
 
 impl Expr {
@@ -163,12 +163,17 @@ impl Expr {
 }
 
 fn expr_strategy(counters: usize, allow_counters: bool) -> impl Strategy<Value = Expr> {
-    let leaf = prop_oneof![
+    let plain = prop_oneof![
         4 => prop::sample::select(FIELDS.to_vec()).prop_map(Expr::Field),
         3 => prop::sample::select(LITERALS.to_vec()).prop_map(Expr::Lit),
-        if allow_counters { 5 } else { 0 } => (0..counters.max(1)).prop_map(Expr::Counter),
         1 => prop::sample::select(FIELDS.to_vec()).prop_map(Expr::Exists),
     ];
+    // A `match` never names a counter, not even while shrinking.
+    let leaf = if allow_counters {
+        prop_oneof![8 => plain, 5 => (0..counters.max(1)).prop_map(Expr::Counter)].boxed()
+    } else {
+        plain.boxed()
+    };
     leaf.prop_recursive(4, 24, 3, |inner| {
         prop_oneof![
             2 => inner.clone().prop_map(|e| Expr::Not(Box::new(e))),
@@ -209,12 +214,25 @@ fn counter_strategy() -> impl Strategy<Value = CounterParams> {
         })
 }
 
+/// Conditions as people write them (a counter against a threshold, alone or with more), and
+/// arbitrary ones.
+fn when_strategy(counters: usize) -> impl Strategy<Value = Expr> {
+    let threshold = (prop::sample::select(vec![">", ">=", "<", "=="]), 0..counters.max(1), prop::sample::select(vec!["0", "1", "2", "2.5", "0.3"]))
+        .prop_map(|(op, c, lit)| Expr::Cmp(op, Box::new(Expr::Counter(c)), Box::new(Expr::Lit(lit))));
+    prop_oneof![
+        3 => threshold.clone(),
+        2 => (threshold.clone(), expr_strategy(counters, true)).prop_map(|(a, b)| Expr::And(Box::new(a), Box::new(b))),
+        1 => (threshold.clone(), threshold).prop_map(|(a, b)| Expr::Or(Box::new(a), Box::new(b))),
+        3 => expr_strategy(counters, true),
+    ]
+}
+
 fn rule_strategy(counters: usize) -> impl Strategy<Value = RuleParams> {
     (
         prop::sample::select(vec!["block", "challenge", "review", "alert", "allow"]),
         prop::bool::weighted(0.2),
         prop::option::weighted(0.3, expr_strategy(0, false)),
-        prop::option::weighted(0.9, expr_strategy(counters, true)),
+        prop::option::weighted(0.9, when_strategy(counters)),
     )
         .prop_map(|(action, shadow, matcher, when)| RuleParams { action, shadow, matcher, when })
 }
@@ -232,7 +250,7 @@ fn line_strategy() -> impl Strategy<Value = (i64, i64, String)> {
         ),
         (
             maybe(vec![json!(1), json!(1.0), json!("1"), json!(2.5), json!(true), Value::Null]),
-            maybe(vec![json!(1), json!(2.5), json!(-3), json!(0.25), json!("7"), Value::Null, json!(1e12)]),
+            maybe(vec![json!(1), json!(2.5), json!(-3), json!(0.1), json!(0.2), json!(0.0000015), json!(0.0000025), json!("7"), Value::Null, json!(1e12)]),
             maybe(vec![json!("x"), json!("a"), json!(1), json!(true), Value::Null, json!([1])]),
             maybe(vec![json!("10.1.2.3"), json!("192.168.0.1"), json!("2001:db8::1"), json!("::ffff:10.0.0.1"), json!("nope"), json!(10)]),
         ),
@@ -463,6 +481,36 @@ fn scalar_out(v: &Value) -> Value {
     }
 }
 
+/// Micro-units of a JSON number's text, rounded half to even at the sixth fractional digit
+/// (plain decimal arithmetic on the digits, nothing shared with the engine).
+fn micros(text: &str) -> i64 {
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exp) = match text.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i32>().unwrap()),
+        None => (text, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = format!("{int}{frac}");
+    // value = digits × 10^(exp - frac.len()); in micro-units: × 10^(exp - frac.len() + 6).
+    let scale = exp - frac.len() as i32 + 6;
+    let n: i128 = digits.parse().unwrap();
+    let v = if scale >= 0 {
+        n * 10i128.pow(scale as u32)
+    } else {
+        let d = 10i128.pow((-scale) as u32);
+        let (q, r) = (n / d, n % d);
+        match (2 * r).cmp(&d) {
+            std::cmp::Ordering::Less => q,
+            std::cmp::Ordering::Greater => q + 1,
+            std::cmp::Ordering::Equal => q + (q % 2),
+        }
+    };
+    (if negative { -v } else { v }) as i64
+}
+
 #[derive(Default, Clone)]
 struct KeyState {
     head: Option<i64>,
@@ -513,8 +561,8 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             };
             let field = c.field().and_then(|f| get(&event, f));
             let amount = match c.aggregate {
-                "sum" => match field.and_then(Value::as_f64) {
-                    Some(x) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => (x * 1e6).round() as i64,
+                "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
+                    Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => m,
                     _ => continue, // skipped: read on demand
                 },
                 _ => 1,
@@ -644,6 +692,12 @@ fn normalise(v: &Value) -> Value {
     }
 }
 
+thread_local! {
+    /// Hits and listed counter values compared on this thread, so each test can assert that its
+    /// cases compared a good many (a generator that stops producing hits would pass vacuously).
+    static TOTALS: std::cell::RefCell<(usize, usize)> = const { std::cell::RefCell::new((0, 0)) };
+}
+
 fn check<S: CounterStore>(counters: &[CounterParams], rules: &[RuleParams], input: &str, store: S) -> Result<(), TestCaseError> {
     let toml = rules_toml(counters, rules);
     let want: Vec<Value> = reference(counters, rules, input).iter().map(normalise).collect();
@@ -652,6 +706,13 @@ fn check<S: CounterStore>(counters: &[CounterParams], rules: &[RuleParams], inpu
         prop_assert_eq!(g, w, "first differing record\nrules:\n{}\ninput:\n{}", toml, input);
     }
     prop_assert_eq!(got.len(), want.len(), "record count\nrules:\n{}\ninput:\n{}", toml, input);
+    let hits = got.iter().map(|r| r["hits"].as_array().unwrap().len()).sum::<usize>();
+    let listed = got.iter().flat_map(|r| r["hits"].as_array().unwrap()).map(|h| h["counters"].as_array().unwrap().len()).sum::<usize>();
+    TOTALS.with(|t| {
+        let mut t = t.borrow_mut();
+        t.0 += hits;
+        t.1 += listed;
+    });
     Ok(())
 }
 
@@ -663,17 +724,22 @@ fn set_strategy() -> impl Strategy<Value = (Vec<CounterParams>, Vec<RuleParams>)
         })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 384, ..ProptestConfig::default() })]
+#[test]
+fn reference_micro_units() {
+    assert_eq!(micros("0.1"), 100_000);
+    assert_eq!(micros("1.5e-6"), 2);
+    assert_eq!(micros("2.5e-6"), 2);
+    assert_eq!(micros("-3"), -3_000_000);
+    assert_eq!(micros("1e12"), 1_000_000_000_000_000_000);
+}
 
-    #[test]
-    fn engine_equals_reference_on_expressions_and_reads(
-        (counters, rules) in set_strategy(),
-        lines in prop::collection::vec(line_strategy(), 1..200),
-    ) {
-        let input = build_input(&lines);
-        check(&counters, &rules, &input, MemoryStore::new())?;
-    }
+#[test]
+fn engine_equals_reference_on_expressions_and_reads() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 384, ..ProptestConfig::default() });
+    let strategy = (set_strategy(), prop::collection::vec(line_strategy(), 1..200));
+    runner.run(&strategy, |((counters, rules), lines)| check(&counters, &rules, &build_input(&lines), MemoryStore::new())).unwrap();
+    let (hits, listed) = TOTALS.with(|t| *t.borrow());
+    assert!(hits > 5_000 && listed > 2_000, "only {hits} hits and {listed} counter values compared");
 }
 
 /// The same property through the Redis store against a real `redis-server` (reads of cold keys
@@ -681,7 +747,7 @@ proptest! {
 #[test]
 fn engine_with_redis_equals_reference_on_expressions_and_reads() {
     let redis = support::RedisServer::start();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 48, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 128, ..ProptestConfig::default() });
     let strategy = (set_strategy(), prop::collection::vec(line_strategy(), 1..120));
     runner
         .run(&strategy, |((counters, rules), lines)| {
@@ -692,4 +758,6 @@ fn engine_with_redis_equals_reference_on_expressions_and_reads() {
             check(&counters, &rules, &build_input(&lines), store)
         })
         .unwrap();
+    let (hits, listed) = TOTALS.with(|t| *t.borrow());
+    assert!(hits > 500 && listed > 200, "only {hits} hits and {listed} counter values compared");
 }
