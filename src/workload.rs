@@ -148,7 +148,8 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
             let result = if rng.random_ratio(1, 10) { "declined" } else { "approved" };
             write!(
                 line,
-                r#","type":"payment","result":"{result}","card":{{"id":"c-{card}","bin":"4{:05}"}},"amount":{}.{:02}"#,
+                r#","type":"payment","result":"{result}","merchant_id":"m-{}","card":{{"id":"c-{card}","bin":"4{:05}"}},"amount":{}.{:02}"#,
+                card % 500,
                 card % 100_000,
                 cents / 100,
                 cents % 100,
@@ -181,9 +182,10 @@ fn write_fraud(line: &mut Vec<u8>, rng: &mut SmallRng, pattern: Pattern, n: u64,
             let result = if rng.random_ratio(4, 5) { "declined" } else { "approved" };
             write!(
                 line,
-                r#"{{"event_id":"f-{n}","ts":{ts},"user_id":"m-{actor}","ip":"192.168.{}.{}","device":{{"id":"x-{actor}","os":"linux"}},"geo":{{"country":"BR","city_id":998}},"type":"payment","result":"{result}","card":{{"id":"s-{actor}","bin":"400000"}},"amount":{}.{:02},"fraud":"{tag}"}}"#,
+                r#"{{"event_id":"f-{n}","ts":{ts},"user_id":"m-{actor}","ip":"192.168.{}.{}","device":{{"id":"x-{actor}","os":"linux"}},"geo":{{"country":"BR","city_id":998}},"type":"payment","result":"{result}","merchant_id":"m-t{}","card":{{"id":"s-{actor}","bin":"400000"}},"amount":{}.{:02},"fraud":"{tag}"}}"#,
                 (actor >> 8) & 255,
                 actor & 255,
+                actor % 16,
                 cents / 100,
                 cents % 100,
             )?;

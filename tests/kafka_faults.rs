@@ -335,7 +335,7 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     }
     // Rules keyed by the Kafka key (the user) see each user's events in order, whoever owns the
     // partition: their hits are exact.
-    let user_keyed = ["login-fail-user-10m", "login-devices-user-24h", "pay-cards-user-24h", "pay-amount-user-country-1d"];
+    let user_keyed = ["login-brute-force", "login-success-after-fails", "login-many-devices", "pay-many-cards", "pay-country-spend"];
     let hits = |record: &Value| -> Vec<Value> {
         record["hits"].as_array().unwrap().iter().filter(|h| user_keyed.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
     };

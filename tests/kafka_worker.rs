@@ -17,8 +17,8 @@ use vigil::workload::{generate, WorkloadSpec};
 
 /// Rules keyed by `user_id`, the Kafka message key: a partition's owner sees all of a user's
 /// events in order, so these decide exactly as replay whatever the partitioning.
-const USER_KEYED: [&str; 4] =
-    ["login-fail-user-10m", "login-devices-user-24h", "pay-cards-user-24h", "pay-amount-user-country-1d"];
+const USER_KEYED: [&str; 5] =
+    ["login-brute-force", "login-success-after-fails", "login-many-devices", "pay-many-cards", "pay-country-spend"];
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -210,11 +210,11 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
         decisions.len(),
         "every decided event has one record"
     );
-    assert!(worker.metric("vigil_late_events_total{counter=\"login-fail-user-10m\"}").unwrap() > 0.0);
+    assert!(worker.metric("vigil_late_events_total{counter=\"login-fails-user-10m\"}").unwrap() > 0.0);
     assert!(worker.metric("vigil_flush_batch_keys_count").unwrap() > 0.0);
     assert!(worker.metric("vigil_decision_latency_seconds_count").unwrap() > 0.0);
     assert_eq!(worker.metric("vigil_consumer_lag{topic=\"events\",partition=\"0\"}"), Some(0.0), "{metrics}");
-    assert!(metrics.contains("vigil_rule_hits_total{rule=\"login-fail-user-10m\",mode=\"enforce\",action=\"block\"}"));
+    assert!(metrics.contains("vigil_rule_hits_total{rule=\"login-brute-force\",mode=\"enforce\",action=\"block\"}"));
     assert!(!metrics.contains("u-1\""), "no user data in labels");
     assert_eq!(worker.get("/healthz").unwrap().0, 200);
 
@@ -425,7 +425,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
         );
         (Some(user.as_bytes().to_vec()), line.into_bytes())
     };
-    // Four failed logins: below login-fail-user-10m's limit of 5.
+    // Four failed logins: login-brute-force fires from the 6th.
     let batch: Vec<_> = (0..4).map(|n| event(n, "u-a", "login", "fail")).collect();
     broker.produce("events", &batch, Some(0));
     // A valid change: a new rule on a field nothing counted before.
@@ -436,7 +436,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     )
     .unwrap();
     wait_for(|| reloads(&worker, "ok") >= 1.0, &worker);
-    assert_eq!(worker.metric("vigil_rules_active"), Some(9.0));
+    assert_eq!(worker.metric("vigil_rules_active"), Some(15.0));
     // Two more failures: the unchanged rule kept its counter, so the 6th fires; the new rule fires.
     let batch = vec![event(4, "u-a", "login", "fail"), event(5, "u-a", "login", "fail"), event(6, "u-b", "signup", "ok")];
     broker.produce("events", &batch, Some(0));
@@ -449,7 +449,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
             json["hits"].as_array().unwrap().iter().map(move |h| (id.clone(), h["rule_id"].as_str().unwrap().to_owned())).collect::<Vec<_>>()
         })
         .collect();
-    assert!(fired.contains(&("u-a-5".into(), "login-fail-user-10m".into())), "{fired:?}");
+    assert!(fired.contains(&("u-a-5".into(), "login-brute-force".into())), "{fired:?}");
     assert!(fired.contains(&("u-b-6".into(), "signup-ip-10m".into())), "{fired:?}");
     assert!(!fired.iter().any(|(id, _)| id == "u-a-4"), "the 5th failure is not over the limit: {fired:?}");
 
@@ -459,7 +459,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     let log = worker.log_text();
     assert!(log.contains(&format!("{}:3:10: ", rules.join("extra.toml").display())), "{log}");
     assert!(log.contains("rule reload refused"), "{log}");
-    assert_eq!(worker.metric("vigil_rules_active"), Some(9.0));
+    assert_eq!(worker.metric("vigil_rules_active"), Some(15.0));
     broker.produce("events", &[event(7, "u-c", "signup", "ok")], Some(0));
     let decisions = broker.read("decisions", 1, |r| r.len() >= 3, Duration::from_millis(300), LONG);
     assert!(decisions.iter().any(|r| r.json()["event_id"] == "u-c-7"), "the old rules still decide");

@@ -11,7 +11,7 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 26] = [
+const REQUIRED: [&str; 40] = [
     "unknown_key",
     "duplicate_id",
     "bad_id",
@@ -38,6 +38,20 @@ const REQUIRED: [&str; 26] = [
     "rule_not_array",
     "several_errors",
     "not_utf8",
+    "expr_syntax",
+    "expr_chained_comparison",
+    "expr_unknown_counter",
+    "expr_counter_in_match",
+    "expr_unknown_list",
+    "expr_unknown_function",
+    "expr_bad_regex",
+    "expr_bad_cidr",
+    "expr_bad_escape",
+    "limit_without_window",
+    "when_with_window",
+    "counter_errors",
+    "list_table",
+    "hold",
 ];
 
 fn expected(path: &str) -> Vec<String> {
@@ -112,11 +126,18 @@ fn check_lists_each_valid_rule_and_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 9, "{stdout}");
-    assert!(lines[0].starts_with("ok login-fail-user-10m: block/enforce count per user_id over 10m (bucket 10s)"));
-    assert!(lines.iter().any(|l| l.starts_with("ok login-users-ip-1h: review/shadow distinct(user_id) per ip")));
-    assert!(lines.iter().any(|l| l.contains("sum(amount) per user_id+geo.country over 1d (bucket 1h)")));
-    assert_eq!(lines[8], "8 rules (8 enabled) in 2 files OK");
+    assert_eq!(lines.len(), 25, "{stdout}");
+    assert_eq!(
+        lines[0],
+        "ok counter login-fails-user-10m: count of events per user_id over 10m (bucket 10s) where type == 'login' && result in ['fail', 'locked']  [rules/login.toml:9:1]"
+    );
+    assert_eq!(
+        lines[1],
+        "ok rule login-brute-force: block/enforce judges events where type == 'login' && result != 'ok'; fires when $login-fails-user-10m > 5  [rules/login.toml:18:1]"
+    );
+    assert!(lines.iter().any(|l| l.starts_with("ok rule login-users-ip-shadow: review/shadow judges events where type is \"login\"")), "{stdout}");
+    assert!(lines.iter().any(|l| l.contains("sum of amount per user_id+geo.country over 1d (bucket 1h)")), "{stdout}");
+    assert!(lines[24].starts_with("14 rules (14 enabled) and 10 counters in 2 files OK (rules version "), "{}", lines[24]);
 }
 
 #[test]

@@ -654,7 +654,7 @@ impl Resolver<'_> {
                     return err(args[1].1, "matches() takes a regular expression as a string literal");
                 };
                 let regex = regex::RegexBuilder::new(pattern).size_limit(1 << 20).build().or_else(|e| {
-                    let first = e.to_string().lines().last().unwrap_or("invalid").trim().to_owned();
+                    let first = e.to_string().lines().last().unwrap_or("invalid").trim().trim_start_matches("error: ").to_owned();
                     err(args[1].1, format!("invalid regular expression: {first}"))
                 })?;
                 Expr::Matches(Box::new(self.resolve(&args[0])?), Box::new(regex))

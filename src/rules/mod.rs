@@ -162,15 +162,17 @@ impl RuleSet {
 
     /// One line per counter and per rule for `vigil check`.
     pub fn summaries(&self) -> Vec<String> {
-        let mut lines: Vec<(usize, String)> = Vec::new();
+        // In file order: counters and rules as they are written.
+        let mut lines: Vec<((&str, usize), String)> = Vec::new();
         for counter in &self.counters {
             if !counter.from_rule {
-                lines.push((counter.origin.line, decide::describe_counter(counter)));
+                lines.push(((&counter.origin.file, counter.origin.line), decide::describe_counter(counter)));
             }
         }
         for rule in &self.rules {
-            lines.push((rule.origin.line, decide::describe_rule(self, rule)));
+            lines.push(((&rule.origin.file, rule.origin.line), decide::describe_rule(self, rule)));
         }
+        lines.sort_by_key(|(key, _)| *key);
         lines.into_iter().map(|(_, l)| l).collect()
     }
 }
