@@ -199,6 +199,9 @@ pub struct BenchArgs {
     pub redis: Option<String>,
     pub workload: WorkloadSpec,
     pub input: Option<PathBuf>,
+    /// A second rule set replayed on the same input, alternating, for a side-by-side ratio.
+    pub compare_rules: Option<PathBuf>,
+    pub rounds: u32,
 }
 
 /// `vigil bench`: generates a workload to a file, then replays it single-threaded with the
@@ -268,10 +271,42 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         (Some(before), Some(after)) => println!("  peak RSS         {:.1} MiB (at start {:.1} MiB)", after as f64 / 1024.0, before as f64 / 1024.0),
         _ => println!("  peak RSS         n/a (no /proc/self/status)"),
     }
+    if let Some(other) = &args.compare_rules {
+        let Some(other_rules) = load_rules(other) else { return Ok(ExitCode::from(1)) };
+        compare_rule_sets(&input, engine.rules().clone(), other_rules, &args.rules, other, args.rounds)?;
+    }
     if args.input.is_none() {
         let _ = std::fs::remove_file(&input);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Replays `input` with two rule sets, alternating A, B for `rounds` rounds (so drift in machine
+/// load hits both alike), and prints each set's median rate, the spread and the ratio per round.
+fn compare_rule_sets(input: &Path, a: RuleSet, b: RuleSet, a_path: &Path, b_path: &Path, rounds: u32) -> anyhow::Result<()> {
+    let rate = |rules: &RuleSet| -> anyhow::Result<f64> {
+        let mut engine = Engine::new(rules.clone(), MemoryStore::new());
+        let reader = BufReader::with_capacity(1 << 16, File::open(input)?);
+        Ok(pipeline::replay(&mut engine, reader, io::sink(), io::sink(), ReplayOptions::default())?.events_per_second())
+    };
+    let (mut ra, mut rb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let (x, y) = (rate(&a)?, rate(&b)?);
+        ra.push(x);
+        rb.push(y);
+        ratios.push(x / y);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let spread = |v: &[f64]| (v[0], v[v.len() - 1]);
+    let (ma, mb, mr) = (median(&mut ra), median(&mut rb), median(&mut ratios));
+    println!("compare ({} rounds, alternating, same input)", ratios.len());
+    println!("  {:<28} {ma:.0} events/s median ({:.0}..{:.0})", a_path.display(), spread(&ra).0, spread(&ra).1);
+    println!("  {:<28} {mb:.0} events/s median ({:.0}..{:.0})", b_path.display(), spread(&rb).0, spread(&rb).1);
+    println!("  ratio                        {mr:.3} median ({:.3}..{:.3})", spread(&ratios).0, spread(&ratios).1);
+    Ok(())
 }
 
 /// Peak resident set size (VmHWM) of this process, in KiB.

@@ -3,8 +3,9 @@
 //!
 //! A [`Decimal`] is `±mantissa × 10^exp` normalised (no trailing zeros in the mantissa, zero is
 //! `+0 × 10^0`), so equal values have equal representations: `1`, `1.0` and `100e-2` are one
-//! value, `1.0000000000000001` another. Mantissas hold up to 38 significant digits; a longer
-//! number keeps its first 38 (nobody writes an amount or an id with more).
+//! value, `1.0000000000000001` another. Mantissas hold up to 19 significant digits (a u64, so
+//! parsing and comparing stay cheap); a longer number keeps its first 19 — nobody writes an
+//! amount, a threshold or an id with more, and a double holds fewer than 18.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -16,26 +17,34 @@ pub const MICROS_PER_UNIT: i64 = 1_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decimal {
     negative: bool,
-    mantissa: u128,
+    mantissa: u64,
     exp: i32,
 }
 
-/// Most significant digits kept (u128 holds any 38-digit mantissa).
-const MAX_DIGITS: u32 = 38;
+/// Most significant digits kept (a u64 holds any 19-digit mantissa).
+const MAX_DIGITS: u32 = 19;
 
-fn digits(mut m: u128) -> u32 {
-    let mut n = 1;
-    while m >= 10 {
-        m /= 10;
-        n += 1;
+/// 10^0 ..= 10^38 (products of a mantissa and a power of ten are taken in u128).
+const POW10: [u128; 39] = {
+    let mut table = [1u128; 39];
+    let mut i = 1;
+    while i < 39 {
+        table[i] = table[i - 1] * 10;
+        i += 1;
     }
-    n
+    table
+};
+
+/// Decimal digits of `m` (1 for 0), without dividing.
+fn digits(m: u64) -> u32 {
+    let m = u128::from(m);
+    POW10[1..].iter().position(|&p| m < p).map_or(39, |i| i as u32 + 1)
 }
 
 impl Decimal {
     pub const ZERO: Decimal = Decimal { negative: false, mantissa: 0, exp: 0 };
 
-    fn normalised(negative: bool, mut mantissa: u128, mut exp: i64) -> Decimal {
+    fn normalised(negative: bool, mut mantissa: u64, mut exp: i64) -> Decimal {
         if mantissa == 0 {
             return Decimal::ZERO;
         }
@@ -49,28 +58,33 @@ impl Decimal {
     }
 
     pub fn from_i64(v: i64) -> Decimal {
-        Decimal::normalised(v < 0, v.unsigned_abs() as u128, 0)
+        Decimal::normalised(v < 0, v.unsigned_abs(), 0)
     }
 
     /// A value held in micro-units (`micros × 10^-6`).
     pub fn from_micros(micros: i64) -> Decimal {
-        Decimal::normalised(micros < 0, micros.unsigned_abs() as u128, -6)
+        Decimal::normalised(micros < 0, micros.unsigned_abs(), -6)
     }
 
     /// Parses JSON number syntax (`-?int(.frac)?([eE][+-]?digits)?`); TOML integers and floats
     /// (underscores removed first) parse the same way. `None` for anything else.
     pub fn parse(text: &str) -> Option<Decimal> {
         let bytes = text.as_bytes();
+        // Fast path: a plain non-negative integer that fits (timestamps, ids, counts).
+        if !bytes.is_empty() && bytes.len() <= 19 && bytes.iter().all(u8::is_ascii_digit) {
+            let v = bytes.iter().fold(0u64, |v, &b| v * 10 + u64::from(b - b'0'));
+            return Some(Decimal::normalised(false, v, 0));
+        }
         let mut i = 0;
         let negative = bytes.first() == Some(&b'-');
         if negative || bytes.first() == Some(&b'+') {
             i += 1;
         }
-        let mut mantissa: u128 = 0;
+        let mut mantissa: u64 = 0;
         let mut kept = 0u32;
         let mut exp: i64 = 0;
         let mut any = false;
-        let mut push = |d: u8, fraction: bool, mantissa: &mut u128, exp: &mut i64| {
+        let mut push = |d: u8, fraction: bool, mantissa: &mut u64, exp: &mut i64| {
             if *mantissa == 0 && d == 0 {
                 if fraction {
                     *exp -= 1;
@@ -78,7 +92,7 @@ impl Decimal {
                 return;
             }
             if kept < MAX_DIGITS {
-                *mantissa = *mantissa * 10 + d as u128;
+                *mantissa = *mantissa * 10 + d as u64;
                 kept += 1;
                 if fraction {
                     *exp -= 1;
@@ -137,9 +151,42 @@ impl Decimal {
         Some(Decimal::normalised(negative, mantissa, exp))
     }
 
-    /// The nearest double (correctly rounded from the exact text).
+    /// The nearest double (correctly rounded).
     pub fn to_f64(self) -> f64 {
+        // Exact when the mantissa and the power of ten are both exact doubles: one IEEE
+        // operation then rounds correctly (the classic fast path of decimal parsing).
+        const EXACT_POW10: [f64; 23] = [
+            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
+            1e21, 1e22,
+        ];
+        if self.mantissa < (1 << 53) && self.exp.unsigned_abs() <= 22 {
+            let m = self.mantissa as f64;
+            let v = if self.exp >= 0 { m * EXACT_POW10[self.exp as usize] } else { m / EXACT_POW10[(-self.exp) as usize] };
+            return if self.negative { -v } else { v };
+        }
         self.to_string().parse().unwrap_or(f64::NAN)
+    }
+
+    /// `floor(self × 10^scale)`, saturating to the i64 range: for an integer `m`,
+    /// `m > self × 10^scale` exactly when `m > floor(self × 10^scale)`.
+    pub fn floor_scaled(self, scale: i32) -> i64 {
+        let exp = self.exp as i64 + scale as i64;
+        let mantissa = u128::from(self.mantissa);
+        let magnitude: Option<u128> = if exp >= 0 {
+            POW10.get(exp as usize).and_then(|p| mantissa.checked_mul(*p))
+        } else {
+            Some(POW10.get((-exp) as usize).map_or(0, |p| mantissa / p))
+        };
+        // Normalised: a negative exponent means a fractional part.
+        let integral = exp >= 0 || self.mantissa == 0;
+        match (magnitude.and_then(|m| i64::try_from(m).ok()), self.negative) {
+            (Some(m), false) => m,
+            // floor of a negative non-integer goes one further down.
+            (Some(m), true) if integral => -m,
+            (Some(m), true) => -m - 1,
+            (None, false) => i64::MAX,
+            (None, true) => i64::MIN,
+        }
     }
 
     /// The exact decimal of a finite double (its shortest round-trip text), `None` for NaN or
@@ -169,7 +216,7 @@ impl Decimal {
         if self.exp < 0 {
             return None;
         }
-        let mut v = i128::try_from(self.mantissa).ok()?;
+        let mut v = i128::from(self.mantissa);
         for _ in 0..self.exp {
             v = v.checked_mul(10)?;
         }
@@ -184,18 +231,16 @@ impl Decimal {
     /// an i64.
     pub fn to_micros_half_even(self) -> Option<i64> {
         let exp = self.exp as i64 + 6;
+        let mantissa = u128::from(self.mantissa);
         let magnitude: u128 = if exp >= 0 {
-            if exp > 38 {
-                return None;
-            }
-            self.mantissa.checked_mul(10u128.checked_pow(exp as u32)?)?
+            mantissa.checked_mul(*POW10.get(exp as usize)?)?
         } else {
             let drop = (-exp) as u32;
             if drop > 38 {
                 0
             } else {
-                let div = 10u128.pow(drop);
-                let (q, r) = (self.mantissa / div, self.mantissa % div);
+                let div = POW10[drop as usize];
+                let (q, r) = (mantissa / div, mantissa % div);
                 let twice = r * 2;
                 match twice.cmp(&div) {
                     Ordering::Less => q,
@@ -219,15 +264,16 @@ impl Ord for Decimal {
         if self.mantissa == 0 {
             return Ordering::Equal;
         }
+        if self.exp == other.exp {
+            let magnitude = self.mantissa.cmp(&other.mantissa);
+            return if self.negative { magnitude.reverse() } else { magnitude };
+        }
         // Same sign: compare magnitudes by their leading digit's position, then digit by digit.
         let (da, db) = (digits(self.mantissa), digits(other.mantissa));
         let (ea, eb) = (self.exp as i64 + da as i64, other.exp as i64 + db as i64);
         let magnitude = ea.cmp(&eb).then_with(|| {
-            let (a, b) = if da < db {
-                (self.mantissa * 10u128.pow(db - da), other.mantissa)
-            } else {
-                (self.mantissa, other.mantissa * 10u128.pow(da - db))
-            };
+            let (a, b) = (u128::from(self.mantissa), u128::from(other.mantissa));
+            let (a, b) = if da < db { (a * POW10[(db - da) as usize], b) } else { (a, b * POW10[(da - db) as usize]) };
             a.cmp(&b)
         });
         if self.negative {
@@ -349,11 +395,27 @@ mod tests {
     }
 
     #[test]
+    fn floor_scaled_is_the_exact_threshold() {
+        assert_eq!(d("5").floor_scaled(0), 5);
+        assert_eq!(d("2.5").floor_scaled(0), 2);
+        assert_eq!(d("10000").floor_scaled(6), 10_000_000_000);
+        assert_eq!(d("0.0000015").floor_scaled(6), 1);
+        assert_eq!(d("-2.5").floor_scaled(0), -3);
+        assert_eq!(d("-2").floor_scaled(0), -2);
+        assert_eq!(d("1e30").floor_scaled(0), i64::MAX);
+        assert_eq!(d("0").floor_scaled(6), 0);
+    }
+
+    #[test]
     fn doubles_round_trip() {
+        for text in ["0.1", "2.5", "1e22", "123456789.125", "-0.3", "1e-300", "9007199254740993", "0.30000000000000004"] {
+            assert_eq!(d(text).to_f64(), text.parse::<f64>().unwrap(), "{text}");
+        }
         assert_eq!(d("0.1").to_f64(), 0.1);
         assert_eq!(Decimal::from_f64(0.30000000000000004), Some(d("0.30000000000000004")));
         assert_eq!(Decimal::from_f64(f64::NAN), None);
-        // Beyond 38 significant digits the rest are dropped (the scale is kept).
-        assert_eq!(d("12345678901234567890123456789012345678901234567890"), d("12345678901234567890123456789012345678000000000000"));
+        // Beyond 19 significant digits the rest are dropped (the scale is kept).
+        assert_eq!(d("12345678901234567890123"), d("12345678901234567890000"));
+        assert_eq!(d("1.00000000000000000001"), d("1"));
     }
 }

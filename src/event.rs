@@ -53,7 +53,6 @@ impl BadEvent {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Number {
     pub exact: Decimal,
-    pub float: f64,
     /// Written without a fraction or an exponent (`ts` must be).
     pub integer_text: bool,
 }
@@ -62,21 +61,22 @@ impl Number {
     /// Parses JSON number text.
     pub fn parse(text: &str) -> Option<Number> {
         let exact = Decimal::parse(text)?;
-        let float = text.parse::<f64>().ok()?;
-        let integer_text = !text.contains(['.', 'e', 'E']);
-        Some(Number { exact, float, integer_text })
+        // Parsed already: the text is a valid number, so a fraction or exponent is one of these.
+        let integer_text = !text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E'));
+        Some(Number { exact, integer_text })
     }
 
     pub fn from_i64(v: i64) -> Number {
-        Number { exact: Decimal::from_i64(v), float: v as f64, integer_text: true }
+        Number { exact: Decimal::from_i64(v), integer_text: true }
     }
 
     pub fn from_decimal(exact: Decimal) -> Number {
-        Number { exact, float: exact.to_f64(), integer_text: false }
+        Number { exact, integer_text: false }
     }
 
+    /// The nearest double (arithmetic is IEEE-754).
     pub fn as_f64(self) -> f64 {
-        self.float
+        self.exact.to_f64()
     }
 }
 
@@ -291,7 +291,8 @@ pub fn decode<'a>(input: &'a [u8], projection: &Projection) -> Result<Event<'a>,
     // check the whole line once.
     let text = std::str::from_utf8(input)
         .map_err(|e| BadEvent::InvalidJson(format!("not valid UTF-8 at byte {}", e.valid_up_to())))?;
-    let mut fields = vec![FieldValue::Missing; projection.slot_count()];
+    let mut fields = Vec::with_capacity(projection.slot_count());
+    fields.resize_with(projection.slot_count(), || FieldValue::Missing);
     let mut de = serde_json::Deserializer::from_str(text);
     let top = de
         .deserialize_any(TopVisitor { node: &projection.root, out: &mut fields })
@@ -483,19 +484,84 @@ struct ValueSeed<'p, 'o, 'a> {
 impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        // The value's own text: numbers are kept as the exact decimal they write, which the
-        // parser's f64 would lose.
-        let raw = <&'de RawValue>::deserialize(d)?;
-        let text = raw.get();
         let ValueSeed { node, out } = self;
-        if let Some(slot) = node.slot {
-            out[slot] = interpret(text).map_err(de::Error::custom)?;
+        if node.children.is_empty() {
+            // A leaf: the value's own text, so numbers keep the exact decimal they write (the
+            // parser's f64 would lose it).
+            let raw = <&'de RawValue>::deserialize(d)?;
+            if let Some(slot) = node.slot {
+                out[slot] = interpret(raw.get()).map_err(de::Error::custom)?;
+            }
+            Ok(())
+        } else {
+            d.deserialize_any(Inner { node, out })
         }
-        if !node.children.is_empty() && text.starts_with('{') {
-            let mut nested = serde_json::Deserializer::from_str(text);
-            nested.deserialize_map(ObjectVisitor { node, out }).map_err(de::Error::custom)?;
+    }
+}
+
+/// A value under a path that continues below it (`device` when `device.id` is projected):
+/// descended into if it is an object; recorded as it is if the path itself is projected too.
+struct Inner<'p, 'o, 'a> {
+    node: &'p Node,
+    out: &'o mut [FieldValue<'a>],
+}
+
+impl<'a> Inner<'_, '_, 'a> {
+    fn set(self, value: FieldValue<'a>) {
+        if let Some(slot) = self.node.slot {
+            self.out[slot] = value;
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.set(FieldValue::Bool(v));
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.set(FieldValue::Number(Number::from_i64(v)));
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.set(FieldValue::Number(Number::parse(&v.to_string()).expect("an integer")));
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        // Rare (a projected path that is also a parent); the double's shortest text.
+        if let Some(exact) = Decimal::from_f64(v) {
+            self.set(FieldValue::Number(Number { exact, integer_text: false }));
         }
         Ok(())
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        self.set(FieldValue::Str(Cow::Borrowed(v)));
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.set(FieldValue::Str(Cow::Owned(v.to_owned())));
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.set(FieldValue::Null);
+        Ok(())
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        self.set(FieldValue::Array(Vec::new()));
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        let Inner { node, out } = self;
+        if let Some(slot) = node.slot {
+            out[slot] = FieldValue::Object;
+        }
+        visit_object(node, out, map)
     }
 }
 
@@ -523,22 +589,6 @@ fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
             None => return Err(de::Error::custom(format!("bad number {}", quote_prefix(text)))),
         },
     })
-}
-
-/// Visits an object nested under a projected path.
-struct ObjectVisitor<'p, 'o, 'a> {
-    node: &'p Node,
-    out: &'o mut [FieldValue<'a>],
-}
-
-impl<'de: 'a, 'a> Visitor<'de> for ObjectVisitor<'_, '_, 'a> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
-        visit_object(self.node, self.out, map)
-    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,15 @@
 //! - [`event`]: JSON bytes → [`event::Event`], decoding only the fields the rules use
 //!   (a [`event::Projection`]), with JSON-typed scalars and canonical keys; the event-time bounds
 //!   ([`event::TimeBounds`]: future skew, watermark).
+//! - [`decimal`]: exact decimals — numbers compared by the value their text writes, micro-unit
+//!   sums, the shortest exact text.
 //! - [`window`]: exact bucket math of the window semantics — bucket index, late events, the per-key
-//!   [`window::WindowState`] for count, sum and distinct.
-//! - [`rules`]: the TOML rule language. `compile` validates files and reports every error as
-//!   `file:line:col: message`; `plan` says which window and key an event touches; `decide` turns
-//!   window values into a [`rules::Decision`] and its JSON record.
+//!   [`window::WindowState`] for count, sum (micro-units, saturating) and distinct (bounded by
+//!   `max_distinct`), and reading a window at an event's time without changing it.
+//! - [`rules`]: the TOML rule language. `compile` validates files (counters, rules) and reports
+//!   every error as `file:line:col: message`; `expr` parses, resolves and evaluates expressions in
+//!   three-valued logic; `plan` says which counters an event feeds (key bytes, delta) and which
+//!   rules judge it; `decide` turns hits into a [`rules::Decision`] and its JSON record.
 //!
 //! Around it:
 //!
@@ -46,9 +50,11 @@
 //!
 //! ```text
 //! JSON line ─► event::decode ─► Engine::admit (future bound) ─► watermark of the input lane
-//!           ─► rules::plan (per rule: match? key bytes, delta)
-//!           ─► store.apply (window value or late; degraded while Redis is away)
-//!           ─► rules::decide (on_store_error) ─► decision record
+//!           ─► count: per counter in file order, rules::plan (match? key bytes, delta)
+//!              ─► store.apply (window value or late; degraded while Redis is away)
+//!           ─► judge: per rule in file order, scope (`match`), then `when` — counters the event
+//!              did not feed are read (store.read, no state change) on first reference
+//!           ─► rules::decide (allow override, severity, on_store_error) ─► decision record
 //!
 //! vigil run:  consumer poll ─► partition loop (ordered) ─► the same engine, under one lock
 //!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead

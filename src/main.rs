@@ -107,6 +107,13 @@ enum Command {
         /// Replay this JSON-lines file instead of generating one.
         #[arg(long)]
         input: Option<PathBuf>,
+        /// Also replay the same input with these rules, alternating with --rules over
+        /// --rounds rounds, and print both rates and their ratio (e.g. examples/rules-v1).
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["redis", "kafka"])]
+        compare_rules: Option<PathBuf>,
+        /// Rounds of the --compare-rules comparison.
+        #[arg(long, default_value_t = 5, requires = "compare_rules")]
+        rounds: u32,
         /// Benchmark the Redis store against per-event scripts on this (empty) Redis database;
         /// with --kafka, count in this Redis.
         #[arg(long, value_name = "URL")]
@@ -198,7 +205,7 @@ fn main() -> ExitCode {
             app::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
         Command::Backtest { rules, input, json, bounds } => app::backtest(&rules, &input, json, bounds.time_bounds()),
-        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload } => {
+        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload, .. } => {
             let _ = input;
             app::bench_kafka(vigil::kafka_bench::KafkaBenchArgs {
                 brokers,
@@ -209,8 +216,8 @@ fn main() -> ExitCode {
                 latency_seconds,
             })
         }
-        Command::Bench { rules, input, redis, kafka: None, workload, .. } => {
-            app::bench(app::BenchArgs { rules, input, redis, workload: workload.spec() })
+        Command::Bench { rules, input, redis, kafka: None, workload, compare_rules, rounds, .. } => {
+            app::bench(app::BenchArgs { rules, input, redis, workload: workload.spec(), compare_rules, rounds })
         }
     };
     match result {

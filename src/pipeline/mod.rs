@@ -387,12 +387,12 @@ impl<S: CounterStore> Engine<S> {
             self.rule_counts[position].matched += 1;
             let rule = rules.rule(index);
             let hit = match rule.form {
-                Form::V1 { counter, limit } => {
+                Form::V1 { counter, threshold, .. } => {
                     let Some(counter_position) = rules.counter_position(counter) else { continue };
                     // Fires only on an event its counter counted (v1 semantics).
                     let Outcome::Known { value, degraded, counted: true } = judge.outcomes[counter_position] else { continue };
                     let (fires, reason) = match (degraded, rule.on_store_error) {
-                        (false, _) | (true, OnStoreError::Local) => (decide::exceeds(rules.counter(counter).aggregate(), value, limit), None),
+                        (false, _) | (true, OnStoreError::Local) => (value > threshold, None),
                         (true, OnStoreError::Allow) => (false, None),
                         (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
                     };

@@ -233,7 +233,11 @@ pub fn compile_sources(sources: &[(&str, &str)]) -> Result<CompiledSet, Vec<Diag
         };
         let (Some(scope), Some(when)) = (scope, when) else { continue };
         let form = match draft.limit {
-            Some(limit) => Form::V1 { counter: index[&draft.id].0, limit },
+            Some(limit) => {
+                let counter = index[&draft.id].0;
+                let scale = if counters[counter].counter.aggregate() == Aggregate::Sum { 6 } else { 0 };
+                Form::V1 { counter, limit, threshold: limit.floor_scaled(scale) }
+            }
             None => Form::V2,
         };
         if let Some(w) = &when {
@@ -1049,7 +1053,7 @@ limit = 5
         assert_eq!(r.id, "login-fail-user-10m");
         assert_eq!(r.mode, Mode::Enforce);
         assert!(r.enabled);
-        assert_eq!(r.form, Form::V1 { counter: 0, limit: Decimal::from_i64(5) });
+        assert_eq!(r.form, Form::V1 { counter: 0, limit: Decimal::from_i64(5), threshold: 5 });
         let c = &set.counters[0];
         assert_eq!(c.id, r.id);
         assert_eq!(c.window, WindowSpec::new(10_000, 60, Aggregate::Count));

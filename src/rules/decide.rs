@@ -53,11 +53,6 @@ pub fn counter_value(aggregate: Aggregate, raw: i64) -> Decimal {
     }
 }
 
-/// Whether a v1 rule fires: its counter's value strictly above the limit (exact).
-pub fn exceeds(aggregate: Aggregate, raw: i64, limit: Decimal) -> bool {
-    counter_value(aggregate, raw) > limit
-}
-
 /// The outcome for one event.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decision {
@@ -175,7 +170,7 @@ impl Serialize for HitRecord<'_, '_> {
             m.serialize_entry("reason", reason.as_str())?;
         }
         match rule.form {
-            Form::V1 { counter, limit } => {
+            Form::V1 { counter, limit, .. } => {
                 let c = self.rules.counter(counter);
                 m.serialize_entry("key", &KeyRecord { rules: self.rules, event: self.event, counter })?;
                 m.serialize_entry("value", &self.hit.value.map(|v| counter_value(c.aggregate(), v)))?;
@@ -323,7 +318,7 @@ pub fn describe_rule(rules: &RuleSet, rule: &Rule) -> String {
     );
     let scope = describe_scope(&rule.scope, rule.scope_text.as_deref());
     let body = match &rule.form {
-        Form::V1 { counter, limit } => {
+        Form::V1 { counter, limit, .. } => {
             let c = rules.counter(*counter);
             let scope = scope.map_or_else(String::new, |s| format!(" where {s}"));
             format!("{} > {limit}{scope}", what_counts(c))

@@ -746,7 +746,7 @@ fn field_val<'e>(v: &'e FieldValue<'e>) -> Val<'e> {
         FieldValue::Missing => Val::Unknown,
         FieldValue::Null => Val::Null,
         FieldValue::Bool(b) => Val::Bool(*b),
-        FieldValue::Number(n) => Val::Num(Num { float: n.float, exact: Some(n.exact) }),
+        FieldValue::Number(n) => Val::Num(Num::exact(n.exact)),
         FieldValue::Str(s) => Val::Str(Cow::Borrowed(s.as_ref())),
         FieldValue::Object => Val::Object,
         FieldValue::Array(items) => Val::Array(items),

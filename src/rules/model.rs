@@ -166,7 +166,13 @@ impl Counter {
 pub enum Form {
     /// `window` + `limit`: fires when its own counter (by index) counted the event and the value
     /// exceeds the limit.
-    V1 { counter: usize, limit: Decimal },
+    V1 {
+        counter: usize,
+        limit: Decimal,
+        /// The limit on the counter's raw scale (micro-units for a sum), floored: a raw value
+        /// exceeds the limit exactly when it exceeds this.
+        threshold: i64,
+    },
     /// `when` (absent: always).
     V2,
 }

@@ -28,6 +28,7 @@ impl PlannedScope {
         }
     }
 
+    #[inline]
     fn holds(&self, scope: &Scope, event: &Event<'_>) -> bool {
         match (self, scope) {
             (PlannedScope::All, _) => true,
@@ -190,11 +191,12 @@ impl RuleSet {
 }
 
 /// Strict JSON-typed equality: strings only equal strings, numbers compare by decimal value.
+#[inline]
 fn value_matches(value: &FieldValue<'_>, expected: &MatchValue) -> bool {
-    match (value.scalar(), expected) {
-        (Some(Scalar::Str(s)), MatchValue::Str(e)) => s == e,
-        (Some(Scalar::Number(n)), MatchValue::Number(e)) => n == *e,
-        (Some(Scalar::Bool(b)), MatchValue::Bool(e)) => b == *e,
+    match (value, expected) {
+        (FieldValue::Str(s), MatchValue::Str(e)) => s.as_ref() == e.as_str(),
+        (FieldValue::Number(n), MatchValue::Number(e)) => n.exact == *e,
+        (FieldValue::Bool(b), MatchValue::Bool(e)) => b == e,
         _ => false,
     }
 }
