@@ -50,6 +50,12 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, LoadError> {
     Ok(files)
 }
 
+/// Reads a list file named by a rule file.
+fn read_list_file(path: &str) -> Result<String, String> {
+    let bytes = fs::read(path).map_err(|e| format!("cannot read list file {path}: {e}"))?;
+    String::from_utf8(bytes).map_err(|e| format!("list file {path} is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))
+}
+
 /// Loads and validates every rule at `path`; every error of every file is reported.
 pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
     let mut sources = Vec::new();
@@ -71,5 +77,5 @@ pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
         errors.splice(0..0, not_utf8);
         return Err(LoadError::Invalid(RuleErrors(errors)));
     }
-    RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(LoadError::Invalid)
+    RuleSet::from_sources_with_files(sources.iter().map(|(n, t)| (n.as_str(), t.as_str())), &read_list_file).map_err(LoadError::Invalid)
 }

@@ -11,7 +11,11 @@ use std::fmt;
 
 use toml_edit::{Document, Item, Table, TableLike, Value};
 
+use std::path::Path;
+use std::sync::Arc;
+
 use super::expr::{self, Names};
+use super::lists::{ListKind, ListSet};
 use super::model::{
     parse_duration, Action, Counter, Form, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule, Scope,
 };
@@ -156,23 +160,60 @@ struct RuleDraft {
 pub struct CompiledSet {
     pub counters: Vec<Counter>,
     pub rules: Vec<Rule>,
+    /// Every list, with its id, and the list files read (name, text) for the rules version.
+    pub lists: Vec<(String, Arc<ListSet>)>,
+    pub list_files: Vec<(String, String)>,
     pub projection: Projection,
     /// Likely mistakes that do not stop loading.
     pub warnings: Vec<Diagnostic>,
 }
 
-/// Compiles `(file name, text)` pairs, in the order given. Every error of every file is
-/// reported; nothing is built if there is any.
-pub fn compile_sources(sources: &[(&str, &str)]) -> Result<CompiledSet, Vec<Diagnostic>> {
+/// A `[[list]]` as read.
+#[derive(Debug)]
+struct ListDraft {
+    id: String,
+    kind: ListKind,
+    file: usize,
+    entries: ListEntries,
+}
+
+#[derive(Debug)]
+enum ListEntries {
+    /// Inline values: each value's text and where it is written.
+    Inline(Vec<(InlineEntry, usize)>),
+    /// A list file, relative to the rule file, and where `file` is written.
+    File(String, usize),
+}
+
+#[derive(Debug)]
+enum InlineEntry {
+    Str(String),
+    Num(Decimal),
+    /// A value of no list kind (a table, a boolean…).
+    Other(&'static str),
+}
+
+/// Reads a list file by path (the caller's I/O; an error message when it cannot).
+pub type ReadFile<'a> = &'a dyn Fn(&str) -> Result<String, String>;
+
+/// A reader for callers without files: every list file is an error.
+pub fn no_files(path: &str) -> Result<String, String> {
+    Err(format!("cannot read {path}: list files are read only when loading a rule directory"))
+}
+
+/// Compiles `(file name, text)` pairs, in the order given, reading list files with `read`.
+/// Every error of every file is reported; nothing is built if there is any.
+pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<CompiledSet, Vec<Diagnostic>> {
     let mut diagnostics = Vec::new();
     let mut warnings = Vec::new();
     let mut counters: Vec<CounterDraft> = Vec::new();
     let mut rules: Vec<RuleDraft> = Vec::new();
+    let mut list_drafts: Vec<ListDraft> = Vec::new();
     // Every id with where it was defined, to find duplicates (a v1 rule's id once).
     let mut ids: Vec<(String, Origin)> = Vec::new();
     for (file, (name, text)) in sources.iter().enumerate() {
         let mut report = Report { source: Source { name, text }, diagnostics: Vec::new() };
-        read_file(file, text, &mut report, &mut counters, &mut rules, &mut ids, &mut warnings);
+        read_file(file, text, &mut report, &mut Drafts { counters: &mut counters, rules: &mut rules, lists: &mut list_drafts }, &mut ids, &mut warnings);
         let mut file_diags = report.diagnostics;
         file_diags.sort_by_key(|d| (d.origin.line, d.origin.col));
         diagnostics.extend(file_diags);
@@ -189,12 +230,50 @@ pub fn compile_sources(sources: &[(&str, &str)]) -> Result<CompiledSet, Vec<Diag
         }
     }
 
+    // Lists: inline values, or a file next to the rule file (its errors at its own lines).
+    let mut lists: Vec<(String, Arc<ListSet>)> = Vec::new();
+    let mut list_files = Vec::new();
+    for draft in &list_drafts {
+        let (name, text) = sources[draft.file];
+        let source = Source { name, text };
+        let mut set = ListSet::new(draft.kind);
+        match &draft.entries {
+            ListEntries::Inline(values) => {
+                for (entry, at) in values {
+                    let result = match (entry, draft.kind) {
+                        (InlineEntry::Str(s), ListKind::String | ListKind::Cidr) => set.add(s),
+                        (InlineEntry::Num(d), ListKind::Number) => set.add(&d.to_string()),
+                        (InlineEntry::Num(_), _) => Err(format!("a number in a {} list", draft.kind.as_str())),
+                        (InlineEntry::Str(_), ListKind::Number) => Err("a string in a number list".to_owned()),
+                        (InlineEntry::Other(what), _) => Err(format!("a {what} in a {} list", draft.kind.as_str())),
+                    };
+                    if let Err(message) = result {
+                        diagnostics.push(Diagnostic { origin: source.origin(*at), message: format!("list {:?}: {message}", draft.id) });
+                    }
+                }
+            }
+            ListEntries::File(file, at) => {
+                let path = Path::new(name).parent().unwrap_or(Path::new("")).join(file).display().to_string();
+                match read(&path) {
+                    Ok(text) => {
+                        for (line, col, message) in set.add_file(&text) {
+                            diagnostics.push(Diagnostic { origin: Origin { file: path.clone(), line, col }, message });
+                        }
+                        list_files.push((path, text));
+                    }
+                    Err(message) => diagnostics.push(Diagnostic { origin: source.origin(*at), message }),
+                }
+            }
+        }
+        lists.push((draft.id.clone(), Arc::new(set)));
+    }
+
     // Names resolve against every counter that was read, so a reference to a counter with an
     // error of its own is not reported a second time as unknown.
     let index: HashMap<String, (usize, bool)> =
         counters.iter().enumerate().map(|(i, c)| (c.counter.id.clone(), (i, c.counter.enabled))).collect();
     let rule_ids: std::collections::HashSet<&str> = rules.iter().map(|r| r.id.as_str()).collect();
-    let names = CounterNames { index: &index, rule_ids: &rule_ids };
+    let names = CounterNames { index: &index, rule_ids: &rule_ids, lists: &lists };
     let mut projection = Projection::new();
     let site_error = |site: &ExprSite, e: expr::ExprError| {
         let (name, text) = sources[site.file];
@@ -281,7 +360,7 @@ pub fn compile_sources(sources: &[(&str, &str)]) -> Result<CompiledSet, Vec<Diag
             });
         }
     }
-    Ok(CompiledSet { counters: built_counters, rules: built_rules, projection, warnings })
+    Ok(CompiledSet { counters: built_counters, rules: built_rules, lists, list_files, projection, warnings })
 }
 
 fn scope_text(scope: &DraftScope) -> Option<String> {
@@ -302,6 +381,7 @@ fn constant_name(v: &expr::Val<'_>) -> &'static str {
 struct CounterNames<'a> {
     index: &'a HashMap<String, (usize, bool)>,
     rule_ids: &'a std::collections::HashSet<&'a str>,
+    lists: &'a [(String, Arc<ListSet>)],
 }
 
 impl Names for CounterNames<'_> {
@@ -314,8 +394,12 @@ impl Names for CounterNames<'_> {
         }
     }
 
-    fn list(&self, id: &str) -> Result<(), String> {
-        Err(format!("unknown list \"{id}\" (lists are not supported by this version)"))
+    fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
+        match self.lists.iter().find(|(l, _)| l == id) {
+            Some((_, set)) => Ok(Arc::clone(set)),
+            None if self.index.contains_key(id) => Err(format!("\"{id}\" is a counter, not a list (write ${id})")),
+            None => Err(format!("unknown list \"{id}\"")),
+        }
     }
 }
 
@@ -387,13 +471,18 @@ fn item_offset(item: &Item) -> usize {
     item.span().map_or(0, |s| s.start)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the tables of the files become, as they are read.
+struct Drafts<'d> {
+    counters: &'d mut Vec<CounterDraft>,
+    rules: &'d mut Vec<RuleDraft>,
+    lists: &'d mut Vec<ListDraft>,
+}
+
 fn read_file(
     file: usize,
     text: &str,
     report: &mut Report<'_>,
-    counters: &mut Vec<CounterDraft>,
-    rules: &mut Vec<RuleDraft>,
+    drafts: &mut Drafts<'_>,
     ids: &mut Vec<(String, Origin)>,
     warnings: &mut Vec<Diagnostic>,
 ) {
@@ -409,15 +498,14 @@ fn read_file(
     let root = doc.as_table();
     for (key, _) in root.iter() {
         match key {
-            "rule" | "counter" => {}
-            "list" => report.error(key_offset(root, key), "lists ([[list]]) are not supported by this version"),
+            "rule" | "counter" | "list" => {}
             _ => report.error(
                 key_offset(root, key),
-                format!("unknown top-level key {key:?}; a rule file holds [[counter]] and [[rule]] tables"),
+                format!("unknown top-level key {key:?}; a rule file holds [[counter]], [[rule]] and [[list]] tables"),
             ),
         }
     }
-    for kind in ["counter", "rule"] {
+    for kind in ["list", "counter", "rule"] {
         let Some(item) = root.get(kind) else { continue };
         let Some(tables) = item.as_array_of_tables() else {
             report.error(key_offset(root, kind), format!("{kind:?} must be an array of tables: write each one as [[{kind}]]"));
@@ -425,17 +513,22 @@ fn read_file(
         };
         for table in tables.iter() {
             let mut cx = TableCx { file, report: &mut *report, warnings: &mut *warnings };
-            if kind == "counter" {
+            if kind == "list" {
+                if let Some((draft, id)) = read_list(table, &mut cx) {
+                    ids.push(id);
+                    drafts.lists.push(draft);
+                }
+            } else if kind == "counter" {
                 if let Some((draft, id)) = read_counter(table, &mut cx) {
                     ids.push(id);
-                    counters.push(draft);
+                    drafts.counters.push(draft);
                 }
             } else if let Some((rule, counter, id)) = read_rule(table, &mut cx) {
                 ids.push(id);
                 if let Some(counter) = counter {
-                    counters.push(counter);
+                    drafts.counters.push(counter);
                 }
-                rules.push(rule);
+                drafts.rules.push(rule);
             }
         }
     }
@@ -571,6 +664,79 @@ fn read_scope(item: &Item, cx: &mut TableCx<'_, '_>) -> Option<DraftScope> {
         return Some(DraftScope::Expr(ExprSite { file: cx.file, at: item_offset(item), value: text.to_owned() }));
     }
     matchers(item, cx.report, cx.warnings).map(DraftScope::Table)
+}
+
+/// Keys a `[[list]]` table may hold.
+pub const LIST_KEYS: [&str; 5] = ["id", "description", "kind", "file", "values"];
+
+fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(ListDraft, (String, Origin))> {
+    let header = table.span().map_or(0, |s| s.start);
+    let errors_before = cx.report.diagnostics.len();
+    let (mut id, mut kind, mut entries) = (None, None, Vec::new());
+    let mut invalid = Vec::new();
+    for (key, item) in table.iter() {
+        let key_at = key_offset(table, key);
+        let at = item_offset(item);
+        match key {
+            "id" => {
+                id = read_id(item, cx.report, "list");
+                mark(&mut invalid, id.is_none(), "id");
+            }
+            "description" => {
+                string(item, "description", cx.report);
+            }
+            "kind" => {
+                kind = string(item, "kind", cx.report).and_then(|s| {
+                    let parsed = ListKind::parse(s);
+                    if parsed.is_none() {
+                        cx.report.error(at, format!("invalid list kind {s:?}: expected \"string\", \"number\" or \"cidr\""));
+                    }
+                    parsed
+                });
+            }
+            "file" => {
+                if let Some(path) = string(item, "file", cx.report) {
+                    entries.push(ListEntries::File(path.to_owned(), at));
+                }
+            }
+            "values" => match item.as_array() {
+                Some(array) => {
+                    let values = array
+                        .iter()
+                        .map(|v| {
+                            let at = v.span().map_or(at, |s| s.start);
+                            let entry = match v {
+                                Value::String(s) => InlineEntry::Str(s.value().clone()),
+                                Value::Integer(_) | Value::Float(_) => match exact_number(v, cx.report) {
+                                    Some(d) => InlineEntry::Num(d),
+                                    None => InlineEntry::Other("non-finite number"),
+                                },
+                                other => InlineEntry::Other(other.type_name()),
+                            };
+                            (entry, at)
+                        })
+                        .collect();
+                    entries.push(ListEntries::Inline(values));
+                }
+                None => cx.report.error(at, format!("\"values\" must be an array, found {}", type_name(item))),
+            },
+            other => cx.report.error(key_at, format!("unknown key {other:?} in list; expected one of: {}", LIST_KEYS.join(", "))),
+        }
+    }
+    let name = id.as_deref().map_or_else(|| "list".to_owned(), |id| format!("list {id:?}"));
+    if id.is_none() && !invalid.contains(&"id") {
+        cx.report.error(header, format!("{name} is missing required key \"id\""));
+    }
+    if entries.len() != 1 {
+        cx.report.error(header, format!("{name} needs exactly one of \"file\" and \"values\""));
+    }
+    if cx.report.diagnostics.len() > errors_before {
+        return None;
+    }
+    let origin = cx.report.source.origin(header);
+    let id = id?;
+    let draft = ListDraft { id: id.clone(), kind: kind.unwrap_or(ListKind::String), file: cx.file, entries: entries.pop()? };
+    Some((draft, (id, origin)))
 }
 
 fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(CounterDraft, (String, Origin))> {
@@ -1026,14 +1192,14 @@ mod tests {
     use super::*;
 
     fn errors(text: &str) -> Vec<String> {
-        match compile_sources(&[("r.toml", text)]) {
+        match compile_sources(&[("r.toml", text)], &no_files) {
             Ok(_) => Vec::new(),
             Err(diags) => diags.iter().map(ToString::to_string).collect(),
         }
     }
 
     fn compile_one(text: &str) -> CompiledSet {
-        compile_sources(&[("r.toml", text)]).unwrap_or_else(|d| panic!("{d:?}"))
+        compile_sources(&[("r.toml", text)], &no_files).unwrap_or_else(|d| panic!("{d:?}"))
     }
 
     const VALID: &str = r#"

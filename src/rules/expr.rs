@@ -9,6 +9,7 @@ use hashbrown::HashSet;
 use ipnet::IpNet;
 use regex::Regex;
 
+use super::lists::ListSet;
 use crate::event::{Decimal, FieldPath, FieldValue, Projection, Scalar};
 
 /// A syntax or name error at a byte offset of the expression text.
@@ -501,8 +502,8 @@ pub enum Literal {
 pub trait Names {
     /// The index of counter `id`, or an error message.
     fn counter(&self, id: &str) -> Result<usize, String>;
-    /// Whether lists exist at all (the next release): every `@id` is refused for now.
-    fn list(&self, id: &str) -> Result<(), String>;
+    /// The list `id`, or an error message.
+    fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String>;
 }
 
 /// A compiled expression node.
@@ -519,6 +520,7 @@ pub enum Expr {
     InSet { negated: bool, value: Box<Expr>, set: HashSet<Literal> },
     InField { negated: bool, value: Box<Expr>, field: usize },
     InCidr { negated: bool, value: Box<Expr>, nets: Vec<IpNet> },
+    InList { negated: bool, value: Box<Expr>, list: std::sync::Arc<ListSet> },
     Exists(usize),
     StartsWith(Box<Expr>, Box<Expr>),
     EndsWith(Box<Expr>, Box<Expr>),
@@ -607,10 +609,7 @@ impl Resolver<'_> {
                         Expr::InSet { negated, value, set: literals }
                     }
                     Ast::Path(p) => Expr::InField { negated, value, field: self.field(p) },
-                    Ast::ListRef(id) => {
-                        self.names.list(id).or_else(|m| err(set.1, m))?;
-                        return err(set.1, format!("unknown list \"{id}\""));
-                    }
+                    Ast::ListRef(id) => Expr::InList { negated, value, list: self.names.list(id).or_else(|m| err(set.1, m))? },
                     Ast::Call(name, args) if name == "cidr" => Expr::InCidr { negated, value, nets: networks(args, set.1)? },
                     _ => return err(set.1, "'in' needs a list [...], an event array field, @list or cidr(...)"),
                 }
@@ -933,6 +932,20 @@ impl Expr {
                 };
                 truth_val(negate_if(*negated, found))
             }
+            Expr::InList { negated, value, list } => {
+                // Strict types: a value of another type is simply not in a string or number
+                // list; a cidr list needs a string address (else unknown).
+                let found = match (value.eval(cx), list.as_ref()) {
+                    (Val::Unknown, _) => None,
+                    (Val::Str(s), ListSet::Strings(set)) => Some(set.contains(s.as_ref())),
+                    (Val::Num(Num { exact: Some(d), .. }), ListSet::Numbers(set)) => Some(set.contains(&d)),
+                    (Val::Num(n), ListSet::Numbers(set)) => Some(Decimal::from_f64(n.float).is_some_and(|d| set.contains(&d))),
+                    (_, ListSet::Strings(_) | ListSet::Numbers(_)) => Some(false),
+                    (Val::Str(s), ListSet::Networks(nets)) => s.parse::<IpAddr>().ok().map(|ip| nets.contains(ip)),
+                    (_, ListSet::Networks(_)) => None,
+                };
+                truth_val(negate_if(*negated, found))
+            }
             Expr::Exists(slot) => Val::Bool(!matches!(cx.field(*slot), FieldValue::Missing | FieldValue::Null)),
             Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
                 let (x, y) = (a.eval(cx), b.eval(cx));
@@ -987,7 +1000,7 @@ impl Expr {
             Expr::Bin(_, a, b) | Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
                 a.reads_input() || b.reads_input()
             }
-            Expr::InSet { value, .. } | Expr::InCidr { value, .. } => value.reads_input(),
+            Expr::InSet { value, .. } | Expr::InCidr { value, .. } | Expr::InList { value, .. } => value.reads_input(),
         }
     }
 }
@@ -1015,7 +1028,7 @@ mod tests {
                 other => Err(format!("unknown counter \"{other}\"")),
             }
         }
-        fn list(&self, id: &str) -> Result<(), String> {
+        fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String> {
             Err(format!("unknown list \"{id}\""))
         }
     }

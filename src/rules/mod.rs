@@ -10,6 +10,7 @@
 pub mod compile;
 pub mod decide;
 pub mod expr;
+pub mod lists;
 pub mod model;
 pub mod plan;
 
@@ -37,6 +38,8 @@ impl RuleErrors {
 pub struct RuleSet {
     counters: Vec<Counter>,
     rules: Vec<Rule>,
+    /// Every list by id (shared with the expressions that test them).
+    lists: Vec<(String, std::sync::Arc<lists::ListSet>)>,
     /// Enabled counters with their projection slots, in order: a counter's active position.
     active_counters: Vec<plan::PlannedCounter>,
     /// Active position of each counter (`None`: disabled).
@@ -54,10 +57,20 @@ impl RuleSet {
     /// Compiles `(file name, text)` pairs in the order given. Every error of every file is
     /// reported; no rule set is built if there is any.
     pub fn from_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<RuleSet, RuleErrors> {
+        RuleSet::from_sources_with_files(sources, &compile::no_files)
+    }
+
+    /// [`RuleSet::from_sources`], reading list files with `read` (paths relative to their rule
+    /// file's directory).
+    pub fn from_sources_with_files<'a>(
+        sources: impl IntoIterator<Item = (&'a str, &'a str)>,
+        read: compile::ReadFile<'_>,
+    ) -> Result<RuleSet, RuleErrors> {
         let sources: Vec<(&str, &str)> = sources.into_iter().collect();
-        let compiled = compile::compile_sources(&sources).map_err(RuleErrors)?;
+        let compiled = compile::compile_sources(&sources, read).map_err(RuleErrors)?;
         let mut hasher = blake3::Hasher::new();
-        for (name, text) in &sources {
+        let list_files = compiled.list_files.iter().map(|(n, t)| (n.as_str(), t.as_str()));
+        for (name, text) in sources.iter().copied().chain(list_files) {
             // The file's own name, not where the directory happens to be.
             let name = name.rsplit(['/', '\\']).next().unwrap_or(name);
             hasher.update(&(name.len() as u64).to_le_bytes());
@@ -74,6 +87,8 @@ impl RuleSet {
         let compiled = compile::CompiledSet {
             counters: Vec::new(),
             rules: Vec::new(),
+            lists: Vec::new(),
+            list_files: Vec::new(),
             projection: Projection::new(),
             warnings: Vec::new(),
         };
@@ -81,7 +96,7 @@ impl RuleSet {
     }
 
     fn build(compiled: compile::CompiledSet, version: String) -> RuleSet {
-        let compile::CompiledSet { counters, rules, mut projection, warnings } = compiled;
+        let compile::CompiledSet { counters, rules, lists, mut projection, warnings, .. } = compiled;
         let mut counter_position = vec![None; counters.len()];
         let mut active_counters = Vec::new();
         for (index, counter) in counters.iter().enumerate() {
@@ -104,7 +119,7 @@ impl RuleSet {
                 }
             }
         }
-        RuleSet { counters, rules, active_counters, counter_position, active_rules, read, projection, version, warnings }
+        RuleSet { counters, rules, lists, active_counters, counter_position, active_rules, read, projection, version, warnings }
     }
 
     /// All rules, disabled ones included, in rule-file order.
@@ -114,6 +129,11 @@ impl RuleSet {
 
     pub fn rule(&self, index: usize) -> &Rule {
         &self.rules[index]
+    }
+
+    /// Every list, by id, with its size (for metrics and `vigil check`).
+    pub fn lists(&self) -> impl Iterator<Item = (&str, &lists::ListSet)> + '_ {
+        self.lists.iter().map(|(id, set)| (id.as_str(), set.as_ref()))
     }
 
     /// All counters (those v1-form rules define included), disabled ones too.

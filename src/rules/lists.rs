@@ -1,0 +1,214 @@
+//! Lists: named sets of strings, numbers or IP networks that expressions test with `in @id`.
+//! Pure: the caller reads list files and hands over their text.
+//!
+//! Membership is O(1) for strings and numbers (hash sets) and O(prefix lengths) for networks: a
+//! hash set of masked networks per prefix length present, probed from the longest down.
+
+use std::net::IpAddr;
+
+use hashbrown::HashSet;
+use ipnet::IpNet;
+
+use crate::event::Decimal;
+
+/// What a list holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    String,
+    Number,
+    Cidr,
+}
+
+impl ListKind {
+    pub fn parse(s: &str) -> Option<ListKind> {
+        match s {
+            "string" => Some(ListKind::String),
+            "number" => Some(ListKind::Number),
+            "cidr" => Some(ListKind::Cidr),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListKind::String => "string",
+            ListKind::Number => "number",
+            ListKind::Cidr => "cidr",
+        }
+    }
+}
+
+/// IP networks by prefix length: `(prefix, masked address)`.
+#[derive(Debug, Clone, Default)]
+pub struct Networks {
+    v4: HashSet<(u8, u32), foldhash::fast::RandomState>,
+    v6: HashSet<(u8, u128), foldhash::fast::RandomState>,
+    /// Prefix lengths present, longest first.
+    v4_lengths: Vec<u8>,
+    v6_lengths: Vec<u8>,
+}
+
+fn mask4(addr: u32, len: u8) -> u32 {
+    if len == 0 { 0 } else { addr & (u32::MAX << (32 - u32::from(len))) }
+}
+
+fn mask6(addr: u128, len: u8) -> u128 {
+    if len == 0 { 0 } else { addr & (u128::MAX << (128 - u32::from(len))) }
+}
+
+impl Networks {
+    pub fn insert(&mut self, net: IpNet) {
+        match net {
+            IpNet::V4(n) => {
+                let len = n.prefix_len();
+                self.v4.insert((len, mask4(u32::from(n.addr()), len)));
+                if !self.v4_lengths.contains(&len) {
+                    self.v4_lengths.push(len);
+                    self.v4_lengths.sort_unstable_by(|a, b| b.cmp(a));
+                }
+            }
+            IpNet::V6(n) => {
+                let len = n.prefix_len();
+                self.v6.insert((len, mask6(u128::from(n.addr()), len)));
+                if !self.v6_lengths.contains(&len) {
+                    self.v6_lengths.push(len);
+                    self.v6_lengths.sort_unstable_by(|a, b| b.cmp(a));
+                }
+            }
+        }
+    }
+
+    /// Whether a network of the set holds `ip` (an IPv4-mapped IPv6 address is IPv6).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => {
+                let a = u32::from(a);
+                self.v4_lengths.iter().any(|&len| self.v4.contains(&(len, mask4(a, len))))
+            }
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.v6_lengths.iter().any(|&len| self.v6.contains(&(len, mask6(a, len))))
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A loaded list.
+#[derive(Debug, Clone)]
+pub enum ListSet {
+    Strings(HashSet<String, foldhash::fast::RandomState>),
+    Numbers(HashSet<Decimal, foldhash::fast::RandomState>),
+    Networks(Networks),
+}
+
+impl ListSet {
+    pub fn new(kind: ListKind) -> ListSet {
+        match kind {
+            ListKind::String => ListSet::Strings(HashSet::default()),
+            ListKind::Number => ListSet::Numbers(HashSet::default()),
+            ListKind::Cidr => ListSet::Networks(Networks::default()),
+        }
+    }
+
+    pub fn kind(&self) -> ListKind {
+        match self {
+            ListSet::Strings(_) => ListKind::String,
+            ListSet::Numbers(_) => ListKind::Number,
+            ListSet::Networks(_) => ListKind::Cidr,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            ListSet::Strings(s) => s.len(),
+            ListSet::Numbers(s) => s.len(),
+            ListSet::Networks(n) => n.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds an entry written as `text` (a list-file line, stripped; or an inline value's text).
+    /// `Err` says why the entry is not of the list's kind.
+    pub fn add(&mut self, text: &str) -> Result<(), String> {
+        match self {
+            ListSet::Strings(s) => {
+                s.insert(text.to_owned());
+            }
+            ListSet::Numbers(s) => match Decimal::parse(text) {
+                Some(d) => {
+                    s.insert(d);
+                }
+                None => return Err(format!("{} is not a number", crate::event::quote_prefix(text))),
+            },
+            ListSet::Networks(n) => match super::expr::parse_network(text) {
+                Some(net) => n.insert(net),
+                None => {
+                    return Err(format!(
+                        "{} is not an IPv4 or IPv6 address or network (like 10.0.0.0/8)",
+                        crate::event::quote_prefix(text)
+                    ))
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Adds every entry of a list file: one per line, stripped; blank lines and lines starting
+    /// with `#` are ignored. Errors are `(line, column, message)`, 1-based, every one of them.
+    pub fn add_file(&mut self, text: &str) -> Vec<(usize, usize, String)> {
+        let mut errors = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let entry = line.trim();
+            if entry.is_empty() || entry.starts_with('#') {
+                continue;
+            }
+            if let Err(message) = self.add(entry) {
+                let col = line[..line.len() - line.trim_start().len()].chars().count() + 1;
+                errors.push((n + 1, col, message));
+            }
+        }
+        errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks_use_the_longest_matching_prefix_structure() {
+        let mut n = ListSet::new(ListKind::Cidr);
+        for entry in ["10.0.0.0/8", "192.0.2.7", "203.0.113.5/24", "2001:db8::/32", "::1"] {
+            n.add(entry).unwrap();
+        }
+        let ListSet::Networks(n) = n else { unreachable!() };
+        let has = |ip: &str| n.contains(ip.parse().unwrap());
+        assert!(has("10.200.1.1"));
+        assert!(has("192.0.2.7") && !has("192.0.2.8"));
+        assert!(has("203.0.113.200"), "host bits of an entry are ignored");
+        assert!(has("2001:db8:ffff::1") && has("::1"));
+        assert!(!has("::ffff:10.0.0.1"), "an IPv4-mapped IPv6 address is not in IPv4 networks");
+        assert!(!has("11.0.0.1"));
+    }
+
+    #[test]
+    fn files_skip_comments_and_report_every_bad_line() {
+        let mut l = ListSet::new(ListKind::Number);
+        let errors = l.add_file("# risky codes\n6051.0\n\n  4.829e3  \nseven\n12\n  x1\n");
+        assert_eq!(l.len(), 3);
+        assert_eq!(errors, [(5, 1, "\"seven\" is not a number".to_owned()), (7, 3, "\"x1\" is not a number".to_owned())]);
+        let ListSet::Numbers(set) = l else { unreachable!() };
+        assert!(set.contains(&Decimal::from_i64(6051)) && set.contains(&Decimal::from_i64(4829)));
+    }
+}
