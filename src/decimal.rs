@@ -198,14 +198,6 @@ impl Decimal {
         Decimal::parse(&format!("{x:e}"))
     }
 
-    /// The value with its sign flipped.
-    pub fn neg(self) -> Decimal {
-        if self.mantissa == 0 {
-            self
-        } else {
-            Decimal { negative: !self.negative, ..self }
-        }
-    }
 
     pub fn is_negative(self) -> bool {
         self.negative
@@ -280,6 +272,18 @@ impl Ord for Decimal {
             magnitude.reverse()
         } else {
             magnitude
+        }
+    }
+}
+
+/// The value with its sign flipped (zero stays zero).
+impl std::ops::Neg for Decimal {
+    type Output = Decimal;
+    fn neg(self) -> Decimal {
+        if self.mantissa == 0 {
+            self
+        } else {
+            Decimal { negative: !self.negative, ..self }
         }
     }
 }

@@ -202,7 +202,7 @@ pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<Memory
                 let ts = 1_700_000_000_000 + i * step;
                 let delta = match spec.aggregate {
                     Aggregate::Count => Delta::Count,
-                    Aggregate::Sum => Delta::Sum(((i * 37) % 5000) as i64 * 10_000),
+                    Aggregate::Sum => Delta::Sum((i * 37) % 5000 * 10_000),
                     Aggregate::Distinct => Delta::Distinct(u128::from((i % 10) as u64) << 64 | u128::from(key)),
                 };
                 store.apply(window, &key.to_le_bytes(), ts, delta)?;

@@ -76,7 +76,8 @@ fn reference(rules: &Path, lines: &[Vec<u8>], emit_allow: bool) -> (BTreeMap<usi
 fn copy_rules(dir: &Path) -> PathBuf {
     let rules = dir.join("rules");
     std::fs::create_dir_all(&rules).unwrap();
-    for file in ["login.toml", "payments.toml"] {
+    std::fs::create_dir_all(rules.join("lists")).unwrap();
+    for file in ["login.toml", "payments.toml", "lists/stolen_cards.txt", "lists/datacenter_nets.txt"] {
         std::fs::copy(Path::new("rules").join(file), rules.join(file)).unwrap();
     }
     rules
@@ -436,7 +437,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     )
     .unwrap();
     wait_for(|| reloads(&worker, "ok") >= 1.0, &worker);
-    assert_eq!(worker.metric("vigil_rules_active"), Some(15.0));
+    assert_eq!(worker.metric("vigil_rules_active"), Some(17.0));
     // Two more failures: the unchanged rule kept its counter, so the 6th fires; the new rule fires.
     let batch = vec![event(4, "u-a", "login", "fail"), event(5, "u-a", "login", "fail"), event(6, "u-b", "signup", "ok")];
     broker.produce("events", &batch, Some(0));
@@ -459,7 +460,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     let log = worker.log_text();
     assert!(log.contains(&format!("{}:3:10: ", rules.join("extra.toml").display())), "{log}");
     assert!(log.contains("rule reload refused"), "{log}");
-    assert_eq!(worker.metric("vigil_rules_active"), Some(15.0));
+    assert_eq!(worker.metric("vigil_rules_active"), Some(17.0));
     broker.produce("events", &[event(7, "u-c", "signup", "ok")], Some(0));
     let decisions = broker.read("decisions", 1, |r| r.len() >= 3, Duration::from_millis(300), LONG);
     assert!(decisions.iter().any(|r| r.json()["event_id"] == "u-c-7"), "the old rules still decide");

@@ -37,7 +37,7 @@ fn one_script_call_serves_many_keys_independently() {
     let mut inv = script.key("vg:t:m1");
     inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(4).arg(0).arg(5).arg(2).arg(6).arg(1);
     inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg("").arg(0).arg(0);
-    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(9).arg("1.5");
+    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(9).arg("1500000");
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
     let text = |r: &Reply| r.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect::<Vec<_>>();
     let first = text(&replies[0]);
@@ -47,7 +47,7 @@ fn one_script_call_serves_many_keys_independently() {
     assert_eq!(window, BTreeMap::from([("b5".into(), "2".into()), ("b6".into(), "1".into())]));
     assert!(replies[1].is_empty(), "a key that holds nothing");
     let third = text(&replies[2]);
-    assert_eq!([&third[..3], &third[4..]].concat(), ["9", "0", "0", "*", "b9", "1.5"]);
+    assert_eq!([&third[..3], &third[4..]].concat(), ["9", "0", "0", "*", "b9", "1500000"]);
 }
 
 #[test]
@@ -88,15 +88,37 @@ fn script_counts_refuses_late_prunes_and_sets_ttl() {
 }
 
 #[test]
-fn script_sums_in_order_with_exact_doubles_and_tracks_distinct_latest() {
+fn script_sums_exact_64_bit_micro_units_and_tracks_distinct_latest() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let out = call(&mut conn, "vg:t:s", "s", 5, 2, &["1", "0.1", "1", "0.2", "2", "1e300", "2", "-1e300", "3", "12.37"]);
+    // Micro-units beyond 2^53 (where a Lua double stops being exact), negative amounts with
+    // carries across the 10^9 limb, and saturation at the 64-bit limits, exactly as Rust adds.
+    let big = "999999999999999999"; // 10^18 - 1
+    let out = call(
+        &mut conn,
+        "vg:t:s",
+        "s",
+        5,
+        2,
+        &["1", "100000", "1", "200000", "2", big, "2", big, "2", "7", "3", "1000000000", "3", "-1", "4", "-5000000000", "4", "4000000001"],
+    );
     let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
-    assert_eq!(window["b1"].parse::<f64>().unwrap(), 0.1f64 + 0.2, "{}", window["b1"]);
-    assert_eq!(window["b2"].parse::<f64>().unwrap(), 0.0);
-    // The shortest exact text is stored: compact and still bit-for-bit.
-    assert_eq!(window["b3"], "12.37");
+    assert_eq!(window["b1"], "300000");
+    assert_eq!(window["b2"], "2000000000000000005", "2 × (10^18 - 1) + 7, exact");
+    assert_eq!(window["b3"], "999999999");
+    assert_eq!(window["b4"], "-999999999");
+    let rust = [big.parse::<i64>().unwrap(), big.parse().unwrap(), 7].iter().fold(0i64, |a, &v| a.saturating_add(v));
+    assert_eq!(window["b2"], rust.to_string());
+    // Saturation: 10 × (10^18 - 1) stops at i64::MAX, as the Rust side's saturating_add does.
+    let many: Vec<&str> = (0..10).flat_map(|_| ["5", big]).collect();
+    let out = call(&mut conn, "vg:t:sat", "s", 5, 2, &many);
+    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(window["b5"], i64::MAX.to_string());
+    // Amounts must be integers of at most 19 digits: anything else is refused before a write.
+    let script = script();
+    let mut inv = script.key("vg:t:bad");
+    inv.arg("s").arg(5).arg(60_000).arg(2).arg("").arg(2).arg(0).arg("1").arg("0.5");
+    assert!(inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err().to_string().contains("bad amount"));
 
     let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
     call(&mut conn, "vg:t:d", "d", 3, 2, &["5", a, "4", b, "3", a]);

@@ -145,11 +145,7 @@ impl Expr {
 
     fn counters(&self, out: &mut Vec<usize>) {
         match self {
-            Expr::Counter(c) => {
-                if !out.contains(c) {
-                    out.push(*c);
-                }
-            }
+            Expr::Counter(c) if !out.contains(c) => out.push(*c),
             Expr::Not(e) | Expr::Neg(e) | Expr::Lower(e) | Expr::Matches(e, _) | Expr::In(_, e, _) | Expr::Str(_, e, _) | Expr::Cidr(_, e) => {
                 e.counters(out)
             }

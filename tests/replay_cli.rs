@@ -167,6 +167,8 @@ fn shipped_examples_show_every_kind_of_decision() {
     assert!(fired("pay-merchant-decline-ratio", "block"), "a merchant under attack");
     assert!(fired("pay-geo-mismatch-large", "challenge"), "a large payment with a foreign card");
     assert!(fired("pay-cash-out", "review"), "cash-out");
+    assert!(fired("pay-stolen-card", "block"), "a card on the stolen-card list");
+    assert!(fired("login-from-datacenter", "challenge"), "a login from a datacenter network");
     assert!(fired("pay-test-cards", "allow") && fired("pay-card-testing", "allow"), "test cards override blocks");
     assert!(fired("login-qa-accounts", "allow") && fired("login-brute-force", "allow"), "QA accounts override blocks");
     assert!(fired("login-users-ip-shadow", "allow"), "shadow rule alone decides allow");
@@ -176,7 +178,7 @@ fn shipped_examples_show_every_kind_of_decision() {
         assert!(records.iter().any(|r| r["hits"].as_array().unwrap().iter().any(|h| h["rule_id"] == rule.id.as_str())), "{} never fires", rule.id);
     }
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.starts_with("replay: 176 events read, 45 decisions, 0 bad lines, 0 late"), "{stderr}");
+    assert!(stderr.starts_with("replay: 178 events read, 52 decisions, 0 bad lines, 0 late"), "{stderr}");
 }
 
 #[test]

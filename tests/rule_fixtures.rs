@@ -131,7 +131,7 @@ fn check_lists_each_valid_rule_and_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 25, "{stdout}");
+    assert_eq!(lines.len(), 27, "{stdout}");
     assert_eq!(
         lines[0],
         "ok counter login-fails-user-10m: count of events per user_id over 10m (bucket 10s) where type == 'login' && result in ['fail', 'locked']  [rules/login.toml:9:1]"
@@ -142,7 +142,7 @@ fn check_lists_each_valid_rule_and_exits_0() {
     );
     assert!(lines.iter().any(|l| l.starts_with("ok rule login-users-ip-shadow: review/shadow judges events where type is \"login\"")), "{stdout}");
     assert!(lines.iter().any(|l| l.contains("sum of amount per user_id+geo.country over 1d (bucket 1h)")), "{stdout}");
-    assert!(lines[24].starts_with("14 rules (14 enabled) and 10 counters in 2 files OK (rules version "), "{}", lines[24]);
+    assert!(lines[26].starts_with("16 rules (16 enabled) and 10 counters in 2 files OK (rules version "), "{}", lines[26]);
 }
 
 #[test]

@@ -811,9 +811,10 @@ impl Worker {
     /// between two batches; a bad edit is logged with `file:line:col` and the old rules stay.
     /// Polling contents (not file events) also sees Kubernetes ConfigMap symlink swaps.
     fn watch_rules(&self, path: &Path, done: &Shutdown) {
-        let mut seen = fingerprint(path);
+        let mut list_files: Vec<String> = self.lock_engine().rules().list_file_names().to_vec();
+        let mut seen = fingerprint(path, &list_files);
         while !done.wait(self.config.rules.reload_interval) {
-            let now = fingerprint(path);
+            let now = fingerprint(path, &list_files);
             if now == seen {
                 continue;
             }
@@ -821,6 +822,9 @@ impl Worker {
             match rule_files::load(path) {
                 Ok(rules) => {
                     let active = rules.active().len();
+                    // A list file is watched from the load that names it.
+                    list_files = rules.list_file_names().to_vec();
+                    seen = fingerprint(path, &list_files);
                     self.lock_engine().replace_rules(rules);
                     self.metrics.rules_active.set(active as i64);
                     self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
@@ -856,8 +860,9 @@ fn stop_loops(loops: Vec<PartitionLoop>) {
     }
 }
 
-/// A digest of the rule files' names and contents; `None` if they cannot be read.
-fn fingerprint(path: &Path) -> Option<blake3::Hash> {
+/// A digest of the rule files' names and contents, and of the list files' sizes and times (a
+/// million-line list is not re-read every interval); `None` if they cannot be read.
+fn fingerprint(path: &Path, list_files: &[String]) -> Option<blake3::Hash> {
     let files: Vec<PathBuf> = rule_files::rule_files(path).ok()?;
     let mut hasher = blake3::Hasher::new();
     for file in files {
@@ -865,6 +870,19 @@ fn fingerprint(path: &Path) -> Option<blake3::Hash> {
         hasher.update(&[0]);
         hasher.update(&std::fs::read(&file).ok()?);
         hasher.update(&[0]);
+    }
+    for file in list_files {
+        hasher.update(file.as_bytes());
+        match std::fs::metadata(file) {
+            Ok(meta) => {
+                hasher.update(&meta.len().to_le_bytes());
+                let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                hasher.update(&modified.map_or(0, |d| d.as_nanos()).to_le_bytes());
+            }
+            Err(_) => {
+                hasher.update(b"missing");
+            }
+        }
     }
     Some(hasher.finalize())
 }

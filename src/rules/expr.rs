@@ -391,7 +391,7 @@ impl Parser {
             self.bump();
             let inner = self.unary()?;
             if let Ast::Num(d) = inner.0 {
-                return Ok((Ast::Num(d.neg()), at));
+                return Ok((Ast::Num(-d), at));
             }
             return Ok((Ast::Neg(Box::new(inner)), at));
         }
@@ -839,7 +839,7 @@ impl Expr {
             Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
             Expr::Not(inner) => truth_val(truth(&inner.eval(cx)).map(|b| !b)),
             Expr::Neg(inner) => match inner.eval(cx) {
-                Val::Num(n) => Val::Num(Num { float: -n.float, exact: n.exact.map(Decimal::neg) }),
+                Val::Num(n) => Val::Num(Num { float: -n.float, exact: n.exact.map(|d| -d) }),
                 _ => Val::Unknown,
             },
             Expr::Bin(BinOp::And, l, r) => {

@@ -40,6 +40,8 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     /// Every list by id (shared with the expressions that test them).
     lists: Vec<(String, std::sync::Arc<lists::ListSet>)>,
+    /// The list files read, by path.
+    list_files: Vec<String>,
     /// Enabled counters with their projection slots, in order: a counter's active position.
     active_counters: Vec<plan::PlannedCounter>,
     /// Active position of each counter (`None`: disabled).
@@ -96,7 +98,8 @@ impl RuleSet {
     }
 
     fn build(compiled: compile::CompiledSet, version: String) -> RuleSet {
-        let compile::CompiledSet { counters, rules, lists, mut projection, warnings, .. } = compiled;
+        let compile::CompiledSet { counters, rules, lists, list_files, mut projection, warnings } = compiled;
+        let list_files = list_files.into_iter().map(|(name, _)| name).collect();
         let mut counter_position = vec![None; counters.len()];
         let mut active_counters = Vec::new();
         for (index, counter) in counters.iter().enumerate() {
@@ -119,7 +122,7 @@ impl RuleSet {
                 }
             }
         }
-        RuleSet { counters, rules, lists, active_counters, counter_position, active_rules, read, projection, version, warnings }
+        RuleSet { counters, rules, lists, list_files, active_counters, counter_position, active_rules, read, projection, version, warnings }
     }
 
     /// All rules, disabled ones included, in rule-file order.
@@ -134,6 +137,11 @@ impl RuleSet {
     /// Every list, by id, with its size (for metrics and `vigil check`).
     pub fn lists(&self) -> impl Iterator<Item = (&str, &lists::ListSet)> + '_ {
         self.lists.iter().map(|(id, set)| (id.as_str(), set.as_ref()))
+    }
+
+    /// The list files the rules read (paths as loaded), for the reload watcher.
+    pub fn list_file_names(&self) -> &[String] {
+        &self.list_files
     }
 
     /// All counters (those v1-form rules define included), disabled ones too.
