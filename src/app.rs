@@ -142,8 +142,9 @@ pub fn replay(
                 );
                 if s.skipped_applied > 0 {
                     eprintln!(
-                        "redis: {} observations were already counted in Redis by an earlier run of this input \
-                         (the same --input-id or file content): judged against the counters as they stand, not counted again",
+                        "redis: {} observations were already counted in Redis (by an earlier run of this input — the same \
+                         --input-id or file content — or by a flush whose reply was lost): judged against the counters as they \
+                         stand, not counted again",
                         s.skipped_applied
                     );
                 }

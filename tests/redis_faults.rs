@@ -99,7 +99,7 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let (first, _) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
     let (_, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
-    assert!(stderr.contains("already counted in Redis by an earlier run of this input"), "{stderr}");
+    assert!(stderr.contains("already counted in Redis (by an earlier run of this input"), "{stderr}");
     assert!(!first.is_empty());
 
     // The same events through stdin under one --input-id count once too; stdin without one is a
@@ -236,7 +236,8 @@ fn redis_killed_and_restarted_from_its_append_only_file_mid_replay_ends_exact() 
     assert_eq!(records.len(), lines.len());
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
     // Nothing was lost: no data loss was detected, and decisions made on Redis' view are exact.
-    assert!(stderr.contains("lost its data 0 times"), "{stderr}");
+    // (A restart between two flushes is only a reconnect: no outage line is printed at all.)
+    assert!(!stderr.contains("lost its data") || stderr.contains("lost its data 0 times"), "{stderr}");
     let exact: std::collections::HashSet<&str> = exact.lines().collect();
     let wrong: Vec<&String> = records
         .iter()

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::decimal::MICROS_PER_UNIT;
 use crate::event::{decode, BadEvent, Event, FieldValue, TimeBounds};
 use crate::rules::expr::{Context, Num};
-use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, SkipReason, Source};
+use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, Scope, SkipReason, Source};
 use crate::store::{CounterStore, Observed, Origin, StoreError, WindowId};
 use crate::window::{Aggregate, Applied};
 
@@ -62,6 +62,20 @@ pub struct CounterCounts {
     pub late: u64,
     /// Skips by reason: dimension, sum field, sum range, distinct field.
     pub skipped: [u64; 4],
+}
+
+/// What a rule reload did to the counters (for the reload log).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterChanges {
+    /// Counters new in this set, or whose window (length, bucket, aggregate, `max_distinct`)
+    /// changed: they start from nothing.
+    pub fresh: Vec<String>,
+    /// Counters whose id and window are unchanged: they keep what they counted.
+    pub kept: Vec<String>,
+    /// Kept counters whose match, dimensions, field or `allow_negative` changed: what they
+    /// counted under the old definition stays in their windows (rename a counter to start it
+    /// afresh).
+    pub redefined: Vec<String>,
 }
 
 /// A counter's state for the event being evaluated.
@@ -245,7 +259,37 @@ impl<S: CounterStore> Engine<S> {
 
     /// Swaps in a new rule set between two events. A counter whose id and window are unchanged
     /// keeps its state (the store hands back the same window); a changed window starts afresh.
-    /// Returns the old set.
+    /// Returns the old set and what happened to each counter.
+    pub fn reload_rules(&mut self, rules: RuleSet) -> (RuleSet, CounterChanges) {
+        let mut changes = CounterChanges::default();
+        for index in rules.active_counters() {
+            let new = rules.counter(index);
+            let old = self.rules.active_counters().map(|i| self.rules.counter(i)).find(|c| c.id == new.id);
+            // The store keys a window by id and shape: the same pair hands back the same state.
+            match old {
+                Some(old) if old.window == new.window => {
+                    let same_scope = match (&old.scope, &new.scope) {
+                        (Scope::All, Scope::All) => true,
+                        (Scope::Table(a), Scope::Table(b)) => a == b,
+                        (Scope::Expr(_), Scope::Expr(_)) => old.scope_text == new.scope_text,
+                        _ => false,
+                    };
+                    let same_definition = same_scope
+                        && old.dimensions == new.dimensions
+                        && old.field == new.field
+                        && old.allow_negative == new.allow_negative;
+                    if !same_definition {
+                        changes.redefined.push(new.id.clone());
+                    }
+                    changes.kept.push(new.id.clone());
+                }
+                _ => changes.fresh.push(new.id.clone()),
+            }
+        }
+        (self.replace_rules(rules), changes)
+    }
+
+    /// [`Engine::reload_rules`] without the report.
     pub fn replace_rules(&mut self, rules: RuleSet) -> RuleSet {
         self.windows = rules
             .active_counters()
@@ -633,4 +677,25 @@ fn trim_line(line: &[u8]) -> &[u8] {
 
 fn report_bad_line(diagnostics: &mut impl Write, line: u64, bad: &BadEvent) -> io::Result<()> {
     writeln!(diagnostics, "line {line}: bad event ({}): {bad}", bad.code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn set(text: &str) -> RuleSet {
+        RuleSet::from_sources([("r.toml", text)]).unwrap()
+    }
+
+    #[test]
+    fn a_reload_says_which_counters_keep_their_state() {
+        let before = "[[counter]]\nid='a'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='b'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='c'\ndimensions=['u']\nwindow='1m'\n[[rule]]\nid='r'\naction='block'\nwhen='$a + $b + $c > 1'\n";
+        let after = "[[counter]]\nid='a'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='b'\ndimensions=['u']\nwindow='2m'\n[[counter]]\nid='c'\ndimensions=['u', 'v']\nwindow='1m'\n[[counter]]\nid='d'\ndimensions=['u']\nwindow='1m'\n[[rule]]\nid='r'\naction='block'\nwhen='$a + $b + $c + $d > 1'\n";
+        let mut engine = Engine::new(set(before), MemoryStore::new());
+        let (_, changes) = engine.reload_rules(set(after));
+        assert_eq!(changes.kept, ["a", "c"]);
+        assert_eq!(changes.fresh, ["b", "d"]);
+        assert_eq!(changes.redefined, ["c"]);
+    }
 }

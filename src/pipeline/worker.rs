@@ -208,6 +208,7 @@ pub fn run(
     shutdown: Shutdown,
 ) -> Result<(), WorkerError> {
     metrics.rules_active.set(rules.active().len() as i64);
+    metrics.rules_loaded(&rules);
     let sink = Sink::new(&config.kafka, Arc::clone(&metrics))?;
     let worker = Arc::new(Worker {
         engine: Mutex::new(Engine::new(rules, store).with_time(config.input.time_bounds(), Arc::new(crate::clock::SystemClock))),
@@ -825,10 +826,27 @@ impl Worker {
                     // A list file is watched from the load that names it.
                     list_files = rules.list_file_names().to_vec();
                     seen = fingerprint(path, &list_files);
-                    self.lock_engine().replace_rules(rules);
+                    let version = rules.version().to_owned();
+                    let lists: Vec<String> = rules.lists().map(|(id, set)| format!("{id} ({} {})", set.len(), set.kind().as_str())).collect();
+                    self.metrics.rules_loaded(&rules);
+                    let (_, changes) = self.lock_engine().reload_rules(rules);
                     self.metrics.rules_active.set(active as i64);
                     self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
-                    tracing::info!(path = %path.display(), active, "rules reloaded");
+                    tracing::info!(
+                        path = %path.display(),
+                        active,
+                        version,
+                        fresh = ?changes.fresh,
+                        kept = ?changes.kept,
+                        lists = ?lists,
+                        "rules reloaded: counters in `fresh` start from nothing, those in `kept` keep their state"
+                    );
+                    if !changes.redefined.is_empty() {
+                        tracing::warn!(
+                            counters = ?changes.redefined,
+                            "counters keep the state counted under their previous match, dimensions or field; rename a counter to start it afresh"
+                        );
+                    }
                 }
                 Err(error) => {
                     self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "error" }).inc();

@@ -42,6 +42,23 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListLabels {
+    pub list: String,
+}
+
+impl Metrics {
+    /// Records what a (re)load put in force: its lists' sizes and the time.
+    pub fn rules_loaded(&self, rules: &crate::rules::RuleSet) {
+        self.list_entries.clear();
+        for (id, set) in rules.lists() {
+            self.list_entries.get_or_create(&ListLabels { list: id.to_owned() }).set(set.len() as i64);
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.rules_loaded_seconds.set(now as i64);
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CounterLabels {
     pub counter: String,
 }
@@ -112,6 +129,10 @@ pub struct Metrics {
     pub rule_reloads: Family<ResultLabels, Counter>,
     /// Enabled rules in force.
     pub rules_active: Gauge,
+    /// Entries of each list in force, by list id.
+    pub list_entries: Family<ListLabels, Gauge>,
+    /// When the rules and lists in force were loaded (Unix seconds).
+    pub rules_loaded_seconds: Gauge,
     /// (rule, key) windows held in this process.
     pub live_keys: Gauge,
     /// Partitions this worker owns.
@@ -162,6 +183,8 @@ impl Metrics {
             decision_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             rule_reloads: Family::default(),
             rules_active: Gauge::default(),
+            list_entries: Family::default(),
+            rules_loaded_seconds: Gauge::default(),
             live_keys: Gauge::default(),
             assigned_partitions: Gauge::default(),
             redis_available: Gauge::default(),
@@ -214,6 +237,12 @@ impl Metrics {
         );
         registry.register("rule_reloads", "Rule reloads, by result", metrics.rule_reloads.clone());
         registry.register("rules_active", "Enabled rules in force", metrics.rules_active.clone());
+        registry.register("list_entries", "Entries of each list in force, by list", metrics.list_entries.clone());
+        registry.register(
+            "rules_loaded_timestamp_seconds",
+            "When the rules and lists in force were loaded",
+            metrics.rules_loaded_seconds.clone(),
+        );
         registry.register("store_live_keys", "(rule, key) windows held in this process", metrics.live_keys.clone());
         registry.register("assigned_partitions", "Partitions owned by this worker", metrics.assigned_partitions.clone());
         registry.register("redis_available", "1 while Redis answers, 0 while counting locally", metrics.redis_available.clone());
