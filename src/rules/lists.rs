@@ -101,6 +101,13 @@ impl Networks {
     }
 }
 
+/// Whether `text` is written as JSON writes a number: an optional `-`, no leading zeros, no `+`.
+fn json_number_syntax(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let int_end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+    int_end > 0 && !(int_end > 1 && digits.starts_with('0'))
+}
+
 /// A loaded list.
 #[derive(Debug, Clone)]
 pub enum ListSet {
@@ -145,7 +152,7 @@ impl ListSet {
             ListSet::Strings(s) => {
                 s.insert(text.to_owned());
             }
-            ListSet::Numbers(s) => match Decimal::parse(text) {
+            ListSet::Numbers(s) => match Decimal::parse(text).filter(|_| json_number_syntax(text)) {
                 Some(d) => {
                     s.insert(d);
                 }
@@ -205,9 +212,17 @@ mod tests {
     #[test]
     fn files_skip_comments_and_report_every_bad_line() {
         let mut l = ListSet::new(ListKind::Number);
-        let errors = l.add_file("# risky codes\n6051.0\n\n  4.829e3  \nseven\n12\n  x1\n");
-        assert_eq!(l.len(), 3);
-        assert_eq!(errors, [(5, 1, "\"seven\" is not a number".to_owned()), (7, 3, "\"x1\" is not a number".to_owned())]);
+        let errors = l.add_file("# risky codes\n6051.0\n\n  4.829e3  \nseven\n12\n  x1\n+5\n007\n-0.5\n");
+        assert_eq!(l.len(), 4);
+        assert_eq!(
+            errors,
+            [
+                (5, 1, "\"seven\" is not a number".to_owned()),
+                (7, 3, "\"x1\" is not a number".to_owned()),
+                (8, 1, "\"+5\" is not a number".to_owned()),
+                (9, 1, "\"007\" is not a number".to_owned()),
+            ]
+        );
         let ListSet::Numbers(set) = l else { unreachable!() };
         assert!(set.contains(&Decimal::from_i64(6051)) && set.contains(&Decimal::from_i64(4829)));
     }
