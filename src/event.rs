@@ -70,10 +70,6 @@ impl Number {
         Number { exact: Decimal::from_i64(v), integer_text: true }
     }
 
-    pub fn from_decimal(exact: Decimal) -> Number {
-        Number { exact, integer_text: false }
-    }
-
     /// The nearest double (arithmetic is IEEE-754).
     pub fn as_f64(self) -> f64 {
         self.exact.to_f64()

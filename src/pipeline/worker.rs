@@ -904,3 +904,31 @@ fn fingerprint(path: &Path, list_files: &[String]) -> Option<blake3::Hash> {
     }
     Some(hasher.finalize())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reload_fingerprint_follows_rule_files_and_the_list_files_they_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let rules = dir.path().join("rules");
+        std::fs::create_dir_all(rules.join("lists")).unwrap();
+        std::fs::write(rules.join("r.toml"), "[[list]]\nid='cards'\nfile='lists/cards.txt'\n[[rule]]\nid='r'\naction='block'\nwhen=\"card in @cards\"\n").unwrap();
+        let list = rules.join("lists/cards.txt");
+        std::fs::write(&list, "c-1\n").unwrap();
+        let loaded = rule_files::load(&rules).unwrap();
+        let lists = loaded.list_file_names().to_vec();
+        assert_eq!(lists, [list.display().to_string()]);
+        let before = fingerprint(&rules, &lists);
+        assert_eq!(fingerprint(&rules, &lists), before, "nothing changed");
+        // A list file replaced whole (a new size) is a change, though no rule file changed.
+        std::fs::write(&list, "c-1\nc-2\n").unwrap();
+        let after = fingerprint(&rules, &lists);
+        assert_ne!(after, before);
+        assert!(rule_files::load(&rules).unwrap().rules().len() == 1);
+        // A rule file edit is a change too.
+        std::fs::write(rules.join("r.toml"), "[[rule]]\nid='r'\naction='alert'\n").unwrap();
+        assert_ne!(fingerprint(&rules, &lists), after);
+    }
+}

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use regex::Regex;
 
 use super::lists::ListSet;
-use crate::event::{Decimal, FieldPath, FieldValue, Projection, Scalar};
+use crate::event::{Decimal, FieldPath, FieldValue, Projection};
 
 /// A syntax or name error at a byte offset of the expression text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1002,15 +1002,6 @@ impl Expr {
             }
             Expr::InSet { value, .. } | Expr::InCidr { value, .. } | Expr::InList { value, .. } => value.reads_input(),
         }
-    }
-}
-
-/// A scalar event value as a literal (for summaries and tests).
-pub fn scalar_literal(s: &Scalar<'_>) -> Literal {
-    match s {
-        Scalar::Bool(b) => Literal::Bool(*b),
-        Scalar::Number(d) => Literal::Num(*d),
-        Scalar::Str(s) => Literal::Str((*s).to_owned()),
     }
 }
 
