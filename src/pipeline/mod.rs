@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, SystemClock};
 use smallvec::SmallVec;
 
-use crate::decimal::MICROS_PER_UNIT;
 use crate::event::{decode, BadEvent, Event, FieldValue, TimeBounds};
 use crate::rules::expr::{Context, Num};
 use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, Scope, SkipReason, Source};
 use crate::store::{CounterStore, Observed, Origin, StoreError, WindowId};
-use crate::window::{Aggregate, Applied};
+use crate::window::Applied;
 
 /// Per-evaluation counts, for the replay summary and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,7 +59,7 @@ pub struct RuleCounts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CounterCounts {
     pub late: u64,
-    /// Skips by reason: dimension, sum field, sum range, distinct field.
+    /// Skips by reason, indexed by [`SkipReason::index`].
     pub skipped: [u64; 4],
 }
 
@@ -156,12 +155,7 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
     fn counter(&mut self, index: usize) -> Option<Num> {
         match self.outcome(index) {
             Outcome::Known { value, .. } => {
-                let aggregate = self.rules.counter(index).aggregate();
-                let float = match aggregate {
-                    Aggregate::Sum => value as f64 / MICROS_PER_UNIT as f64,
-                    _ => value as f64,
-                };
-                Some(Num { float, exact: Some(decide::counter_value(aggregate, value)) })
+                Some(Num::exact(decide::counter_value(self.rules.counter(index).aggregate(), value)))
             }
             _ => None,
         }
@@ -378,14 +372,13 @@ impl<S: CounterStore> Engine<S> {
                     }
                 }
                 Plan::Skip(reason) => {
-                    let (total, slot) = match reason {
-                        SkipReason::Dimension => (&mut self.counts.skipped_dimension, 0),
-                        SkipReason::SumField => (&mut self.counts.skipped_sum_field, 1),
-                        SkipReason::SumRange => (&mut self.counts.skipped_sum_range, 2),
-                        SkipReason::DistinctField => (&mut self.counts.skipped_distinct_field, 3),
-                    };
-                    *total += 1;
-                    self.counter_counts[position].skipped[slot] += 1;
+                    *match reason {
+                        SkipReason::Dimension => &mut self.counts.skipped_dimension,
+                        SkipReason::SumField => &mut self.counts.skipped_sum_field,
+                        SkipReason::SumRange => &mut self.counts.skipped_sum_range,
+                        SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
+                    } += 1;
+                    self.counter_counts[position].skipped[reason.index()] += 1;
                     // A skipped event did not feed the counter: a rule reads it (if its key
                     // can be formed).
                     if behind || reason == SkipReason::Dimension {

@@ -32,7 +32,7 @@ use rdkafka::ClientContext;
 use super::Engine;
 use crate::config::Config;
 use crate::rule_files::{self, LoadError};
-use crate::rules::{decide, Action, Mode, RuleSet, Source};
+use crate::rules::{decide, Action, Mode, RuleSet, SkipReason, Source};
 use crate::shutdown::Shutdown;
 use crate::sink::{dead_letter_headers, Kind, Sink, Ticket};
 use crate::source::{self, Progress};
@@ -41,7 +41,7 @@ use crate::store::{AnyStore, CounterStore, Journal, JournalError, JournalWriter,
 use crate::telemetry::http::Health;
 use crate::telemetry::{
     ActionLabels, CodeLabels, CounterLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels,
-    RuleLabels, SkipLabels, SKIP_REASONS,
+    RuleLabels, SkipLabels,
 };
 
 /// Messages a partition loop takes per engine lock.
@@ -617,9 +617,9 @@ impl Worker {
                 if counts.late > 0 {
                     self.metrics.late_events.get_or_create(&CounterLabels { counter: counter.id.clone() }).inc_by(counts.late);
                 }
-                for (reason, n) in SKIP_REASONS.iter().zip(counts.skipped) {
+                for (reason, n) in SkipReason::ALL.iter().zip(counts.skipped) {
                     if n > 0 {
-                        let labels = SkipLabels { counter: counter.id.clone(), reason };
+                        let labels = SkipLabels { counter: counter.id.clone(), reason: reason.code() };
                         self.metrics.skipped_events.get_or_create(&labels).inc_by(n);
                     }
                 }

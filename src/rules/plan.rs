@@ -105,6 +105,14 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
+    /// Every reason, in the order of [`SkipReason::index`].
+    pub const ALL: [SkipReason; 4] = [SkipReason::Dimension, SkipReason::SumField, SkipReason::SumRange, SkipReason::DistinctField];
+
+    /// Position in [`SkipReason::ALL`] (per-reason counters are arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Low-cardinality code for metrics.
     pub fn code(self) -> &'static str {
         match self {

@@ -1018,6 +1018,15 @@ impl RedisStore {
         Ok(states)
     }
 
+    /// The clean view of a key that is not dirty: cached, else read from Redis; `None` while
+    /// Redis is unavailable.
+    fn clean_view(&mut self, window: WindowId, key: &[u8]) -> Option<Arc<Cached>> {
+        match self.cache.get(&KeyRef { window: window.0, key }) {
+            Some(state) => Some(state),
+            None => self.load(window, key),
+        }
+    }
+
     /// The view of a key that is neither dirty nor cached: read from Redis, or `None` while Redis
     /// is unavailable (the read failing opens the breaker).
     fn load(&mut self, window: WindowId, key: &[u8]) -> Option<Arc<Cached>> {
@@ -1058,10 +1067,7 @@ impl CounterStore for RedisStore {
                 (applied, counted, dirty.base_unknown)
             }
             None => {
-                let clean = match self.cache.get(&lookup) {
-                    Some(state) => Some(state),
-                    None => self.load(window, key),
-                };
+                let clean = self.clean_view(window, key);
                 match clean {
                     Some(clean) if codec::replayed(&clean.offsets, observation.origin) => {
                         (judge(&clean.state, &spec, bucket), false, false)
@@ -1116,10 +1122,7 @@ impl CounterStore for RedisStore {
             let degraded = dirty.base_unknown || self.outage.is_some();
             return Ok(Observed { applied: dirty.state.read(&spec, bucket), degraded });
         }
-        let clean = match self.cache.get(&lookup) {
-            Some(state) => Some(state),
-            None => self.load(window, key),
-        };
+        let clean = self.clean_view(window, key);
         Ok(match clean {
             Some(clean) => Observed { applied: clean.state.read(&spec, bucket), degraded: self.outage.is_some() },
             // Redis is unavailable and nothing was counted here: what this process knows is 0.

@@ -69,9 +69,6 @@ pub struct SkipLabels {
     pub reason: &'static str,
 }
 
-/// The skip reasons, in the order of `CounterCounts::skipped`.
-pub const SKIP_REASONS: [&str; 4] = ["missing_dimension", "non_numeric_sum_field", "sum_range", "missing_distinct_field"];
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: &'static str,
