@@ -599,3 +599,68 @@ fn the_script_checks_every_argument_before_its_first_write() {
     let exists: i64 = redis::cmd("EXISTS").arg("vg:t:oom").query(&mut conn).unwrap();
     assert_eq!(exists, 0);
 }
+
+fn hold_script() -> redis::Script {
+    redis::Script::new(include_str!("../lua/hold.lua"))
+}
+
+#[test]
+fn hold_script_keeps_the_later_time_and_refuses_bad_arguments() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let raise = |conn: &mut redis::Connection, until: &str, ttl: i64| -> redis::RedisResult<String> {
+        hold_script().key("vg:h:r:k").arg(until).arg(ttl).invoke(conn)
+    };
+    assert_eq!(raise(&mut conn, "1700000600000", 3_600_000).unwrap(), "1700000600000");
+    assert_eq!(raise(&mut conn, "1700000500000", 3_600_000).unwrap(), "1700000600000", "never shortened");
+    assert_eq!(raise(&mut conn, "1700000900000", 7_200_000).unwrap(), "1700000900000");
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:h:r:k").query(&mut conn).unwrap();
+    assert!(ttl > 7_100_000 && ttl <= 7_200_000, "the raise set its TTL: {ttl}");
+    // Times past 2^53 or not integers would not be exact in Lua: refused, nothing written.
+    for bad in ["9007199254740993", "1.5", "-1", "1e3", ""] {
+        assert!(raise(&mut conn, bad, 1000).is_err(), "{bad:?}");
+    }
+    assert!(raise(&mut conn, "1", 0).is_err(), "a TTL of zero");
+    let stored: String = redis::cmd("GET").arg("vg:h:r:k").query(&mut conn).unwrap();
+    assert_eq!(stored, "1700000900000");
+}
+
+/// A hold set by one process is seen by another through Redis within one flush interval, and
+/// by a process started later (a hold survives a restart); its key holds no event bytes.
+#[test]
+fn holds_are_shared_through_redis_and_survive_a_restart() {
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig { flush_interval: std::time::Duration::from_millis(20), ..RedisStoreConfig::default() };
+    let mut a = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+    let mut b = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+    let space_a = a.open_holds("brute-force", 3_600_000);
+    let space_b = b.open_holds("brute-force", 3_600_000);
+    let key = b"s\x05{evil}\x00user";
+    assert_eq!(b.held_until(space_b, key).unwrap(), None);
+    assert_eq!(a.extend_hold(space_a, key, 1_700_000_600_000).unwrap(), 1_700_000_600_000);
+    assert_eq!(a.extend_hold(space_a, key, 1_700_000_100_000).unwrap(), 1_700_000_600_000, "never shortened");
+    assert_eq!(a.held_until(space_a, key).unwrap(), Some(1_700_000_600_000), "the setter sees it at once");
+    // Written behind: the next flush carries it; b's view of the key is older than a flush
+    // interval by then, so b reads it again.
+    std::thread::sleep(config.flush_interval * 2);
+    a.tick().unwrap();
+    a.flush().unwrap();
+    assert_eq!(b.held_until(space_b, key).unwrap(), Some(1_700_000_600_000));
+    // b extends it; a learns the later time on its next read.
+    assert_eq!(b.extend_hold(space_b, key, 1_700_000_900_000).unwrap(), 1_700_000_900_000);
+    b.flush().unwrap();
+    std::thread::sleep(config.flush_interval * 2);
+    assert_eq!(a.held_until(space_a, key).unwrap(), Some(1_700_000_900_000));
+    drop(a);
+    drop(b);
+    let mut c = RedisStore::connect(&redis.url(), config).unwrap();
+    let space_c = c.open_holds("brute-force", 3_600_000);
+    assert_eq!(c.held_until(space_c, key).unwrap(), Some(1_700_000_900_000), "a new process sees the hold");
+    let name = c.redis_hold_key(space_c, key);
+    assert!(name.starts_with("vg:h:brute-force:") && name.len() == "vg:h:brute-force:".len() + 32, "{name}");
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:h:*").query(&mut conn).unwrap();
+    assert_eq!(keys, std::slice::from_ref(&name));
+    let ttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut conn).unwrap();
+    assert!(ttl > 3_000_000, "TTL at least the hold: {ttl}");
+}

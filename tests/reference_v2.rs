@@ -72,6 +72,8 @@ struct RuleParams {
     shadow: bool,
     matcher: Option<Expr>,
     when: Option<Expr>,
+    /// `hold` (ms) and `hold_key`.
+    hold: Option<(i64, Vec<&'static str>)>,
 }
 
 impl RuleParams {
@@ -86,6 +88,9 @@ impl RuleParams {
         }
         if let Some(w) = &self.when {
             t.push_str(&format!("when = {:?}\n", w.render()));
+        }
+        if let Some((ms, key)) = &self.hold {
+            t.push_str(&format!("hold = \"{ms}ms\"\nhold_key = {key:?}\n"));
         }
         t
     }
@@ -229,14 +234,22 @@ fn rule_strategy(counters: usize) -> impl Strategy<Value = RuleParams> {
         prop::bool::weighted(0.2),
         prop::option::weighted(0.3, expr_strategy(0, false)),
         prop::option::weighted(0.9, when_strategy(counters)),
+        prop::option::weighted(
+            0.4,
+            (
+                prop::sample::select(vec![30i64, 400, 3_000]),
+                prop::sample::select(vec![vec!["user"], vec!["dev.id"], vec!["user", "kind"], vec!["code"]]),
+            ),
+        ),
     )
-        .prop_map(|(action, shadow, matcher, when)| RuleParams { action, shadow, matcher, when })
+        .prop_map(|(action, shadow, matcher, when, hold)| RuleParams { action, shadow, matcher, when, hold })
 }
 
 fn line_strategy() -> impl Strategy<Value = (i64, i64, String)> {
     let maybe = |values: Vec<Value>| prop::sample::select(values).prop_map(Some).boxed().prop_union(Just(None).boxed());
     (
-        0i64..40,
+        // Round steps often, so events land exactly on a hold's end (and on bucket edges).
+        prop_oneof![3 => 0i64..40, 2 => prop::sample::select(vec![0i64, 10, 30])],
         prop_oneof![4 => Just(0i64), 1 => 0i64..2_000],
         (
             maybe(vec![json!("u1"), json!("u2"), json!(1), json!(1.0), json!("1"), Value::Null]),
@@ -533,6 +546,8 @@ impl KeyState {
 
 fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> Vec<Value> {
     let mut state: HashMap<(usize, String), KeyState> = HashMap::new();
+    // held_until per (rule, hold key).
+    let mut held: HashMap<(usize, String), i64> = HashMap::new();
     let mut records = Vec::new();
     for (i, line) in input.lines().enumerate() {
         let event: Value = serde_json::from_str(line).unwrap();
@@ -607,11 +622,32 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             if !holds(&rule.matcher) {
                 continue;
             }
-            let fires = match &rule.when {
+            let by_when = match &rule.when {
                 None => true,
                 Some(w) => Eval { event: &event, counters: &mut value_of }.eval(w) == V::J(Value::Bool(true)),
             };
-            if !fires {
+            // Holds: a firing by `when` raises held_until to ts + hold; otherwise an event before
+            // its key's held_until fires with reason `held`.
+            let (reason, held_until) = match &rule.hold {
+                None => ("when", None),
+                Some((ms, dims)) => {
+                    let key = dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect::<Option<Vec<_>>>().map(|k| k.join("|"));
+                    match (by_when, key) {
+                        (true, None) => ("when", Some(Value::Null)),
+                        (true, Some(key)) => {
+                            let until = held.entry((ri, key)).or_insert(ts + ms);
+                            *until = (*until).max(ts + ms);
+                            ("when", Some(json!(*until)))
+                        }
+                        (false, Some(key)) => match held.get(&(ri, key)) {
+                            Some(&until) if ts < until => ("held", Some(json!(until))),
+                            _ => continue,
+                        },
+                        (false, None) => continue,
+                    }
+                }
+            };
+            if !by_when && reason != "held" {
                 continue;
             }
             let mut refs = Vec::new();
@@ -627,12 +663,12 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
                     Some(json!({"id": format!("c{ci}"), "key": key, "value": num(value), "window_ms": c.bucket_ms * c.buckets}))
                 })
                 .collect();
-            hits.push((ri, listed));
+            hits.push((ri, listed, reason, held_until));
         }
         if hits.is_empty() {
             continue;
         }
-        let enforced: Vec<&str> = hits.iter().filter(|(r, _)| !rules[*r].shadow).map(|(r, _)| rules[*r].action).collect();
+        let enforced: Vec<&str> = hits.iter().filter(|(r, ..)| !rules[*r].shadow).map(|(r, ..)| rules[*r].action).collect();
         let severity = |a: &&str| ["alert", "review", "challenge", "block"].iter().position(|x| x == a).unwrap();
         let action = if enforced.contains(&"allow") {
             "allow"
@@ -641,9 +677,13 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
         };
         let hits: Vec<Value> = hits
             .into_iter()
-            .map(|(r, counters)| {
-                json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
-                       "action": rules[r].action, "reason": "when", "counters": counters})
+            .map(|(r, counters, reason, held_until)| {
+                let mut hit = json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
+                       "action": rules[r].action, "reason": reason, "counters": counters});
+                if let Some(until) = held_until {
+                    hit["held_until"] = until;
+                }
+                hit
             })
             .collect();
         records.push(json!({"decision_id": format!("line/{}", i + 1), "event_id": null, "ts": ts, "action": action,
@@ -691,7 +731,7 @@ fn normalise(v: &Value) -> Value {
 thread_local! {
     /// Hits and listed counter values compared on this thread, so each test can assert that its
     /// cases compared a good many (a generator that stops producing hits would pass vacuously).
-    static TOTALS: std::cell::RefCell<(usize, usize)> = const { std::cell::RefCell::new((0, 0)) };
+    static TOTALS: std::cell::RefCell<(usize, usize, usize)> = const { std::cell::RefCell::new((0, 0, 0)) };
 }
 
 fn check<S: CounterStore>(counters: &[CounterParams], rules: &[RuleParams], input: &str, store: S) -> Result<(), TestCaseError> {
@@ -704,10 +744,12 @@ fn check<S: CounterStore>(counters: &[CounterParams], rules: &[RuleParams], inpu
     prop_assert_eq!(got.len(), want.len(), "record count\nrules:\n{}\ninput:\n{}", toml, input);
     let hits = got.iter().map(|r| r["hits"].as_array().unwrap().len()).sum::<usize>();
     let listed = got.iter().flat_map(|r| r["hits"].as_array().unwrap()).map(|h| h["counters"].as_array().unwrap().len()).sum::<usize>();
+    let held = got.iter().flat_map(|r| r["hits"].as_array().unwrap()).filter(|h| h["reason"] == "held").count();
     TOTALS.with(|t| {
         let mut t = t.borrow_mut();
         t.0 += hits;
         t.1 += listed;
+        t.2 += held;
     });
     Ok(())
 }
@@ -734,8 +776,8 @@ fn engine_equals_reference_on_expressions_and_reads() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 384, ..ProptestConfig::default() });
     let strategy = (set_strategy(), prop::collection::vec(line_strategy(), 1..200));
     runner.run(&strategy, |((counters, rules), lines)| check(&counters, &rules, &build_input(&lines), MemoryStore::new())).unwrap();
-    let (hits, listed) = TOTALS.with(|t| *t.borrow());
-    assert!(hits > 5_000 && listed > 2_000, "only {hits} hits and {listed} counter values compared");
+    let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
+    assert!(hits > 5_000 && listed > 2_000 && held > 150, "only {hits} hits ({held} held) and {listed} counter values compared");
 }
 
 /// The same property through the Redis store against a real `redis-server` (reads of cold keys
@@ -754,6 +796,6 @@ fn engine_with_redis_equals_reference_on_expressions_and_reads() {
             check(&counters, &rules, &build_input(&lines), store)
         })
         .unwrap();
-    let (hits, listed) = TOTALS.with(|t| *t.borrow());
-    assert!(hits > 500 && listed > 200, "only {hits} hits and {listed} counter values compared");
+    let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
+    assert!(hits > 500 && listed > 200 && held > 20, "only {hits} hits ({held} held) and {listed} counter values compared");
 }

@@ -172,13 +172,16 @@ fn shipped_examples_show_every_kind_of_decision() {
     assert!(fired("pay-test-cards", "allow") && fired("pay-card-testing", "allow"), "test cards override blocks");
     assert!(fired("login-qa-accounts", "allow") && fired("login-brute-force", "allow"), "QA accounts override blocks");
     assert!(fired("login-users-ip-shadow", "allow"), "shadow rule alone decides allow");
+    let held = records.iter().flat_map(|r| r["hits"].as_array().unwrap()).find(|h| h["reason"] == "held").expect("a held login");
+    assert_eq!(held["rule_id"], "login-brute-force", "the brute-forced account stays blocked after its failures slid out");
+    assert!(held["held_until"].is_i64());
     // Every shipped rule fires somewhere in the examples.
     let rules = vigil::rule_files::load(std::path::Path::new("rules")).unwrap();
     for rule in rules.rules() {
         assert!(records.iter().any(|r| r["hits"].as_array().unwrap().iter().any(|h| h["rule_id"] == rule.id.as_str())), "{} never fires", rule.id);
     }
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.starts_with("replay: 178 events read, 50 decisions, 0 bad lines, 0 late"), "{stderr}");
+    assert!(stderr.starts_with("replay: 179 events read, 51 decisions, 0 bad lines, 0 late"), "{stderr}");
 }
 
 #[test]

@@ -138,7 +138,7 @@ fn check_lists_each_valid_rule_and_exits_0() {
     );
     assert_eq!(
         lines[1],
-        "ok rule login-brute-force: block/enforce judges events where type == 'login' && result != 'ok'; fires when $login-fails-user-10m > 5  [rules/login.toml:18:1]"
+        "ok rule login-brute-force: block/enforce judges events where type == 'login'; fires when $login-fails-user-10m > 5; then holds user_id for 30m  [rules/login.toml:21:1]"
     );
     assert!(lines.iter().any(|l| l.starts_with("ok rule login-users-ip-shadow: review/shadow judges events where type is \"login\"")), "{stdout}");
     assert!(lines.iter().any(|l| l.contains("sum of amount per user_id+geo.country over 1d (bucket 1h)")), "{stdout}");

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::event::{decode, BadEvent, Event, FieldValue, TimeBounds};
 use crate::rules::expr::{Context, Num};
 use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, Scope, SkipReason, Source};
-use crate::store::{CounterStore, Observed, Origin, StoreError, WindowId};
+use crate::store::{CounterStore, HoldSpace, Observed, Origin, StoreError, WindowId};
 use crate::window::Applied;
 
 /// Per-evaluation counts, for the replay summary and metrics.
@@ -107,6 +107,25 @@ pub struct Engine<S> {
     /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
     /// replay): its watermark follows it.
     newest: Vec<(u64, i64)>,
+    /// Per active rule: its hold space in the store (`None`: no hold).
+    hold_spaces: Vec<Option<HoldSpace>>,
+    /// The hold key of the rule being judged.
+    hold_key: Vec<u8>,
+}
+
+/// Longest a shared store keeps a hold: ten years.
+const MAX_HOLD_TTL_MS: i64 = 10 * 365 * 86_400_000;
+
+/// Shortest a shared store keeps a hold: an hour. Holds count in event time, their TTL in wall
+/// time: a short hold must not vanish while a slow consumer (or a replay slower than real time)
+/// still judges events inside it.
+const MIN_HOLD_TTL_MS: i64 = 3_600_000;
+
+/// How long a shared store keeps a hold of `hold_ms` after setting it: max(2 × hold, hold +
+/// lateness, an hour), so that an event up to the lateness bound behind still finds it.
+fn hold_ttl_ms(hold_ms: i64, max_lateness_ms: Option<i64>) -> i64 {
+    let by_lateness = max_lateness_ms.map_or(0, |lateness| hold_ms.saturating_add(lateness));
+    hold_ms.saturating_mul(2).max(by_lateness).clamp(MIN_HOLD_TTL_MS, MAX_HOLD_TTL_MS)
 }
 
 /// Expression context over one event: fields from the event; counters from the outcomes of
@@ -178,6 +197,8 @@ impl<S: CounterStore> Engine<S> {
             bounds: TimeBounds::default(),
             clock: Arc::new(SystemClock),
             newest: Vec::new(),
+            hold_spaces: Vec::new(),
+            hold_key: Vec::with_capacity(64),
         };
         engine.replace_rules(rules);
         engine
@@ -187,7 +208,20 @@ impl<S: CounterStore> Engine<S> {
     pub fn with_time(mut self, bounds: TimeBounds, clock: Arc<dyn Clock>) -> Engine<S> {
         self.bounds = bounds;
         self.clock = clock;
+        self.open_hold_spaces();
         self
+    }
+
+    /// Opens the hold space of every active rule with a hold (by rule id: a reloaded rule keeps
+    /// its holds).
+    fn open_hold_spaces(&mut self) {
+        let lateness = self.bounds.max_lateness_ms;
+        let mut spaces = Vec::with_capacity(self.rules.active().len());
+        for index in self.rules.active() {
+            let rule = self.rules.rule(index);
+            spaces.push(rule.hold.as_ref().map(|hold| self.store.open_holds(&rule.id, hold_ttl_ms(hold.ms, lateness))));
+        }
+        self.hold_spaces = spaces;
     }
 
     pub fn bounds(&self) -> TimeBounds {
@@ -296,7 +330,9 @@ impl<S: CounterStore> Engine<S> {
         self.outcomes = vec![Outcome::Unread; self.windows.len()];
         self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
         self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
-        std::mem::replace(&mut self.rules, rules)
+        let old = std::mem::replace(&mut self.rules, rules);
+        self.open_hold_spaces();
+        old
     }
 
     /// Per-rule counts since the last call, as (rule index, counts) of the active rules.
@@ -332,6 +368,17 @@ impl<S: CounterStore> Engine<S> {
 
     pub fn counts(&self) -> EvalCounts {
         self.counts
+    }
+
+    /// Appends the (hold space, hold key) of every rule with a hold that judges `event`, for
+    /// [`CounterStore::prefetch_holds`].
+    pub fn touched_holds(&mut self, event: &Event<'_>, out: &mut Vec<(HoldSpace, Vec<u8>)>) {
+        for (position, space) in self.hold_spaces.iter().enumerate() {
+            let Some(space) = *space else { continue };
+            if self.rules.in_scope(position, event) && self.rules.hold_key(position, event, &mut self.hold_key) {
+                out.push((space, self.hold_key.clone()));
+            }
+        }
     }
 
     /// Appends the (window, key) of every counter `event` would count, and of every counter a
@@ -423,17 +470,22 @@ impl<S: CounterStore> Engine<S> {
             }
             self.rule_counts[position].matched += 1;
             let rule = rules.rule(index);
-            let hit = match rule.form {
+            let mut hit = match rule.form {
                 Form::V1 { counter, threshold, .. } => {
                     let Some(counter_position) = rules.counter_position(counter) else { continue };
-                    // Fires only on an event its counter counted (v1 semantics).
-                    let Outcome::Known { value, degraded, counted: true } = judge.outcomes[counter_position] else { continue };
-                    let (fires, reason) = match (degraded, rule.on_store_error) {
-                        (false, _) | (true, OnStoreError::Local) => (value > threshold, None),
-                        (true, OnStoreError::Allow) => (false, None),
-                        (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
-                    };
-                    fires.then(|| Hit { rule: index, value: Some(value), reason, degraded, counters: SmallVec::new() })
+                    // Fires only on an event its counter counted (v1 semantics); a held key fires
+                    // it whatever its counter did.
+                    match judge.outcomes[counter_position] {
+                        Outcome::Known { value, degraded, counted: true } => {
+                            let (fires, reason) = match (degraded, rule.on_store_error) {
+                                (false, _) | (true, OnStoreError::Local) => (value > threshold, None),
+                                (true, OnStoreError::Allow) => (false, None),
+                                (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+                            };
+                            Candidate { fires, reason, hit: Hit { rule: index, value: Some(value), reason, degraded, counters: SmallVec::new(), held_until: None } }
+                        }
+                        _ => Candidate::no(index),
+                    }
                 }
                 Form::V2 => {
                     let holds = rule.when.as_ref().is_none_or(|when| when.expr.holds(&mut judge));
@@ -452,9 +504,31 @@ impl<S: CounterStore> Engine<S> {
                         (true, OnStoreError::Allow) => (false, None),
                         (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
                     };
-                    fires.then(|| Hit { rule: index, value: None, reason, degraded, counters })
+                    Candidate { fires, reason, hit: Hit { rule: index, value: None, reason, degraded, counters, held_until: None } }
                 }
             };
+            if let (Some(space), Some(hold)) = (self.hold_spaces[position], &rule.hold) {
+                let keyed = rules.hold_key(position, event, &mut self.hold_key);
+                if hit.fires && hit.reason != Some(Reason::StoreUnavailable) {
+                    // Fired by its condition: the hold starts (or extends) from this event.
+                    hit.hit.reason = Some(Reason::When);
+                    if keyed {
+                        let until = event.ts.saturating_add(hold.ms);
+                        hit.hit.held_until = Some(judge.store.extend_hold(space, &self.hold_key, until)?);
+                    }
+                } else if keyed {
+                    if let Some(until) = judge.store.held_until(space, &self.hold_key)? {
+                        if event.ts < until {
+                            if !hit.fires {
+                                hit.fires = true;
+                                hit.hit.reason = Some(Reason::Held);
+                            }
+                            hit.hit.held_until = Some(until);
+                        }
+                    }
+                }
+            }
+            let hit = hit.fires.then_some(hit.hit);
             if let Some(hit) = hit {
                 self.rule_counts[position].hits += 1;
                 if hit.degraded {
@@ -470,6 +544,24 @@ impl<S: CounterStore> Engine<S> {
             self.counts.decisions += 1;
         }
         Ok(decision)
+    }
+}
+
+/// A rule's hit before it is known whether it fires.
+struct Candidate {
+    fires: bool,
+    reason: Option<Reason>,
+    hit: Hit,
+}
+
+impl Candidate {
+    /// A v1-form rule whose counter did not count the event: it fires only if held.
+    fn no(rule: usize) -> Candidate {
+        Candidate {
+            fires: false,
+            reason: None,
+            hit: Hit { rule, value: None, reason: None, degraded: false, counters: SmallVec::new(), held_until: None },
+        }
     }
 }
 
@@ -571,6 +663,7 @@ pub fn replay<S: CounterStore>(
     let mut batch = Vec::with_capacity(REPLAY_BATCH * 256);
     let mut ends = Vec::with_capacity(REPLAY_BATCH);
     let mut touched = Vec::new();
+    let mut touched_holds = Vec::new();
     let mut record = Vec::with_capacity(1024);
     loop {
         wait_while_saturated(engine.store_mut())?;
@@ -601,6 +694,11 @@ pub fn replay<S: CounterStore>(
                 engine.touched_keys(event, &mut touched);
             }
             engine.store_mut().prefetch(&touched)?;
+            touched_holds.clear();
+            for event in events.iter().flatten().flatten() {
+                engine.touched_holds(event, &mut touched_holds);
+            }
+            engine.store_mut().prefetch_holds(&touched_holds)?;
         }
         for (line, event) in (first_line..).zip(&events) {
             let event = match event {

@@ -524,6 +524,13 @@ impl Worker {
                 if let Err(e) = engine.store_mut().prefetch(&touched) {
                     return Err((0, Failure::Store(e)));
                 }
+                let mut touched_holds = Vec::new();
+                for event in events.iter().flatten() {
+                    engine.touched_holds(event, &mut touched_holds);
+                }
+                if let Err(e) = engine.store_mut().prefetch_holds(&touched_holds) {
+                    return Err((0, Failure::Store(e)));
+                }
             }
             let lane = self.lane(topic, *partition);
             let mut record = Vec::with_capacity(512);

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::expr::{self, Names};
 use super::lists::{ListKind, ListSet};
 use super::model::{
-    parse_duration, Action, Counter, Form, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule, Scope,
+    parse_duration, Action, Counter, Form, Hold, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule, Scope,
 };
 use crate::event::{Decimal, FieldPath, Projection};
 use crate::window::{Aggregate, WindowSpec, DEFAULT_MAX_DISTINCT};
@@ -153,6 +153,7 @@ struct RuleDraft {
     /// v1 form: the limit (its counter has the rule's id).
     limit: Option<Decimal>,
     on_store_error: OnStoreError,
+    hold: Option<Hold>,
     origin: Origin,
 }
 
@@ -341,6 +342,7 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
             when_text: draft.when.as_ref().map(|w| w.value.clone()),
             form,
             on_store_error: draft.on_store_error,
+            hold: draft.hold.clone(),
             origin: draft.origin.clone(),
         });
     }
@@ -821,6 +823,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
     let mut window_keys_at: Vec<(&str, usize)> = Vec::new();
     let (mut id, mut description, mut action, mut mode, mut enabled) = (None, None, None, None, None);
     let (mut scope, mut when, mut limit, mut on_store_error) = (None, None, None, None);
+    let (mut hold, mut hold_key) = (None, None);
     for (key, item) in table.iter() {
         let key_at = key_offset(table, key);
         let at = item_offset(item);
@@ -875,7 +878,20 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
                 limit = read_limit(item, cx.report).map(|l| (l, key_at));
                 mark(&mut invalid, limit.is_none(), "limit");
             }
-            "hold" | "hold_key" => cx.report.error(key_at, format!("{key:?}: holds are not supported by this version")),
+            "hold" => {
+                hold = duration(item, "hold", cx.report).and_then(|(ms, text, at)| {
+                    if ms > MAX_WINDOW_MS {
+                        cx.report.error(at, format!("hold {text} is longer than 400d"));
+                        return None;
+                    }
+                    Some((ms, key_at))
+                });
+                mark(&mut invalid, hold.is_none(), "hold");
+            }
+            "hold_key" => {
+                hold_key = field_paths(item, "hold_key", cx.report).map(|paths| (paths, key_at));
+                mark(&mut invalid, hold_key.is_none(), "hold_key");
+            }
             other => cx.report.error(
                 key_at,
                 format!("unknown key {other:?} in rule; expected one of: {}", RULE_KEYS.join(", ")),
@@ -899,6 +915,15 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
             cx.report.error(*at, format!("{key:?} needs \"window\" (the v1 form); otherwise define a [[counter]] and test it in `when`"));
         }
     }
+    match (&hold, &hold_key) {
+        (None, Some((_, at))) if !invalid.contains(&"hold") => {
+            cx.report.error(*at, "\"hold_key\" needs \"hold\" (how long a fired rule keeps firing for that key)");
+        }
+        (Some(_), None) if !v1 && !invalid.contains(&"hold_key") => {
+            required.push(("hold_key", false));
+        }
+        _ => {}
+    }
     for (key, present) in required {
         if !present && !invalid.contains(&key) {
             cx.report.error(header, format!("{name} is missing required key {key:?}"));
@@ -912,6 +937,12 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
     let id = id?;
     let enabled = enabled.unwrap_or(true);
     let scope = scope.unwrap_or(DraftScope::All);
+    // A v1-form rule holds its own dimension key unless told otherwise.
+    let hold = match (hold, hold_key) {
+        (Some((ms, _)), Some((key, _))) => Some(Hold { ms, key }),
+        (Some((ms, _)), None) => Some(Hold { ms, key: w.dimensions.clone()? }),
+        (None, _) => None,
+    };
     let counter = if v1 {
         let counter = Counter {
             id: id.clone(),
@@ -940,6 +971,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
         when: when.map(|(site, _)| site),
         limit: limit.map(|(l, _)| l),
         on_store_error: on_store_error.unwrap_or_default(),
+        hold,
         origin: origin.clone(),
     };
     Some((rule, counter, (id, origin)))
@@ -1027,25 +1059,31 @@ fn duration<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<(i
 }
 
 fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
+    field_paths(item, "dimensions", report)
+}
+
+/// A key made of 1 to `MAX_DIMENSIONS` distinct field paths (`dimensions`, `hold_key`).
+fn field_paths(item: &Item, key: &str, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
     let at = item_offset(item);
     let Some(array) = item.as_array() else {
-        report.error(at, format!("\"dimensions\" must be an array of field paths, found {}", type_name(item)));
+        report.error(at, format!("{key:?} must be an array of field paths, found {}", type_name(item)));
         return None;
     };
     if array.is_empty() || array.len() > MAX_DIMENSIONS {
         report.error(
             at,
-            format!("\"dimensions\" must list 1 to {MAX_DIMENSIONS} field paths, found {}", array.len()),
+            format!("{key:?} must list 1 to {MAX_DIMENSIONS} field paths, found {}", array.len()),
         );
         return None;
     }
+    let noun = if key == "dimensions" { "dimension" } else { "hold_key entry" };
     let mut paths: Vec<FieldPath> = Vec::new();
     let mut ok = true;
     for value in array.iter() {
         let at = value.span().map_or(at, |s| s.start);
         match value.as_str() {
             None => {
-                report.error(at, format!("dimension must be a field path string, found {}", value.type_name()));
+                report.error(at, format!("{noun} must be a field path string, found {}", value.type_name()));
                 ok = false;
             }
             Some(s) => match FieldPath::parse(s) {
@@ -1054,7 +1092,7 @@ fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
                     ok = false;
                 }
                 Some(p) if paths.contains(&p) => {
-                    report.error(at, format!("duplicate dimension {s:?}"));
+                    report.error(at, format!("duplicate {noun} {s:?}"));
                     ok = false;
                 }
                 Some(p) => paths.push(p),

@@ -16,6 +16,8 @@ use crate::window::Aggregate;
 pub enum Reason {
     /// Its condition held.
     When,
+    /// Its hold key is held (the rule fired for it by its condition less than `hold` ago).
+    Held,
     /// The shared counter store was unavailable and the rule's `on_store_error` is `block`.
     StoreUnavailable,
 }
@@ -24,6 +26,7 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::When => "when",
+            Reason::Held => "held",
             Reason::StoreUnavailable => "store_unavailable",
         }
     }
@@ -43,6 +46,8 @@ pub struct Hit {
     /// A rule in the new form: each counter its `when` refers to whose value is known, in order
     /// of first reference, as (counter index, raw value).
     pub counters: SmallVec<[(usize, i64); 2]>,
+    /// A rule with a hold: until when its hold key is held (`None`: the key cannot be formed).
+    pub held_until: Option<i64>,
 }
 
 /// A counter's raw value (count, micro-units, distinct count) as the exact decimal it means.
@@ -180,6 +185,9 @@ impl Serialize for HitRecord<'_, '_> {
             Form::V2 => {
                 m.serialize_entry("counters", &CountersRecord { rules: self.rules, event: self.event, hit: self.hit })?;
             }
+        }
+        if rule.hold.is_some() {
+            m.serialize_entry("held_until", &self.hit.held_until)?;
         }
         if self.hit.degraded {
             m.serialize_entry("degraded", &true)?;
@@ -331,5 +339,9 @@ pub fn describe_rule(rules: &RuleSet, rule: &Rule) -> String {
             }
         }
     };
-    format!("{head} {body}  [{origin}]", origin = rule.origin)
+    let hold = rule.hold.as_ref().map_or_else(String::new, |hold| {
+        let key: Vec<String> = hold.key.iter().map(ToString::to_string).collect();
+        format!("; then holds {} for {}", key.join(" + "), format_duration(hold.ms))
+    });
+    format!("{head} {body}{hold}  [{origin}]", origin = rule.origin)
 }

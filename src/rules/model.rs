@@ -193,7 +193,18 @@ pub struct Rule {
     pub when_text: Option<String>,
     pub form: Form,
     pub on_store_error: OnStoreError,
+    /// `hold`: once fired by its condition, the rule keeps firing for the same hold key.
+    pub hold: Option<Hold>,
     pub origin: Origin,
+}
+
+/// A rule's hold: after the rule fires by its condition on an event at time `t`, events in its
+/// scope with the same hold key and a time before `t + ms` fire it too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    pub ms: i64,
+    /// The hold key's field paths (`hold_key`; a v1-form rule's dimensions by default).
+    pub key: Vec<FieldPath>,
 }
 
 impl Rule {

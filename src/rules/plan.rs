@@ -82,11 +82,14 @@ impl PlannedCounter {
 pub(crate) struct PlannedRule {
     pub(crate) index: usize,
     scope: PlannedScope,
+    /// The projection slots of the hold key (empty: no hold).
+    hold_key: Vec<usize>,
 }
 
 impl PlannedRule {
     pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection) -> PlannedRule {
-        PlannedRule { index, scope: PlannedScope::new(&rule.scope, projection) }
+        let hold_key = rule.hold.as_ref().map_or_else(Vec::new, |h| h.key.iter().map(|p| projection.slot(p)).collect());
+        PlannedRule { index, scope: PlannedScope::new(&rule.scope, projection), hold_key }
     }
 }
 
@@ -173,6 +176,19 @@ impl RuleSet {
     pub fn counter_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
         key.clear();
         for &slot in &self.active_counters[position].dimensions {
+            match event.field(slot).scalar() {
+                Some(scalar) => scalar.encode_into(key),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Writes the hold key of the rule at active `position` for `event` into `key` (encoded like
+    /// a dimension key); false if a hold-key value is missing, null, an object or an array.
+    pub fn hold_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+        key.clear();
+        for &slot in &self.active_rules[position].hold_key {
             match event.field(slot).scalar() {
                 Some(scalar) => scalar.encode_into(key),
                 None => return false,

@@ -3,7 +3,7 @@
 use hashbrown::HashMap;
 
 use super::keys::{KeyBytes, KeyRef, StoredKey};
-use super::{CounterStore, Observed, StoreError, WindowId, Windows};
+use super::{CounterStore, HoldSpace, HoldSpaces, Observed, StoreError, WindowId, Windows};
 use crate::window::{Delta, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
@@ -21,6 +21,11 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 pub struct MemoryStore {
     windows: Windows,
     states: HashMap<StoredKey, WindowState, foldhash::fast::RandomState>,
+    hold_spaces: HoldSpaces,
+    /// Held keys (the key's `window` is its hold space) and until when. Kept for good: an event
+    /// of any age is held if its time is before its key's hold, and there is at most one entry
+    /// per (rule, key) that fired by its condition.
+    holds: HashMap<StoredKey, i64, foldhash::fast::RandomState>,
     horizon: Option<i64>,
     inserts_since_sweep: usize,
     /// Sweep once this many new keys arrived: the live count after the last sweep (at least the
@@ -46,6 +51,8 @@ impl MemoryStore {
         MemoryStore {
             windows: Windows::default(),
             states: HashMap::default(),
+            hold_spaces: HoldSpaces::default(),
+            holds: HashMap::default(),
             horizon: None,
             inserts_since_sweep: 0,
             sweep_after: floor,
@@ -99,6 +106,28 @@ impl CounterStore for MemoryStore {
             None => crate::window::Applied::Counted(0),
         };
         Ok(Observed::exact(applied))
+    }
+
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        self.hold_spaces.open(name, ttl_ms)
+    }
+
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        Ok(self.holds.get(&KeyRef { window: space.0, key }).copied())
+    }
+
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+        let until = match self.holds.get_mut(&KeyRef { window: space.0, key }) {
+            Some(held) => {
+                *held = (*held).max(until_ms);
+                *held
+            }
+            None => {
+                self.holds.insert(StoredKey { window: space.0, key: KeyBytes::new(key) }, until_ms);
+                until_ms
+            }
+        };
+        Ok(until)
     }
 
     fn set_horizon(&mut self, horizon_ms: i64) {

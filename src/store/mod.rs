@@ -47,6 +47,40 @@ impl Windows {
     }
 }
 
+/// Handle of the holds of one rule, opened on a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HoldSpace(pub u32);
+
+/// The hold spaces a store has opened, by name (a rule id), with how long a shared store keeps a
+/// hold after setting it.
+#[derive(Debug, Default)]
+pub(crate) struct HoldSpaces(Vec<(String, i64)>);
+
+impl HoldSpaces {
+    pub(crate) fn open(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        let position = match self.0.iter().position(|(n, _)| n == name) {
+            Some(position) => {
+                // The same rule with another hold length keeps its holds (they are absolute times).
+                self.0[position].1 = ttl_ms;
+                position
+            }
+            None => {
+                self.0.push((name.to_owned(), ttl_ms));
+                self.0.len() - 1
+            }
+        };
+        HoldSpace(position as u32)
+    }
+
+    pub(crate) fn name(&self, space: u32) -> &str {
+        &self.0[space as usize].0
+    }
+
+    pub(crate) fn ttl_ms(&self, space: u32) -> i64 {
+        self.0[space as usize].1
+    }
+}
+
 /// Where the observations being applied come from: an ordered input (`lane`, e.g. a Kafka
 /// partition) and the position in it. A store that records the highest offset it applied per lane
 /// and key counts an input replayed after a crash only once (see [RELIABILITY.md](RELIABILITY.md)).
@@ -108,6 +142,24 @@ pub trait CounterStore {
     /// window, else the part of the window an event at that time would see; 0 for a key never
     /// counted.
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError>;
+
+    /// Opens (or finds again) the holds of the rule called `name`. A shared store keeps a hold
+    /// for `ttl_ms` after setting it (at least the hold's length).
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace;
+
+    /// Until when (event time, ms) `key` is held in `space`; `None` if it never was (or the
+    /// shared store forgot it after its TTL).
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError>;
+
+    /// Raises the hold of `key` in `space` to `until_ms` unless it is already later, and returns
+    /// the hold as it stands after.
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError>;
+
+    /// Loads the holds of `keys` that are not known locally (or not recently), in as few round
+    /// trips as possible, ahead of the `held_until` calls that will need them.
+    fn prefetch_holds(&mut self, _keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Tags the observations applied from now on with `origin` (`None`: untagged, as in replay).
     /// An observation whose offset is at or below the one the store recorded for its lane and key
@@ -193,6 +245,18 @@ impl CounterStore for AnyStore {
     }
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
         delegate!(self, s => s.read(window, key, ts_ms))
+    }
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        delegate!(self, s => s.open_holds(name, ttl_ms))
+    }
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        delegate!(self, s => s.held_until(space, key))
+    }
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+        delegate!(self, s => s.extend_hold(space, key, until_ms))
+    }
+    fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
+        delegate!(self, s => s.prefetch_holds(keys))
     }
     fn set_origin(&mut self, origin: Option<Origin>) {
         delegate!(self, s => s.set_origin(origin))

@@ -42,8 +42,8 @@ use redis::Value;
 use super::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
 use super::keys::{KeyBytes, KeyRef, StoredKey};
 use super::link::{slot, unavailable, Batch, Link, Op, Target, Timeouts};
-use super::scripts::ScriptCall;
-use super::{CounterStore, Observed, Origin, StoreError, WindowId, Windows};
+use super::scripts::{ScriptCall, HOLD};
+use super::{CounterStore, HoldSpace, HoldSpaces, Observed, Origin, StoreError, WindowId, Windows};
 use crate::window::{Applied, Delta, WindowSpec, WindowState};
 
 const FLUSHER_STOPPED: &str = "the flusher thread stopped";
@@ -234,6 +234,37 @@ struct Cached {
     offsets: Offsets,
 }
 
+/// A rule's hold on one key as this process knows it: what Redis said last, raised by what this
+/// process set since.
+#[derive(Debug, Default)]
+struct HoldView {
+    /// Until when the key is held (`None`: not held, as far as this process knows).
+    until: Option<i64>,
+    /// When Redis last told the hold (`None`: never). Older than a flush interval, it is read again.
+    read_at: Option<Instant>,
+    /// A raise not sent yet, with the counted index it was made at.
+    pending: Option<(i64, u64)>,
+    /// The raise in flight.
+    inflight: Option<(i64, u64)>,
+}
+
+impl HoldView {
+    fn fresh(&self, interval: Duration) -> bool {
+        self.read_at.is_some_and(|at| at.elapsed() < interval)
+    }
+
+    /// What Redis told (`stored`), raised by this process's unacknowledged raises.
+    fn learn(&mut self, stored: Option<i64>, at: Instant) {
+        let raises = self.pending.into_iter().chain(self.inflight).map(|(until, _)| until);
+        self.until = stored.into_iter().chain(raises).max();
+        self.read_at = Some(at);
+    }
+}
+
+/// Holds past this many views are pruned at each flush: views read over a flush interval ago
+/// would be read again anyway.
+const HOLD_VIEWS_KEPT: usize = 4096;
+
 /// The keys that tell whether Redis lost its data (one per master on a cluster), with the value
 /// this process knows each holds.
 struct Epochs {
@@ -305,6 +336,8 @@ struct Inflight {
     sent: Instant,
     /// How many epoch checks the flush starts with.
     epochs: usize,
+    /// The holds raised by this flush: their calls follow the epoch checks.
+    holds: Vec<StoredKey>,
 }
 
 /// The write-behind task: runs flushes on its own connection while the caller goes on.
@@ -434,6 +467,11 @@ pub struct RedisStore {
     outage: Option<(Instant, String)>,
     epochs: Epochs,
     stats: RedisStats,
+    hold_spaces: HoldSpaces,
+    /// Holds read or raised recently (the key's `window` is its hold space).
+    holds: HashMap<StoredKey, HoldView, foldhash::fast::RandomState>,
+    /// Hold views with a raise not sent yet.
+    holds_pending: usize,
 }
 
 /// Where `url` points: one server or a Redis Cluster (found from a node with cluster mode on), and
@@ -536,6 +574,9 @@ impl RedisStore {
             outage: None,
             epochs,
             stats: RedisStats::default(),
+            hold_spaces: HoldSpaces::default(),
+            holds: HashMap::default(),
+            holds_pending: 0,
             config,
         })
     }
@@ -577,6 +618,67 @@ impl RedisStore {
         key_name.push(':');
         push_hex(&mut key_name, &digest.as_bytes()[..16]);
         key_name
+    }
+
+    /// The Redis key of a rule's hold on a hold key: `vg:h:<rule id>:<digest>` (user bytes never
+    /// reach Redis raw).
+    pub fn redis_hold_key(&self, space: HoldSpace, key: &[u8]) -> String {
+        let name = self.hold_spaces.name(space.0);
+        let digest = blake3::hash(key);
+        let mut key_name = String::with_capacity(5 + name.len() + 32);
+        key_name.push_str("vg:h:");
+        key_name.push_str(name);
+        key_name.push(':');
+        push_hex(&mut key_name, &digest.as_bytes()[..16]);
+        key_name
+    }
+
+    /// Reads the holds of `keys` from Redis (pipelined GETs) into their views. A failure opens
+    /// the breaker: the views stay as they are.
+    fn read_holds(&mut self, keys: &[(HoldSpace, &[u8])]) {
+        let mut batch = Batch::default();
+        for &(space, key) in keys {
+            let name = self.redis_hold_key(space, key);
+            let mut get = redis::cmd("GET");
+            get.arg(&name);
+            batch.command(self.cluster, &name, get);
+        }
+        let at = Instant::now();
+        let replies = match self.query_read(batch, self.config.attempts.min(2)) {
+            Ok(replies) if replies.len() == keys.len() => replies,
+            Ok(replies) => {
+                self.fail(&StoreError::Protocol(format!("{} replies for {} hold reads", replies.len(), keys.len())));
+                return;
+            }
+            Err(e) => {
+                self.fail(&e);
+                return;
+            }
+        };
+        for (&(space, key), reply) in keys.iter().zip(replies) {
+            let stored = match redis::from_redis_value::<Option<String>>(reply) {
+                Ok(text) => text.and_then(|t| t.parse::<i64>().ok()),
+                Err(_) => None,
+            };
+            let view = self.holds.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
+            view.learn(stored, at);
+        }
+    }
+
+    /// The raises of `holds` did not happen (or are not known to have): they go again.
+    fn unsent_holds(&mut self, holds: &[StoredKey]) {
+        for key in holds {
+            let Some(view) = self.holds.get_mut(key) else { continue };
+            if let Some(inflight) = view.inflight.take() {
+                if view.pending.is_none() {
+                    self.holds_pending += 1;
+                }
+                view.pending = Some(match view.pending {
+                    Some((until, _)) => (until.max(inflight.0), inflight.1),
+                    None => inflight,
+                });
+            }
+        }
     }
 
     /// The longest the counting path waits for Redis: a connection and a reply.
@@ -719,7 +821,7 @@ impl RedisStore {
             .map(|(k, _)| k.clone())
             .take(MAX_FLUSH_KEYS)
             .collect();
-        if keys.is_empty() && self.pending == 0 {
+        if keys.is_empty() && self.pending == 0 && self.holds_pending == 0 {
             // Nothing pending and nothing in flight: everything counted is in Redis.
             self.durable = self.counted;
             // Idle: the epoch is still checked, but only once per probe interval.
@@ -751,11 +853,42 @@ impl RedisStore {
             self.epochs.add_checks(&mut first, self.cluster);
         }
         let epochs = if check_epochs { self.epochs.keys.len() } else { 0 };
+        // Hold raises go with the epoch checks: one round trip before the scripts.
+        let holds = self.send_holds(&mut first);
         let job = FlushJob { first, epochs, known: self.epochs.known.clone(), scripts, attempts: self.config.attempts };
         let jobs = self.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
-        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now(), epochs });
+        self.inflight = Some(Inflight { keys, order, observations, sent: Instant::now(), epochs, holds });
         Ok(())
+    }
+
+    /// Moves every pending hold raise in flight, adding its script call to `batch`; prunes views
+    /// that would be read again anyway.
+    fn send_holds(&mut self, batch: &mut Batch) -> Vec<StoredKey> {
+        if self.holds.len() > HOLD_VIEWS_KEPT {
+            let interval = self.config.flush_interval;
+            self.holds.retain(|_, v| v.pending.is_some() || v.inflight.is_some() || v.fresh(interval));
+        }
+        if self.holds_pending == 0 {
+            return Vec::new();
+        }
+        let mut sent = Vec::with_capacity(self.holds_pending);
+        for (key, view) in self.holds.iter_mut() {
+            if let Some(raise) = view.pending.take() {
+                view.inflight = Some(raise);
+                sent.push(key.clone());
+            }
+        }
+        self.holds_pending = 0;
+        for key in &sent {
+            let space = HoldSpace(key.window);
+            let name = self.redis_hold_key(space, key.key.as_slice());
+            let (until, _) = self.holds[key].inflight.expect("just moved");
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(HOLD.get_hash()).arg(1).arg(&name).arg(until).arg(self.hold_spaces.ttl_ms(key.window));
+            batch.command(self.cluster, &name, cmd);
+        }
+        sent
     }
 
     /// The longest the caller waits for a flush: every attempt's connection and reply, twice
@@ -790,11 +923,12 @@ impl RedisStore {
                 }
             }
         };
-        let Inflight { keys, order, observations, sent, epochs } = self.inflight.take().expect("checked above");
+        let Inflight { keys, order, observations, sent, epochs, holds } = self.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         let (first, scripts) = match done.result {
             Ok(replies) => replies,
             Err(e) => {
+                self.unsent_holds(&holds);
                 self.unsent(&keys);
                 self.stats.failed_flushes += 1;
                 self.fail(&e);
@@ -805,10 +939,14 @@ impl RedisStore {
         let lost = match self.epochs.check(&first[..epochs.min(first.len())]) {
             Ok(lost) => lost || scripts.is_none(),
             Err(e) => {
+                self.unsent_holds(&holds);
                 self.unsent(&keys);
                 return Err(e);
             }
         };
+        if let Err(e) = self.acknowledge_holds(&holds, first.get(epochs..).unwrap_or_default(), sent) {
+            self.last_error = Some(e);
+        }
         if lost {
             // Nothing of this flush's deltas was written: they go again, over views written
             // again in full.
@@ -919,9 +1057,32 @@ impl RedisStore {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Takes in the replies to the hold raises of a flush: each is the hold as Redis has it now.
+    /// A raise Redis refused is dropped (it would be refused again) and reported.
+    fn acknowledge_holds(&mut self, holds: &[StoredKey], replies: &[Value], sent: Instant) -> Result<(), StoreError> {
+        if replies.len() != holds.len() {
+            self.unsent_holds(holds);
+            return Err(StoreError::Protocol(format!("{} replies for {} hold raises", replies.len(), holds.len())));
+        }
+        let mut refused = None;
+        for (key, reply) in holds.iter().zip(replies) {
+            let Some(view) = self.holds.get_mut(key) else { continue };
+            let Some((raised, _)) = view.inflight.take() else { continue };
+            match redis::from_redis_value::<String>(reply.clone()).ok().and_then(|t| t.parse::<i64>().ok()) {
+                Some(stored) => view.learn(Some(stored), sent),
+                None => {
+                    view.learn(Some(raised), sent);
+                    refused.get_or_insert_with(|| StoreError::Protocol(format!("hold raise refused: {reply:?}")));
+                }
+            }
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
     /// Durable: everything counted before the oldest observation Redis has not acknowledged.
     fn update_durable(&mut self) {
-        let oldest = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).min();
+        let holds = self.holds.values().filter_map(|h| h.inflight.into_iter().chain(h.pending).map(|(_, index)| index).min());
+        let oldest = self.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).chain(holds).min();
         self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
     }
 
@@ -954,6 +1115,13 @@ impl RedisStore {
             dirty.rewrite();
             self.dirty.insert(key, dirty);
             count += 1;
+        }
+        let index = self.counted + 1;
+        for view in self.holds.values_mut() {
+            if let (Some(until), None, None) = (view.until, view.pending, view.inflight) {
+                view.pending = Some((until, index));
+                self.holds_pending += 1;
+            }
         }
         self.stats.reseeded_keys += count as u64;
         tracing::error!(
@@ -1130,6 +1298,66 @@ impl CounterStore for RedisStore {
         })
     }
 
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        self.hold_spaces.open(name, ttl_ms)
+    }
+
+    /// The hold as Redis told it within the last flush interval (read again if older), raised by
+    /// what this process set; while Redis is unavailable, what this process knows.
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        let lookup = KeyRef { window: space.0, key };
+        match self.holds.get(&lookup) {
+            Some(view) if self.outage.is_some() || view.fresh(self.config.flush_interval) => return Ok(view.until),
+            None if self.outage.is_some() => return Ok(None),
+            _ => {}
+        }
+        self.read_holds(&[(space, key)]);
+        Ok(self.holds.get(&lookup).and_then(|v| v.until))
+    }
+
+    /// Raised locally at once (so this process is exact), written behind with the next flush
+    /// (so other workers see it within a flush interval).
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+        let current = self.held_until(space, key)?;
+        if current.is_some_and(|held| held >= until_ms) {
+            return Ok(current.unwrap_or(until_ms));
+        }
+        self.counted += 1;
+        let index = self.counted;
+        let view = self.holds.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
+        view.until = Some(until_ms);
+        view.pending = Some(match view.pending {
+            Some((_, first)) => (until_ms, first),
+            None => {
+                self.holds_pending += 1;
+                (until_ms, index)
+            }
+        });
+        Ok(until_ms)
+    }
+
+    fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
+        if self.outage.is_some() {
+            return Ok(());
+        }
+        let interval = self.config.flush_interval;
+        let mut wanted: Vec<(HoldSpace, &[u8])> = Vec::new();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        for (space, key) in keys {
+            let lookup = KeyRef { window: space.0, key };
+            if self.holds.get(&lookup).is_some_and(|v| v.fresh(interval)) {
+                continue;
+            }
+            if seen.insert(KeyRef { window: space.0, key }) {
+                wanted.push((*space, key));
+            }
+        }
+        if !wanted.is_empty() {
+            self.read_holds(&wanted);
+        }
+        Ok(())
+    }
+
     fn set_origin(&mut self, origin: Option<Origin>) {
         self.origin = origin;
     }
@@ -1173,7 +1401,7 @@ impl CounterStore for RedisStore {
         loop {
             self.send()?;
             self.complete(true)?;
-            let settled = self.pending == 0 && !self.dirty.values().any(|d| d.full);
+            let settled = self.pending == 0 && self.holds_pending == 0 && !self.dirty.values().any(|d| d.full);
             if settled {
                 self.update_durable();
                 return Ok(());

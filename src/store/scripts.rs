@@ -16,8 +16,13 @@ pub static JOURNAL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::ne
 
 const JOURNAL_SOURCE: &str = include_str!("../../lua/journal.lua");
 
+/// Raises a rule's hold on one key to a later time (see the header of `lua/hold.lua`).
+pub static HOLD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HOLD_SOURCE));
+
+const HOLD_SOURCE: &str = include_str!("../../lua/hold.lua");
+
 /// The source of every script, for SCRIPT LOAD.
-pub(super) const SOURCES: [&str; 2] = [APPLY_WINDOW_SOURCE, JOURNAL_SOURCE];
+pub(super) const SOURCES: [&str; 3] = [APPLY_WINDOW_SOURCE, JOURNAL_SOURCE, HOLD_SOURCE];
 
 /// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
 /// tens of thousands of arguments, and one allocation each would dominate the client's time.

@@ -243,10 +243,12 @@ impl RedisCluster {
     }
 }
 
-/// The counter keys in a Redis: every `vg:*` key but the epoch and the decision journals.
+/// The counter keys in a Redis: every `vg:*` key but the epoch, the decision journals and the
+/// holds (`vg:h:<rule>:<digest>`; a counter's key has one colon fewer).
 pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
     let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
-    keys.into_iter().filter(|k| !k.starts_with("vg:epoch") && !k.starts_with("vg:j:")).collect()
+    let hold = |k: &str| k.starts_with("vg:h:") && k.matches(':').count() == 3;
+    keys.into_iter().filter(|k| !k.starts_with("vg:epoch") && !k.starts_with("vg:j:") && !hold(k)).collect()
 }
 
 /// Sum of every live count/sum bucket (sums in micro-units, exact) and the number of live distinct
