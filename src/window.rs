@@ -37,6 +37,10 @@ pub struct WindowSpec {
     /// Distinct windows: the most values recorded per key (a new value beyond it is not
     /// recorded, so no key grows without bound).
     pub max_distinct: u32,
+    /// What the window counts: a digest of its counter's dimensions and field (0: unnamed). Part
+    /// of the window's identity, so a counter whose dimensions or field change starts afresh
+    /// instead of mixing two meanings in one window.
+    pub identity: u64,
 }
 
 /// Values a distinct window records per key unless the counter says otherwise.
@@ -44,7 +48,7 @@ pub const DEFAULT_MAX_DISTINCT: u32 = 10_000;
 
 impl WindowSpec {
     pub const fn new(bucket_ms: i64, buckets: i64, aggregate: Aggregate) -> WindowSpec {
-        WindowSpec { bucket_ms, buckets, aggregate, max_distinct: DEFAULT_MAX_DISTINCT }
+        WindowSpec { bucket_ms, buckets, aggregate, max_distinct: DEFAULT_MAX_DISTINCT, identity: 0 }
     }
 
     pub fn window_ms(&self) -> i64 {

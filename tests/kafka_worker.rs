@@ -516,3 +516,136 @@ fn gen_produces_keyed_events_to_kafka() {
         assert_eq!(*partition_of.entry(key).or_insert(record.partition), record.partition);
     }
 }
+
+/// Two workers, each owning one partition: a hold set by one worker (a big payment on a device)
+/// holds the device for the other (a small payment on the same device, on the other partition,
+/// produced after one flush interval), through Redis; events before the hold are not held.
+#[test]
+fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 2);
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("holds.toml"),
+        "[[rule]]\nid = \"big-pay-hold-device\"\naction = \"challenge\"\nmatch = \"type == 'pay'\"\nwhen = \"amount >= 1000\"\nhold = \"10m\"\nhold_key = [\"device\"]\n",
+    )
+    .unwrap();
+    let config = config(&broker, &redis, &rules, "emit_allow = true");
+    let mut first = Worker::start(dir.path(), "w1", &config);
+    let mut second = Worker::start(dir.path(), "w2", &config);
+    first.wait_ready(LONG);
+    second.wait_ready(LONG);
+    let deadline = Instant::now() + LONG;
+    let owned = |w: &Worker| w.metric("vigil_assigned_partitions").unwrap_or(0.0);
+    while Instant::now() < deadline && !(owned(&first) == 1.0 && owned(&second) == 1.0) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(owned(&first) == 1.0 && owned(&second) == 1.0, "each worker owns one partition");
+
+    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
+    let event = |id: &str, ts: i64, amount: u32| -> (Option<Vec<u8>>, Vec<u8>) {
+        (None, format!(r#"{{"event_id":"{id}","ts":{ts},"type":"pay","device":"d-shared","amount":{amount}}}"#).into_bytes())
+    };
+    let decisions = |n: usize| broker.read("decisions", 1, |r| r.len() >= n, Duration::from_millis(300), LONG);
+    let find = |records: &[Record], id: &str| records.iter().map(Record::json).find(|r| r["event_id"] == id).unwrap_or_else(|| panic!("no decision for {id}"));
+    // Before any hold: a small payment on partition 1 is allowed.
+    broker.produce("events", &[event("before", t0, 5)], Some(1));
+    let before = find(&decisions(1), "before");
+    assert_eq!((&before["action"], before["hits"].as_array().unwrap().len()), (&Value::from("allow"), 0));
+    // The big payment on partition 0 fires and holds the device for 10 minutes.
+    broker.produce("events", &[event("big", t0 + 1_000, 1_500)], Some(0));
+    let big = find(&decisions(2), "big");
+    assert_eq!(big["event_id"], "big");
+    assert_eq!(big["hits"][0]["reason"], "when");
+    assert_eq!(big["hits"][0]["held_until"], t0 + 1_000 + 600_000);
+    // One flush interval (50 ms) later the hold is in Redis; the other worker re-reads a hold
+    // view older than a flush interval.
+    std::thread::sleep(Duration::from_millis(300));
+    broker.produce("events", &[event("after", t0 + 2_000, 5)], Some(1));
+    let after = find(&decisions(3), "after");
+    assert_eq!(after["action"], "challenge");
+    assert_eq!(after["hits"][0]["reason"], "held");
+    assert_eq!(after["hits"][0]["held_until"], t0 + 601_000);
+    assert_ne!(after["source"]["partition"], big["source"]["partition"]);
+    let mut conn = redis.connection();
+    let holds: Vec<String> = redis::cmd("KEYS").arg("vg:h:big-pay-hold-device:*").query(&mut conn).unwrap();
+    assert_eq!(holds.len(), 1, "one hold key, no raw device bytes in it: {holds:?}");
+    assert!(!holds[0].contains("d-shared"));
+}
+
+/// A list file replaced (written whole, renamed over the old one) while a worker judges a steady
+/// stream: every event is judged against exactly one whole list — the old (card-x listed) or the
+/// new one (a million entries, card-y the last line, card-x gone) — as its record's
+/// `rules_version` says, and never against a half-loaded list; the switch happens once, mid-stream.
+#[test]
+fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::start(), RedisServer::start());
+    topics(&broker, 1);
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(rules.join("lists")).unwrap();
+    let rule_file = "[[list]]\nid = \"stolen\"\nfile = \"lists/cards.txt\"\n\n[[rule]]\nid = \"stolen-card\"\naction = \"block\"\nwhen = \"card in @stolen\"\n";
+    std::fs::write(rules.join("cards.toml"), rule_file).unwrap();
+    std::fs::write(rules.join("lists/cards.txt"), "card-x\n").unwrap();
+    let old_version = vigil::rule_files::load(&rules).unwrap().version().to_owned();
+    let mut big = String::with_capacity(12_000_000);
+    for i in 0..1_000_000 {
+        big.push_str(&format!("c-{i:07}\n"));
+    }
+    big.push_str("card-y\n");
+    // The new version, computed from a copy holding the new list.
+    let copy = dir.path().join("copy");
+    std::fs::create_dir_all(copy.join("lists")).unwrap();
+    std::fs::write(copy.join("cards.toml"), rule_file).unwrap();
+    std::fs::write(copy.join("lists/cards.txt"), &big).unwrap();
+    let new_version = vigil::rule_files::load(&copy).unwrap().version().to_owned();
+    assert_ne!(old_version, new_version);
+
+    let config = config(&broker, &redis, &rules, "emit_allow = true");
+    let mut worker = Worker::start(dir.path(), "w1", &config);
+    worker.wait_ready(LONG);
+    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
+    let chunks = 40;
+    let per_chunk = 150;
+    let total = chunks * per_chunk;
+    let event = |n: usize| -> (Option<Vec<u8>>, Vec<u8>) {
+        let card = if n % 2 == 0 { "card-x" } else { "card-y" };
+        (None, format!(r#"{{"event_id":"e{n}","ts":{},"card":"{card}"}}"#, t0 + n as i64).into_bytes())
+    };
+    let staged = rules.join("lists/cards.txt.new");
+    std::fs::write(&staged, &big).unwrap();
+    std::thread::scope(|scope| {
+        let producer = scope.spawn(|| {
+            for chunk in 0..chunks {
+                let records: Vec<_> = (chunk * per_chunk..(chunk + 1) * per_chunk).map(event).collect();
+                broker.produce("events", &records, None);
+            }
+        });
+        // Swap the list once the worker is judging the stream.
+        broker.read("decisions", 1, |r| r.len() >= per_chunk, Duration::from_millis(50), LONG);
+        std::fs::rename(&staged, rules.join("lists/cards.txt")).unwrap();
+        producer.join().unwrap();
+    });
+    let records = broker.read("decisions", 1, |r| r.len() >= total, Duration::from_secs(1), LONG);
+    assert_eq!(records.len(), total, "every event has its record");
+    let mut switched_at = None;
+    for record in &records {
+        let json = record.json();
+        let n: usize = json["event_id"].as_str().unwrap()[1..].parse().unwrap();
+        let version = json["rules_version"].as_str().unwrap();
+        let blocked = json["action"] == "block";
+        if version == old_version {
+            assert!(switched_at.is_none(), "event {n} judged by the old list after the new one was in force");
+            assert_eq!(blocked, n % 2 == 0, "event {n} against the old list");
+        } else {
+            assert_eq!(version, new_version, "event {n}: a rules version of neither list");
+            switched_at.get_or_insert(n);
+            assert_eq!(blocked, n % 2 == 1, "event {n} against the new list (card-y is its last line)");
+        }
+    }
+    let switched_at = switched_at.expect("the new list came into force during the stream");
+    assert!(switched_at >= per_chunk && switched_at < total, "switched at event {switched_at} of {total}");
+    assert!(worker.log_text().contains("rules reloaded"), "{}", worker.log_text());
+}

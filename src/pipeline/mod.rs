@@ -66,14 +66,13 @@ pub struct CounterCounts {
 /// What a rule reload did to the counters (for the reload log).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CounterChanges {
-    /// Counters new in this set, or whose window (length, bucket, aggregate, `max_distinct`)
-    /// changed: they start from nothing.
+    /// Counters new in this set, or whose window (length, bucket, aggregate, `max_distinct`),
+    /// dimensions or field changed: they start from nothing.
     pub fresh: Vec<String>,
-    /// Counters whose id and window are unchanged: they keep what they counted.
+    /// Counters whose id, window, dimensions and field are unchanged: they keep what they counted.
     pub kept: Vec<String>,
-    /// Kept counters whose match, dimensions, field or `allow_negative` changed: what they
-    /// counted under the old definition stays in their windows (rename a counter to start it
-    /// afresh).
+    /// Kept counters whose `match` or `allow_negative` changed: what they counted under the old
+    /// definition stays in their windows (rename a counter to start it afresh).
     pub redefined: Vec<String>,
 }
 
@@ -285,15 +284,16 @@ impl<S: CounterStore> Engine<S> {
         false
     }
 
-    /// Swaps in a new rule set between two events. A counter whose id and window are unchanged
-    /// keeps its state (the store hands back the same window); a changed window starts afresh.
-    /// Returns the old set and what happened to each counter.
+    /// Swaps in a new rule set between two events. A counter whose id, window and meaning
+    /// (dimensions, field) are unchanged keeps its state (the store hands back the same window);
+    /// any other starts afresh. Returns the old set and what happened to each counter.
     pub fn reload_rules(&mut self, rules: RuleSet) -> (RuleSet, CounterChanges) {
         let mut changes = CounterChanges::default();
         for index in rules.active_counters() {
             let new = rules.counter(index);
             let old = self.rules.active_counters().map(|i| self.rules.counter(i)).find(|c| c.id == new.id);
-            // The store keys a window by id and shape: the same pair hands back the same state.
+            // The store keys a window by id, shape and identity (dimensions and field): the same
+            // hands back the same state.
             match old {
                 Some(old) if old.window == new.window => {
                     let same_scope = match (&old.scope, &new.scope) {
@@ -302,11 +302,7 @@ impl<S: CounterStore> Engine<S> {
                         (Scope::Expr(_), Scope::Expr(_)) => old.scope_text == new.scope_text,
                         _ => false,
                     };
-                    let same_definition = same_scope
-                        && old.dimensions == new.dimensions
-                        && old.field == new.field
-                        && old.allow_negative == new.allow_negative;
-                    if !same_definition {
+                    if !same_scope || old.allow_negative != new.allow_negative {
                         changes.redefined.push(new.id.clone());
                     }
                     changes.kept.push(new.id.clone());
@@ -785,8 +781,11 @@ mod tests {
         let after = "[[counter]]\nid='a'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='b'\ndimensions=['u']\nwindow='2m'\n[[counter]]\nid='c'\ndimensions=['u', 'v']\nwindow='1m'\n[[counter]]\nid='d'\ndimensions=['u']\nwindow='1m'\n[[rule]]\nid='r'\naction='block'\nwhen='$a + $b + $c + $d > 1'\n";
         let mut engine = Engine::new(set(before), MemoryStore::new());
         let (_, changes) = engine.reload_rules(set(after));
-        assert_eq!(changes.kept, ["a", "c"]);
-        assert_eq!(changes.fresh, ["b", "d"]);
-        assert_eq!(changes.redefined, ["c"]);
+        assert_eq!(changes.kept, ["a"]);
+        assert_eq!(changes.fresh, ["b", "c", "d"]);
+        assert!(changes.redefined.is_empty());
+        let (_, changes) = engine.reload_rules(set(&after.replace("id='a'\ndimensions=['u']\n", "id='a'\nmatch='x == 1'\ndimensions=['u']\n")));
+        assert_eq!(changes.kept, ["a", "b", "c", "d"]);
+        assert_eq!(changes.redefined, ["a"]);
     }
 }

@@ -851,7 +851,7 @@ impl Worker {
                     if !changes.redefined.is_empty() {
                         tracing::warn!(
                             counters = ?changes.redefined,
-                            "counters keep the state counted under their previous match, dimensions or field; rename a counter to start it afresh"
+                            "counters keep the state counted under their previous match or allow_negative; rename a counter to start it afresh"
                         );
                     }
                 }

@@ -601,6 +601,23 @@ fn window_key<'t>(key: &str, item: &'t Item, key_at: usize, w: &mut WindowKeys<'
     true
 }
 
+/// What a counter's window counts, as a digest of its dimensions and field (see
+/// `WindowSpec::identity`).
+fn window_identity(dimensions: &[FieldPath], field: Option<&FieldPath>) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    for path in dimensions {
+        hasher.update(path.to_string().as_bytes());
+        hasher.update(b"\0");
+    }
+    hasher.update(b"\x01");
+    if let Some(field) = field {
+        hasher.update(field.to_string().as_bytes());
+    }
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(first).max(1)
+}
+
 /// Cross-key checks of the window keys; the spec if they hold.
 fn window_spec(w: &WindowKeys<'_>, invalid: &[&'static str], header: usize, report: &mut Report<'_>) -> Option<WindowSpec> {
     let aggregate = w.aggregate.map_or(Aggregate::Count, |(a, _)| a);
@@ -798,15 +815,18 @@ fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(CounterDraft
     let id = id?;
     let mut window = spec?;
     window.max_distinct = max_distinct.map_or(DEFAULT_MAX_DISTINCT, |(n, _)| n);
+    let dimensions = w.dimensions?;
+    let field = w.field.map(|(p, _)| p);
+    window.identity = window_identity(&dimensions, field.as_ref());
     let counter = Counter {
         id: id.clone(),
         description,
         enabled: enabled.unwrap_or(true),
         scope: Scope::All,
         scope_text: None,
-        dimensions: w.dimensions?,
+        dimensions,
         window,
-        field: w.field.map(|(p, _)| p),
+        field,
         allow_negative: allow_negative.is_some_and(|(b, _)| b),
         from_rule: false,
         origin: origin.clone(),
@@ -944,15 +964,19 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
         (None, _) => None,
     };
     let counter = if v1 {
+        let dimensions = w.dimensions?;
+        let field = w.field.map(|(p, _)| p);
+        let mut window = spec?;
+        window.identity = window_identity(&dimensions, field.as_ref());
         let counter = Counter {
             id: id.clone(),
             description: None,
             enabled,
             scope: Scope::All,
             scope_text: None,
-            dimensions: w.dimensions?,
-            window: spec?,
-            field: w.field.map(|(p, _)| p),
+            dimensions,
+            window,
+            field,
             allow_negative: false,
             from_rule: true,
             origin: origin.clone(),
@@ -1260,7 +1284,8 @@ limit = 5
         assert_eq!(r.form, Form::V1 { counter: 0, limit: Decimal::from_i64(5), threshold: 5 });
         let c = &set.counters[0];
         assert_eq!(c.id, r.id);
-        assert_eq!(c.window, WindowSpec::new(10_000, 60, Aggregate::Count));
+        assert_eq!((c.window.bucket_ms, c.window.buckets, c.window.aggregate), (10_000, 60, Aggregate::Count));
+        assert_ne!(c.window.identity, 0, "what the window counts is part of its identity");
         assert!(matches!(&r.scope, Scope::Table(m) if m.len() == 2));
         assert_eq!(r.origin.to_string(), "r.toml:2:1");
     }

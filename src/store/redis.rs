@@ -601,8 +601,8 @@ impl RedisStore {
     }
 
     /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
-    /// covers the window's shape and the key, so user bytes never reach Redis raw and a rule whose
-    /// window changes starts on fresh counters.
+    /// covers the window's shape, what it counts and the key, so user bytes never reach Redis raw
+    /// and a counter whose window, dimensions or field change starts on fresh counters.
     pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
         let spec = self.windows.spec(window.0);
         let name = self.windows.name(window.0);
@@ -610,6 +610,7 @@ impl RedisStore {
         hasher.update(&spec.bucket_ms.to_le_bytes());
         hasher.update(&spec.buckets.to_le_bytes());
         hasher.update(spec.aggregate.as_str().as_bytes());
+        hasher.update(&spec.identity.to_le_bytes());
         hasher.update(key);
         let digest = hasher.finalize();
         let mut key_name = String::with_capacity(4 + name.len() + 32);
