@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use crate::event::{decode, BadEvent, Event, FieldValue, TimeBounds};
 use crate::rules::expr::{Context, Num};
-use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, Scope, SkipReason, Source};
+use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, Scope, ScopeMemo, SkipReason, Source};
 use crate::store::{CounterStore, HoldSpace, Observed, Origin, StoreError, WindowId};
 use crate::window::Applied;
 
@@ -110,6 +110,8 @@ pub struct Engine<S> {
     hold_spaces: Vec<Option<HoldSpace>>,
     /// The hold key of the rule being judged.
     hold_key: Vec<u8>,
+    /// `match` results for the event being evaluated (and for prefetching).
+    memo: ScopeMemo,
 }
 
 /// Longest a shared store keeps a hold: ten years.
@@ -178,6 +180,13 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
             _ => None,
         }
     }
+
+    fn counter_raw(&mut self, index: usize) -> Option<i64> {
+        match self.outcome(index) {
+            Outcome::Known { value, .. } => Some(value),
+            _ => None,
+        }
+    }
 }
 
 impl<S: CounterStore> Engine<S> {
@@ -198,6 +207,7 @@ impl<S: CounterStore> Engine<S> {
             newest: Vec::new(),
             hold_spaces: Vec::new(),
             hold_key: Vec::with_capacity(64),
+            memo: ScopeMemo::default(),
         };
         engine.replace_rules(rules);
         engine
@@ -326,6 +336,7 @@ impl<S: CounterStore> Engine<S> {
         self.outcomes = vec![Outcome::Unread; self.windows.len()];
         self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
         self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
+        self.memo = rules.scope_memo();
         let old = std::mem::replace(&mut self.rules, rules);
         self.open_hold_spaces();
         old
@@ -369,9 +380,10 @@ impl<S: CounterStore> Engine<S> {
     /// Appends the (hold space, hold key) of every rule with a hold that judges `event`, for
     /// [`CounterStore::prefetch_holds`].
     pub fn touched_holds(&mut self, event: &Event<'_>, out: &mut Vec<(HoldSpace, Vec<u8>)>) {
+        self.memo.reset();
         for (position, space) in self.hold_spaces.iter().enumerate() {
             let Some(space) = *space else { continue };
-            if self.rules.in_scope(position, event) && self.rules.hold_key(position, event, &mut self.hold_key) {
+            if self.rules.in_scope(position, event, &mut self.memo) && self.rules.hold_key(position, event, &mut self.hold_key) {
                 out.push((space, self.hold_key.clone()));
             }
         }
@@ -381,8 +393,9 @@ impl<S: CounterStore> Engine<S> {
     /// rule may read for it, for [`CounterStore::prefetch`].
     pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
         let mut key = Vec::new();
+        self.memo.reset();
         for position in 0..self.rules.active_len() {
-            let wanted = match self.rules.plan(position, event, &mut key) {
+            let wanted = match self.rules.plan(position, event, &mut key, &mut self.memo) {
                 Plan::Observe(_) => true,
                 Plan::Skip(SkipReason::Dimension) => false,
                 Plan::Skip(_) => self.rules.is_read(position),
@@ -404,9 +417,9 @@ impl<S: CounterStore> Engine<S> {
             self.counts.behind_watermark += 1;
         }
         self.store.set_origin(Some(origin));
-
+        self.memo.reset();
         for position in 0..self.rules.active_len() {
-            self.outcomes[position] = match self.rules.plan(position, event, &mut self.keys[position]) {
+            self.outcomes[position] = match self.rules.plan(position, event, &mut self.keys[position], &mut self.memo) {
                 Plan::NoMatch => {
                     if behind {
                         Outcome::Unknown
@@ -461,7 +474,7 @@ impl<S: CounterStore> Engine<S> {
             error: None,
         };
         for (position, index) in rules.active().enumerate() {
-            if !rules.in_scope(position, event) {
+            if !rules.in_scope(position, event, &mut self.memo) {
                 continue;
             }
             self.rule_counts[position].matched += 1;
@@ -485,6 +498,10 @@ impl<S: CounterStore> Engine<S> {
                 }
                 Form::V2 => {
                     let holds = rule.when.as_ref().is_none_or(|when| when.expr.holds(&mut judge));
+                    if !holds && rule.hold.is_none() && rule.on_store_error != OnStoreError::Block {
+                        // It cannot fire: its record (and the reads it would list) is not needed.
+                        continue;
+                    }
                     // Every counter the condition names, known ones in the record, whatever
                     // evaluation short-circuited.
                     let mut counters = SmallVec::new();

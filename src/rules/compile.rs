@@ -274,7 +274,8 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
     let index: HashMap<String, (usize, bool)> =
         counters.iter().enumerate().map(|(i, c)| (c.counter.id.clone(), (i, c.counter.enabled))).collect();
     let rule_ids: std::collections::HashSet<&str> = rules.iter().map(|r| r.id.as_str()).collect();
-    let names = CounterNames { index: &index, rule_ids: &rule_ids, lists: &lists };
+    let scales: Vec<i32> = counters.iter().map(|c| if c.counter.aggregate() == Aggregate::Sum { 6 } else { 0 }).collect();
+    let names = CounterNames { index: &index, scales: &scales, rule_ids: &rule_ids, lists: &lists };
     let mut projection = Projection::new();
     let site_error = |site: &ExprSite, e: expr::ExprError| {
         let (name, text) = sources[site.file];
@@ -382,6 +383,8 @@ fn constant_name(v: &expr::Val<'_>) -> &'static str {
 
 struct CounterNames<'a> {
     index: &'a HashMap<String, (usize, bool)>,
+    /// Per counter: decimal places of its raw values.
+    scales: &'a [i32],
     rule_ids: &'a std::collections::HashSet<&'a str>,
     lists: &'a [(String, Arc<ListSet>)],
 }
@@ -394,6 +397,10 @@ impl Names for CounterNames<'_> {
             None if self.rule_ids.contains(id) => Err(format!("\"{id}\" is a rule, not a counter")),
             None => Err(format!("unknown counter \"{id}\"")),
         }
+    }
+
+    fn counter_scale(&self, index: usize) -> i32 {
+        self.scales[index]
     }
 
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {

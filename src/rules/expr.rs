@@ -502,8 +502,66 @@ pub enum Literal {
 pub trait Names {
     /// The index of counter `id`, or an error message.
     fn counter(&self, id: &str) -> Result<usize, String>;
+    /// How many decimal places a counter's raw value has (6 for a sum's micro-units, else 0).
+    fn counter_scale(&self, _index: usize) -> i32 {
+        0
+    }
     /// The list `id`, or an error message.
     fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String>;
+}
+
+/// The comparison of a [`Expr::CounterCmp`], with the counter on the left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterCmp {
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+}
+
+impl CounterCmp {
+    /// `raw OP literal`, exactly, from the literal's scaled floor and ceiling.
+    #[inline]
+    fn holds(self, raw: i64, floor: i64, ceil: i64) -> bool {
+        match self {
+            CounterCmp::Gt => raw > floor,
+            CounterCmp::Ge => raw >= ceil,
+            CounterCmp::Lt => raw < ceil,
+            CounterCmp::Le => raw <= floor,
+            CounterCmp::Eq => floor == ceil && raw == floor,
+            CounterCmp::Ne => !(floor == ceil && raw == floor),
+        }
+    }
+}
+
+/// The strings of an `in [...]` set: a few compared in turn (faster than hashing), many hashed.
+#[derive(Debug, Clone)]
+pub enum StrSet {
+    Few(Vec<Box<str>>),
+    Many(HashSet<Box<str>, foldhash::fast::FixedState>),
+}
+
+impl StrSet {
+    /// Up to this many strings are compared in turn.
+    const FEW: usize = 8;
+
+    fn new(strings: Vec<Box<str>>) -> StrSet {
+        if strings.len() <= StrSet::FEW {
+            StrSet::Few(strings)
+        } else {
+            StrSet::Many(strings.into_iter().collect())
+        }
+    }
+
+    #[inline]
+    fn contains(&self, s: &str) -> bool {
+        match self {
+            StrSet::Few(few) => few.iter().any(|t| t.as_ref() == s),
+            StrSet::Many(many) => many.contains(s),
+        }
+    }
 }
 
 /// A compiled expression node.
@@ -517,7 +575,15 @@ pub enum Expr {
     Not(Box<Expr>),
     Neg(Box<Expr>),
     Bin(BinOp, Box<Expr>, Box<Expr>),
-    InSet { negated: bool, value: Box<Expr>, set: HashSet<Literal> },
+    /// `field == 'text'` (or `!=`): the most common test, compared without building values.
+    FieldIsStr { negated: bool, slot: usize, text: Box<str> },
+    /// `$counter OP number` (either way round), compared on the counter's raw integer scale:
+    /// `floor` and `ceil` are the literal times 10^scale rounded down and up, so `raw > floor`
+    /// is exactly `value > literal` (see [`CounterCmp`]).
+    CounterCmp { cmp: CounterCmp, index: usize, floor: i64, ceil: i64 },
+    /// `x in [...]`: string elements apart (looked up by `&str`, no allocation), the others by
+    /// literal.
+    InSet { negated: bool, value: Box<Expr>, strings: StrSet, set: HashSet<Literal> },
     InField { negated: bool, value: Box<Expr>, field: usize },
     InCidr { negated: bool, value: Box<Expr>, nets: Vec<IpNet> },
     InList { negated: bool, value: Box<Expr>, list: std::sync::Arc<ListSet> },
@@ -596,17 +662,41 @@ impl Resolver<'_> {
             }
             Ast::Not(inner) => Expr::Not(Box::new(self.resolve(inner)?)),
             Ast::Neg(inner) => Expr::Neg(Box::new(self.resolve(inner)?)),
-            Ast::Bin(op, l, r) => Expr::Bin(*op, Box::new(self.resolve(l)?), Box::new(self.resolve(r)?)),
+            Ast::Bin(op, l, r) => {
+                let (l, r) = (self.resolve(l)?, self.resolve(r)?);
+                match (op, l, r) {
+                    (op, Expr::Counter(index), Expr::Num(n)) if counter_cmp(*op, false).is_some() && n.exact.is_some() => {
+                        self.counter_cmp(counter_cmp(*op, false), index, n)
+                    }
+                    (op, Expr::Num(n), Expr::Counter(index)) if counter_cmp(*op, true).is_some() && n.exact.is_some() => {
+                        self.counter_cmp(counter_cmp(*op, true), index, n)
+                    }
+                    (BinOp::Eq | BinOp::Ne, Expr::Field(slot), Expr::Lit(Literal::Str(text)))
+                    | (BinOp::Eq | BinOp::Ne, Expr::Lit(Literal::Str(text)), Expr::Field(slot)) => {
+                        Expr::FieldIsStr { negated: *op == BinOp::Ne, slot, text: text.into_boxed_str() }
+                    }
+                    (op, l, r) => Expr::Bin(*op, Box::new(l), Box::new(r)),
+                }
+            }
             Ast::In { negated, value, set } => {
                 let value = Box::new(self.resolve(value)?);
                 let negated = *negated;
                 match &set.0 {
                     Ast::List(items) => {
-                        let mut literals = HashSet::with_capacity(items.len());
+                        let (mut strings, mut literals) = (Vec::new(), HashSet::new());
                         for item in items {
-                            literals.insert(literal(item)?);
+                            match literal(item)? {
+                                Literal::Str(s) => {
+                                    if !strings.iter().any(|t: &Box<str>| t.as_ref() == s) {
+                                        strings.push(s.into_boxed_str());
+                                    }
+                                }
+                                other => {
+                                    literals.insert(other);
+                                }
+                            }
                         }
-                        Expr::InSet { negated, value, set: literals }
+                        Expr::InSet { negated, value, strings: StrSet::new(strings), set: literals }
                     }
                     Ast::Path(p) => Expr::InField { negated, value, field: self.field(p) },
                     Ast::ListRef(id) => Expr::InList { negated, value, list: self.names.list(id).or_else(|m| err(set.1, m))? },
@@ -616,6 +706,31 @@ impl Resolver<'_> {
             }
             Ast::Call(name, args) => self.call(name, args, at)?,
         })
+    }
+
+    /// `$counter cmp literal` on the raw scale, or the general comparison when the scaled
+    /// literal does not fit 64 bits (then a raw integer cannot decide it exactly).
+    fn counter_cmp(&self, cmp: Option<CounterCmp>, index: usize, literal: Num) -> Expr {
+        let (Some(cmp), Some(exact)) = (cmp, literal.exact) else { unreachable!("checked by the caller") };
+        let scale = self.names.counter_scale(index);
+        let floor = exact.floor_scaled(scale);
+        let ceil = (-exact).floor_scaled(scale).checked_neg();
+        match ceil {
+            Some(ceil) if floor != i64::MAX && floor != i64::MIN && ceil != i64::MAX && ceil != i64::MIN + 1 => {
+                Expr::CounterCmp { cmp, index, floor, ceil }
+            }
+            _ => {
+                let op = match cmp {
+                    CounterCmp::Lt => BinOp::Lt,
+                    CounterCmp::Le => BinOp::Le,
+                    CounterCmp::Gt => BinOp::Gt,
+                    CounterCmp::Ge => BinOp::Ge,
+                    CounterCmp::Eq => BinOp::Eq,
+                    CounterCmp::Ne => BinOp::Ne,
+                };
+                Expr::Bin(op, Box::new(Expr::Counter(index)), Box::new(Expr::Num(literal)))
+            }
+        }
     }
 
     fn call(&mut self, name: &str, args: &[(Ast, usize)], at: usize) -> Result<Expr, ExprError> {
@@ -667,6 +782,19 @@ impl Resolver<'_> {
             }
         })
     }
+}
+
+/// The counter comparison `op` is, with the counter on the left (`flipped`: it was on the right).
+fn counter_cmp(op: BinOp, flipped: bool) -> Option<CounterCmp> {
+    Some(match (op, flipped) {
+        (BinOp::Lt, false) | (BinOp::Gt, true) => CounterCmp::Lt,
+        (BinOp::Le, false) | (BinOp::Ge, true) => CounterCmp::Le,
+        (BinOp::Gt, false) | (BinOp::Lt, true) => CounterCmp::Gt,
+        (BinOp::Ge, false) | (BinOp::Le, true) => CounterCmp::Ge,
+        (BinOp::Eq, _) => CounterCmp::Eq,
+        (BinOp::Ne, _) => CounterCmp::Ne,
+        _ => return None,
+    })
 }
 
 fn literal((ast, at): &(Ast, usize)) -> Result<Literal, ExprError> {
@@ -738,6 +866,8 @@ pub trait Context<'e> {
     fn field(&self, slot: usize) -> &'e FieldValue<'e>;
     /// The counter's value for this event, or `None` when it is unknown (late, key unusable).
     fn counter(&mut self, index: usize) -> Option<Num>;
+    /// The same value on the counter's raw integer scale (micro-units for a sum).
+    fn counter_raw(&mut self, index: usize) -> Option<i64>;
 }
 
 fn field_val<'e>(v: &'e FieldValue<'e>) -> Val<'e> {
@@ -831,7 +961,7 @@ fn negate_if(negated: bool, t: Truth) -> Truth {
 
 impl Expr {
     /// Evaluates to a value.
-    pub fn eval<'e, 's: 'e>(&'s self, cx: &mut dyn Context<'e>) -> Val<'e> {
+    pub fn eval<'e, 's: 'e, C: Context<'e> + ?Sized>(&'s self, cx: &mut C) -> Val<'e> {
         match self {
             Expr::Lit(l) => lit_val(l),
             Expr::Num(n) => Val::Num(*n),
@@ -897,11 +1027,21 @@ impl Expr {
                     },
                 }
             }
-            Expr::InSet { negated, value, set } => {
+            Expr::CounterCmp { cmp, index, floor, ceil } => match cx.counter_raw(*index) {
+                Some(raw) => Val::Bool(cmp.holds(raw, *floor, *ceil)),
+                None => Val::Unknown,
+            },
+            Expr::FieldIsStr { negated, slot, text } => match cx.field(*slot) {
+                FieldValue::Missing => Val::Unknown,
+                FieldValue::Str(s) => Val::Bool((s.as_ref() == text.as_ref()) != *negated),
+                // Strict types: a value of any other type is not equal to a string.
+                _ => Val::Bool(*negated),
+            },
+            Expr::InSet { negated, value, strings, set } => {
                 let v = value.eval(cx);
                 let found = match &v {
                     Val::Unknown => None,
-                    Val::Str(s) => Some(set.iter().any(|l| matches!(l, Literal::Str(t) if t.as_str() == s.as_ref()))),
+                    Val::Str(s) => Some(strings.contains(s)),
                     Val::Num(Num { exact: None, .. }) => Some(set.iter().any(|l| equals_literal(&v, l))),
                     other => Some(as_literal_key(other).is_some_and(|key| set.contains(&key))),
                 };
@@ -971,7 +1111,7 @@ impl Expr {
     }
 
     /// Whether the expression is true (a `match` or `when` acts only on true).
-    pub fn holds<'e, 's: 'e>(&'s self, cx: &mut dyn Context<'e>) -> bool {
+    pub fn holds<'e, 's: 'e, C: Context<'e> + ?Sized>(&'s self, cx: &mut C) -> bool {
         self.eval(cx) == Val::Bool(true)
     }
 
@@ -985,6 +1125,9 @@ impl Expr {
             fn counter(&mut self, _: usize) -> Option<Num> {
                 None
             }
+            fn counter_raw(&mut self, _: usize) -> Option<i64> {
+                None
+            }
         }
         if self.reads_input() {
             return None;
@@ -995,7 +1138,7 @@ impl Expr {
     fn reads_input(&self) -> bool {
         match self {
             Expr::Lit(_) | Expr::Num(_) => false,
-            Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::InField { .. } => true,
+            Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::InField { .. } | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } => true,
             Expr::Not(a) | Expr::Neg(a) | Expr::Lower(a) | Expr::Matches(a, _) => a.reads_input(),
             Expr::Bin(_, a, b) | Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
                 a.reads_input() || b.reads_input()
@@ -1034,6 +1177,9 @@ mod tests {
         }
         fn counter(&mut self, index: usize) -> Option<Num> {
             self.counters[index]
+        }
+        fn counter_raw(&mut self, index: usize) -> Option<i64> {
+            self.counters[index].map(|n| n.exact.and_then(Decimal::as_i64).unwrap())
         }
     }
 

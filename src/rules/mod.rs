@@ -17,7 +17,7 @@ pub mod plan;
 pub use compile::Diagnostic;
 pub use decide::{Decision, Hit, Reason, Source};
 pub use model::{Action, Counter, Form, Mode, OnStoreError, Origin, Rule, Scope};
-pub use plan::{Plan, SkipReason};
+pub use plan::{Plan, ScopeMemo, SkipReason};
 
 use crate::event::Projection;
 
@@ -50,6 +50,8 @@ pub struct RuleSet {
     active_rules: Vec<plan::PlannedRule>,
     /// Per active counter: whether an enabled rule's `when` reads it.
     read: Vec<bool>,
+    /// Distinct `match` expressions (slots of a [`ScopeMemo`]).
+    scope_slots: usize,
     projection: Projection,
     version: String,
     warnings: Vec<Diagnostic>,
@@ -102,18 +104,20 @@ impl RuleSet {
         let list_files = list_files.into_iter().map(|(name, _)| name).collect();
         let mut counter_position = vec![None; counters.len()];
         let mut active_counters = Vec::new();
+        let mut slots = plan::ScopeSlots::default();
         for (index, counter) in counters.iter().enumerate() {
             if counter.enabled {
                 counter_position[index] = Some(active_counters.len());
-                active_counters.push(plan::PlannedCounter::new(index, counter, &mut projection));
+                active_counters.push(plan::PlannedCounter::new(index, counter, &mut projection, &mut slots));
             }
         }
         let active_rules = rules
             .iter()
             .enumerate()
             .filter(|(_, r)| r.enabled)
-            .map(|(index, rule)| plan::PlannedRule::new(index, rule, &mut projection))
+            .map(|(index, rule)| plan::PlannedRule::new(index, rule, &mut projection, &mut slots))
             .collect();
+        let scope_slots = slots.len();
         let mut read = vec![false; active_counters.len()];
         for rule in rules.iter().filter(|r| r.enabled) {
             for &counter in rule.counters() {
@@ -122,7 +126,20 @@ impl RuleSet {
                 }
             }
         }
-        RuleSet { counters, rules, lists, list_files, active_counters, counter_position, active_rules, read, projection, version, warnings }
+        RuleSet {
+            counters,
+            rules,
+            lists,
+            list_files,
+            active_counters,
+            counter_position,
+            active_rules,
+            read,
+            scope_slots,
+            projection,
+            version,
+            warnings,
+        }
     }
 
     /// All rules, disabled ones included, in rule-file order.

@@ -13,30 +13,77 @@ use crate::window::{Aggregate, Delta};
 pub(crate) enum PlannedScope {
     All,
     Table(Vec<(usize, Vec<MatchValue>)>),
-    /// The expression of the counter's or rule's `match` (kept in the model).
-    Expr,
+    /// The expression of the counter's or rule's `match` (kept in the model), and its slot in a
+    /// [`ScopeMemo`]: counters and rules with the same `match` text share the slot, so it is
+    /// evaluated once per event however many use it.
+    Expr(usize),
+}
+
+/// The `match` expressions evaluated for the current event (one slot per distinct `match`
+/// text): rule sets repeat the same scopes (`type == 'payment'`) across many counters and rules.
+#[derive(Debug, Clone, Default)]
+pub struct ScopeMemo(Vec<u8>);
+
+/// Slot states in a [`ScopeMemo`].
+const NOT_YET: u8 = 0;
+const FALSE: u8 = 1;
+const TRUE: u8 = 2;
+
+impl ScopeMemo {
+    /// Forgets every result: call before each event.
+    #[inline]
+    pub fn reset(&mut self) {
+        self.0.fill(NOT_YET);
+    }
+}
+
+/// Gives each distinct `match` expression text a memo slot.
+#[derive(Debug, Default)]
+pub(crate) struct ScopeSlots(Vec<Option<String>>);
+
+impl ScopeSlots {
+    /// The slot of the `match` written as `text` (`None`: a slot of its own).
+    fn slot(&mut self, text: Option<&str>) -> usize {
+        let shared = text.and_then(|text| self.0.iter().position(|t| t.as_deref() == Some(text)));
+        shared.unwrap_or_else(|| {
+            self.0.push(text.map(str::to_owned));
+            self.0.len() - 1
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 impl PlannedScope {
-    fn new(scope: &Scope, projection: &mut Projection) -> PlannedScope {
+    fn new(scope: &Scope, text: Option<&str>, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedScope {
         match scope {
             Scope::All => PlannedScope::All,
             Scope::Table(matchers) => {
                 PlannedScope::Table(matchers.iter().map(|m| (projection.slot(&m.path), m.any_of.clone())).collect())
             }
-            Scope::Expr(_) => PlannedScope::Expr,
+            Scope::Expr(_) => PlannedScope::Expr(slots.slot(text)),
         }
     }
 
     #[inline]
-    fn holds(&self, scope: &Scope, event: &Event<'_>) -> bool {
+    fn holds(&self, scope: &Scope, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
         match (self, scope) {
             (PlannedScope::All, _) => true,
             (PlannedScope::Table(matchers), _) => {
                 matchers.iter().all(|(slot, any_of)| any_of.iter().any(|v| value_matches(event.field(*slot), v)))
             }
-            (PlannedScope::Expr, Scope::Expr(compiled)) => compiled.expr.holds(&mut FieldsOnly(event)),
-            (PlannedScope::Expr, _) => false,
+            (PlannedScope::Expr(slot), Scope::Expr(compiled)) => match memo.0[*slot] {
+                TRUE => true,
+                FALSE => false,
+                _ => {
+                    let holds = compiled.expr.holds(&mut FieldsOnly(event));
+                    memo.0[*slot] = if holds { TRUE } else { FALSE };
+                    holds
+                }
+            },
+            (PlannedScope::Expr(_), _) => false,
         }
     }
 }
@@ -49,6 +96,9 @@ impl<'r, 'e> Context<'r> for FieldsOnly<'r, 'e> {
         self.0.field(slot)
     }
     fn counter(&mut self, _: usize) -> Option<Num> {
+        None
+    }
+    fn counter_raw(&mut self, _: usize) -> Option<i64> {
         None
     }
 }
@@ -65,10 +115,10 @@ pub(crate) struct PlannedCounter {
 }
 
 impl PlannedCounter {
-    pub(crate) fn new(index: usize, counter: &Counter, projection: &mut Projection) -> PlannedCounter {
+    pub(crate) fn new(index: usize, counter: &Counter, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedCounter {
         PlannedCounter {
             index,
-            scope: PlannedScope::new(&counter.scope, projection),
+            scope: PlannedScope::new(&counter.scope, counter.scope_text.as_deref(), projection, slots),
             dimensions: counter.dimensions.iter().map(|p| projection.slot(p)).collect(),
             field: counter.field.as_ref().map(|p| projection.slot(p)),
             aggregate: counter.aggregate(),
@@ -87,9 +137,9 @@ pub(crate) struct PlannedRule {
 }
 
 impl PlannedRule {
-    pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection) -> PlannedRule {
+    pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedRule {
         let hold_key = rule.hold.as_ref().map_or_else(Vec::new, |h| h.key.iter().map(|p| projection.slot(p)).collect());
-        PlannedRule { index, scope: PlannedScope::new(&rule.scope, projection), hold_key }
+        PlannedRule { index, scope: PlannedScope::new(&rule.scope, rule.scope_text.as_deref(), projection, slots), hold_key }
     }
 }
 
@@ -143,9 +193,9 @@ const SUM_LIMIT_MICROS: i64 = 1_000_000_000_000 * MICROS_PER_UNIT;
 impl RuleSet {
     /// Plans the counter at active `position` for `event`, writing its canonical dimension key
     /// into `key` (cleared first) unless the result is [`Plan::NoMatch`] or a dimension skip.
-    pub fn plan(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> Plan {
+    pub fn plan(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>, memo: &mut ScopeMemo) -> Plan {
         let planned = &self.active_counters[position];
-        if !planned.scope.holds(&self.counters[planned.index].scope, event) {
+        if !planned.scope.holds(&self.counters[planned.index].scope, event, memo) {
             return Plan::NoMatch;
         }
         if !self.counter_key(position, event, key) {
@@ -198,9 +248,14 @@ impl RuleSet {
     }
 
     /// Whether the rule at active `position` judges `event` (its `match` holds).
-    pub fn in_scope(&self, position: usize, event: &Event<'_>) -> bool {
+    pub fn in_scope(&self, position: usize, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
         let planned = &self.active_rules[position];
-        planned.scope.holds(&self.rules[planned.index].scope, event)
+        planned.scope.holds(&self.rules[planned.index].scope, event, memo)
+    }
+
+    /// A memo for [`RuleSet::plan`] and [`RuleSet::in_scope`] (reset it before each event).
+    pub fn scope_memo(&self) -> ScopeMemo {
+        ScopeMemo(vec![NOT_YET; self.scope_slots])
     }
 
     /// Projection slots of a counter's dimensions.
@@ -251,7 +306,7 @@ mod tests {
     fn plan(rules: &RuleSet, line: &str) -> (Plan, Vec<u8>) {
         let event = decode(line.as_bytes(), rules.projection()).unwrap();
         let mut key = Vec::new();
-        (rules.plan(0, &event, &mut key), key)
+        (rules.plan(0, &event, &mut key, &mut rules.scope_memo()), key)
     }
 
     #[test]

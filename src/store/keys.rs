@@ -66,3 +66,25 @@ impl Equivalent<StoredKey> for KeyRef<'_> {
         self.window == stored.window && self.key == stored.key.as_slice()
     }
 }
+
+impl Hash for KeyBytes {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.as_slice())
+    }
+}
+
+/// Borrowed form of [`KeyBytes`] for lookups without allocating.
+#[derive(PartialEq, Eq)]
+pub(crate) struct BytesRef<'a>(pub(crate) &'a [u8]);
+
+impl Hash for BytesRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.0)
+    }
+}
+
+impl Equivalent<KeyBytes> for BytesRef<'_> {
+    fn equivalent(&self, stored: &KeyBytes) -> bool {
+        self.0 == stored.as_slice()
+    }
+}

@@ -1,8 +1,9 @@
 //! The in-process store: exact, single-process, memory proportional to live keys.
 
 use hashbrown::HashMap;
+use smallvec::SmallVec;
 
-use super::keys::{KeyBytes, KeyRef, StoredKey};
+use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
 use super::{CounterStore, HoldSpace, HoldSpaces, Observed, StoreError, WindowId, Windows};
 use crate::window::{Delta, WindowSpec, WindowState};
 
@@ -12,6 +13,11 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 /// Exact counters in a hash map. Keys are the exact canonical bytes (no digests), so two
 /// different keys can never share a counter.
 ///
+/// One entry per key holds the windows of every counter over that key: counters over the same
+/// dimensions (a rule reading the failures of the account whose success it judges, three
+/// counters per card) find each other's state in the entry they already loaded, one random
+/// probe per key instead of one per counter.
+///
 /// A key is dropped only when no event the caller may still count or read can observe it: the
 /// caller promises, through [`CounterStore::set_horizon`], that no event older than the horizon
 /// (its inputs' watermark) will come, and a key is dropped once every event at or after the
@@ -20,7 +26,9 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 #[derive(Debug)]
 pub struct MemoryStore {
     windows: Windows,
-    states: HashMap<StoredKey, WindowState, foldhash::fast::RandomState>,
+    states: HashMap<KeyBytes, KeyWindows, foldhash::fast::RandomState>,
+    /// (window, key) pairs held: what `live_keys` reports.
+    pairs: usize,
     hold_spaces: HoldSpaces,
     /// Held keys (the key's `window` is its hold space) and until when. Kept for good: an event
     /// of any age is held if its time is before its key's hold, and there is at most one entry
@@ -33,6 +41,9 @@ pub struct MemoryStore {
     sweep_after: usize,
     sweep_interval_floor: usize,
 }
+
+/// The windows of one key, by window id (two inline: most keys feed one or two counters).
+type KeyWindows = SmallVec<[(u32, WindowState); 2]>;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -51,6 +62,7 @@ impl MemoryStore {
         MemoryStore {
             windows: Windows::default(),
             states: HashMap::default(),
+            pairs: 0,
             hold_spaces: HoldSpaces::default(),
             holds: HashMap::default(),
             horizon: None,
@@ -64,13 +76,19 @@ impl MemoryStore {
     fn sweep(&mut self) {
         if let Some(horizon) = self.horizon {
             let windows = &self.windows;
-            self.states.retain(|k, state| {
-                let spec = windows.spec(k.window);
-                state.head().is_none_or(|head| !spec.can_drop(head, horizon))
+            let mut pairs = 0;
+            self.states.retain(|_, entry| {
+                entry.retain(|(window, state)| {
+                    let spec = windows.spec(*window);
+                    state.head().is_none_or(|head| !spec.can_drop(head, horizon))
+                });
+                pairs += entry.len();
+                !entry.is_empty()
             });
+            self.pairs = pairs;
         }
         self.inserts_since_sweep = 0;
-        self.sweep_after = self.states.len().max(self.sweep_interval_floor);
+        self.sweep_after = self.pairs.max(self.sweep_interval_floor);
     }
 }
 
@@ -82,13 +100,17 @@ impl CounterStore for MemoryStore {
     fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
-        let lookup = KeyRef { window: window.0, key };
-        let applied = match self.states.get_mut(&lookup) {
-            Some(state) => state.apply(&spec, bucket, delta),
+        let entry = match self.states.get_mut(&BytesRef(key)) {
+            Some(entry) => entry,
+            None => self.states.entry(KeyBytes::new(key)).or_default(),
+        };
+        let applied = match entry.iter_mut().find(|(w, _)| *w == window.0) {
+            Some((_, state)) => state.apply(&spec, bucket, delta),
             None => {
                 let mut state = WindowState::new(spec.aggregate);
                 let applied = state.apply(&spec, bucket, delta);
-                self.states.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, state);
+                entry.push((window.0, state));
+                self.pairs += 1;
                 self.inserts_since_sweep += 1;
                 applied
             }
@@ -101,8 +123,9 @@ impl CounterStore for MemoryStore {
 
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
-        let applied = match self.states.get(&KeyRef { window: window.0, key }) {
-            Some(state) => state.read(&spec, spec.bucket_of(ts_ms)),
+        let state = self.states.get(&BytesRef(key)).and_then(|entry| entry.iter().find(|(w, _)| *w == window.0));
+        let applied = match state {
+            Some((_, state)) => state.read(&spec, spec.bucket_of(ts_ms)),
             None => crate::window::Applied::Counted(0),
         };
         Ok(Observed::exact(applied))
@@ -139,7 +162,7 @@ impl CounterStore for MemoryStore {
     }
 
     fn live_keys(&self) -> usize {
-        self.states.len()
+        self.pairs
     }
 }
 
@@ -212,10 +235,10 @@ mod tests {
         // Old's head is now bucket 18: kept until the horizon reaches bucket 28.
         s.set_horizon(2_799);
         s.apply(w, b"new", 5_000, Delta::Count).unwrap();
-        assert!(s.states.iter().any(|(k, _)| k.key.as_slice() == b"old"));
+        assert!(s.states.iter().any(|(k, _)| k.as_slice() == b"old"));
         s.set_horizon(2_800);
         s.apply(w, b"newer", 5_000, Delta::Count).unwrap();
-        assert!(s.states.iter().all(|(k, _)| k.key.as_slice() != b"old"));
+        assert!(s.states.iter().all(|(k, _)| k.as_slice() != b"old"));
         // The horizon never moves back.
         s.set_horizon(0);
         assert_eq!(s.horizon, Some(2_800));
