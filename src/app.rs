@@ -21,7 +21,12 @@ use vigil::workload::{self, WorkloadSpec};
 
 /// Loads rules, printing every error to stderr; `None` means the caller exits 1.
 fn load_rules(path: &Path) -> Option<RuleSet> {
-    match rule_files::load(path) {
+    load_rules_with(path, false)
+}
+
+/// [`load_rules`], accepting a set without rules when `allow_empty`.
+fn load_rules_with(path: &Path, allow_empty: bool) -> Option<RuleSet> {
+    match rule_files::load_with(path, allow_empty) {
         Ok(rules) => Some(rules),
         Err(LoadError::Invalid(errors)) => {
             for d in &errors.0 {
@@ -338,7 +343,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = ?config, "starting vigil run");
-    let Some(rules) = load_rules(&config.rules.path) else { return Ok(ExitCode::from(1)) };
+    let Some(rules) = load_rules_with(&config.rules.path, config.rules.allow_empty) else { return Ok(ExitCode::from(1)) };
     let (store, journal) = match &config.redis.url {
         None => {
             tracing::warn!("no redis.url: counting in process, exact only while this is the only worker");

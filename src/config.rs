@@ -97,6 +97,9 @@ pub struct RulesConfig {
     /// How often the rule files are checked for changes.
     #[serde(deserialize_with = "duration")]
     pub reload_interval: Duration,
+    /// Accept a rule set without any `[[rule]]` (it judges nothing). Off by default, so that an
+    /// emptied or truncated rule file is refused instead of silently disarming every rule.
+    pub allow_empty: bool,
 }
 
 /// Bounds on event time (`"off"` disables one).

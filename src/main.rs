@@ -50,6 +50,10 @@ enum Command {
         /// counted locally meanwhile (exit 1 if it does not).
         #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration, requires = "redis")]
         redis_wait: std::time::Duration,
+        /// Longer input lines are bad lines (`too_large`), skipped without being held in memory
+        /// (the worker's `worker.max_event_bytes`).
+        #[arg(long, value_name = "BYTES", default_value_t = vigil::pipeline::DEFAULT_MAX_EVENT_BYTES)]
+        max_event_bytes: usize,
         #[command(flatten)]
         bounds: BoundArgs,
     },
@@ -192,9 +196,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path } => app::check(&path),
-        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, bounds } => {
+        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, max_event_bytes, bounds } => {
             let redis = redis.map(|url| app::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
-            let options = ReplayOptions { emit_allow, lane: 0, store_wait: redis_wait };
+            let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait };
             app::replay(&rules, &input, redis, options, bounds.time_bounds())
         }
         Command::Run { config } => app::run(&config),

@@ -221,3 +221,30 @@ fn timestamps_out_of_range_or_in_the_future_are_bad_lines() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("4 events read, 1 decisions, 3 bad lines, 1 late (1 events behind the watermark)"), "{stderr}");
 }
+
+/// A line longer than `--max-event-bytes` is a bad line (`too_large`), read through without being
+/// held; the lines around it are judged as usual; a stream with no newline at all ends as one
+/// too-large line instead of growing without bound.
+#[test]
+fn overlong_lines_are_bad_lines_and_never_held_whole() {
+    let mut input = String::new();
+    input.push_str(r#"{"event_id":"a","ts":1700000000000,"type":"login","result":"fail","user_id":"u"}"#);
+    input.push('\n');
+    input.push_str(&format!(r#"{{"event_id":"big","ts":1700000000001,"pad":"{}"}}"#, "x".repeat(5_000)));
+    input.push('\n');
+    input.push_str(r#"{"event_id":"b","ts":1700000000002,"type":"login","result":"fail","user_id":"u"}"#);
+    input.push('\n');
+    let out = vigil(&["replay", "--rules", "rules", "--input", "-", "--emit-allow", "--max-event-bytes", "4096"], Some(&input));
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let ids: Vec<String> = stdout.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event_id"].to_string()).collect();
+    assert_eq!(ids, ["\"a\"", "\"b\""]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 2: bad event (too_large): line of 5046 bytes is longer than max_event_bytes (4096)"), "{stderr}");
+
+    let endless = "{".repeat(3_000_000);
+    let out = vigil(&["replay", "--rules", "rules", "--input", "-", "--max-event-bytes", "65536"], Some(&endless));
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 1: bad event (too_large): line of 3000000 bytes"), "{stderr}");
+}

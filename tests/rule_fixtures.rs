@@ -11,7 +11,7 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 39] = [
+const REQUIRED: [&str; 40] = [
     "unknown_key",
     "duplicate_id",
     "bad_id",
@@ -51,6 +51,7 @@ const REQUIRED: [&str; 39] = [
     "when_with_window",
     "counter_errors",
     "hold",
+    "empty_match",
 ];
 
 fn expected(path: &str) -> Vec<String> {
@@ -155,4 +156,46 @@ fn check_refuses_missing_path_and_empty_directory() {
     let out = vigil(&["check", empty.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no rule files (*.toml) found"));
+}
+
+/// What is in a rules directory is what is loaded: a link that does not resolve, a link loop or
+/// a directory named `*.toml` is an error naming it, never a file silently left out.
+#[test]
+fn unreadable_entries_in_a_rules_directory_are_errors_with_their_path() {
+    let rule = "[[rule]]\nid = 'r'\naction = 'alert'\n";
+    for name in ["dangling.toml", "loop.toml", "folder.toml"] {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("a.toml"), rule).unwrap();
+        let path = dir.path().join(name);
+        match name {
+            "dangling.toml" => std::os::unix::fs::symlink(dir.path().join("nowhere.toml"), &path).unwrap(),
+            "loop.toml" => std::os::unix::fs::symlink(&path, &path).unwrap(),
+            _ => fs::create_dir(&path).unwrap(),
+        }
+        let out = vigil(&["check", dir.path().to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&path.display().to_string()), "{name}: {stderr}");
+    }
+}
+
+/// An emptied rule file is refused (it would disarm every rule); a leading UTF-8 byte order
+/// mark is accepted, and positions after it are counted as an editor shows them.
+#[test]
+fn empty_rule_sets_are_refused_and_a_byte_order_mark_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.toml"), "# nothing here yet\n").unwrap();
+    let out = vigil(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no rules defined"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(matches!(rule_files::load(dir.path()), Err(LoadError::Empty { .. })));
+    assert!(rule_files::load_with(dir.path(), true).is_ok(), "rules.allow_empty = true accepts it");
+
+    fs::write(dir.path().join("a.toml"), "\u{feff}[[rule]]\nid = 'r'\naction = 'alert'\n").unwrap();
+    let out = vigil(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    fs::write(dir.path().join("a.toml"), "\u{feff}[[rule]]\nid = 'R'\naction = 'alert'\n").unwrap();
+    let out = vigil(&["check", dir.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("a.toml:2:6: "), "{stderr}");
 }

@@ -76,7 +76,17 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
     let mut key = Vec::new();
     let mut input = input;
     let mut line = Vec::new();
-    while input.read_until(b'\n', &mut line)? > 0 {
+    loop {
+        line.clear();
+        match super::read_line_bounded(&mut input, &mut line, super::DEFAULT_MAX_EVENT_BYTES)? {
+            super::LineRead::End => break,
+            super::LineRead::Line => {}
+            super::LineRead::TooLarge(_) => {
+                report.lines += 1;
+                report.bad_lines += 1;
+                continue;
+            }
+        }
         report.lines += 1;
         if report.lines % 65_536 == 0 {
             progress(report.lines);

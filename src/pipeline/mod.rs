@@ -578,9 +578,14 @@ impl Candidate {
     }
 }
 
+/// Longest input line read by default (as `worker.max_event_bytes`): 1 MiB.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+
 /// Options of `vigil replay`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct ReplayOptions {
+    /// Longer lines are bad lines (`too_large`), skipped without being held in memory.
+    pub max_event_bytes: usize,
     /// Also print a record (action `allow`, no hits) for events without any hit.
     pub emit_allow: bool,
     /// The input's lane: observations are tagged with it and their line number, so a store that
@@ -590,6 +595,65 @@ pub struct ReplayOptions {
     /// At the end, how long to keep trying a shared store that is unavailable, so that what was
     /// counted locally meanwhile reaches it.
     pub store_wait: Duration,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions { max_event_bytes: DEFAULT_MAX_EVENT_BYTES, emit_allow: false, lane: 0, store_wait: Duration::ZERO }
+    }
+}
+
+/// One line as [`read_line_bounded`] read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineRead {
+    /// The input ended: nothing was read.
+    End,
+    /// A line (with its newline, if any) was appended.
+    Line,
+    /// A line of this many bytes (newline excluded) was longer than the limit: it was consumed
+    /// and nothing was appended.
+    TooLarge(usize),
+}
+
+/// Appends the next line of `input` to `out` unless it is longer than `limit` bytes, in which
+/// case it is read through and dropped: memory stays bounded whatever the input (a stream
+/// without a single newline included).
+pub fn read_line_bounded(input: &mut impl BufRead, out: &mut Vec<u8>, limit: usize) -> io::Result<LineRead> {
+    let start = out.len();
+    let mut size = 0usize;
+    let mut too_large = false;
+    loop {
+        let buf = match input.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            break;
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let content = if done { take - 1 } else { take };
+        size = size.saturating_add(content);
+        if !too_large && size > limit {
+            too_large = true;
+            out.truncate(start);
+        }
+        if !too_large {
+            out.extend_from_slice(&buf[..take]);
+        }
+        input.consume(take);
+        if done {
+            return Ok(if too_large { LineRead::TooLarge(size) } else { LineRead::Line });
+        }
+    }
+    Ok(match (too_large, out.len() > start) {
+        (true, _) => LineRead::TooLarge(size),
+        (false, true) => LineRead::Line,
+        (false, false) => LineRead::End,
+    })
 }
 
 /// The lane of a replay input with identity `identity` (its content digest, or a name the user
@@ -661,6 +725,15 @@ impl ReplayError {
 /// Lines read and decoded together, so a store can load the keys they touch in one round trip.
 const REPLAY_BATCH: usize = 1024;
 
+/// A batch stops taking lines past this many bytes (plus one line of at most `max_event_bytes`).
+const REPLAY_BATCH_BYTES: usize = 4 << 20;
+
+/// Why a replay line gave no event.
+enum Rejected {
+    Bad(BadEvent),
+    TooLarge(usize),
+}
+
 /// Replays JSON lines from `input`: one decision record per line to `output`, one line per bad
 /// input line to `diagnostics`. Streams in batches of lines: memory is bounded by the batch, the
 /// longest line and the live keys.
@@ -682,8 +755,14 @@ pub fn replay<S: CounterStore>(
         wait_while_saturated(engine.store_mut())?;
         batch.clear();
         ends.clear();
-        while ends.len() < REPLAY_BATCH && input.read_until(b'\n', &mut batch)? > 0 {
-            ends.push(batch.len());
+        // A batch ends at REPLAY_BATCH lines or REPLAY_BATCH_BYTES bytes, whichever comes first:
+        // with lines of up to `max_event_bytes`, memory per batch stays bounded.
+        while ends.len() < REPLAY_BATCH && batch.len() < REPLAY_BATCH_BYTES {
+            match read_line_bounded(&mut input, &mut batch, options.max_event_bytes)? {
+                LineRead::End => break,
+                LineRead::Line => ends.push(Ok(batch.len())),
+                LineRead::TooLarge(size) => ends.push(Err(size)),
+            }
         }
         if ends.is_empty() {
             break;
@@ -692,13 +771,20 @@ pub fn replay<S: CounterStore>(
         summary.lines += ends.len() as u64;
         let mut events = Vec::with_capacity(ends.len());
         let mut start = 0;
-        for &end in &ends {
+        for end in &ends {
+            let end = match end {
+                Ok(end) => *end,
+                Err(size) => {
+                    events.push(Some(Err(Rejected::TooLarge(*size))));
+                    continue;
+                }
+            };
             let text = trim_line(&batch[start..end]);
             start = end;
             events.push(if text.iter().all(u8::is_ascii_whitespace) {
                 None
             } else {
-                Some(decode(text, engine.rules().projection()).and_then(|event| engine.admit(&event).map(|()| event)))
+                Some(decode(text, engine.rules().projection()).and_then(|event| engine.admit(&event).map(|()| event)).map_err(Rejected::Bad))
             });
         }
         if engine.store().prefetches() {
@@ -717,9 +803,16 @@ pub fn replay<S: CounterStore>(
             let event = match event {
                 None => continue,
                 Some(Ok(event)) => event,
-                Some(Err(bad)) => {
+                Some(Err(rejected)) => {
                     summary.bad_lines += 1;
-                    report_bad_line(&mut diagnostics, line, bad)?;
+                    match rejected {
+                        Rejected::Bad(bad) => report_bad_line(&mut diagnostics, line, bad)?,
+                        Rejected::TooLarge(size) => writeln!(
+                            diagnostics,
+                            "line {line}: bad event (too_large): line of {size} bytes is longer than max_event_bytes ({})",
+                            options.max_event_bytes
+                        )?,
+                    }
                     continue;
                 }
             };

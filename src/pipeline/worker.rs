@@ -827,7 +827,7 @@ impl Worker {
                 continue;
             }
             seen = now;
-            match rule_files::load(path) {
+            match rule_files::load_with(path, self.config.rules.allow_empty) {
                 Ok(rules) => {
                     let active = rules.active().len();
                     // A list file is watched from the load that names it.

@@ -1179,6 +1179,10 @@ fn matchers(item: &Item, report: &mut Report<'_>, warnings: &mut Vec<Diagnostic>
         );
         return None;
     };
+    if table.is_empty() {
+        report.error(item_offset(item), "\"match\" is an empty table, which would match every event; list field = value(s) or remove it");
+        return None;
+    }
     let mut out = Vec::new();
     let ok = collect_matchers(table, "", report, warnings, &mut out);
     ok.then_some(out)
@@ -1196,6 +1200,12 @@ fn collect_matchers(
     for (key, item) in table.iter() {
         let path_text = if prefix.is_empty() { key.to_owned() } else { format!("{prefix}.{key}") };
         if let Some(nested) = item.as_table_like() {
+            if nested.is_empty() {
+                // An empty table would add no condition: the match would hold for every event.
+                report.error(key_offset(table, key), format!("match on {path_text:?} is an empty table, which would match every event; list values or remove it"));
+                ok = false;
+                continue;
+            }
             ok &= collect_matchers(nested, &path_text, report, warnings, out);
             continue;
         }

@@ -683,20 +683,18 @@ impl Resolver<'_> {
                 let negated = *negated;
                 match &set.0 {
                     Ast::List(items) => {
-                        let (mut strings, mut literals) = (Vec::new(), HashSet::new());
+                        let (mut strings, mut literals) = (HashSet::<Box<str>>::new(), HashSet::new());
                         for item in items {
                             match literal(item)? {
                                 Literal::Str(s) => {
-                                    if !strings.iter().any(|t: &Box<str>| t.as_ref() == s) {
-                                        strings.push(s.into_boxed_str());
-                                    }
+                                    strings.insert(s.into_boxed_str());
                                 }
                                 other => {
                                     literals.insert(other);
                                 }
                             }
                         }
-                        Expr::InSet { negated, value, strings: StrSet::new(strings), set: literals }
+                        Expr::InSet { negated, value, strings: StrSet::new(strings.into_iter().collect()), set: literals }
                     }
                     Ast::Path(p) => Expr::InField { negated, value, field: self.field(p) },
                     Ast::ListRef(id) => Expr::InList { negated, value, list: self.names.list(id).or_else(|m| err(set.1, m))? },
