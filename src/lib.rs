@@ -14,14 +14,18 @@
 //!   `max_distinct`), and reading a window at an event's time without changing it.
 //! - [`rules`]: the TOML rule language. `compile` validates files (counters, rules) and reports
 //!   every error as `file:line:col: message`; `expr` parses, resolves and evaluates expressions in
-//!   three-valued logic; `plan` says which counters an event feeds (key bytes, delta) and which
-//!   rules judge it; `decide` turns hits into a [`rules::Decision`] and its JSON record.
+//!   three-valued logic; `lists` holds `[[list]]` sets (strings, exact numbers, networks by prefix
+//!   length); `plan` says which counters an event feeds (key bytes, delta), which rules judge it
+//!   (each distinct `match` evaluated once per event) and their hold keys; `decide` turns hits into
+//!   a [`rules::Decision`] and its JSON record.
 //!
 //! Around it:
 //!
 //! - [`store`]: the [`store::CounterStore`] trait (named windows, opaque keys — it does not know
 //!   rules), the in-process [`store::MemoryStore`] (drops a key only once the watermark passed
-//!   it), and [`store::RedisStore`]: windows in Redis hashes updated by `lua/apply_window.lua`, a
+//!   it; one entry per key holds every counter's window over it; holds kept exactly), and
+//!   [`store::RedisStore`]: windows in Redis hashes updated by `lua/apply_window.lua`, holds as keys
+//!   of their own raised by `lua/hold.lua` (written behind, re-read after a flush interval), a
 //!   local merged view, batched write-behind on a flusher thread, reads on a reader thread the
 //!   counting path waits on with a deadline, a circuit breaker that counts locally while Redis is
 //!   away, an epoch key that reveals a Redis that lost its data, and per-key recorded input
