@@ -114,7 +114,26 @@ enum Expr {
     Lower(Box<Expr>),
     Matches(Box<Expr>, &'static str),
     Cidr(bool, Box<Expr>),
+    /// `x in @list` / `not in` over one of [`LISTS`].
+    InList(bool, Box<Expr>, &'static str),
 }
+
+/// The lists every generated rule set defines (inline), one of each kind.
+const LISTS: &str = r#"[[list]]
+id = "names"
+values = ["a", "x", "u1", "1", "10.1.2.3"]
+
+[[list]]
+id = "nums"
+kind = "number"
+values = [1, 2.5, 7, -7, 0.1]
+
+[[list]]
+id = "nets"
+kind = "cidr"
+values = ["10.0.0.0/8", "192.168.0.1", "2001:db8::/32"]
+
+"#;
 
 const FIELDS: [&str; 7] = ["kind", "code", "amount", "n", "val", "ip", "missing"];
 const LITERALS: [&str; 11] = ["1", "1.0", "2.5", "0", "'a'", "'1'", "true", "null", "'A'", "-3", "0.3"];
@@ -138,6 +157,7 @@ impl Expr {
             Expr::Str(func, e, arg) => format!("{func}({}, {arg})", e.render()),
             Expr::Lower(e) => format!("lower({})", e.render()),
             Expr::Matches(e, re) => format!("matches({}, '{re}')", e.render()),
+            Expr::InList(negated, e, list) => format!("({}) {}in @{list}", e.render(), if *negated { "not " } else { "" }),
             Expr::Cidr(negated, e) => format!(
                 "({}) {}in cidr('{}', '{}')",
                 e.render(),
@@ -151,7 +171,7 @@ impl Expr {
     fn counters(&self, out: &mut Vec<usize>) {
         match self {
             Expr::Counter(c) if !out.contains(c) => out.push(*c),
-            Expr::Not(e) | Expr::Neg(e) | Expr::Lower(e) | Expr::Matches(e, _) | Expr::In(_, e, _) | Expr::Str(_, e, _) | Expr::Cidr(_, e) => {
+            Expr::Not(e) | Expr::Neg(e) | Expr::Lower(e) | Expr::Matches(e, _) | Expr::In(_, e, _) | Expr::Str(_, e, _) | Expr::Cidr(_, e) | Expr::InList(_, e, _) => {
                 e.counters(out)
             }
             Expr::And(a, b) | Expr::Or(a, b) | Expr::Cmp(_, a, b) | Expr::Arith(_, a, b) => {
@@ -191,7 +211,9 @@ fn expr_strategy(counters: usize, allow_counters: bool) -> impl Strategy<Value =
                 .prop_map(|(f, e, arg)| Expr::Str(f, Box::new(e), arg)),
             1 => inner.clone().prop_map(|e| Expr::Lower(Box::new(e))),
             1 => (inner.clone(), prop::sample::select(vec!["^[a-c]$", "x", "^$"])).prop_map(|(e, re)| Expr::Matches(Box::new(e), re)),
-            1 => (any::<bool>(), inner).prop_map(|(n, e)| Expr::Cidr(n, Box::new(e))),
+            1 => (any::<bool>(), inner.clone()).prop_map(|(n, e)| Expr::Cidr(n, Box::new(e))),
+            2 => (any::<bool>(), inner, prop::sample::select(vec!["names", "nums", "nets"]))
+                .prop_map(|(n, e, list)| Expr::InList(n, Box::new(e), list)),
         ]
     })
 }
@@ -450,6 +472,24 @@ impl Eval<'_> {
                 })),
                 _ => V::Unknown,
             },
+            Expr::InList(negated, e, list) => {
+                let v = self.eval(e);
+                let found = match (*list, &v) {
+                    (_, V::Unknown) => None,
+                    ("names", V::J(Value::String(s))) => Some(["a", "x", "u1", "1", "10.1.2.3"].contains(&s.as_str())),
+                    // Strict types: any other value is simply not in a string or number list.
+                    ("names", _) => Some(false),
+                    ("nums", v) => Some(num_of(v).is_some_and(|x| [1.0, 2.5, 7.0, -7.0, 0.1].contains(&x))),
+                    (_, V::J(Value::String(s))) => match s.parse::<std::net::IpAddr>() {
+                        Ok(std::net::IpAddr::V4(ip)) => Some(ip.octets()[0] == 10 || ip.octets() == [192, 168, 0, 1]),
+                        Ok(std::net::IpAddr::V6(ip)) => Some(ip.segments()[0] == 0x2001 && ip.segments()[1] == 0xdb8),
+                        Err(_) => None,
+                    },
+                    // A cidr list needs a string address: anything else is unknown.
+                    _ => None,
+                };
+                from_truth(found.map(|f| f != *negated))
+            }
             Expr::Cidr(negated, e) => match self.eval(e) {
                 V::J(Value::String(s)) => match s.parse::<std::net::IpAddr>() {
                     Ok(std::net::IpAddr::V4(ip)) => from_truth(Some((ip.octets()[0] == 10) != *negated)),
@@ -695,7 +735,8 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
 // ---------------------------------------------------------------- the property
 
 fn rules_toml(counters: &[CounterParams], rules: &[RuleParams]) -> String {
-    let mut toml: String = counters.iter().enumerate().map(|(i, c)| c.toml(i)).collect();
+    let mut toml = LISTS.to_owned();
+    toml.extend(counters.iter().enumerate().map(|(i, c)| c.toml(i)));
     toml.extend(rules.iter().enumerate().map(|(i, r)| r.toml(i)));
     toml
 }

@@ -224,27 +224,13 @@ impl RuleSet {
     /// Writes the counter's dimension key for `event` into `key`; false if a dimension value is
     /// missing, null, an object or an array.
     pub fn counter_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
-        key.clear();
-        for &slot in &self.active_counters[position].dimensions {
-            match event.field(slot).scalar() {
-                Some(scalar) => scalar.encode_into(key),
-                None => return false,
-            }
-        }
-        true
+        encode_key(&self.active_counters[position].dimensions, event, key)
     }
 
     /// Writes the hold key of the rule at active `position` for `event` into `key` (encoded like
     /// a dimension key); false if a hold-key value is missing, null, an object or an array.
     pub fn hold_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
-        key.clear();
-        for &slot in &self.active_rules[position].hold_key {
-            match event.field(slot).scalar() {
-                Some(scalar) => scalar.encode_into(key),
-                None => return false,
-            }
-        }
-        true
+        encode_key(&self.active_rules[position].hold_key, event, key)
     }
 
     /// Whether the rule at active `position` judges `event` (its `match` holds).
@@ -267,6 +253,20 @@ impl RuleSet {
     pub fn active_len(&self) -> usize {
         self.active_counters.len()
     }
+}
+
+/// Writes the canonical key of the fields at `slots` into `key` (cleared first); false if one is
+/// missing, null, an object or an array.
+#[inline]
+fn encode_key(slots: &[usize], event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+    key.clear();
+    for &slot in slots {
+        match event.field(slot).scalar() {
+            Some(scalar) => scalar.encode_into(key),
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Strict JSON-typed equality: strings only equal strings, numbers compare by decimal value.

@@ -399,6 +399,16 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
+/// `<prefix><name>:<first 16 bytes of digest in hex>`: how store keys are named in Redis.
+fn key_name(prefix: &str, name: &str, digest: &blake3::Hash) -> String {
+    let mut key_name = String::with_capacity(prefix.len() + name.len() + 33);
+    key_name.push_str(prefix);
+    key_name.push_str(name);
+    key_name.push(':');
+    push_hex(&mut key_name, &digest.as_bytes()[..16]);
+    key_name
+}
+
 /// A key's TTL is at least this many windows. Every write that may create or re-create a key sets
 /// it; a write that finds the key at the version this process last wrote refreshes it only once a
 /// window (of wall time) has passed since this process last did: the TTL then never falls below
@@ -612,26 +622,13 @@ impl RedisStore {
         hasher.update(spec.aggregate.as_str().as_bytes());
         hasher.update(&spec.identity.to_le_bytes());
         hasher.update(key);
-        let digest = hasher.finalize();
-        let mut key_name = String::with_capacity(4 + name.len() + 32);
-        key_name.push_str("vg:");
-        key_name.push_str(name);
-        key_name.push(':');
-        push_hex(&mut key_name, &digest.as_bytes()[..16]);
-        key_name
+        key_name("vg:", name, &hasher.finalize())
     }
 
     /// The Redis key of a rule's hold on a hold key: `vg:h:<rule id>:<digest>` (user bytes never
     /// reach Redis raw).
     pub fn redis_hold_key(&self, space: HoldSpace, key: &[u8]) -> String {
-        let name = self.hold_spaces.name(space.0);
-        let digest = blake3::hash(key);
-        let mut key_name = String::with_capacity(5 + name.len() + 32);
-        key_name.push_str("vg:h:");
-        key_name.push_str(name);
-        key_name.push(':');
-        push_hex(&mut key_name, &digest.as_bytes()[..16]);
-        key_name
+        key_name("vg:h:", self.hold_spaces.name(space.0), &blake3::hash(key))
     }
 
     /// Reads the holds of `keys` from Redis (pipelined GETs) into their views. A failure opens
