@@ -101,7 +101,7 @@ fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     assert!(
         lines[5].starts_with(
             "replay: 8 events read, 2 decisions, 5 bad lines, 1 late (0 events behind the watermark), \
-             2 skipped (1 dimension, 1 sum field, 0 sum range, 0 distinct field), 0 counter reads, "
+             2 skipped (1 dimension, 1 sum field, 0 sum range, 0 distinct field), 0 counter reads, 2 live keys (peak 2), "
         ),
         "{}",
         lines[5]
@@ -247,4 +247,32 @@ fn overlong_lines_are_bad_lines_and_never_held_whole() {
     assert_eq!(out.status.code(), Some(0));
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 1: bad event (too_large): line of 3000000 bytes"), "{stderr}");
+}
+
+/// Crafted amounts cannot cancel, overflow or blind a sum: each one outside [0, 1e12) is skipped
+/// (reason sum_range) and the window stays exact, so the honest payments after them still fire.
+#[test]
+fn hostile_amounts_cannot_cancel_overflow_or_blind_a_sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("sum.toml");
+    std::fs::write(
+        &rules,
+        "[[counter]]\nid = 'spend'\ndimensions = ['acct']\nwindow = '1h'\naggregate = 'sum'\nfield = 'amount'\n\n\
+         [[rule]]\nid = 'big-spender'\naction = 'review'\nwhen = '$spend > 100'\n",
+    )
+    .unwrap();
+    let mut input = String::new();
+    for (i, amount) in ["-1e308", "-1e308", "1e308", "1e308", "-1e18", "1e12", "999999999999.9999999", "60", "50.000001"].iter().enumerate() {
+        input.push_str(&format!("{{\"event_id\":\"e{i}\",\"ts\":{},\"acct\":\"a\",\"amount\":{amount}}}\n", 1_700_000_000_000i64 + i as i64));
+    }
+    let out = vigil(&["replay", "--rules", rules.to_str().unwrap(), "--input", "-"], Some(&input));
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let records: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 1, "{stdout}");
+    assert_eq!(records[0]["event_id"], "e8");
+    assert_eq!(records[0]["hits"][0]["counters"][0]["value"].to_string(), "110.000001", "exact, never NaN or null");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    // 999999999999.9999999 rounds half-to-even to 1e12 micro-units: out of range too.
+    assert!(stderr.contains("7 skipped (0 dimension, 0 sum field, 7 sum range, 0 distinct field)"), "{stderr}");
 }

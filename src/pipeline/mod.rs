@@ -672,6 +672,10 @@ pub struct ReplaySummary {
     pub bad_lines: u64,
     pub counts: EvalCounts,
     pub elapsed: Duration,
+    /// (counter, key) states held at the end, and the most held after any batch: the state a
+    /// replay keeps (bounded by the lateness bound, not by the input's length).
+    pub live_keys: usize,
+    pub peak_live_keys: usize,
 }
 
 impl ReplaySummary {
@@ -686,7 +690,8 @@ impl std::fmt::Display for ReplaySummary {
         write!(
             f,
             "replay: {} events read, {} decisions, {} bad lines, {} late ({} events behind the watermark), \
-             {} skipped ({} dimension, {} sum field, {} sum range, {} distinct field), {} counter reads, {:.3}s, {:.0} events/s",
+             {} skipped ({} dimension, {} sum field, {} sum range, {} distinct field), {} counter reads, \
+             {} live keys (peak {}), {:.3}s, {:.0} events/s",
             c.events,
             c.decisions,
             self.bad_lines,
@@ -698,6 +703,8 @@ impl std::fmt::Display for ReplaySummary {
             c.skipped_sum_range,
             c.skipped_distinct_field,
             c.reads,
+            self.live_keys,
+            self.peak_live_keys,
             self.elapsed.as_secs_f64(),
             self.events_per_second(),
         )
@@ -825,10 +832,13 @@ pub fn replay<S: CounterStore>(
                 output.write_all(&record)?;
             }
         }
+        summary.peak_live_keys = summary.peak_live_keys.max(engine.store().live_keys());
     }
     output.flush()?;
     flush_within(engine.store_mut(), options.store_wait)?;
     summary.counts = engine.counts();
+    summary.live_keys = engine.store().live_keys();
+    summary.peak_live_keys = summary.peak_live_keys.max(summary.live_keys);
     summary.elapsed = started.elapsed();
     Ok(summary)
 }
