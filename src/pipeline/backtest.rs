@@ -94,14 +94,12 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
         if text.iter().all(u8::is_ascii_whitespace) {
-            line.clear();
             continue;
         }
         let event = match decode(text, rules.projection()).and_then(|event| engine.admit(&event).map(|()| event)) {
             Ok(event) => event,
             Err(_) => {
                 report.bad_lines += 1;
-                line.clear();
                 continue;
             }
         };
@@ -138,7 +136,6 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
                 keys[position].insert(key.clone());
             }
         }
-        line.clear();
     }
     report.events = engine.counts().events;
     for (position, counts) in engine.take_rule_counts() {

@@ -631,23 +631,30 @@ impl RedisStore {
         key_name("vg:h:", self.hold_spaces.name(space.0), &blake3::hash(key))
     }
 
+    /// One `command` per key name, pipelined on the reader thread (grouped per master on a
+    /// cluster): a reply per name, in order.
+    fn read_each(&mut self, command: &str, names: &[String]) -> Result<Vec<Value>, StoreError> {
+        let mut batch = Batch::default();
+        for name in names {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(name);
+            batch.command(self.cluster, name, cmd);
+        }
+        // At most a reconnect: the counting path does not wait out a long outage.
+        let replies = self.query_read(batch, self.config.attempts.min(2))?;
+        if replies.len() != names.len() {
+            return Err(StoreError::Protocol(format!("{} replies for {} {command} reads", replies.len(), names.len())));
+        }
+        Ok(replies)
+    }
+
     /// Reads the holds of `keys` from Redis (pipelined GETs) into their views. A failure opens
     /// the breaker: the views stay as they are.
     fn read_holds(&mut self, keys: &[(HoldSpace, &[u8])]) {
-        let mut batch = Batch::default();
-        for &(space, key) in keys {
-            let name = self.redis_hold_key(space, key);
-            let mut get = redis::cmd("GET");
-            get.arg(&name);
-            batch.command(self.cluster, &name, get);
-        }
+        let names: Vec<String> = keys.iter().map(|&(space, key)| self.redis_hold_key(space, key)).collect();
         let at = Instant::now();
-        let replies = match self.query_read(batch, self.config.attempts.min(2)) {
-            Ok(replies) if replies.len() == keys.len() => replies,
-            Ok(replies) => {
-                self.fail(&StoreError::Protocol(format!("{} replies for {} hold reads", replies.len(), keys.len())));
-                return;
-            }
+        let replies = match self.read_each("GET", &names) {
+            Ok(replies) => replies,
             Err(e) => {
                 self.fail(&e);
                 return;
@@ -1161,18 +1168,8 @@ impl RedisStore {
     /// master on a cluster) and caches them. A plain read needs no script: every field a hash
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
-        let mut batch = Batch::default();
-        for &(window, key) in keys {
-            let name = self.redis_key(window, key);
-            let mut hgetall = redis::cmd("HGETALL");
-            hgetall.arg(&name);
-            batch.command(self.cluster, &name, hgetall);
-        }
-        // At most a reconnect: the counting path does not wait out a long outage.
-        let replies = self.query_read(batch, self.config.attempts.min(2))?;
-        if replies.len() != keys.len() {
-            return Err(StoreError::Protocol(format!("{} replies for {} reads", replies.len(), keys.len())));
-        }
+        let names: Vec<String> = keys.iter().map(|&(window, key)| self.redis_key(window, key)).collect();
+        let replies = self.read_each("HGETALL", &names)?;
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
