@@ -8,9 +8,12 @@
 -- half way, and a caller that retries such a failure would apply the first half twice.)
 --
 -- KEYS[n]  the n-th key's hash: vg:<counter>:<digest>
--- ARGV     for each key in order, a header of seven values followed by its deltas and its writes:
+-- ARGV     for each key in order, a header of eight values followed by its deltas and its writes:
 --            aggregate: "c" (count), "s" (sum) or "d" (distinct)
 --            k, the number of buckets in the window
+--            the most distinct values the window records (distinct: 1..=1000000; "0" otherwise):
+--            a new value that would exceed it, once the window has slid, is not recorded, so no
+--            key's hash grows past it whatever the input
 --            TTL in milliseconds, set by every write but the caller's writes below, which say when
 --            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset);
 --            "partition" is any short name of an ordered input (vigil: the Kafka partition, or a
@@ -109,18 +112,21 @@ local function invalid()
   local at = 1
   for n = 1, #KEYS do
     local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
-    if at + 6 > #ARGV then return bad('header cut short') end
-    local kind, k, ttl, stride, expected = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+    if at + 7 > #ARGV then return bad('header cut short') end
+    local kind, k, cap, ttl, stride, expected = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
     if kind ~= 'c' and kind ~= 's' and kind ~= 'd' then return bad('unknown aggregate') end
     if not is_int(k) or tonumber(k) < 1 then return bad('bad bucket count') end
+    if not is_int(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
+      return bad('bad distinct bound')
+    end
     if not is_int(ttl) or tonumber(ttl) < 1 or tonumber(ttl) > MAX_TTL then return bad('bad TTL') end
     if stride ~= '2' and stride ~= '4' then return bad('bad stride') end
     if expected ~= '' and not is_int(expected) then return bad('bad version') end
-    if not is_int(ARGV[at + 5]) or not is_int(ARGV[at + 6]) then return bad('bad counts') end
-    local deltas, writes = tonumber(ARGV[at + 5]), tonumber(ARGV[at + 6])
+    if not is_int(ARGV[at + 6]) or not is_int(ARGV[at + 7]) then return bad('bad counts') end
+    local deltas, writes = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
     stride = tonumber(stride)
     if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
-    local first = at + 7
+    local first = at + 8
     local deltas_end = first + deltas - 1
     local writes_end = deltas_end + writes
     if writes_end > #ARGV then return bad('arguments cut short') end
@@ -165,7 +171,7 @@ local function unslot(slot, head, k)
   return head - ((head - slot) % k)
 end
 
-local function apply(key, kind, k, ttl, stride, expected, first, last, writes_last)
+local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writes_last)
   local has_writes = writes_last > last
   if expected ~= '' then
     local version = tonumber(redis.call('HGET', key, 'v')) or 0
@@ -193,6 +199,8 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
   local head = tonumber(stored['h'])
   local stored_head = head
   local buckets, latest = {}, {}
+  -- Distinct: how many values have each live bucket as their latest, and how many are live.
+  local per_bucket, live = {}, 0
   if head ~= nil then
     for j = 1, #flat, 2 do
       local field, value = flat[j], flat[j + 1]
@@ -206,7 +214,10 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
           buckets[unslot(slot, head, k)] = tonumber(value)
         end
       elseif string.byte(field, 1) == 100 then -- 'd'
-        latest[string.sub(field, 2)] = unslot(tonumber(value), head, k)
+        local bucket = unslot(tonumber(value), head, k)
+        latest[string.sub(field, 2)] = bucket
+        per_bucket[bucket] = (per_bucket[bucket] or 0) + 1
+        live = live + 1
       end
     end
   end
@@ -234,12 +245,33 @@ local function apply(key, kind, k, ttl, stride, expected, first, last, writes_la
       if head ~= nil and bucket <= head - k then
         late = late + 1
       else
-        if head == nil or bucket > head then head = bucket end
+        if head == nil or bucket > head then
+          if kind == 'd' and head ~= nil then
+            -- The window slides first, so values that fell out make room.
+            for b = head - k + 1, math.min(bucket - k, head) do
+              live = live - (per_bucket[b] or 0)
+              per_bucket[b] = nil
+            end
+          end
+          head = bucket
+        end
         changed = true
         local value = ARGV[i + 1]
         if kind == 'd' then
-          if latest[value] == nil or bucket > latest[value] then
+          local previous = latest[value]
+          local was_live = previous ~= nil and previous > head - k
+          if previous ~= nil and previous >= bucket then
+            -- Already recorded at this bucket or a later one.
+          elseif not was_live and live >= cap then
+            -- The window is full: a value it does not hold is not recorded.
+          else
+            if was_live then
+              per_bucket[previous] = per_bucket[previous] - 1
+            else
+              live = live + 1
+            end
             latest[value] = bucket
+            per_bucket[bucket] = (per_bucket[bucket] or 0) + 1
             touched_values[value] = true
           end
         elseif kind == 's' then
@@ -344,10 +376,10 @@ if problem then return redis.error_reply(problem) end
 local replies = {}
 local at = 1
 for n = 1, #KEYS do
-  local deltas_end = at + 6 + tonumber(ARGV[at + 5])
-  local writes_end = deltas_end + tonumber(ARGV[at + 6])
-  replies[n] = apply(KEYS[n], ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-                     tonumber(ARGV[at + 3]), ARGV[at + 4], at + 7, deltas_end, writes_end)
+  local deltas_end = at + 7 + tonumber(ARGV[at + 6])
+  local writes_end = deltas_end + tonumber(ARGV[at + 7])
+  replies[n] = apply(KEYS[n], ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
+                     tonumber(ARGV[at + 4]), ARGV[at + 5], at + 8, deltas_end, writes_end)
   at = writes_end + 1
 end
 return replies

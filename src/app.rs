@@ -123,12 +123,16 @@ pub fn replay(
     redis: Option<ReplayRedis>,
     mut options: ReplayOptions,
     bounds: TimeBounds,
+    max_keys: usize,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
     let clock = Arc::new(SystemClock);
     match redis {
-        None => run_replay(Engine::new(rules, MemoryStore::new()).with_time(bounds, clock), reader, options, |_| {}),
+        None => {
+            let store = MemoryStore::new().with_max_keys(max_keys);
+            run_replay(Engine::new(rules, store).with_time(bounds, clock), reader, options, |_| {})
+        }
         Some(ReplayRedis { url, tls_ca_file, input_id }) => {
             options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
             let config = RedisStoreConfig { tls_ca_file, max_lateness: bounds.max_lateness_ms, ..RedisStoreConfig::default() };
@@ -347,7 +351,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     let (store, journal) = match &config.redis.url {
         None => {
             tracing::warn!("no redis.url: counting in process, exact only while this is the only worker");
-            (AnyStore::Memory(MemoryStore::new()), None)
+            (AnyStore::Memory(MemoryStore::new().with_max_keys(config.memory.max_keys)), None)
         }
         Some(url) => {
             let store = RedisStore::connect(url, config.redis_store())
@@ -420,14 +424,15 @@ pub fn bench_kafka(args: vigil::kafka_bench::KafkaBenchArgs) -> anyhow::Result<E
 }
 
 /// `vigil backtest`: replay plus the per-rule report, as a table or `--json`.
-pub fn backtest(rules_path: &Path, input: &Path, json: bool, bounds: TimeBounds) -> anyhow::Result<ExitCode> {
+pub fn backtest(rules_path: &Path, input: &Path, json: bool, bounds: TimeBounds, max_keys: usize) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
     let total = std::fs::metadata(input).ok().filter(|m| m.is_file()).map(|m| m.len());
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
-    let mut engine = Engine::new(rules, MemoryStore::new()).with_time(bounds, Arc::new(SystemClock));
+    let store = MemoryStore::new().with_max_keys(max_keys);
+    let mut engine = Engine::new(rules, store).with_time(bounds, Arc::new(SystemClock));
     let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
         if show_progress {
             let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);

@@ -23,6 +23,7 @@ pub const ENV_PREFIX: &str = "VIGIL_";
 pub struct Config {
     pub kafka: KafkaConfig,
     pub redis: RedisConfig,
+    pub memory: MemoryConfig,
     pub rules: RulesConfig,
     pub input: InputConfig,
     pub http: HttpConfig,
@@ -87,6 +88,16 @@ pub struct RedisConfig {
     /// Most keys counted locally and not yet written to Redis; beyond (a long outage) the
     /// partitions pause until Redis takes them.
     pub max_local_keys: usize,
+}
+
+/// The in-process store, used when `redis.url` is absent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Most (counter, key) windows kept, and most holds. Beyond, the keys whose newest event is
+    /// oldest are evicted (a sixteenth of the bound at a time; logged and counted in
+    /// `vigil_evicted_keys_total`), so a flood of distinct keys cannot exhaust memory.
+    pub max_keys: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -147,6 +147,10 @@ struct BoundArgs {
     /// disables (and keeps every key's state for the whole run).
     #[arg(long, value_name = "DURATION|off", default_value = "1h", value_parser = parse_bound)]
     max_lateness: Bound,
+    /// Most (counter, key) windows, and most holds, kept in process; beyond, the keys whose newest
+    /// event is oldest are evicted (reported on stderr and in the summary).
+    #[arg(long, value_name = "N", default_value_t = vigil::store::DEFAULT_MAX_KEYS)]
+    max_keys: usize,
 }
 
 /// A duration, or none for `off`.
@@ -199,7 +203,7 @@ fn main() -> ExitCode {
         Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, max_event_bytes, bounds } => {
             let redis = redis.map(|url| app::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
             let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait };
-            app::replay(&rules, &input, redis, options, bounds.time_bounds())
+            app::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys)
         }
         Command::Run { config } => app::run(&config),
         Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {
@@ -208,7 +212,9 @@ fn main() -> ExitCode {
             let spec = WorkloadSpec { rate_per_sec: rate, events, ips: ips.max(1), fraud: fraud.clamp(0.0, 1.0), ..workload.spec() };
             app::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
-        Command::Backtest { rules, input, json, bounds } => app::backtest(&rules, &input, json, bounds.time_bounds()),
+        Command::Backtest { rules, input, json, bounds } => {
+            app::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys)
+        }
         Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload, .. } => {
             let _ = input;
             app::bench_kafka(vigil::kafka_bench::KafkaBenchArgs {

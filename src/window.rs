@@ -86,6 +86,24 @@ pub enum Applied {
     Late,
     /// Counted; the key's window value afterwards (count, micro-unit sum or distinct count).
     Counted(i64),
+    /// Counted, but the distinct value was not recorded: the window already holds
+    /// `max_distinct` values. The value is the window's (`max_distinct`).
+    Capped(i64),
+}
+
+impl Applied {
+    /// The window value, unless the observation was late.
+    pub fn value(self) -> Option<i64> {
+        match self {
+            Applied::Late => None,
+            Applied::Counted(value) | Applied::Capped(value) => Some(value),
+        }
+    }
+
+    /// Whether the observation was counted (its bucket is in the window).
+    pub fn is_counted(self) -> bool {
+        self != Applied::Late
+    }
 }
 
 /// The state of one (window, key): a bucket series for count/sum, a latest-bucket-per-value set
@@ -134,6 +152,14 @@ impl WindowState {
                 }
                 WindowState::Distinct(Box::new(set))
             }
+        }
+    }
+
+    /// Estimated bytes this state owns on the heap (capacities, not the allocator's overhead).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            WindowState::Series(s) => s.buckets.heap_bytes(),
+            WindowState::Distinct(d) => size_of::<DistinctSet>() + d.latest.heap_bytes() + d.per_bucket.heap_bytes(),
         }
     }
 
@@ -255,6 +281,14 @@ impl<V: Accumulate> Buckets<V> {
         }
     }
 
+    fn heap_bytes(&self) -> usize {
+        if self.0.spilled() {
+            self.0.capacity() * size_of::<(i64, V)>()
+        } else {
+            0
+        }
+    }
+
     fn position(&self, bucket: i64) -> Option<usize> {
         self.0.iter().rposition(|&(b, _)| b == bucket)
     }
@@ -328,6 +362,15 @@ impl Latest {
         }
     }
 
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Latest::Small(v) if v.spilled() => v.capacity() * size_of::<(u128, i64)>(),
+            Latest::Small(_) => 0,
+            // hashbrown: one control byte per bucket besides the entry.
+            Latest::Large(m) => m.capacity() * (size_of::<(u128, i64)>() + 1),
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Latest::Small(v) => v.len(),
@@ -368,10 +411,13 @@ impl DistinctSet {
         // Slide first, so values that fell out make room.
         let live = &mut self.live;
         self.per_bucket.drop_before(oldest_live, |n| *live -= u64::from(n));
+        let mut capped = false;
         match self.latest.get(value) {
             Some(prev) if prev >= bucket => {}
             // A value not recorded in the window while it is full is not recorded.
-            previous if previous.is_none_or(|prev| prev < oldest_live) && self.live >= u64::from(spec.max_distinct) => {}
+            previous if previous.is_none_or(|prev| prev < oldest_live) && self.live >= u64::from(spec.max_distinct) => {
+                capped = true;
+            }
             previous => {
                 // A value moving from `prev` to `bucket` stays live, unless `prev` already slid
                 // out, in which case its count went with it and the value comes back to life.
@@ -389,7 +435,11 @@ impl DistinctSet {
         if self.latest.len() > 2 * self.live as usize + 8 {
             self.latest.retain_from(oldest_live);
         }
-        Applied::Counted(self.live as i64)
+        if capped {
+            Applied::Capped(self.live as i64)
+        } else {
+            Applied::Counted(self.live as i64)
+        }
     }
 
     /// Decrements `bucket`'s count; false if the bucket is no longer held (it slid out).
@@ -446,16 +496,16 @@ mod tests {
         assert_eq!(at(&mut w, 1, 2), 2);
         assert_eq!(at(&mut w, 1, 2), 2);
         assert_eq!(at(&mut w, 1, 3), 3);
-        assert_eq!(at(&mut w, 2, 4), 3);
+        assert_eq!(w.apply(&s, 2, Delta::Distinct(4)), Applied::Capped(3), "a fourth value is not recorded");
         assert_eq!(at(&mut w, 3, 1), 3);
-        assert_eq!(at(&mut w, 5, 5), 3);
+        assert_eq!(w.apply(&s, 5, Delta::Distinct(5)), Applied::Capped(3));
         assert_eq!(at(&mut w, 6, 5), 2);
         assert_eq!(at(&mut w, 6, 4), 3);
     }
 
     fn counted(a: Applied) -> i64 {
         match a {
-            Applied::Counted(v) => v,
+            Applied::Counted(v) | Applied::Capped(v) => v,
             Applied::Late => panic!("unexpected late"),
         }
     }

@@ -20,7 +20,7 @@ type Reply = Vec<Vec<u8>>;
 fn call(conn: &mut redis::Connection, key: &str, kind: &str, k: i64, stride: i64, args: &[&str]) -> Vec<String> {
     let script = script();
     let mut inv = script.key(key);
-    inv.arg(kind).arg(k).arg(60_000).arg(stride).arg("").arg(args.len()).arg(0);
+    inv.arg(kind).arg(k).arg(if kind == "d" { 10_000 } else { 0 }).arg(60_000).arg(stride).arg("").arg(args.len()).arg(0);
     for a in args {
         inv.arg(*a);
     }
@@ -35,9 +35,9 @@ fn one_script_call_serves_many_keys_independently() {
     let mut conn = redis.connection();
     let script = script();
     let mut inv = script.key("vg:t:m1");
-    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(4).arg(0).arg(5).arg(2).arg(6).arg(1);
-    inv.key("vg:t:m2").arg("c").arg(3).arg(60_000).arg(2).arg("").arg(0).arg(0);
-    inv.key("vg:t:m3").arg("s").arg(2).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(9).arg("1500000");
+    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(4).arg(0).arg(5).arg(2).arg(6).arg(1);
+    inv.key("vg:t:m2").arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(0).arg(0);
+    inv.key("vg:t:m3").arg("s").arg(2).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(9).arg("1500000");
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
     let text = |r: &Reply| r.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect::<Vec<_>>();
     let first = text(&replies[0]);
@@ -117,7 +117,7 @@ fn script_sums_exact_64_bit_micro_units_and_tracks_distinct_latest() {
     // Amounts must be integers of at most 19 digits: anything else is refused before a write.
     let script = script();
     let mut inv = script.key("vg:t:bad");
-    inv.arg("s").arg(5).arg(60_000).arg(2).arg("").arg(2).arg(0).arg("1").arg("0.5");
+    inv.arg("s").arg(5).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg("1").arg("0.5");
     assert!(inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err().to_string().contains("bad amount"));
 
     let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
@@ -135,7 +135,7 @@ fn script_returns_the_window_only_when_another_writer_changed_it() {
     let run = |conn: &mut redis::Connection, expected: &str, args: &[&str]| -> Vec<String> {
         let script = script();
         let mut inv = script.key("vg:t:v");
-        inv.arg("c").arg(10).arg(60_000).arg(2).arg(expected).arg(args.len()).arg(0);
+        inv.arg("c").arg(10).arg(0).arg(60_000).arg(2).arg(expected).arg(args.len()).arg(0);
         for a in args {
             inv.arg(*a);
         }
@@ -166,7 +166,7 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
     let run = |conn: &mut redis::Connection, expected: &str, deltas: &[&str], writes: &[&str]| -> Vec<String> {
         let script = script();
         let mut inv = script.key("vg:t:w");
-        inv.arg("c").arg(4).arg(60_000).arg(2).arg(expected).arg(deltas.len()).arg(writes.len());
+        inv.arg("c").arg(4).arg(0).arg(60_000).arg(2).arg(expected).arg(deltas.len()).arg(writes.len());
         for a in deltas.iter().chain(writes) {
             inv.arg(*a);
         }
@@ -572,15 +572,15 @@ fn the_script_checks_every_argument_before_its_first_write() {
     let script = script();
     // Two keys: the first well formed, the second with a bad TTL. Nothing may be written.
     let mut inv = script.key("vg:t:first");
-    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
-    inv.key("vg:t:second").arg("c").arg(3).arg(0).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    inv.key("vg:t:second").arg("c").arg(3).arg(0).arg(0).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
     let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
     assert!(error.to_string().contains("key 2: bad TTL"), "{error}");
     let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(&mut conn).unwrap();
     assert_eq!(exists, 0, "the first key was not written");
     // A key known at a version that is gone: "?" and nothing written.
     let mut inv = script.key("vg:t:gone");
-    inv.arg("c").arg(3).arg(60_000).arg(2).arg("12345").arg(2).arg(0).arg(5).arg(1);
+    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("12345").arg(2).arg(0).arg(5).arg(1);
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
     assert_eq!(replies, [vec![b"?".to_vec()]]);
     let exists: i64 = redis::cmd("EXISTS").arg("vg:t:gone").query(&mut conn).unwrap();
@@ -592,7 +592,7 @@ fn the_script_checks_every_argument_before_its_first_write() {
     let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(used / 2).query(&mut conn).unwrap();
     let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("noeviction").query(&mut conn).unwrap();
     let mut inv = script.key("vg:t:oom");
-    inv.arg("c").arg(3).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
     let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
     assert!(error.to_string().contains("OOM"), "{error}");
     let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0).query(&mut conn).unwrap();
@@ -663,4 +663,122 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
     assert_eq!(keys, std::slice::from_ref(&name));
     let ttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut conn).unwrap();
     assert!(ttl > 3_000_000, "TTL at least the hold: {ttl}");
+}
+
+/// The script's `max_distinct` against the in-process window on random sequences (values coming
+/// back, out-of-order and late buckets, slides that make room), sent in random chunks so every
+/// call merges into what the previous calls stored.
+#[test]
+fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let script = script();
+    let mut capped_somewhere = false;
+    for case in 0..60 {
+        let cap = 1 + next(6) as u32;
+        let k = 1 + next(5) as i64;
+        let spec = WindowSpec { max_distinct: cap, ..WindowSpec::new(1_000, k, Aggregate::Distinct) };
+        let mut state = WindowState::new(Aggregate::Distinct);
+        let key = format!("vg:t:cap{case}");
+        let mut newest = 10i64;
+        let mut sent = 0;
+        while sent < 80 {
+            let chunk = 1 + next(8) as usize;
+            let mut args: Vec<String> = Vec::new();
+            for _ in 0..chunk {
+                newest += next(3) as i64;
+                let bucket = newest - next(k as u64 + 2) as i64;
+                let value = next(12) as u128;
+                if matches!(state.apply(&spec, bucket, Delta::Distinct(value)), Applied::Counted(n) if n == i64::from(cap)) {
+                    capped_somewhere = true;
+                }
+                args.push(bucket.to_string());
+                args.push(format!("{value:016}"));
+            }
+            sent += chunk;
+            let mut inv = script.key(&key);
+            inv.arg("d").arg(k).arg(cap).arg(60_000).arg(2).arg("").arg(args.len()).arg(0);
+            for a in &args {
+                inv.arg(a);
+            }
+            let mut replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
+            let reply: Vec<String> = replies.pop().unwrap().into_iter().map(|b| String::from_utf8(b).unwrap()).collect();
+            let from_script: BTreeMap<String, i64> =
+                reply[5..].chunks(2).map(|p| (p[0].clone(), p[1].parse().unwrap())).collect();
+            let WindowState::Distinct(set) = &state else { unreachable!("a distinct window") };
+            let expected: BTreeMap<String, i64> = set.live_values(&spec).map(|(v, b)| (format!("d{v:016}"), b)).collect();
+            assert_eq!(from_script, expected, "case {case}: cap {cap}, k {k}, after {sent} deltas");
+            assert!(from_script.len() <= cap as usize);
+        }
+    }
+    assert!(capped_somewhere, "the sequences must reach the bound");
+}
+
+/// The attack of one IP with a million distinct users: its Redis hash stays at `max_distinct`
+/// values (default 10 000), no script call scans a million fields, and the decisions are those
+/// of the in-process store.
+#[test]
+fn a_million_distinct_values_on_one_key_stay_bounded_in_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ip.toml"),
+        "[[counter]]\nid = \"users-per-ip\"\ndimensions = [\"ip\"]\nwindow = \"1h\"\naggregate = \"distinct\"\nfield = \"user_id\"\n\n\
+         [[rule]]\nid = \"shared-ip\"\naction = \"review\"\nwhen = \"$users-per-ip >= 10000\"\n",
+    )
+    .unwrap();
+    let rules = || vigil::rule_files::load(dir.path()).unwrap();
+    let mut input = Vec::new();
+    for i in 0..1_000_000u64 {
+        // 100 events per second: the attack spans 2.8 hours, so the window slides through it.
+        input.extend_from_slice(format!("{{\"ts\":{},\"ip\":\"203.0.113.9\",\"user_id\":\"u-{i}\"}}\n", 1_700_000_000_000 + i * 10).as_bytes());
+    }
+    let run = |store| {
+        let mut engine = Engine::new(rules(), store);
+        let mut out = Vec::new();
+        replay(&mut engine, &input[..], &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+        (out, engine)
+    };
+    let memory = run(vigil::store::AnyStore::Memory(MemoryStore::new())).0;
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut conn).unwrap();
+    let started = std::time::Instant::now();
+    let (from_redis, _engine) = run(vigil::store::AnyStore::Redis(Box::new(RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap())));
+    let elapsed = started.elapsed();
+    assert_eq!(from_redis.len(), memory.len());
+    assert!(from_redis == memory, "Redis and the in-process store decide alike");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:users-per-ip:*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 1);
+    let fields: usize = redis::cmd("HLEN").arg(&keys[0]).query(&mut conn).unwrap();
+    // 10 000 values plus the head, the version and the recorded offset.
+    assert!(fields <= 10_003, "{fields} fields");
+    let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg(&keys[0]).query(&mut conn).unwrap();
+    assert!(bytes < 2 << 20, "{bytes} bytes");
+    let slow: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(1000).query(&mut conn).unwrap();
+    let durations: Vec<i64> = slow
+        .iter()
+        .filter_map(|entry| match entry {
+            redis::Value::Array(items) => match items.get(2) {
+                Some(redis::Value::Int(us)) => Some(*us),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let slowest_us = durations.iter().copied().max().unwrap_or(0);
+    let over_100ms = durations.iter().filter(|&&us| us > 100_000).count();
+    let decisions = memory.iter().filter(|&&b| b == b'\n').count();
+    eprintln!(
+        "1M distinct on one key: {fields} fields, {bytes} bytes, replay through Redis {elapsed:?}, \
+         {} slowlog entries over 10 ms ({over_100ms} over 100 ms), slowest {slowest_us} µs, {decisions} decisions",
+        slow.len()
+    );
 }

@@ -276,3 +276,50 @@ fn hostile_amounts_cannot_cancel_overflow_or_blind_a_sum() {
     // 999999999999.9999999 rounds half-to-even to 1e12 micro-units: out of range too.
     assert!(stderr.contains("7 skipped (0 dimension, 0 sum field, 7 sum range, 0 distinct field)"), "{stderr}");
 }
+
+/// A flood of distinct keys within one lateness bound (300 000 one-off users and IPs in five
+/// minutes) cannot grow the state past `--max-keys`, and an account being attacked meanwhile is
+/// still counted exactly: eviction takes the keys whose newest event is oldest.
+#[test]
+fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("flood.toml");
+    std::fs::write(
+        &rules,
+        "[[counter]]\nid = 'fails-user'\nmatch = \"result == 'fail'\"\ndimensions = ['user_id']\nwindow = '15m'\n\n\
+         [[counter]]\nid = 'logins-ip'\ndimensions = ['ip']\nwindow = '1h'\n\n\
+         [[rule]]\nid = 'brute-force'\naction = 'block'\nwhen = '$fails-user > 5'\nhold = '1h'\nhold_key = ['user_id']\n",
+    )
+    .unwrap();
+    let mut input = String::with_capacity(30 << 20);
+    for i in 0..300_000u64 {
+        let ts = 1_700_000_000_000 + i;
+        input.push_str(&format!("{{\"ts\":{ts},\"user_id\":\"flood-{i}\",\"ip\":\"10.{}.{}.{}\",\"result\":\"fail\"}}\n", i >> 16, (i >> 8) & 255, i & 255));
+        // The victim fails every 2 000 flood events (4 000 new keys): far fewer than the bound.
+        if i % 2_000 == 0 {
+            input.push_str(&format!("{{\"event_id\":\"v{i}\",\"ts\":{ts},\"user_id\":\"victim\",\"ip\":\"192.0.2.1\",\"result\":\"fail\"}}\n"));
+        }
+    }
+    let path = dir.path().join("flood.jsonl");
+    std::fs::write(&path, &input).unwrap();
+    let out = vigil(&["replay", "--rules", rules.to_str().unwrap(), "--input", path.to_str().unwrap(), "--max-keys", "20000"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let blocked: Vec<String> = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["hits"][0]["rule_id"] == "brute-force")
+        .map(|r| r["event_id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    // The victim's 6th failure onwards (v10000 ..= v298000): its window survived the flood.
+    let expected: Vec<String> = (5..150).map(|n| format!("v{}", n * 2_000)).collect();
+    assert_eq!(blocked, expected);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let summary = stderr.lines().find(|l| l.starts_with("replay:") && l.contains("live keys")).unwrap();
+    let peak: usize = summary.split("(peak ").nth(1).unwrap().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+    assert!(peak <= 20_000, "{summary}");
+    assert!(summary.contains("MiB of state"), "{summary}");
+    assert!(summary.contains("holds evicted at the bound"), "{summary}");
+    assert!(stderr.contains("the counter state is at its bound of keys (--max-keys)"), "{stderr}");
+    eprintln!("{summary}");
+}

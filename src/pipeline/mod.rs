@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::event::{decode, BadEvent, Event, FieldValue, TimeBounds};
 use crate::rules::expr::{Context, Num};
 use crate::rules::{decide, Decision, Form, Hit, OnStoreError, Plan, Reason, RuleSet, Scope, ScopeMemo, SkipReason, Source};
-use crate::store::{CounterStore, HoldSpace, Observed, Origin, StoreError, WindowId};
+use crate::store::{CounterStore, HoldSpace, Observed, Origin, StateStats, StoreError, WindowId};
 use crate::window::Applied;
 
 /// Per-evaluation counts, for the replay summary and metrics.
@@ -26,6 +26,8 @@ pub struct EvalCounts {
     /// (event, counter) pairs not counted because the event was late: its bucket had slid out of
     /// the key's window, or the event was behind its input's watermark.
     pub late: u64,
+    /// Distinct values not recorded because their key's window held `max_distinct` values.
+    pub capped: u64,
     /// Events behind their input's watermark (`max_lateness`): late for every counter.
     pub behind_watermark: u64,
     /// (event, counter) pairs skipped because a dimension or the aggregated field was unusable.
@@ -59,6 +61,8 @@ pub struct RuleCounts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CounterCounts {
     pub late: u64,
+    /// Distinct values not recorded: the key's window held `max_distinct` values.
+    pub capped: u64,
     /// Skips by reason, indexed by [`SkipReason::index`].
     pub skipped: [u64; 4],
 }
@@ -152,10 +156,10 @@ impl<S: CounterStore> Judge<'_, '_, S> {
             } else {
                 *self.reads += 1;
                 match self.store.read(self.windows[position], &self.keys[position], self.event.ts) {
-                    Ok(Observed { applied: Applied::Counted(value), degraded }) => {
-                        Outcome::Known { value, degraded, counted: false }
-                    }
-                    Ok(Observed { applied: Applied::Late, .. }) => Outcome::Unknown,
+                    Ok(Observed { applied, degraded }) => match applied.value() {
+                        Some(value) => Outcome::Known { value, degraded, counted: false },
+                        None => Outcome::Unknown,
+                    },
                     Err(e) => {
                         self.error.get_or_insert(e);
                         Outcome::Unknown
@@ -457,6 +461,11 @@ impl<S: CounterStore> Engine<S> {
                             Outcome::Unknown
                         }
                         Applied::Counted(value) => Outcome::Known { value, degraded: observed.degraded, counted: true },
+                        Applied::Capped(value) => {
+                            self.counts.capped += 1;
+                            self.counter_counts[position].capped += 1;
+                            Outcome::Known { value, degraded: observed.degraded, counted: true }
+                        }
                     }
                 }
             };
@@ -676,6 +685,10 @@ pub struct ReplaySummary {
     /// replay keeps (bounded by the lateness bound, not by the input's length).
     pub live_keys: usize,
     pub peak_live_keys: usize,
+    /// The most bytes of local state estimated after any batch (in-process store; 0 otherwise).
+    pub peak_state_bytes: usize,
+    /// What the store dropped to stay within its bound of keys.
+    pub state: StateStats,
 }
 
 impl ReplaySummary {
@@ -691,7 +704,7 @@ impl std::fmt::Display for ReplaySummary {
             f,
             "replay: {} events read, {} decisions, {} bad lines, {} late ({} events behind the watermark), \
              {} skipped ({} dimension, {} sum field, {} sum range, {} distinct field), {} counter reads, \
-             {} live keys (peak {}), {:.3}s, {:.0} events/s",
+             {} distinct values over max_distinct, {} live keys (peak {}{}), {:.3}s, {:.0} events/s",
             c.events,
             c.decisions,
             self.bad_lines,
@@ -703,11 +716,29 @@ impl std::fmt::Display for ReplaySummary {
             c.skipped_sum_range,
             c.skipped_distinct_field,
             c.reads,
+            c.capped,
             self.live_keys,
             self.peak_live_keys,
+            PeakState(self),
             self.elapsed.as_secs_f64(),
             self.events_per_second(),
         )
+    }
+}
+
+/// ", ~12.5 MiB of state", and the keys the bound evicted, if any.
+struct PeakState<'s>(&'s ReplaySummary);
+
+impl std::fmt::Display for PeakState<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.0;
+        if s.peak_state_bytes > 0 {
+            write!(f, ", ~{:.1} MiB of state", s.peak_state_bytes as f64 / 1_048_576.0)?;
+        }
+        if s.state.evicted_keys > 0 || s.state.evicted_holds > 0 {
+            write!(f, "; {} keys and {} holds evicted at the bound", s.state.evicted_keys, s.state.evicted_holds)?;
+        }
+        Ok(())
     }
 }
 
@@ -753,6 +784,7 @@ pub fn replay<S: CounterStore>(
 ) -> Result<ReplaySummary, ReplayError> {
     let started = Instant::now();
     let mut summary = ReplaySummary::default();
+    let mut evictions_said = None::<Instant>;
     let mut batch = Vec::with_capacity(REPLAY_BATCH * 256);
     let mut ends = Vec::with_capacity(REPLAY_BATCH);
     let mut touched = Vec::new();
@@ -833,14 +865,41 @@ pub fn replay<S: CounterStore>(
             }
         }
         summary.peak_live_keys = summary.peak_live_keys.max(engine.store().live_keys());
+        summary.peak_state_bytes = summary.peak_state_bytes.max(engine.store().state_stats().bytes);
+        warn_on_evictions(&mut diagnostics, engine.store().state_stats(), &mut summary.state, &mut evictions_said)?;
     }
     output.flush()?;
     flush_within(engine.store_mut(), options.store_wait)?;
     summary.counts = engine.counts();
     summary.live_keys = engine.store().live_keys();
     summary.peak_live_keys = summary.peak_live_keys.max(summary.live_keys);
+    summary.state = engine.store().state_stats();
+    summary.peak_state_bytes = summary.peak_state_bytes.max(summary.state.bytes);
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Says on stderr, at most every ten seconds, that the store started evicting keys at its bound
+/// (decisions on evicted keys are no longer exact).
+fn warn_on_evictions(
+    diagnostics: &mut impl Write,
+    now: StateStats,
+    known: &mut StateStats,
+    said: &mut Option<Instant>,
+) -> io::Result<()> {
+    if (now.evicted_keys, now.evicted_holds) != (known.evicted_keys, known.evicted_holds)
+        && said.is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+    {
+        writeln!(
+            diagnostics,
+            "replay: the counter state is at its bound of keys (--max-keys): {} keys and {} holds evicted so far, \
+             oldest first; their counts restart from nothing",
+            now.evicted_keys, now.evicted_holds
+        )?;
+        *known = now;
+        *said = Some(Instant::now());
+    }
+    Ok(())
 }
 
 /// While the store's local state is at its bound (a long outage of the shared store), lets it

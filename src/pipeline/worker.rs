@@ -37,10 +37,10 @@ use crate::shutdown::Shutdown;
 use crate::sink::{dead_letter_headers, Kind, Sink, Ticket};
 use crate::source::{self, Progress};
 use crate::store::journal::JournalBatch;
-use crate::store::{AnyStore, CounterStore, Journal, JournalError, JournalWriter, Origin, RedisStats, StoreError};
+use crate::store::{AnyStore, CounterStore, Journal, JournalError, JournalWriter, Origin, RedisStats, StateStats, StoreError};
 use crate::telemetry::http::Health;
 use crate::telemetry::{
-    ActionLabels, CodeLabels, CounterLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels,
+    ActionLabels, CodeLabels, CounterLabels, KindLabels, LogLimiter, Metrics, PartitionLabels, ReasonLabels, ResultLabels, RuleHitLabels,
     RuleLabels, SkipLabels,
 };
 
@@ -105,6 +105,8 @@ struct Worker {
     partitions: Mutex<HashMap<PartitionKey, PartitionLoop>>,
     /// Store statistics already exported.
     exported: Mutex<RedisStats>,
+    /// State statistics already exported, and when evictions were last logged.
+    exported_state: Mutex<(StateStats, Option<Instant>)>,
     /// The decision journal (with Redis; none with the in-process store, which a restart loses
     /// anyway).
     journal: Option<Mutex<JournalWriter>>,
@@ -217,6 +219,7 @@ pub fn run(
         shutdown: shutdown.clone(),
         partitions: Mutex::new(HashMap::new()),
         exported: Mutex::new(RedisStats::default()),
+        exported_state: Mutex::new((StateStats::default(), None)),
         journal: journal.map(Mutex::new),
         config,
     });
@@ -624,6 +627,10 @@ impl Worker {
                 if counts.late > 0 {
                     self.metrics.late_events.get_or_create(&CounterLabels { counter: counter.id.clone() }).inc_by(counts.late);
                 }
+                if counts.capped > 0 {
+                    let labels = CounterLabels { counter: counter.id.clone() };
+                    self.metrics.distinct_capped.get_or_create(&labels).inc_by(counts.capped);
+                }
                 for (reason, n) in SkipReason::ALL.iter().zip(counts.skipped) {
                     if n > 0 {
                         let labels = SkipLabels { counter: counter.id.clone(), reason: reason.code() };
@@ -700,6 +707,31 @@ impl Worker {
         }
     }
 
+    /// Exports the in-process store's size and evictions; logs evictions at most every 30 s.
+    fn export_state(&self, state: StateStats) {
+        let mut exported = self.exported_state.lock().unwrap_or_else(|p| p.into_inner());
+        let (known, logged) = &mut *exported;
+        let windows = state.evicted_keys.saturating_sub(known.evicted_keys);
+        let holds = state.evicted_holds.saturating_sub(known.evicted_holds);
+        if windows > 0 {
+            self.metrics.evicted_keys.get_or_create(&KindLabels { kind: "window" }).inc_by(windows);
+        }
+        if holds > 0 {
+            self.metrics.evicted_keys.get_or_create(&KindLabels { kind: "hold" }).inc_by(holds);
+        }
+        if (windows > 0 || holds > 0) && logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+            tracing::warn!(
+                evicted_windows = state.evicted_keys,
+                evicted_holds = state.evicted_holds,
+                "in-process counter state at memory.max_keys: evicting the keys whose newest event is oldest \
+                 (their counts restart from nothing)"
+            );
+            *logged = Some(Instant::now());
+        }
+        *known = state;
+        self.metrics.state_bytes.set(i64::try_from(state.bytes).unwrap_or(i64::MAX));
+    }
+
     /// Lets the store take in finished flushes and start due ones; exports its metrics; returns
     /// its durable mark.
     fn tick_store(&self) -> u64 {
@@ -708,6 +740,7 @@ impl Worker {
             tracing::error!(error = %e, "counter store failed");
         }
         self.metrics.live_keys.set(engine.store().live_keys() as i64);
+        self.export_state(engine.store().state_stats());
         if let AnyStore::Redis(redis) = engine.store_mut() {
             for sample in redis.take_flush_samples() {
                 self.metrics.flush_keys.observe(sample.keys as f64);

@@ -234,6 +234,8 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
         Aggregate::Distinct => b"d",
     });
     call.int(key.spec.buckets);
+    // The script records at most this many distinct values per key, as the view does.
+    call.int(if key.spec.aggregate == Aggregate::Distinct { i64::from(key.spec.max_distinct) } else { 0 });
     call.int(key.ttl_ms);
     call.int(if tagged { 4 } else { 2 });
     match key.version {

@@ -27,6 +27,14 @@ impl KeyBytes {
         }
     }
 
+    /// Bytes held on the heap (a long key).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            KeyBytes::Inline { .. } => 0,
+            KeyBytes::Heap(b) => b.len(),
+        }
+    }
+
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             KeyBytes::Inline { len, bytes } => &bytes[..*len as usize],

@@ -1,14 +1,21 @@
-//! The in-process store: exact, single-process, memory proportional to live keys.
+//! The in-process store: exact, single-process, memory proportional to live keys, and bounded.
 
 use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
-use super::{CounterStore, HoldSpace, HoldSpaces, Observed, StoreError, WindowId, Windows};
+use super::{CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows};
 use crate::window::{Delta, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
 const MIN_SWEEP_INTERVAL: usize = 4096;
+
+/// The default bound on (window, key) states and on holds: about 0.5–1 GiB of state.
+pub const DEFAULT_MAX_KEYS: usize = 4_000_000;
+
+/// Bytes one entry of a hash table costs besides what its value owns: hashbrown's control byte,
+/// and a table kept at most 7/8 full.
+const TABLE_SLOT_OVERHEAD: usize = 2;
 
 /// Exact counters in a hash map. Keys are the exact canonical bytes (no digests), so two
 /// different keys can never share a counter.
@@ -23,16 +30,28 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 /// (its inputs' watermark) will come, and a key is dropped once every event at or after the
 /// horizon would see it as never counted (`WindowSpec::can_drop`). So the store is exact for any
 /// input order within the caller's lateness bound; without a horizon it keeps every key.
+///
+/// Bounded: past `max_keys` (window, key) states — an input of millions of distinct keys within
+/// one lateness bound, by accident or by attack — the keys whose newest counted event is oldest
+/// are evicted (ties broken by key bytes, so the same input always evicts the same keys) until a
+/// sixteenth of the bound is free; an evicted key counts from nothing if it comes back. Holds are
+/// bounded by the same number: past it, the holds that end first are dropped. Both are counted
+/// in [`StateStats`].
 #[derive(Debug)]
 pub struct MemoryStore {
     windows: Windows,
-    states: HashMap<KeyBytes, KeyWindows, foldhash::fast::RandomState>,
+    states: HashMap<KeyBytes, KeyEntry, foldhash::fast::RandomState>,
     /// (window, key) pairs held: what `live_keys` reports.
     pairs: usize,
+    /// Estimated bytes of `states` and `holds` (entries, keys on the heap, windows).
+    bytes: usize,
+    max_keys: usize,
+    evicted_keys: u64,
+    evicted_holds: u64,
     hold_spaces: HoldSpaces,
-    /// Held keys (the key's `window` is its hold space) and until when. Kept for good: an event
-    /// of any age is held if its time is before its key's hold, and there is at most one entry
-    /// per (rule, key) that fired by its condition.
+    /// Held keys (the key's `window` is its hold space) and until when. Kept for good (up to the
+    /// bound): an event of any age is held if its time is before its key's hold, and there is at
+    /// most one entry per (rule, key) that fired by its condition.
     holds: HashMap<StoredKey, i64, foldhash::fast::RandomState>,
     horizon: Option<i64>,
     inserts_since_sweep: usize,
@@ -44,6 +63,26 @@ pub struct MemoryStore {
 
 /// The windows of one key, by window id (two inline: most keys feed one or two counters).
 type KeyWindows = SmallVec<[(u32, WindowState); 2]>;
+
+#[derive(Debug)]
+struct KeyEntry {
+    /// The newest event time counted into any of the windows: the eviction order.
+    newest_ts: i64,
+    windows: KeyWindows,
+}
+
+impl KeyEntry {
+    /// Estimated bytes this entry and its key cost in the table.
+    fn bytes(&self, key: &KeyBytes) -> usize {
+        let windows_heap = if self.windows.spilled() { self.windows.capacity() * size_of::<(u32, WindowState)>() } else { 0 };
+        let states: usize = self.windows.iter().map(|(_, state)| state.heap_bytes()).sum();
+        size_of::<(KeyBytes, KeyEntry)>() + TABLE_SLOT_OVERHEAD + key.heap_bytes() + windows_heap + states
+    }
+}
+
+fn hold_bytes(key: &StoredKey) -> usize {
+    size_of::<(StoredKey, i64)>() + TABLE_SLOT_OVERHEAD + key.key.heap_bytes()
+}
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -63,6 +102,10 @@ impl MemoryStore {
             windows: Windows::default(),
             states: HashMap::default(),
             pairs: 0,
+            bytes: 0,
+            max_keys: DEFAULT_MAX_KEYS,
+            evicted_keys: 0,
+            evicted_holds: 0,
             hold_spaces: HoldSpaces::default(),
             holds: HashMap::default(),
             horizon: None,
@@ -72,23 +115,76 @@ impl MemoryStore {
         }
     }
 
-    /// Drops keys that can no longer affect a decision.
+    /// Bounds the (window, key) states and the holds to `max_keys` each (at least 1).
+    pub fn with_max_keys(mut self, max_keys: usize) -> MemoryStore {
+        self.max_keys = max_keys.max(1);
+        self.sweep_after = self.sweep_after.min(self.max_keys + 1);
+        self
+    }
+
+    /// Drops keys that can no longer affect a decision, then, past the bound, the keys whose
+    /// newest event is oldest.
     fn sweep(&mut self) {
-        if let Some(horizon) = self.horizon {
-            let windows = &self.windows;
-            let mut pairs = 0;
-            self.states.retain(|_, entry| {
-                entry.retain(|(window, state)| {
+        let windows = &self.windows;
+        let horizon = self.horizon;
+        let (mut pairs, mut bytes) = (0, 0);
+        self.states.retain(|key, entry| {
+            if let Some(horizon) = horizon {
+                entry.windows.retain(|(window, state)| {
                     let spec = windows.spec(*window);
                     state.head().is_none_or(|head| !spec.can_drop(head, horizon))
                 });
-                pairs += entry.len();
-                !entry.is_empty()
-            });
-            self.pairs = pairs;
+            }
+            pairs += entry.windows.len();
+            bytes += entry.bytes(key);
+            !entry.windows.is_empty()
+        });
+        self.pairs = pairs;
+        self.bytes = bytes + self.holds.keys().map(hold_bytes).sum::<usize>();
+        if self.pairs > self.max_keys {
+            self.evict();
         }
         self.inserts_since_sweep = 0;
-        self.sweep_after = self.pairs.max(self.sweep_interval_floor);
+        self.sweep_after = self.pairs.max(self.sweep_interval_floor).min(self.max_keys - self.pairs.min(self.max_keys) + 1);
+    }
+
+    /// Evicts the keys with the oldest newest event (then the smallest key bytes) until a
+    /// sixteenth of the bound is free. Sorting only the candidates' order keys costs O(n) per
+    /// eviction round, and a round frees n/16 slots: O(1) amortised per new key.
+    fn evict(&mut self) {
+        let target = self.max_keys - self.max_keys / 16;
+        let mut order: Vec<(i64, &[u8], usize)> =
+            self.states.iter().map(|(key, entry)| (entry.newest_ts, key.as_slice(), entry.windows.len())).collect();
+        order.sort_unstable();
+        let mut freed = 0;
+        let mut victims = Vec::new();
+        for (_, key, windows) in order {
+            if self.pairs - freed <= target {
+                break;
+            }
+            freed += windows;
+            victims.push(KeyBytes::new(key));
+        }
+        for key in &victims {
+            if let Some(entry) = self.states.remove(key) {
+                self.pairs -= entry.windows.len();
+                self.bytes = self.bytes.saturating_sub(entry.bytes(key));
+                self.evicted_keys += entry.windows.len() as u64;
+            }
+        }
+    }
+
+    /// Past the bound, drops the holds that end first (then by key) until a sixteenth is free.
+    fn evict_holds(&mut self) {
+        let target = self.max_keys - self.max_keys / 16;
+        let mut order: Vec<(i64, &StoredKey)> = self.holds.iter().map(|(key, &until)| (until, key)).collect();
+        order.sort_unstable_by(|a, b| (a.0, a.1.window, a.1.key.as_slice()).cmp(&(b.0, b.1.window, b.1.key.as_slice())));
+        let victims: Vec<StoredKey> = order.iter().take(self.holds.len() - target).map(|(_, key)| (*key).clone()).collect();
+        for key in &victims {
+            self.holds.remove(key);
+            self.bytes = self.bytes.saturating_sub(hold_bytes(key));
+            self.evicted_holds += 1;
+        }
     }
 }
 
@@ -102,14 +198,29 @@ impl CounterStore for MemoryStore {
         let bucket = spec.bucket_of(ts_ms);
         let entry = match self.states.get_mut(&BytesRef(key)) {
             Some(entry) => entry,
-            None => self.states.entry(KeyBytes::new(key)).or_default(),
+            None => {
+                let key = KeyBytes::new(key);
+                let entry = KeyEntry { newest_ts: ts_ms, windows: KeyWindows::new() };
+                self.bytes += entry.bytes(&key);
+                self.states.entry(key).or_insert(entry)
+            }
         };
-        let applied = match entry.iter_mut().find(|(w, _)| *w == window.0) {
-            Some((_, state)) => state.apply(&spec, bucket, delta),
+        entry.newest_ts = entry.newest_ts.max(ts_ms);
+        let applied = match entry.windows.iter_mut().find(|(w, _)| *w == window.0) {
+            Some((_, state)) => {
+                let before = state.heap_bytes();
+                let applied = state.apply(&spec, bucket, delta);
+                self.bytes = (self.bytes + state.heap_bytes()).saturating_sub(before);
+                applied
+            }
             None => {
                 let mut state = WindowState::new(spec.aggregate);
                 let applied = state.apply(&spec, bucket, delta);
-                entry.push((window.0, state));
+                let heap = |w: &KeyWindows| if w.spilled() { w.capacity() * size_of::<(u32, WindowState)>() } else { 0 };
+                let before = heap(&entry.windows);
+                self.bytes += state.heap_bytes();
+                entry.windows.push((window.0, state));
+                self.bytes += heap(&entry.windows) - before;
                 self.pairs += 1;
                 self.inserts_since_sweep += 1;
                 applied
@@ -123,7 +234,7 @@ impl CounterStore for MemoryStore {
 
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
-        let state = self.states.get(&BytesRef(key)).and_then(|entry| entry.iter().find(|(w, _)| *w == window.0));
+        let state = self.states.get(&BytesRef(key)).and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
         let applied = match state {
             Some((_, state)) => state.read(&spec, spec.bucket_of(ts_ms)),
             None => crate::window::Applied::Counted(0),
@@ -146,7 +257,12 @@ impl CounterStore for MemoryStore {
                 *held
             }
             None => {
-                self.holds.insert(StoredKey { window: space.0, key: KeyBytes::new(key) }, until_ms);
+                let key = StoredKey { window: space.0, key: KeyBytes::new(key) };
+                self.bytes += hold_bytes(&key);
+                self.holds.insert(key, until_ms);
+                if self.holds.len() > self.max_keys {
+                    self.evict_holds();
+                }
                 until_ms
             }
         };
@@ -163,6 +279,10 @@ impl CounterStore for MemoryStore {
 
     fn live_keys(&self) -> usize {
         self.pairs
+    }
+
+    fn state_stats(&self) -> StateStats {
+        StateStats { bytes: self.bytes, evicted_keys: self.evicted_keys, evicted_holds: self.evicted_holds }
     }
 }
 
@@ -242,5 +362,60 @@ mod tests {
         // The horizon never moves back.
         s.set_horizon(0);
         assert_eq!(s.horizon, Some(2_800));
+    }
+
+    #[test]
+    fn past_the_bound_the_keys_whose_newest_event_is_oldest_are_evicted() {
+        let mut s = MemoryStore::new().with_max_keys(160);
+        let w = s.open_window("w", WindowSpec::new(1_000, 3_600, Aggregate::Count));
+        // One key counted now and then stays; 10 000 one-off keys flood the store.
+        for i in 0..10_000u64 {
+            let t = i as i64;
+            if i % 50 == 0 {
+                s.apply(w, b"victim", t, Delta::Count).unwrap();
+            }
+            s.apply(w, &i.to_le_bytes(), t, Delta::Count).unwrap();
+            assert!(s.live_keys() <= 160, "{} keys at {i}", s.live_keys());
+        }
+        assert_eq!(s.apply(w, b"victim", 10_000, Delta::Count).unwrap().applied, Applied::Counted(201));
+        let stats = s.state_stats();
+        assert!(stats.evicted_keys >= 10_000 - 160, "{stats:?}");
+        assert!(stats.bytes > 0 && stats.bytes < 160 * 256, "{stats:?}");
+        // The newest flood keys are the ones kept.
+        assert_eq!(s.read(w, &9_999u64.to_le_bytes(), 10_000).unwrap().applied, Applied::Counted(1));
+        assert_eq!(s.read(w, &0u64.to_le_bytes(), 10_000).unwrap().applied, Applied::Counted(0));
+    }
+
+    #[test]
+    fn eviction_is_deterministic_and_breaks_ties_by_key() {
+        let run = || {
+            let mut s = MemoryStore::new().with_max_keys(32);
+            let w = s.open_window("w", COUNT_1S_X10);
+            // Every key at the same time: the order is the key bytes alone.
+            for i in 0..100u64 {
+                s.apply(w, &(i * 7919 % 100).to_be_bytes(), 5, Delta::Count).unwrap();
+            }
+            let mut kept: Vec<Vec<u8>> = s.states.keys().map(|k| k.as_slice().to_vec()).collect();
+            kept.sort();
+            kept
+        };
+        let kept = run();
+        assert_eq!(kept, run());
+        assert!(kept.len() <= 32);
+        // The largest keys survive (the smallest were evicted first).
+        assert_eq!(kept.last().unwrap(), &99u64.to_be_bytes().to_vec());
+    }
+
+    #[test]
+    fn holds_are_bounded_too_and_the_first_to_end_go_first() {
+        let mut s = MemoryStore::new().with_max_keys(64);
+        let h = s.open_holds("r", 60_000);
+        for i in 0..1_000u64 {
+            s.extend_hold(h, &i.to_le_bytes(), 1_000 + i as i64).unwrap();
+            assert!(s.holds.len() <= 64);
+        }
+        assert_eq!(s.held_until(h, &999u64.to_le_bytes()).unwrap(), Some(1_999));
+        assert_eq!(s.held_until(h, &0u64.to_le_bytes()).unwrap(), None);
+        assert!(s.state_stats().evicted_holds >= 1_000 - 64);
     }
 }

@@ -16,7 +16,7 @@ pub mod redis;
 mod scripts;
 
 pub use journal::{Journal, JournalError, JournalWriter};
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, DEFAULT_MAX_KEYS};
 pub use redis::{FlushSample, RedisStats, RedisStore, RedisStoreConfig};
 
 use crate::window::{Applied, Delta, WindowSpec};
@@ -88,6 +88,17 @@ impl HoldSpaces {
 pub struct Origin {
     pub lane: u64,
     pub offset: i64,
+}
+
+/// The size of a store's local state and what its bound made it drop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Estimated bytes of local state (0 where the store does not estimate it).
+    pub bytes: usize,
+    /// (window, key) states evicted because the store was at its bound of keys.
+    pub evicted_keys: u64,
+    /// Holds dropped because the store was at its bound of holds.
+    pub evicted_holds: u64,
 }
 
 /// What counting one observation gave.
@@ -189,6 +200,11 @@ pub trait CounterStore {
     /// Number of (window, key) states currently held in this process.
     fn live_keys(&self) -> usize;
 
+    /// How much state this process holds and what it dropped to stay within its bound.
+    fn state_stats(&self) -> StateStats {
+        StateStats::default()
+    }
+
     /// A mark that grows with every counted observation. With [`CounterStore::durable_mark`] it
     /// tells a caller when what it counted is durable (to commit input offsets after).
     fn counted_mark(&self) -> u64 {
@@ -275,6 +291,9 @@ impl CounterStore for AnyStore {
     }
     fn live_keys(&self) -> usize {
         delegate!(self, s => s.live_keys())
+    }
+    fn state_stats(&self) -> StateStats {
+        delegate!(self, s => s.state_stats())
     }
     fn counted_mark(&self) -> u64 {
         delegate!(self, s => s.counted_mark())

@@ -1223,7 +1223,7 @@ impl CounterStore for RedisStore {
             }
             Some(dirty) => {
                 let applied = dirty.state.apply(&spec, bucket, delta);
-                let counted = matches!(applied, Applied::Counted(_));
+                let counted = applied.is_counted();
                 if counted {
                     dirty.push(observation, index);
                 }
@@ -1238,7 +1238,7 @@ impl CounterStore for RedisStore {
                     Some(clean) => {
                         let mut state = clean.state.clone();
                         let applied = state.apply(&spec, bucket, delta);
-                        let counted = matches!(applied, Applied::Counted(_));
+                        let counted = applied.is_counted();
                         if counted {
                             let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
                             let mut dirty =
@@ -1269,7 +1269,7 @@ impl CounterStore for RedisStore {
             if degraded {
                 self.stats.degraded_observations += 1;
             }
-        } else if observation.origin.is_some() && matches!(applied, Applied::Counted(_)) {
+        } else if observation.origin.is_some() && applied.is_counted() {
             self.stats.skipped_applied += 1;
         }
         // Writing behind is left to `tick`, which the caller runs between events: a flush then

@@ -70,6 +70,11 @@ pub struct SkipLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: &'static str,
 }
@@ -99,6 +104,9 @@ pub struct Metrics {
     /// Events in a counter's scope not counted: unusable dimension or field, or a sum out of
     /// range, by counter and reason.
     pub skipped_events: Family<SkipLabels, Counter>,
+    /// Distinct values not recorded because their key's window already held `max_distinct`
+    /// values (the counter's value saturates there), by counter.
+    pub distinct_capped: Family<CounterLabels, Counter>,
     /// Events sent to the dead-letter topic, by reason.
     pub dead_letters: Family<ReasonLabels, Counter>,
     /// Keys per acknowledged write-behind flush.
@@ -132,6 +140,12 @@ pub struct Metrics {
     pub rules_loaded_seconds: Gauge,
     /// (rule, key) windows held in this process.
     pub live_keys: Gauge,
+    /// Estimated bytes of the in-process store's state (0 with Redis, whose local state is
+    /// bounded by `redis.cache_capacity` and `redis.max_local_keys`).
+    pub state_bytes: Gauge,
+    /// In-process state evicted at `memory.max_keys`, by kind (`window`: a (counter, key)
+    /// window; `hold`).
+    pub evicted_keys: Family<KindLabels, Counter>,
     /// Partitions this worker owns.
     pub assigned_partitions: Gauge,
     /// 1 while Redis answers, 0 while it is unavailable and the worker counts locally.
@@ -168,6 +182,7 @@ impl Metrics {
             rule_hits: Family::default(),
             late_events: Family::default(),
             skipped_events: Family::default(),
+            distinct_capped: Family::default(),
             dead_letters: Family::default(),
             flush_keys: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             flush_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
@@ -183,6 +198,8 @@ impl Metrics {
             list_entries: Family::default(),
             rules_loaded_seconds: Gauge::default(),
             live_keys: Gauge::default(),
+            state_bytes: Gauge::default(),
+            evicted_keys: Family::default(),
             assigned_partitions: Gauge::default(),
             redis_available: Gauge::default(),
             redis_outages: Counter::default(),
@@ -205,6 +222,11 @@ impl Metrics {
             "skipped_events",
             "Events not counted: unusable dimension or field, or a sum out of range, by counter and reason",
             metrics.skipped_events.clone(),
+        );
+        registry.register(
+            "distinct_capped",
+            "Distinct values not recorded because their key's window held max_distinct values, by counter",
+            metrics.distinct_capped.clone(),
         );
         registry.register("dead_letters", "Events sent to the dead-letter topic, by reason", metrics.dead_letters.clone());
         registry.register("flush_batch_keys", "Keys per write-behind flush", metrics.flush_keys.clone());
@@ -241,6 +263,12 @@ impl Metrics {
             metrics.rules_loaded_seconds.clone(),
         );
         registry.register("store_live_keys", "(rule, key) windows held in this process", metrics.live_keys.clone());
+        registry.register("store_state_bytes", "Estimated bytes of the in-process store's state", metrics.state_bytes.clone());
+        registry.register(
+            "evicted_keys",
+            "In-process state evicted at memory.max_keys (oldest newest event first), by kind",
+            metrics.evicted_keys.clone(),
+        );
         registry.register("assigned_partitions", "Partitions owned by this worker", metrics.assigned_partitions.clone());
         registry.register("redis_available", "1 while Redis answers, 0 while counting locally", metrics.redis_available.clone());
         registry.register("redis_outages", "Times Redis became unavailable", metrics.redis_outages.clone());
