@@ -83,25 +83,34 @@ impl fmt::Display for Diagnostic {
 struct Source<'a> {
     name: &'a str,
     text: &'a str,
+    /// Byte offset of each line's start, found on first use: every rule records where it is, so
+    /// a position costs a binary search, not a scan from the top (which made loading quadratic).
+    line_starts: std::cell::OnceCell<Vec<usize>>,
 }
 
-impl Source<'_> {
+impl<'a> Source<'a> {
+    fn new(name: &'a str, text: &'a str) -> Source<'a> {
+        Source { name, text, line_starts: std::cell::OnceCell::new() }
+    }
+
     /// 1-based line and column (in characters) of a byte offset.
     fn origin(&self, offset: usize) -> Origin {
-        let offset = offset.min(self.text.len());
-        let before = &self.text[..offset];
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        Origin {
-            file: self.name.to_owned(),
-            line: before.matches('\n').count() + 1,
-            col: before[line_start..].chars().count() + 1,
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
         }
+        let starts = self.line_starts.get_or_init(|| {
+            std::iter::once(0).chain(self.text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i + 1)).collect()
+        });
+        let line = starts.partition_point(|&start| start <= offset);
+        let line_start = starts[line - 1];
+        Origin { file: self.name.to_owned(), line, col: self.text[line_start..offset].chars().count() + 1 }
     }
 }
 
 /// Collects diagnostics for one file.
 struct Report<'a> {
-    source: Source<'a>,
+    source: &'a Source<'a>,
     diagnostics: Vec<Diagnostic>,
 }
 
@@ -114,7 +123,7 @@ impl Report<'_> {
 /// The diagnostic for a rule file that is not UTF-8: at its first invalid byte.
 pub fn not_utf8(name: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
     let valid = std::str::from_utf8(&bytes[..valid_up_to]).unwrap_or_default();
-    let source = Source { name, text: valid };
+    let source = Source::new(name, valid);
     Diagnostic { origin: source.origin(valid_up_to), message: "file is not valid UTF-8".to_owned() }
 }
 
@@ -212,13 +221,19 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
     let mut list_drafts: Vec<ListDraft> = Vec::new();
     // Every id with where it was defined, to find duplicates (a v1 rule's id once).
     let mut ids: Vec<(String, Origin)> = Vec::new();
-    for (file, (name, text)) in sources.iter().enumerate() {
-        let mut report = Report { source: Source { name, text }, diagnostics: Vec::new() };
-        read_file(file, text, &mut report, &mut Drafts { counters: &mut counters, rules: &mut rules, lists: &mut list_drafts }, &mut ids, &mut warnings);
+    let mut orphans: Vec<(ExprSite, bool)> = Vec::new();
+    // One line index per file, shared by every position reported in it.
+    let files: Vec<Source> = sources.iter().map(|(name, text)| Source::new(name, text)).collect();
+    for (file, (_, text)) in sources.iter().enumerate() {
+        let mut report = Report { source: &files[file], diagnostics: Vec::new() };
+        read_file(file, text, &mut report, &mut Drafts { counters: &mut counters, rules: &mut rules, lists: &mut list_drafts, orphans: &mut orphans }, &mut ids, &mut warnings);
         let mut file_diags = report.diagnostics;
         file_diags.sort_by_key(|d| (d.origin.line, d.origin.col));
         diagnostics.extend(file_diags);
     }
+    // In file order, then by position (tables are read kind by kind).
+    let file_order: HashMap<&str, usize> = sources.iter().enumerate().rev().map(|(i, (name, _))| (*name, i)).collect();
+    ids.sort_by_key(|(_, o)| (file_order.get(o.file.as_str()).copied(), o.line, o.col));
     let mut first: HashMap<&str, &Origin> = HashMap::new();
     for (id, origin) in &ids {
         if let Some(prev) = first.get(id.as_str()) {
@@ -235,8 +250,8 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
     let mut lists: Vec<(String, Arc<ListSet>)> = Vec::new();
     let mut list_files = Vec::new();
     for draft in &list_drafts {
-        let (name, text) = sources[draft.file];
-        let source = Source { name, text };
+        let (name, _) = sources[draft.file];
+        let source = &files[draft.file];
         let mut set = ListSet::new(draft.kind);
         match &draft.entries {
             ListEntries::Inline(values) => {
@@ -275,12 +290,12 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
         counters.iter().enumerate().map(|(i, c)| (c.counter.id.clone(), (i, c.counter.enabled))).collect();
     let rule_ids: std::collections::HashSet<&str> = rules.iter().map(|r| r.id.as_str()).collect();
     let scales: Vec<i32> = counters.iter().map(|c| if c.counter.aggregate() == Aggregate::Sum { 6 } else { 0 }).collect();
-    let names = CounterNames { index: &index, scales: &scales, rule_ids: &rule_ids, lists: &lists };
+    let list_index: HashMap<&str, usize> = lists.iter().enumerate().rev().map(|(i, (id, _))| (id.as_str(), i)).collect();
+    let names = CounterNames { index: &index, scales: &scales, rule_ids: &rule_ids, lists: &lists, list_index: &list_index };
     let mut projection = Projection::new();
     let site_error = |site: &ExprSite, e: expr::ExprError| {
-        let (name, text) = sources[site.file];
-        let source = Source { name, text };
-        Diagnostic { origin: source.origin(site.at + raw_offset(&text[site.at..], e.offset)), message: e.message }
+        let source = &files[site.file];
+        Diagnostic { origin: source.origin(site.at + raw_offset(&source.text[site.at..], e.offset)), message: e.message }
     };
     let compile_scope = |scope: &DraftScope, projection: &mut Projection, diagnostics: &mut Vec<Diagnostic>| match scope {
         DraftScope::All => Some(Scope::All),
@@ -293,6 +308,14 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
             }
         },
     };
+    // Expressions of tables with other errors: their own errors too (names they use may belong
+    // to tables that failed, so only what is wrong in the expression itself is reported).
+    for (site, allow_counters) in &orphans {
+        let lenient = LenientNames(&names);
+        if let Err(e) = expr::compile(&site.value, &mut Projection::new(), &lenient, *allow_counters) {
+            diagnostics.push(site_error(site, e));
+        }
+    }
     let mut built_counters = Vec::with_capacity(counters.len());
     for draft in &counters {
         if let Some(scope) = compile_scope(&draft.scope, &mut projection, &mut diagnostics) {
@@ -349,13 +372,22 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
     }
     if !diagnostics.is_empty() {
         // By file (in load order), then by position.
-        let file_index = |d: &Diagnostic| sources.iter().position(|(name, _)| *name == d.origin.file).unwrap_or(usize::MAX);
+        let files: HashMap<&str, usize> = sources.iter().enumerate().rev().map(|(i, (name, _))| (*name, i)).collect();
+        let file_index = |d: &Diagnostic| files.get(d.origin.file.as_str()).copied().unwrap_or(usize::MAX);
         diagnostics.sort_by_key(|d| (file_index(d), d.origin.line, d.origin.col));
         return Err(diagnostics);
     }
     // Counters no rule reads are almost always a mistake (a v1 rule reads its own).
-    for (i, counter) in built_counters.iter().enumerate() {
-        let read = built_rules.iter().any(|r| r.counters().contains(&i) || matches!(r.form, Form::V1 { counter, .. } if counter == i));
+    let mut read = vec![false; built_counters.len()];
+    for rule in &built_rules {
+        for &i in rule.counters() {
+            read[i] = true;
+        }
+        if let Form::V1 { counter, .. } = rule.form {
+            read[counter] = true;
+        }
+    }
+    for (counter, read) in built_counters.iter().zip(read) {
         if !read && counter.enabled {
             warnings.push(Diagnostic {
                 origin: counter.origin.clone(),
@@ -387,6 +419,26 @@ struct CounterNames<'a> {
     scales: &'a [i32],
     rule_ids: &'a std::collections::HashSet<&'a str>,
     lists: &'a [(String, Arc<ListSet>)],
+    /// Each list id's position in `lists` (the first, if an id is defined twice).
+    list_index: &'a HashMap<&'a str, usize>,
+}
+
+/// Names that resolve every counter and list (an unknown list as an empty string list): for
+/// checking an expression on its own.
+struct LenientNames<'n>(&'n CounterNames<'n>);
+
+impl Names for LenientNames<'_> {
+    fn counter(&self, id: &str) -> Result<usize, String> {
+        Ok(self.0.counter(id).unwrap_or(usize::MAX))
+    }
+
+    fn counter_scale(&self, index: usize) -> i32 {
+        self.0.scales.get(index).copied().unwrap_or(0)
+    }
+
+    fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
+        Ok(self.0.list(id).unwrap_or_else(|_| Arc::new(ListSet::new(ListKind::String))))
+    }
 }
 
 impl Names for CounterNames<'_> {
@@ -404,8 +456,8 @@ impl Names for CounterNames<'_> {
     }
 
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
-        match self.lists.iter().find(|(l, _)| l == id) {
-            Some((_, set)) => Ok(Arc::clone(set)),
+        match self.list_index.get(id) {
+            Some(&i) => Ok(Arc::clone(&self.lists[i].1)),
             None if self.index.contains_key(id) => Err(format!("\"{id}\" is a counter, not a list (write ${id})")),
             None => Err(format!("unknown list \"{id}\"")),
         }
@@ -485,6 +537,9 @@ struct Drafts<'d> {
     counters: &'d mut Vec<CounterDraft>,
     rules: &'d mut Vec<RuleDraft>,
     lists: &'d mut Vec<ListDraft>,
+    /// The expressions of tables that had other errors (with whether counters are allowed):
+    /// checked for their own errors too, so one `check` reports everything.
+    orphans: &'d mut Vec<(ExprSite, bool)>,
 }
 
 fn read_file(
@@ -521,19 +576,16 @@ fn read_file(
             continue;
         };
         for table in tables.iter() {
-            let mut cx = TableCx { file, report: &mut *report, warnings: &mut *warnings };
+            let mut cx = TableCx { file, report: &mut *report, warnings: &mut *warnings, ids: &mut *ids, orphans: &mut *drafts.orphans };
             if kind == "list" {
-                if let Some((draft, id)) = read_list(table, &mut cx) {
-                    ids.push(id);
+                if let Some(draft) = read_list(table, &mut cx) {
                     drafts.lists.push(draft);
                 }
             } else if kind == "counter" {
-                if let Some((draft, id)) = read_counter(table, &mut cx) {
-                    ids.push(id);
+                if let Some(draft) = read_counter(table, &mut cx) {
                     drafts.counters.push(draft);
                 }
-            } else if let Some((rule, counter, id)) = read_rule(table, &mut cx) {
-                ids.push(id);
+            } else if let Some((rule, counter)) = read_rule(table, &mut cx) {
                 if let Some(counter) = counter {
                     drafts.counters.push(counter);
                 }
@@ -547,6 +599,18 @@ struct TableCx<'r, 'a> {
     file: usize,
     report: &'r mut Report<'a>,
     warnings: &'r mut Vec<Diagnostic>,
+    /// Every valid id read, with where its table starts (duplicates are found across files,
+    /// including tables with other errors).
+    ids: &'r mut Vec<(String, Origin)>,
+    orphans: &'r mut Vec<(ExprSite, bool)>,
+}
+
+impl TableCx<'_, '_> {
+    fn record_id(&mut self, id: Option<&String>, header: usize) {
+        if let Some(id) = id {
+            self.ids.push((id.clone(), self.report.source.origin(header)));
+        }
+    }
 }
 
 /// The keys shared by counters and v1 rules, as read.
@@ -695,7 +759,7 @@ fn read_scope(item: &Item, cx: &mut TableCx<'_, '_>) -> Option<DraftScope> {
 /// Keys a `[[list]]` table may hold.
 pub const LIST_KEYS: [&str; 5] = ["id", "description", "kind", "file", "values"];
 
-fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(ListDraft, (String, Origin))> {
+fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListDraft> {
     let header = table.span().map_or(0, |s| s.start);
     let errors_before = cx.report.diagnostics.len();
     let (mut id, mut kind, mut entries) = (None, None, Vec::new());
@@ -756,16 +820,14 @@ fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(ListDraft, (Str
     if entries.len() != 1 {
         cx.report.error(header, format!("{name} needs exactly one of \"file\" and \"values\""));
     }
+    cx.record_id(id.as_ref(), header);
     if cx.report.diagnostics.len() > errors_before {
         return None;
     }
-    let origin = cx.report.source.origin(header);
-    let id = id?;
-    let draft = ListDraft { id: id.clone(), kind: kind.unwrap_or(ListKind::String), file: cx.file, entries: entries.pop()? };
-    Some((draft, (id, origin)))
+    Some(ListDraft { id: id?, kind: kind.unwrap_or(ListKind::String), file: cx.file, entries: entries.pop()? })
 }
 
-fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(CounterDraft, (String, Origin))> {
+fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<CounterDraft> {
     let header = table.span().map_or(0, |s| s.start);
     let errors_before = cx.report.diagnostics.len();
     let mut invalid = Vec::new();
@@ -815,7 +877,11 @@ fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(CounterDraft
     if let Some((_, at)) = max_distinct.filter(|_| aggregate != Aggregate::Distinct) {
         cx.report.error(at, "\"max_distinct\" is only for aggregate \"distinct\"");
     }
+    cx.record_id(id.as_ref(), header);
     if cx.report.diagnostics.len() > errors_before {
+        if let Some(DraftScope::Expr(site)) = scope {
+            cx.orphans.push((site, false));
+        }
         return None;
     }
     let origin = cx.report.source.origin(header);
@@ -838,11 +904,11 @@ fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(CounterDraft
         from_rule: false,
         origin: origin.clone(),
     };
-    Some((CounterDraft { counter, scope: scope.unwrap_or(DraftScope::All) }, (id, origin)))
+    Some(CounterDraft { counter, scope: scope.unwrap_or(DraftScope::All) })
 }
 
 #[allow(clippy::type_complexity)]
-fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Option<CounterDraft>, (String, Origin))> {
+fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Option<CounterDraft>)> {
     let header = table.span().map_or(0, |s| s.start);
     let errors_before = cx.report.diagnostics.len();
     let mut invalid = Vec::new();
@@ -957,7 +1023,14 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
         }
     }
     let spec = if v1 { window_spec(&w, &invalid, header, cx.report) } else { None };
+    cx.record_id(id.as_ref(), header);
     if cx.report.diagnostics.len() > errors_before {
+        if let Some(DraftScope::Expr(site)) = scope {
+            cx.orphans.push((site, false));
+        }
+        if let Some((site, _)) = when {
+            cx.orphans.push((site, true));
+        }
         return None;
     }
     let origin = cx.report.source.origin(header);
@@ -1005,7 +1078,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
         hold,
         origin: origin.clone(),
     };
-    Some((rule, counter, (id, origin)))
+    Some((rule, counter))
 }
 
 fn boolean(item: &Item, key: &str, report: &mut Report<'_>) -> Option<bool> {
