@@ -316,6 +316,14 @@ pub fn quote_prefix(s: &str) -> String {
     }
 }
 
+/// `s` for a message, unquoted: whole if short, else its first characters and how long it was.
+pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(QUOTED_PREFIX) {
+        None => std::borrow::Cow::Borrowed(s),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!("{}… ({} bytes)", &s[..cut], s.len())),
+    }
+}
+
 /// `ts` as a JSON integer of epoch milliseconds in `0..=MAX_TS_MS`, or an RFC 3339 string in that
 /// range (fractions finer than a millisecond are truncated).
 pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
@@ -561,6 +569,15 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
     }
 }
 
+/// An array's element: a nested array is kept without its elements (only scalars can equal
+/// what `in` looks for), so no depth of nesting recurses here.
+fn interpret_element(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
+    match text.as_bytes().first() {
+        Some(b'[') => Ok(FieldValue::Array(Vec::new())),
+        _ => interpret(text),
+    }
+}
+
 /// A JSON value's text (already validated by the parser) as a [`FieldValue`].
 fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
     Ok(match text.as_bytes().first() {
@@ -578,7 +595,7 @@ fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
         Some(b'{') => FieldValue::Object,
         Some(b'[') => {
             let elements: Vec<&RawValue> = serde_json::from_str(text)?;
-            FieldValue::Array(elements.into_iter().map(|e| interpret(e.get())).collect::<Result<_, _>>()?)
+            FieldValue::Array(elements.into_iter().map(|e| interpret_element(e.get())).collect::<Result<_, _>>()?)
         }
         _ => match Number::parse(text) {
             Some(n) => FieldValue::Number(n),
@@ -656,6 +673,33 @@ mod tests {
         assert_eq!(err(br#"{"ts":9223372036854775807}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":18446744073709551615}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":"1685577601000"}"#), "bad_ts");
+    }
+
+    /// Found by feeding hostile lines: a projected field holding 100 000 nested arrays overflowed
+    /// the stack (each element was interpreted recursively). Nesting of any depth, projected or
+    /// not, now decodes or fails with a reason, never deeper than the projection.
+    #[test]
+    fn deep_nesting_never_overflows_the_stack() {
+        let (p, s) = projection(&["tags", "device.id"]);
+        let deep = |open: &str, close: &str| format!("{}{}", open.repeat(100_000), close.repeat(100_000));
+        let arrays = deep("[", "]");
+        let line = format!(r#"{{"ts":1,"tags":[1,{arrays},"a"],"device":{arrays}}}"#);
+        let e = decode(line.as_bytes(), &p).unwrap();
+        let FieldValue::Array(items) = e.field(s[0]) else { panic!("tags is an array") };
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[1], FieldValue::Array(Vec::new()));
+        assert_eq!(items[2], FieldValue::Str("a".into()));
+        for line in [
+            format!(r#"{{"ts":{arrays}}}"#),
+            format!(r#"{{"ts":1,"other":{arrays}}}"#),
+            format!(r#"{{"ts":1,"other":{}}}"#, deep(r#"{"a":"#, "}")),
+            format!(r#"{{"ts":1,"device":{}}}"#, deep(r#"{"device":"#, "}")),
+            format!(r#"{{"ts":1,"tags":{}}}"#, deep(r#"[{"a":"#, "}]")),
+            arrays.clone(),
+        ] {
+            // Decoded or refused; either way the stack holds.
+            let _ = decode(line.as_bytes(), &p);
+        }
     }
 
     #[test]

@@ -11,7 +11,8 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 41] = [
+const REQUIRED: [&str; 42] = [
+    "expr_too_deep",
     "all_at_once",
     "unknown_key",
     "duplicate_id",

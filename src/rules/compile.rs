@@ -19,7 +19,7 @@ use super::lists::{ListKind, ListSet};
 use super::model::{
     parse_duration, Action, Counter, Form, Hold, MatchValue, Matcher, Mode, OnStoreError, Origin, Rule, Scope,
 };
-use crate::event::{Decimal, FieldPath, Projection};
+use crate::event::{quote_prefix as q, shorten, Decimal, FieldPath, Projection};
 use crate::window::{Aggregate, WindowSpec, DEFAULT_MAX_DISTINCT};
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
@@ -239,7 +239,7 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
         if let Some(prev) = first.get(id.as_str()) {
             diagnostics.push(Diagnostic {
                 origin: origin.clone(),
-                message: format!("duplicate id {id:?} (first defined at {prev}); counters, rules and lists share one namespace"),
+                message: format!("duplicate id {id_q} (first defined at {prev}); counters, rules and lists share one namespace", id_q = q(&id)),
             });
         } else {
             first.insert(id, origin);
@@ -445,9 +445,9 @@ impl Names for CounterNames<'_> {
     fn counter(&self, id: &str) -> Result<usize, String> {
         match self.index.get(id) {
             Some(&(i, true)) => Ok(i),
-            Some(&(_, false)) => Err(format!("counter \"{id}\" is disabled (enabled = false)")),
-            None if self.rule_ids.contains(id) => Err(format!("\"{id}\" is a rule, not a counter")),
-            None => Err(format!("unknown counter \"{id}\"")),
+            Some(&(_, false)) => Err(format!("counter {} is disabled (enabled = false)", q(id))),
+            None if self.rule_ids.contains(id) => Err(format!("{} is a rule, not a counter", q(id))),
+            None => Err(format!("unknown counter {}", q(id))),
         }
     }
 
@@ -458,8 +458,8 @@ impl Names for CounterNames<'_> {
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
         match self.list_index.get(id) {
             Some(&i) => Ok(Arc::clone(&self.lists[i].1)),
-            None if self.index.contains_key(id) => Err(format!("\"{id}\" is a counter, not a list (write ${id})")),
-            None => Err(format!("unknown list \"{id}\"")),
+            None if self.index.contains_key(id) => Err(format!("{} is a counter, not a list (write ${id})", q(id))),
+            None => Err(format!("unknown list {}", q(id))),
         }
     }
 }
@@ -565,14 +565,14 @@ fn read_file(
             "rule" | "counter" | "list" => {}
             _ => report.error(
                 key_offset(root, key),
-                format!("unknown top-level key {key:?}; a rule file holds [[counter]], [[rule]] and [[list]] tables"),
+                format!("unknown top-level key {key_q}; a rule file holds [[counter]], [[rule]] and [[list]] tables", key_q = q(key)),
             ),
         }
     }
     for kind in ["list", "counter", "rule"] {
         let Some(item) = root.get(kind) else { continue };
         let Some(tables) = item.as_array_of_tables() else {
-            report.error(key_offset(root, kind), format!("{kind:?} must be an array of tables: write each one as [[{kind}]]"));
+            report.error(key_offset(root, kind), format!("{kind_q} must be an array of tables: write each one as [[{kind}]]", kind_q = q(kind)));
             continue;
         };
         for table in tables.iter() {
@@ -635,7 +635,7 @@ fn window_key<'t>(key: &str, item: &'t Item, key_at: usize, w: &mut WindowKeys<'
             w.window = duration(item, "window", report);
             if let Some((ms, text, at)) = w.window {
                 if ms > MAX_WINDOW_MS {
-                    report.error(at, format!("window {text} is longer than 400d"));
+                    report.error(at, format!("window {} is longer than 400d", shorten(text)));
                     w.window = None;
                 }
             }
@@ -651,7 +651,7 @@ fn window_key<'t>(key: &str, item: &'t Item, key_at: usize, w: &mut WindowKeys<'
                     _ => None,
                 };
                 if parsed.is_none() {
-                    report.error(at, format!("invalid aggregate {s:?}: expected \"count\", \"sum\" or \"distinct\""));
+                    report.error(at, format!("invalid aggregate {s_q}: expected \"count\", \"sum\" or \"distinct\"", s_q = q(s)));
                 }
                 parsed.map(|a| (a, at))
             });
@@ -722,7 +722,7 @@ fn window_spec(w: &WindowKeys<'_>, invalid: &[&'static str], header: usize, repo
     };
     let bucket_text = w.bucket.map_or("", |(_, t, _)| t);
     if window % bucket_ms != 0 {
-        report.error(bucket_at, format!("bucket {bucket_text} does not divide window {window_text}"));
+        report.error(bucket_at, format!("bucket {} does not divide window {}", shorten(bucket_text), shorten(window_text)));
         return None;
     }
     let buckets = window / bucket_ms;
@@ -742,7 +742,7 @@ fn read_id(item: &Item, report: &mut Report<'_>, what: &str) -> Option<String> {
         if valid_id(id) {
             Some(id.to_owned())
         } else {
-            report.error(at, format!("invalid {what} id {id:?}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$"));
+            report.error(at, format!("invalid {what} id {id_q}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$", id_q = q(&id)));
             None
         }
     })
@@ -779,7 +779,7 @@ fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListDraft> {
                 kind = string(item, "kind", cx.report).and_then(|s| {
                     let parsed = ListKind::parse(s);
                     if parsed.is_none() {
-                        cx.report.error(at, format!("invalid list kind {s:?}: expected \"string\", \"number\" or \"cidr\""));
+                        cx.report.error(at, format!("invalid list kind {s_q}: expected \"string\", \"number\" or \"cidr\"", s_q = q(s)));
                     }
                     parsed
                 });
@@ -810,10 +810,10 @@ fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListDraft> {
                 }
                 None => cx.report.error(at, format!("\"values\" must be an array, found {}", type_name(item))),
             },
-            other => cx.report.error(key_at, format!("unknown key {other:?} in list; expected one of: {}", LIST_KEYS.join(", "))),
+            other => cx.report.error(key_at, format!("unknown key {other_q} in list; expected one of: {}", LIST_KEYS.join(", "), other_q = q(other))),
         }
     }
-    let name = id.as_deref().map_or_else(|| "list".to_owned(), |id| format!("list {id:?}"));
+    let name = id.as_deref().map_or_else(|| "list".to_owned(), |id| format!("list {id_q}", id_q = q(&id)));
     if id.is_none() && !invalid.contains(&"id") {
         cx.report.error(header, format!("{name} is missing required key \"id\""));
     }
@@ -855,18 +855,18 @@ fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<CounterDraft>
             },
             "when" | "action" | "limit" => cx.report.error(
                 key_at,
-                format!("{key:?} belongs in a [[rule]]: a counter only counts; a rule reads it as $<counter id>"),
+                format!("{key_q} belongs in a [[rule]]: a counter only counts; a rule reads it as $<counter id>", key_q = q(key)),
             ),
             other => cx.report.error(
                 key_at,
-                format!("unknown key {other:?} in counter; expected one of: {}", COUNTER_KEYS.join(", ")),
+                format!("unknown key {other_q} in counter; expected one of: {}", COUNTER_KEYS.join(", "), other_q = q(other)),
             ),
         }
     }
-    let name = id.as_deref().map_or_else(|| "counter".to_owned(), |id| format!("counter {id:?}"));
+    let name = id.as_deref().map_or_else(|| "counter".to_owned(), |id| format!("counter {id_q}", id_q = q(&id)));
     for (key, present) in [("id", id.is_some()), ("dimensions", w.dimensions.is_some()), ("window", w.window.is_some())] {
         if !present && !invalid.contains(&key) {
-            cx.report.error(header, format!("{name} is missing required key {key:?}"));
+            cx.report.error(header, format!("{name} is missing required key {key_q}", key_q = q(key)));
         }
     }
     let spec = window_spec(&w, &invalid, header, cx.report);
@@ -936,7 +936,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
                     if parsed.is_none() {
                         cx.report.error(
                             at,
-                            format!("invalid action {s:?}: expected \"block\", \"challenge\", \"review\", \"alert\" or \"allow\""),
+                            format!("invalid action {s_q}: expected \"block\", \"challenge\", \"review\", \"alert\" or \"allow\"", s_q = q(s)),
                         );
                     }
                     parsed
@@ -947,7 +947,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
                 mode = string(item, "mode", cx.report).and_then(|s| {
                     let parsed = Mode::parse(s);
                     if parsed.is_none() {
-                        cx.report.error(at, format!("invalid mode {s:?}: expected \"enforce\" or \"shadow\""));
+                        cx.report.error(at, format!("invalid mode {s_q}: expected \"enforce\" or \"shadow\"", s_q = q(s)));
                     }
                     parsed
                 });
@@ -956,7 +956,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
                 on_store_error = string(item, "on_store_error", cx.report).and_then(|s| {
                     let parsed = OnStoreError::parse(s);
                     if parsed.is_none() {
-                        cx.report.error(at, format!("invalid on_store_error {s:?}: expected \"local\", \"allow\" or \"block\""));
+                        cx.report.error(at, format!("invalid on_store_error {s_q}: expected \"local\", \"allow\" or \"block\"", s_q = q(s)));
                     }
                     parsed
                 });
@@ -974,7 +974,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
             "hold" => {
                 hold = duration(item, "hold", cx.report).and_then(|(ms, text, at)| {
                     if ms > MAX_WINDOW_MS {
-                        cx.report.error(at, format!("hold {text} is longer than 400d"));
+                        cx.report.error(at, format!("hold {} is longer than 400d", shorten(text)));
                         return None;
                     }
                     Some((ms, key_at))
@@ -987,11 +987,11 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
             }
             other => cx.report.error(
                 key_at,
-                format!("unknown key {other:?} in rule; expected one of: {}", RULE_KEYS.join(", ")),
+                format!("unknown key {other_q} in rule; expected one of: {}", RULE_KEYS.join(", "), other_q = q(other)),
             ),
         }
     }
-    let name = id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id:?}"));
+    let name = id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id_q}", id_q = q(&id)));
     // The v1 form (`window` + `limit`) is a counter and a rule in one table.
     let v1 = w.window.is_some() || invalid.contains(&"window");
     let mut required = vec![("id", id.is_some()), ("action", action.is_some())];
@@ -1005,7 +1005,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
             cx.report.error(at, "\"limit\" needs \"window\" (the v1 form); otherwise write the condition in `when`, like \"$counter-id > 5\"");
         }
         for (key, at) in &window_keys_at {
-            cx.report.error(*at, format!("{key:?} needs \"window\" (the v1 form); otherwise define a [[counter]] and test it in `when`"));
+            cx.report.error(*at, format!("{key_q} needs \"window\" (the v1 form); otherwise define a [[counter]] and test it in `when`", key_q = q(key)));
         }
     }
     match (&hold, &hold_key) {
@@ -1019,7 +1019,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
     }
     for (key, present) in required {
         if !present && !invalid.contains(&key) {
-            cx.report.error(header, format!("{name} is missing required key {key:?}"));
+            cx.report.error(header, format!("{name} is missing required key {key_q}", key_q = q(key)));
         }
     }
     let spec = if v1 { window_spec(&w, &invalid, header, cx.report) } else { None };
@@ -1084,7 +1084,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
 fn boolean(item: &Item, key: &str, report: &mut Report<'_>) -> Option<bool> {
     let b = item.as_bool();
     if b.is_none() {
-        report.error(item_offset(item), format!("{key:?} must be a boolean, found {}", type_name(item)));
+        report.error(item_offset(item), format!("{key_q} must be a boolean, found {}", type_name(item), key_q = q(key)));
     }
     b
 }
@@ -1131,31 +1131,31 @@ fn type_name(item: &Item) -> &'static str {
 fn string<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<&'t str> {
     let s = item.as_str();
     if s.is_none() {
-        report.error(item_offset(item), format!("{key:?} must be a string, found {}", type_name(item)));
+        report.error(item_offset(item), format!("{key_q} must be a string, found {}", type_name(item), key_q = q(key)));
     }
     s
 }
 
 fn bad_path(path: &str) -> String {
-    format!("invalid field path {path:?}: expected names separated by single dots, like \"device.id\"")
+    format!("invalid field path {path_q}: expected names separated by single dots, like \"device.id\"", path_q = q(&path))
 }
 
 fn duration<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<(i64, &'t str, usize)> {
     let at = item_offset(item);
     let Some(text) = item.as_str() else {
-        report.error(at, format!("{key:?} must be a duration string like \"10m\", found {}", type_name(item)));
+        report.error(at, format!("{key_q} must be a duration string like \"10m\", found {}", type_name(item), key_q = q(key)));
         return None;
     };
     match parse_duration(text) {
         Some(0) => {
-            report.error(at, format!("{key} must be longer than zero, found {text:?}"));
+            report.error(at, format!("{key} must be longer than zero, found {text_q}", text_q = q(text)));
             None
         }
         Some(ms) => Some((ms, text, at)),
         None => {
             report.error(
                 at,
-                format!("invalid duration {text:?} for {key}: expected an integer and a unit (ms, s, m, h or d), like \"10m\""),
+                format!("invalid duration {text_q} for {key}: expected an integer and a unit (ms, s, m, h or d), like \"10m\"", text_q = q(text)),
             );
             None
         }
@@ -1170,13 +1170,13 @@ fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
 fn field_paths(item: &Item, key: &str, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
     let at = item_offset(item);
     let Some(array) = item.as_array() else {
-        report.error(at, format!("{key:?} must be an array of field paths, found {}", type_name(item)));
+        report.error(at, format!("{key_q} must be an array of field paths, found {}", type_name(item), key_q = q(key)));
         return None;
     };
     if array.is_empty() || array.len() > MAX_DIMENSIONS {
         report.error(
             at,
-            format!("{key:?} must list 1 to {MAX_DIMENSIONS} field paths, found {}", array.len()),
+            format!("{key_q} must list 1 to {MAX_DIMENSIONS} field paths, found {}", array.len(), key_q = q(key)),
         );
         return None;
     }
@@ -1196,7 +1196,7 @@ fn field_paths(item: &Item, key: &str, report: &mut Report<'_>) -> Option<Vec<Fi
                     ok = false;
                 }
                 Some(p) if paths.contains(&p) => {
-                    report.error(at, format!("duplicate {noun} {s:?}"));
+                    report.error(at, format!("duplicate {noun} {s_q}", s_q = q(s)));
                     ok = false;
                 }
                 Some(p) => paths.push(p),
@@ -1275,7 +1275,7 @@ fn collect_matchers(
         if let Some(nested) = item.as_table_like() {
             if nested.is_empty() {
                 // An empty table would add no condition: the match would hold for every event.
-                report.error(key_offset(table, key), format!("match on {path_text:?} is an empty table, which would match every event; list values or remove it"));
+                report.error(key_offset(table, key), format!("match on {path_text_q} is an empty table, which would match every event; list values or remove it", path_text_q = q(&path_text)));
                 ok = false;
                 continue;
             }
@@ -1294,7 +1294,7 @@ fn collect_matchers(
             _ => Vec::new(),
         };
         if values.is_empty() {
-            report.error(at, format!("match on {path_text:?} lists no values, so it could never hold"));
+            report.error(at, format!("match on {path_text_q} lists no values, so it could never hold", path_text_q = q(&path_text)));
             ok = false;
             continue;
         }

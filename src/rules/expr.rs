@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use regex::Regex;
 
 use super::lists::ListSet;
-use crate::event::{Decimal, FieldPath, FieldValue, Projection};
+use crate::event::{quote_prefix, shorten, Decimal, FieldPath, FieldValue, Projection};
 
 /// A syntax or name error at a byte offset of the expression text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,11 +79,11 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
                 }
             }
             if i < bytes.len() && (bytes[i].is_ascii_alphabetic() || bytes[i] == b'_') {
-                return err(start, format!("invalid number {:?}", &text[start..=i]));
+                return err(start, format!("invalid number {}", quote_prefix(&text[start..=i])));
             }
             match Decimal::parse(&text[start..i]) {
                 Some(d) => out.push((Tok::Num(d), start)),
-                None => return err(start, format!("invalid number {:?}", &text[start..i])),
+                None => return err(start, format!("invalid number {}", quote_prefix(&text[start..i]))),
             }
             continue;
         }
@@ -242,7 +242,15 @@ enum Ast {
 struct Parser {
     toks: Vec<(Tok, usize)>,
     pos: usize,
+    /// Nodes above the one being parsed: parentheses, lists, calls, `!`, unary `-` and each link
+    /// of a chain (`a && b && c` nests to the left). Bounded, so resolving, evaluating and
+    /// dropping the tree never recurse deeper than [`MAX_NESTING`] (a hostile rule file of
+    /// 100 000 parentheses would otherwise overflow the stack).
+    depth: usize,
 }
+
+/// The deepest an expression may nest.
+pub const MAX_NESTING: usize = 200;
 
 const RESERVED: [&str; 7] = ["true", "false", "null", "and", "or", "not", "in"];
 
@@ -275,25 +283,48 @@ impl Parser {
         }
     }
 
+    /// One level deeper, refused past [`MAX_NESTING`].
+    fn enter(&mut self) -> Result<(), ExprError> {
+        self.depth += 1;
+        if self.depth > MAX_NESTING {
+            return err(
+                self.at(),
+                format!(
+                    "expression nests too deeply (over {MAX_NESTING} levels of parentheses, operators or chained terms); \
+                     split it, or test many values with `in [...]`"
+                ),
+            );
+        }
+        Ok(())
+    }
+
     fn or(&mut self) -> Result<(Ast, usize), ExprError> {
         let mut left = self.and()?;
+        let mut links = 0;
         while self.is_op("||") || self.is_word("or") {
             self.bump();
+            self.enter()?;
+            links += 1;
             let right = self.and()?;
             let at = left.1;
             left = (Ast::Bin(BinOp::Or, Box::new(left), Box::new(right)), at);
         }
+        self.depth -= links;
         Ok(left)
     }
 
     fn and(&mut self) -> Result<(Ast, usize), ExprError> {
         let mut left = self.not()?;
+        let mut links = 0;
         while self.is_op("&&") || self.is_word("and") {
             self.bump();
+            self.enter()?;
+            links += 1;
             let right = self.not()?;
             let at = left.1;
             left = (Ast::Bin(BinOp::And, Box::new(left), Box::new(right)), at);
         }
+        self.depth -= links;
         Ok(left)
     }
 
@@ -301,7 +332,9 @@ impl Parser {
         if self.is_op("!") || (self.is_word("not") && !self.next_is_word("in")) {
             let at = self.at();
             self.bump();
+            self.enter()?;
             let inner = self.not()?;
+            self.depth -= 1;
             return Ok((Ast::Not(Box::new(inner)), at));
         }
         self.comparison()
@@ -353,15 +386,19 @@ impl Parser {
 
     fn additive(&mut self) -> Result<(Ast, usize), ExprError> {
         let mut left = self.multiplicative()?;
+        let mut links = 0;
         loop {
             let op = if self.is_op("+") {
                 BinOp::Add
             } else if self.is_op("-") {
                 BinOp::Sub
             } else {
+                self.depth -= links;
                 return Ok(left);
             };
             self.bump();
+            self.enter()?;
+            links += 1;
             let right = self.multiplicative()?;
             let at = left.1;
             left = (Ast::Bin(op, Box::new(left), Box::new(right)), at);
@@ -370,15 +407,19 @@ impl Parser {
 
     fn multiplicative(&mut self) -> Result<(Ast, usize), ExprError> {
         let mut left = self.unary()?;
+        let mut links = 0;
         loop {
             let op = if self.is_op("*") {
                 BinOp::Mul
             } else if self.is_op("/") {
                 BinOp::Div
             } else {
+                self.depth -= links;
                 return Ok(left);
             };
             self.bump();
+            self.enter()?;
+            links += 1;
             let right = self.unary()?;
             let at = left.1;
             left = (Ast::Bin(op, Box::new(left), Box::new(right)), at);
@@ -389,7 +430,9 @@ impl Parser {
         if self.is_op("-") {
             let at = self.at();
             self.bump();
+            self.enter()?;
             let inner = self.unary()?;
+            self.depth -= 1;
             if let Ast::Num(d) = inner.0 {
                 return Ok((Ast::Num(-d), at));
             }
@@ -406,11 +449,14 @@ impl Parser {
             Tok::Counter(id) => Ast::Counter(id),
             Tok::List(id) => Ast::ListRef(id),
             Tok::Op("(") => {
+                self.enter()?;
                 let inner = self.or()?;
                 self.expect_op(")")?;
+                self.depth -= 1;
                 return Ok((inner.0, at));
             }
             Tok::Op("[") => {
+                self.enter()?;
                 let mut items = Vec::new();
                 if !self.is_op("]") {
                     loop {
@@ -426,6 +472,7 @@ impl Parser {
                     }
                 }
                 self.expect_op("]")?;
+                self.depth -= 1;
                 Ast::List(items)
             }
             Tok::Ident(word) if word == "true" => Ast::Bool(true),
@@ -436,6 +483,7 @@ impl Parser {
             }
             Tok::Ident(name) if self.is_op("(") => {
                 self.bump();
+                self.enter()?;
                 let mut args = Vec::new();
                 if !self.is_op(")") {
                     loop {
@@ -448,6 +496,7 @@ impl Parser {
                     }
                 }
                 self.expect_op(")")?;
+                self.depth -= 1;
                 Ast::Call(name, args)
             }
             Tok::Ident(first) | Tok::Quoted(first) => {
@@ -464,7 +513,7 @@ impl Parser {
                 }
                 match FieldPath::parse(&path) {
                     Some(p) => Ast::Path(p),
-                    None => return err(at, format!("invalid field path {path:?}")),
+                    None => return err(at, format!("invalid field path {}", quote_prefix(&path))),
                 }
             }
             other => return err(at, format!("expected a value, found {}", describe(&other))),
@@ -475,12 +524,12 @@ impl Parser {
 
 fn describe(tok: &Tok) -> String {
     match tok {
-        Tok::Num(d) => format!("number {d}"),
-        Tok::Str(s) => format!("string {s:?}"),
-        Tok::Ident(w) => format!("'{w}'"),
-        Tok::Quoted(w) => format!("`{w}`"),
-        Tok::Counter(c) => format!("${c}"),
-        Tok::List(l) => format!("@{l}"),
+        Tok::Num(d) => format!("number {}", shorten(&d.to_string())),
+        Tok::Str(s) => format!("string {}", quote_prefix(s)),
+        Tok::Ident(w) => format!("'{}'", shorten(w)),
+        Tok::Quoted(w) => format!("`{}`", shorten(w)),
+        Tok::Counter(c) => format!("${}", shorten(c)),
+        Tok::List(l) => format!("@{}", shorten(l)),
         Tok::Op(op) => format!("'{op}'"),
         Tok::End => "the end of the expression".to_owned(),
     }
@@ -611,7 +660,7 @@ pub fn compile(text: &str, projection: &mut Projection, names: &dyn Names, allow
     if toks.len() == 1 {
         return err(0, "empty expression");
     }
-    let mut parser = Parser { toks, pos: 0 };
+    let mut parser = Parser { toks, pos: 0, depth: 0 };
     let ast = parser.or()?;
     if !matches!(parser.peek(), Tok::End) {
         return err(parser.at(), format!("unexpected {}", describe(parser.peek())));
@@ -648,7 +697,7 @@ impl Resolver<'_> {
             Ast::Path(p) => Expr::Field(self.field(p)),
             Ast::Counter(id) => {
                 if !self.allow_counters {
-                    return err(at, format!("a match cannot use counters (${id}): test it in the rule's `when`"));
+                    return err(at, format!("a match cannot use counters (${}): test it in the rule's `when`", shorten(id)));
                 }
                 let index = self.names.counter(id).or_else(|m| err(at, m))?;
                 if !self.counters.contains(&index) {
@@ -658,7 +707,7 @@ impl Resolver<'_> {
             }
             Ast::ListRef(id) => {
                 self.names.list(id).or_else(|m| err(at, m))?;
-                return err(at, format!("@{id} can only follow 'in' or 'not in'"));
+                return err(at, format!("@{} can only follow 'in' or 'not in'", shorten(id)));
             }
             Ast::Not(inner) => Expr::Not(Box::new(self.resolve(inner)?)),
             Ast::Neg(inner) => Expr::Neg(Box::new(self.resolve(inner)?)),
@@ -775,7 +824,7 @@ impl Resolver<'_> {
             other => {
                 return err(
                     at,
-                    format!("unknown function \"{other}\"; expected exists, starts_with, ends_with, contains, matches, lower or cidr"),
+                    format!("unknown function {}; expected exists, starts_with, ends_with, contains, matches, lower or cidr", quote_prefix(other)),
                 )
             }
         })
@@ -813,7 +862,7 @@ fn networks(args: &[(Ast, usize)], at: usize) -> Result<Vec<IpNet>, ExprError> {
         .map(|(ast, at)| match ast {
             Ast::Str(s) => parse_network(s).ok_or_else(|| ExprError {
                 offset: *at,
-                message: format!("invalid network {s:?}: expected an IPv4 or IPv6 address or CIDR like \"10.0.0.0/8\""),
+                message: format!("invalid network {}: expected an IPv4 or IPv6 address or CIDR like \"10.0.0.0/8\"", quote_prefix(s)),
             }),
             _ => err(*at, "cidr() takes networks as string literals"),
         })
@@ -1157,11 +1206,11 @@ mod tests {
             match id {
                 "fails" => Ok(0),
                 "sum-1" => Ok(1),
-                other => Err(format!("unknown counter \"{other}\"")),
+                other => Err(format!("unknown counter {}", quote_prefix(other))),
             }
         }
         fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String> {
-            Err(format!("unknown list \"{id}\""))
+            Err(format!("unknown list {}", quote_prefix(id)))
         }
     }
 
