@@ -782,3 +782,71 @@ fn a_million_distinct_values_on_one_key_stay_bounded_in_redis() {
         slow.len()
     );
 }
+
+/// Dimension values an attacker controls (braces that would pick a Cluster hash slot,
+/// separators, NUL, a megabyte, numbers that look like strings) never reach a Redis key: every
+/// key is `vg:<counter>:<32 hex digits>`, distinct tuples get distinct keys, and the key of an
+/// honest value is the same whatever hostile values came before it.
+#[test]
+fn hostile_dimension_values_cannot_steer_redis_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("steer.toml"),
+        "[[counter]]\nid = \"pair\"\ndimensions = [\"user_id\", \"ip\"]\nwindow = \"1h\"\n\n\
+         [[rule]]\nid = \"many\"\naction = \"alert\"\nwhen = \"$pair > 100\"\n",
+    )
+    .unwrap();
+    let megabyte = "{".repeat(1 << 20);
+    let hostile: Vec<(String, String)> = vec![
+        (r#""{victim}""#.into(), r#""1.2.3.4""#.into()),
+        (r#""victim""#.into(), r#""{1.2.3.4}""#.into()),
+        (r#""{""#.into(), r#""}""#.into()),
+        (r#""a:b""#.into(), r#""c""#.into()),
+        (r#""a""#.into(), r#""b:c""#.into()),
+        (r#""a\u0000b""#.into(), r#""c""#.into()),
+        (r#""a""#.into(), r#""\u0000bc""#.into()),
+        (r#""17""#.into(), r#""x""#.into()),
+        ("17".into(), r#""x""#.into()),
+        ("17.0".into(), r#""x""#.into()),
+        ("true".into(), r#""x""#.into()),
+        (r#""true""#.into(), r#""x""#.into()),
+        (format!("\"{megabyte}\""), r#""x""#.into()),
+        (format!("\"{megabyte}\""), r#""y""#.into()),
+    ];
+    // 17 and 17.0 are one key (numbers by value): 13 distinct tuples.
+    let distinct = hostile.len() - 1;
+    let victim = r#"{"ts":1700000000500,"user_id":"victim","ip":"1.2.3.4"}"#;
+    let mut with_hostile = String::new();
+    for (i, (user, ip)) in hostile.iter().enumerate() {
+        with_hostile.push_str(&format!("{{\"ts\":{},\"user_id\":{user},\"ip\":{ip}}}\n", 1_700_000_000_000u64 + i as u64));
+    }
+    // A lone surrogate is not a string JSON can carry: a bad line, counted nowhere.
+    with_hostile.push_str("{\"ts\":1700000000100,\"user_id\":\"\\ud800\",\"ip\":\"x\"}\n");
+    with_hostile.push_str(victim);
+    with_hostile.push('\n');
+
+    let keys_after = |input: &str| {
+        let redis = RedisServer::start();
+        let rules = vigil::rule_files::load(dir.path()).unwrap();
+        let store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+        let mut engine = Engine::new(rules, store);
+        let mut out = Vec::new();
+        // Lines of a megabyte and more are allowed here (the default limit is 1 MiB per line).
+        let options = ReplayOptions { max_event_bytes: 4 << 20, ..ReplayOptions::default() };
+        let summary = replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), options).unwrap();
+        let mut conn = redis.connection();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("vg:pair:*").query(&mut conn).unwrap();
+        (keys, summary.bad_lines)
+    };
+    let (keys, bad) = keys_after(&with_hostile);
+    assert_eq!(bad, 1);
+    assert_eq!(keys.len(), distinct + 1, "{keys:?}");
+    for key in &keys {
+        let digest = key.strip_prefix("vg:pair:").unwrap();
+        assert_eq!(digest.len(), 32, "{key}");
+        assert!(digest.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{key}");
+    }
+    let (alone, _) = keys_after(&format!("{victim}\n"));
+    assert_eq!(alone.len(), 1);
+    assert!(keys.contains(&alone[0]), "the victim's key does not depend on what came before");
+}

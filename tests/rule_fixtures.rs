@@ -239,3 +239,27 @@ fn loading_is_linear_in_the_rule_count() {
     eprintln!("2 500 + 2 500 rules: {small:?}; 10 000 + 10 000 rules: {large:?}; ratio {ratio:.2} (linear: 4, quadratic: 16)");
     assert!(ratio < 9.0, "ratio {ratio:.2}: loading is not linear");
 }
+
+/// A rule file full of 100 000-character values (ids, keys, actions, durations, paths, function,
+/// counter and list names, numbers): every error is reported, each quoting a bounded prefix.
+#[test]
+fn diagnostics_quote_a_bounded_prefix_of_long_values() {
+    let long = "x".repeat(100_000);
+    let text = format!(
+        "[[rule]]\nid = \"{long}\"\naction = \"{long}\"\nmode = \"{long}\"\non_store_error = \"{long}\"\nmatch = \"{long}(a)\"\n\
+         when = \"${long} > 1 && @{long} == 1\"\n\n\
+         [[rule]]\nid = \"r2\"\naction = \"block\"\nwhen = \"a == 1{long}\"\n\n\
+         [[rule]]\nid = \"r3\"\naction = \"block\"\nwhen = \"a in @{long}\"\n\n\
+         [[counter]]\nid = \"c1\"\ndimensions = [\"{long}..x\"]\nwindow = \"{long}\"\naggregate = \"{long}\"\n{long} = 1\n\n\
+         [[list]]\nid = \"l2\"\nkind = \"{long}\"\nvalues = []\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.toml");
+    fs::write(&path, text).unwrap();
+    let messages = library_messages(path.to_str().unwrap());
+    assert!(messages.len() >= 12, "{messages:#?}");
+    for message in &messages {
+        assert!(message.len() < 400, "{} bytes: {}", message.len(), &message[..300]);
+    }
+    assert!(messages.iter().any(|m| m.contains("invalid action \"xxxx") && m.contains("… (100000 bytes)")), "{messages:#?}");
+}
