@@ -45,6 +45,9 @@
 //! - [`telemetry`]: the one [`telemetry::Metrics`] struct, `/metrics` `/healthz` `/readyz`, logs.
 //! - [`shutdown`]: the shutdown signal every loop waits on.
 //! - [`workload`]: deterministic synthetic events for benchmarks and tests.
+//! - [`fuzzing`]: the bodies of the fuzz targets (`fuzz/`) and of their bounded variants in the
+//!   test suite: arbitrary bytes into event decoding, rule and expression compiling, judging, and
+//!   Redis reply decoding.
 //! - [`kafka_bench`]: `vigil bench --kafka`, one worker end to end on a real broker.
 //! - [`redis_bench`]: `vigil bench --redis`, the Redis store against per-event scripts.
 //! - `app` / `main`: the command line (`check`, `replay`, `run`, `gen`, `bench`), the only users
@@ -71,6 +74,7 @@ pub mod clock;
 pub mod decimal;
 pub mod config;
 pub mod event;
+pub mod fuzzing;
 pub mod kafka_bench;
 pub mod pipeline;
 pub mod redis_bench;

@@ -101,7 +101,8 @@ fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     assert!(
         lines[5].starts_with(
             "replay: 8 events read, 2 decisions, 5 bad lines, 1 late (0 events behind the watermark), \
-             2 skipped (1 dimension, 1 sum field, 0 sum range, 0 distinct field), 0 counter reads, 2 live keys (peak 2), "
+             2 skipped (1 dimension, 1 sum field, 0 sum range, 0 distinct field), 0 counter reads, \
+             0 distinct values over max_distinct, 2 live keys (peak 2, ~0.0 MiB of state), "
         ),
         "{}",
         lines[5]

@@ -84,6 +84,12 @@ pub(super) struct ReplyCounts {
     pub(super) skipped: u64,
 }
 
+/// Whether `head` is a bucket some event time (`0..=MAX_TS_MS`) falls in: anything else in Redis
+/// was not written by vigil, and would make the window arithmetic overflow.
+fn valid_head(spec: &WindowSpec, head: i64) -> bool {
+    (0..=spec.bucket_of(crate::event::MAX_TS_MS)).contains(&head)
+}
+
 /// Parses the script's reply for one key.
 pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply, ReplyCounts), StoreError> {
     let counts = ReplyCounts::default();
@@ -105,6 +111,9 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
         return Err(bad("wrong length"));
     }
     let head = number(&reply[0])?;
+    if !valid_head(spec, head) {
+        return Err(bad("a head no event time can have"));
+    }
     let counts = ReplyCounts { late: number(&reply[1])? as u64, skipped: number(&reply[2])? as u64 };
     let version = number(&reply[3])? as u64;
     match reply[4].as_slice() {
@@ -156,9 +165,10 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
             _ => {}
         }
     }
-    let head = head.ok_or_else(|| bad("no head"))?;
+    let head = head.filter(|&h| valid_head(spec, h)).ok_or_else(|| bad("no head, or one no event time can have"))?;
     let k = spec.buckets;
-    let unslot = |slot: i64| head - (head - slot).rem_euclid(k);
+    // Checked: the hash is outside this process's control (anything may have written it).
+    let unslot = |slot: i64| head.checked_sub(slot).map(|d| head - d.rem_euclid(k)).ok_or_else(|| bad("bad slot"));
     let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
     for pair in flat.chunks_exact(2) {
         let (field, value) = (&pair[0], &pair[1]);
@@ -174,12 +184,12 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
                 Ok(amount) => amount,
                 Err(_) => value.parse::<f64>().map(|units| (units * 1e6).round() as i64).map_err(|_| bad("bad amount"))?,
             };
-            buckets.push((unslot(slot), amount));
+            buckets.push((unslot(slot)?, amount));
         } else if field.len() == 17 && field[0] == b'd' {
             let mut digest = [0u8; 16];
             digest.copy_from_slice(&field[1..]);
             let slot = text(value)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
-            values.push((u128::from_le_bytes(digest), unslot(slot)));
+            values.push((u128::from_le_bytes(digest), unslot(slot)?));
         }
     }
     let state = WindowState::from_window(spec, head, buckets, values);
@@ -398,4 +408,30 @@ fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
         call.arg(&field);
         call.int(offset);
     }
+}
+
+/// Decoding of replies from a Redis this process does not control, for fuzz targets and their
+/// bounded variants in the test suite: RESP bytes → the script's per-key replies and a stored
+/// hash, for every aggregate. Never panics; errors are fine.
+pub fn decode_untrusted(resp: &[u8]) -> usize {
+    let Ok(value) = redis::parse_redis_value(resp) else { return 0 };
+    let specs = [
+        WindowSpec::new(1_000, 60, Aggregate::Count),
+        WindowSpec::new(60_000, 7, Aggregate::Sum),
+        WindowSpec::new(1, 3_600, Aggregate::Distinct),
+    ];
+    let mut decoded = 0;
+    if let Ok(replies) = key_replies(value.clone()) {
+        for reply in &replies {
+            for spec in &specs {
+                decoded += usize::from(parse_reply(spec, reply).is_ok());
+            }
+        }
+    }
+    if let Ok(fields) = flat(value) {
+        for spec in &specs {
+            decoded += usize::from(decode_hash(spec, &fields).is_ok());
+        }
+    }
+    decoded
 }

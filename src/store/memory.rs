@@ -13,10 +13,6 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 /// The default bound on (window, key) states and on holds: about 0.5–1 GiB of state.
 pub const DEFAULT_MAX_KEYS: usize = 4_000_000;
 
-/// Bytes one entry of a hash table costs besides what its value owns: hashbrown's control byte,
-/// and a table kept at most 7/8 full.
-const TABLE_SLOT_OVERHEAD: usize = 2;
-
 /// Exact counters in a hash map. Keys are the exact canonical bytes (no digests), so two
 /// different keys can never share a counter.
 ///
@@ -72,16 +68,16 @@ struct KeyEntry {
 }
 
 impl KeyEntry {
-    /// Estimated bytes this entry and its key cost in the table.
+    /// Estimated bytes this entry and its key own outside the table's slot.
     fn bytes(&self, key: &KeyBytes) -> usize {
         let windows_heap = if self.windows.spilled() { self.windows.capacity() * size_of::<(u32, WindowState)>() } else { 0 };
         let states: usize = self.windows.iter().map(|(_, state)| state.heap_bytes()).sum();
-        size_of::<(KeyBytes, KeyEntry)>() + TABLE_SLOT_OVERHEAD + key.heap_bytes() + windows_heap + states
+        key.heap_bytes() + windows_heap + states
     }
 }
 
 fn hold_bytes(key: &StoredKey) -> usize {
-    size_of::<(StoredKey, i64)>() + TABLE_SLOT_OVERHEAD + key.key.heap_bytes()
+    key.key.heap_bytes()
 }
 
 impl Default for MemoryStore {
@@ -148,23 +144,18 @@ impl MemoryStore {
         self.sweep_after = self.pairs.max(self.sweep_interval_floor).min(self.max_keys - self.pairs.min(self.max_keys) + 1);
     }
 
-    /// Evicts the keys with the oldest newest event (then the smallest key bytes) until a
-    /// sixteenth of the bound is free. Sorting only the candidates' order keys costs O(n) per
-    /// eviction round, and a round frees n/16 slots: O(1) amortised per new key.
+    /// Evicts the keys with the oldest newest event (then the smallest key bytes) until about a
+    /// sixteenth of the bound is free. A round costs O(n) and frees n/16 slots: O(1) amortised
+    /// per new key.
     fn evict(&mut self) {
         let target = self.max_keys - self.max_keys / 16;
-        let mut order: Vec<(i64, &[u8], usize)> =
-            self.states.iter().map(|(key, entry)| (entry.newest_ts, key.as_slice(), entry.windows.len())).collect();
-        order.sort_unstable();
-        let mut freed = 0;
-        let mut victims = Vec::new();
-        for (_, key, windows) in order {
-            if self.pairs - freed <= target {
-                break;
-            }
-            freed += windows;
-            victims.push(KeyBytes::new(key));
-        }
+        let mut order: Vec<(i64, &[u8])> = self.states.iter().map(|(key, entry)| (entry.newest_ts, key.as_slice())).collect();
+        // Keys, in proportion to the windows to free; the smallest in (newest event, key bytes)
+        // order, a total order, so the same set whatever the table's iteration order. Selecting
+        // them is linear (no sort).
+        let evict = (order.len() * (self.pairs - target)).div_ceil(self.pairs.max(1)).clamp(1, order.len());
+        order.select_nth_unstable(evict - 1);
+        let victims: Vec<KeyBytes> = order[..evict].iter().map(|&(_, key)| KeyBytes::new(key)).collect();
         for key in &victims {
             if let Some(entry) = self.states.remove(key) {
                 self.pairs -= entry.windows.len();
@@ -177,9 +168,11 @@ impl MemoryStore {
     /// Past the bound, drops the holds that end first (then by key) until a sixteenth is free.
     fn evict_holds(&mut self) {
         let target = self.max_keys - self.max_keys / 16;
-        let mut order: Vec<(i64, &StoredKey)> = self.holds.iter().map(|(key, &until)| (until, key)).collect();
-        order.sort_unstable_by(|a, b| (a.0, a.1.window, a.1.key.as_slice()).cmp(&(b.0, b.1.window, b.1.key.as_slice())));
-        let victims: Vec<StoredKey> = order.iter().take(self.holds.len() - target).map(|(_, key)| (*key).clone()).collect();
+        let mut order: Vec<(i64, u32, &[u8])> = self.holds.iter().map(|(key, &until)| (until, key.window, key.key.as_slice())).collect();
+        let evict = self.holds.len() - target;
+        order.select_nth_unstable(evict - 1);
+        let victims: Vec<StoredKey> =
+            order[..evict].iter().map(|&(_, window, key)| StoredKey { window, key: KeyBytes::new(key) }).collect();
         for key in &victims {
             self.holds.remove(key);
             self.bytes = self.bytes.saturating_sub(hold_bytes(key));
@@ -282,7 +275,11 @@ impl CounterStore for MemoryStore {
     }
 
     fn state_stats(&self) -> StateStats {
-        StateStats { bytes: self.bytes, evicted_keys: self.evicted_keys, evicted_holds: self.evicted_holds }
+        // The tables' slots by capacity (hashbrown: one control byte per slot; it grows by
+        // doubling), plus what entries own on the heap.
+        let tables = self.states.capacity() * (size_of::<(KeyBytes, KeyEntry)>() + 1)
+            + self.holds.capacity() * (size_of::<(StoredKey, i64)>() + 1);
+        StateStats { bytes: tables + self.bytes, evicted_keys: self.evicted_keys, evicted_holds: self.evicted_holds }
     }
 }
 
@@ -380,7 +377,7 @@ mod tests {
         assert_eq!(s.apply(w, b"victim", 10_000, Delta::Count).unwrap().applied, Applied::Counted(201));
         let stats = s.state_stats();
         assert!(stats.evicted_keys >= 10_000 - 160, "{stats:?}");
-        assert!(stats.bytes > 0 && stats.bytes < 160 * 256, "{stats:?}");
+        assert!(stats.bytes > 0 && stats.bytes < 160 * 1024, "{stats:?}");
         // The newest flood keys are the ones kept.
         assert_eq!(s.read(w, &9_999u64.to_le_bytes(), 10_000).unwrap().applied, Applied::Counted(1));
         assert_eq!(s.read(w, &0u64.to_le_bytes(), 10_000).unwrap().applied, Applied::Counted(0));

@@ -15,6 +15,7 @@ pub mod memory;
 pub mod redis;
 mod scripts;
 
+pub use codec::decode_untrusted;
 pub use journal::{Journal, JournalError, JournalWriter};
 pub use memory::{MemoryStore, DEFAULT_MAX_KEYS};
 pub use redis::{FlushSample, RedisStats, RedisStore, RedisStoreConfig};
