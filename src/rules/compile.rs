@@ -239,7 +239,7 @@ pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<C
         if let Some(prev) = first.get(id.as_str()) {
             diagnostics.push(Diagnostic {
                 origin: origin.clone(),
-                message: format!("duplicate id {id_q} (first defined at {prev}); counters, rules and lists share one namespace", id_q = q(&id)),
+                message: format!("duplicate id {id_q} (first defined at {prev}); counters, rules and lists share one namespace", id_q = q(id)),
             });
         } else {
             first.insert(id, origin);
@@ -742,7 +742,7 @@ fn read_id(item: &Item, report: &mut Report<'_>, what: &str) -> Option<String> {
         if valid_id(id) {
             Some(id.to_owned())
         } else {
-            report.error(at, format!("invalid {what} id {id_q}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$", id_q = q(&id)));
+            report.error(at, format!("invalid {what} id {id_q}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$", id_q = q(id)));
             None
         }
     })
@@ -813,7 +813,7 @@ fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListDraft> {
             other => cx.report.error(key_at, format!("unknown key {other_q} in list; expected one of: {}", LIST_KEYS.join(", "), other_q = q(other))),
         }
     }
-    let name = id.as_deref().map_or_else(|| "list".to_owned(), |id| format!("list {id_q}", id_q = q(&id)));
+    let name = id.as_deref().map_or_else(|| "list".to_owned(), |id| format!("list {id_q}", id_q = q(id)));
     if id.is_none() && !invalid.contains(&"id") {
         cx.report.error(header, format!("{name} is missing required key \"id\""));
     }
@@ -863,7 +863,7 @@ fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<CounterDraft>
             ),
         }
     }
-    let name = id.as_deref().map_or_else(|| "counter".to_owned(), |id| format!("counter {id_q}", id_q = q(&id)));
+    let name = id.as_deref().map_or_else(|| "counter".to_owned(), |id| format!("counter {id_q}", id_q = q(id)));
     for (key, present) in [("id", id.is_some()), ("dimensions", w.dimensions.is_some()), ("window", w.window.is_some())] {
         if !present && !invalid.contains(&key) {
             cx.report.error(header, format!("{name} is missing required key {key_q}", key_q = q(key)));
@@ -991,7 +991,7 @@ fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Opti
             ),
         }
     }
-    let name = id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id_q}", id_q = q(&id)));
+    let name = id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id_q}", id_q = q(id)));
     // The v1 form (`window` + `limit`) is a counter and a rule in one table.
     let v1 = w.window.is_some() || invalid.contains(&"window");
     let mut required = vec![("id", id.is_some()), ("action", action.is_some())];
@@ -1137,7 +1137,7 @@ fn string<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<&'t 
 }
 
 fn bad_path(path: &str) -> String {
-    format!("invalid field path {path_q}: expected names separated by single dots, like \"device.id\"", path_q = q(&path))
+    format!("invalid field path {path_q}: expected names separated by single dots, like \"device.id\"", path_q = q(path))
 }
 
 fn duration<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<(i64, &'t str, usize)> {
