@@ -5,14 +5,14 @@ use super::expr::{Context, Num};
 use super::model::{Counter, MatchValue, Rule, Scope};
 use super::RuleSet;
 use crate::decimal::MICROS_PER_UNIT;
-use crate::event::{Event, FieldValue, Projection, Scalar};
+use crate::event::{Decimal, Event, FieldValue, Projection, Scalar};
 use crate::window::{Aggregate, Delta};
 
 /// A `match` with its table fields resolved to projection slots.
 #[derive(Debug, Clone)]
 pub(crate) enum PlannedScope {
     All,
-    Table(Vec<(usize, Vec<MatchValue>)>),
+    Table(Vec<(usize, AnyOf)>),
     /// The expression of the counter's or rule's `match` (kept in the model), and its slot in a
     /// [`ScopeMemo`]: counters and rules with the same `match` text share the slot, so it is
     /// evaluated once per event however many use it.
@@ -61,7 +61,7 @@ impl PlannedScope {
         match scope {
             Scope::All => PlannedScope::All,
             Scope::Table(matchers) => {
-                PlannedScope::Table(matchers.iter().map(|m| (projection.slot(&m.path), m.any_of.clone())).collect())
+                PlannedScope::Table(matchers.iter().map(|m| (projection.slot(&m.path), AnyOf::new(&m.any_of))).collect())
             }
             Scope::Expr(_) => PlannedScope::Expr(slots.slot(text)),
         }
@@ -72,7 +72,7 @@ impl PlannedScope {
         match (self, scope) {
             (PlannedScope::All, _) => true,
             (PlannedScope::Table(matchers), _) => {
-                matchers.iter().all(|(slot, any_of)| any_of.iter().any(|v| value_matches(event.field(*slot), v)))
+                matchers.iter().all(|(slot, any_of)| any_of.matches(event.field(*slot)))
             }
             (PlannedScope::Expr(slot), Scope::Expr(compiled)) => match memo.0[*slot] {
                 TRUE => true,
@@ -269,6 +269,47 @@ fn encode_key(slots: &[usize], event: &Event<'_>, key: &mut Vec<u8>) -> bool {
     true
 }
 
+/// The values a `match` table entry accepts: scanned when few, hashed when many (an any-of array
+/// of 500 000 IPs is one lookup per event, not a scan).
+#[derive(Debug, Clone)]
+pub(crate) enum AnyOf {
+    Few(Vec<MatchValue>),
+    Many { strings: hashbrown::HashSet<String>, numbers: hashbrown::HashSet<Decimal>, bools: [bool; 2] },
+}
+
+impl AnyOf {
+    fn new(values: &[MatchValue]) -> AnyOf {
+        if values.len() <= 8 {
+            return AnyOf::Few(values.to_vec());
+        }
+        let (mut strings, mut numbers, mut bools) = (hashbrown::HashSet::new(), hashbrown::HashSet::new(), [false; 2]);
+        for value in values {
+            match value {
+                MatchValue::Str(s) => {
+                    strings.insert(s.clone());
+                }
+                MatchValue::Number(d) => {
+                    numbers.insert(*d);
+                }
+                MatchValue::Bool(b) => bools[usize::from(*b)] = true,
+            }
+        }
+        AnyOf::Many { strings, numbers, bools }
+    }
+
+    fn matches(&self, value: &FieldValue<'_>) -> bool {
+        match self {
+            AnyOf::Few(values) => values.iter().any(|v| value_matches(value, v)),
+            AnyOf::Many { strings, numbers, bools } => match value {
+                FieldValue::Str(s) => strings.contains(s.as_ref()),
+                FieldValue::Number(n) => numbers.contains(&n.exact),
+                FieldValue::Bool(b) => bools[usize::from(*b)],
+                _ => false,
+            },
+        }
+    }
+}
+
 /// Strict JSON-typed equality: strings only equal strings, numbers compare by decimal value.
 #[inline]
 fn value_matches(value: &FieldValue<'_>, expected: &MatchValue) -> bool {
@@ -320,6 +361,21 @@ mod tests {
         assert!(!hit(r#""code":1,"kind":"c","ok":true"#));
         assert!(!hit(r#""code":1,"kind":"a","ok":"true""#));
         assert!(!hit(r#""code":1,"kind":"a""#));
+    }
+
+    /// Past eight values an any-of array is hashed; it must accept exactly what the scan does.
+    #[test]
+    fn large_any_of_arrays_are_as_strict_as_small_ones() {
+        let mut values: Vec<String> = (0..500).map(|i| format!("'ip-{i}'")).collect();
+        values.extend(["7".into(), "2.50".into(), "true".into()]);
+        let rules = set(&format!("match = {{ v = [{}] }}", values.join(", ")));
+        let hit = |v: &str| plan(&rules, &format!(r#"{{"ts":1,"user_id":"u","device":{{"id":"d"}},"v":{v}}}"#)).0 != Plan::NoMatch;
+        for yes in [r#""ip-0""#, r#""ip-499""#, "7", "7.0", "2.5", "true"] {
+            assert!(hit(yes), "{yes}");
+        }
+        for no in [r#""ip-500""#, r#""7""#, "8", "false", r#""true""#, "null", "[7]", r#"{"a":7}"#] {
+            assert!(!hit(no), "{no}");
+        }
     }
 
     #[test]
