@@ -939,7 +939,7 @@ fn lit_val(l: &Literal) -> Val<'_> {
 }
 
 /// Three-valued truth: `None` is unknown.
-type Truth = Option<bool>;
+pub type Truth = Option<bool>;
 
 fn truth(v: &Val<'_>) -> Truth {
     match v {
@@ -1014,75 +1014,85 @@ impl Expr {
             Expr::Num(n) => Val::Num(*n),
             Expr::Field(slot) => field_val(cx.field(*slot)),
             Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
-            Expr::Not(inner) => truth_val(truth(&inner.eval(cx)).map(|b| !b)),
             Expr::Neg(inner) => match inner.eval(cx) {
                 Val::Num(n) => Val::Num(Num { float: -n.float, exact: n.exact.map(|d| -d) }),
                 _ => Val::Unknown,
             },
-            Expr::Bin(BinOp::And, l, r) => {
-                let a = truth(&l.eval(cx));
-                if a == Some(false) {
-                    return Val::Bool(false);
+            Expr::Bin(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div), l, r) => match (l.eval(cx), r.eval(cx)) {
+                (Val::Num(x), Val::Num(y)) => {
+                    let (x, y) = (x.float, y.float);
+                    let v = match op {
+                        BinOp::Add => x + y,
+                        BinOp::Sub => x - y,
+                        BinOp::Mul => x * y,
+                        _ if y == 0.0 => return Val::Unknown,
+                        _ => x / y,
+                    };
+                    if v.is_nan() {
+                        Val::Unknown
+                    } else {
+                        Val::Num(Num { float: v, exact: None })
+                    }
                 }
-                let b = truth(&r.eval(cx));
-                truth_val(match (a, b) {
+                _ => Val::Unknown,
+            },
+            Expr::Lower(a) => match a.eval(cx) {
+                Val::Str(s) if s.bytes().any(|b| b.is_ascii_uppercase()) || !s.is_ascii() => Val::Str(Cow::Owned(s.to_lowercase())),
+                Val::Str(s) => Val::Str(s),
+                _ => Val::Unknown,
+            },
+            // Every other node is a test: its value is its truth.
+            _ => truth_val(self.test(cx)),
+        }
+    }
+
+    /// The truth of the expression (`None`: unknown, including every non-boolean value),
+    /// computed without building intermediate values where the node is a test: a `match` or
+    /// `when` is almost always a tree of tests.
+    pub fn test<'e, 's: 'e, C: Context<'e> + ?Sized>(&'s self, cx: &mut C) -> Truth {
+        match self {
+            Expr::Not(inner) => inner.test(cx).map(|b| !b),
+            Expr::Bin(BinOp::And, l, r) => {
+                let a = l.test(cx);
+                if a == Some(false) {
+                    return Some(false);
+                }
+                match (a, r.test(cx)) {
                     (_, Some(false)) => Some(false),
                     (Some(true), Some(true)) => Some(true),
                     _ => None,
-                })
+                }
             }
             Expr::Bin(BinOp::Or, l, r) => {
-                let a = truth(&l.eval(cx));
+                let a = l.test(cx);
                 if a == Some(true) {
-                    return Val::Bool(true);
+                    return Some(true);
                 }
-                let b = truth(&r.eval(cx));
-                truth_val(match (a, b) {
+                match (a, r.test(cx)) {
                     (_, Some(true)) => Some(true),
                     (Some(false), Some(false)) => Some(false),
                     _ => None,
-                })
+                }
             }
-            Expr::Bin(op, l, r) => {
+            Expr::Bin(op @ (BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), l, r) => {
                 let (a, b) = (l.eval(cx), r.eval(cx));
                 match op {
-                    BinOp::Eq => truth_val(equal(&a, &b)),
-                    BinOp::Ne => truth_val(equal(&a, &b).map(|e| !e)),
-                    BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => truth_val(order(&a, &b).map(|o| match op {
+                    BinOp::Eq => equal(&a, &b),
+                    BinOp::Ne => equal(&a, &b).map(|e| !e),
+                    _ => order(&a, &b).map(|o| match op {
                         BinOp::Lt => o.is_lt(),
                         BinOp::Le => o.is_le(),
                         BinOp::Gt => o.is_gt(),
                         _ => o.is_ge(),
-                    })),
-                    _ => match (a, b) {
-                        (Val::Num(x), Val::Num(y)) => {
-                            let (x, y) = (x.float, y.float);
-                            let v = match op {
-                                BinOp::Add => x + y,
-                                BinOp::Sub => x - y,
-                                BinOp::Mul => x * y,
-                                _ if y == 0.0 => return Val::Unknown,
-                                _ => x / y,
-                            };
-                            if v.is_nan() {
-                                Val::Unknown
-                            } else {
-                                Val::Num(Num { float: v, exact: None })
-                            }
-                        }
-                        _ => Val::Unknown,
-                    },
+                    }),
                 }
             }
-            Expr::CounterCmp { cmp, index, floor, ceil } => match cx.counter_raw(*index) {
-                Some(raw) => Val::Bool(cmp.holds(raw, *floor, *ceil)),
-                None => Val::Unknown,
-            },
+            Expr::CounterCmp { cmp, index, floor, ceil } => cx.counter_raw(*index).map(|raw| cmp.holds(raw, *floor, *ceil)),
             Expr::FieldIsStr { negated, slot, text } => match cx.field(*slot) {
-                FieldValue::Missing => Val::Unknown,
-                FieldValue::Str(s) => Val::Bool((s.as_ref() == text.as_ref()) != *negated),
+                FieldValue::Missing => None,
+                FieldValue::Str(s) => Some((s.as_ref() == text.as_ref()) != *negated),
                 // Strict types: a value of any other type is not equal to a string.
-                _ => Val::Bool(*negated),
+                _ => Some(*negated),
             },
             Expr::InSet { negated, value, strings, set } => {
                 let v = value.eval(cx);
@@ -1092,32 +1102,23 @@ impl Expr {
                     Val::Num(Num { exact: None, .. }) => Some(set.iter().any(|l| equals_literal(&v, l))),
                     other => Some(as_literal_key(other).is_some_and(|key| set.contains(&key))),
                 };
-                truth_val(negate_if(*negated, found))
+                negate_if(*negated, found)
             }
             Expr::InField { negated, value, field } => {
                 let v = value.eval(cx);
                 let found = match (&v, cx.field(*field)) {
                     (Val::Unknown, _) => None,
-                    (_, FieldValue::Array(items)) => {
-                        let mut found = false;
-                        for item in items {
-                            if equal(&v, &field_val(item)) == Some(true) {
-                                found = true;
-                                break;
-                            }
-                        }
-                        Some(found)
-                    }
+                    (_, FieldValue::Array(items)) => Some(items.iter().any(|item| equal(&v, &field_val(item)) == Some(true))),
                     _ => None,
                 };
-                truth_val(negate_if(*negated, found))
+                negate_if(*negated, found)
             }
             Expr::InCidr { negated, value, nets } => {
                 let found = match value.eval(cx) {
                     Val::Str(s) => s.parse::<IpAddr>().ok().map(|ip| nets.iter().any(|n| n.contains(&ip))),
                     _ => None,
                 };
-                truth_val(negate_if(*negated, found))
+                negate_if(*negated, found)
             }
             Expr::InList { negated, value, list } => {
                 // Strict types: a value of another type is simply not in a string or number
@@ -1131,35 +1132,93 @@ impl Expr {
                     (Val::Str(s), ListSet::Networks(nets)) => s.parse::<IpAddr>().ok().map(|ip| nets.contains(ip)),
                     (_, ListSet::Networks(_)) => None,
                 };
-                truth_val(negate_if(*negated, found))
+                negate_if(*negated, found)
             }
-            Expr::Exists(slot) => Val::Bool(!matches!(cx.field(*slot), FieldValue::Missing | FieldValue::Null)),
-            Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
-                let (x, y) = (a.eval(cx), b.eval(cx));
-                match (&x, &y) {
-                    (Val::Str(s), Val::Str(p)) => Val::Bool(match self {
-                        Expr::StartsWith(..) => s.starts_with(p.as_ref()),
-                        Expr::EndsWith(..) => s.ends_with(p.as_ref()),
-                        _ => s.contains(p.as_ref()),
-                    }),
-                    _ => Val::Unknown,
-                }
-            }
+            Expr::Exists(slot) => Some(!matches!(cx.field(*slot), FieldValue::Missing | FieldValue::Null)),
+            Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => match (a.eval(cx), b.eval(cx)) {
+                (Val::Str(s), Val::Str(p)) => Some(match self {
+                    Expr::StartsWith(..) => s.starts_with(p.as_ref()),
+                    Expr::EndsWith(..) => s.ends_with(p.as_ref()),
+                    _ => s.contains(p.as_ref()),
+                }),
+                _ => None,
+            },
             Expr::Matches(a, regex) => match a.eval(cx) {
-                Val::Str(s) => Val::Bool(regex.is_match(&s)),
-                _ => Val::Unknown,
+                Val::Str(s) => Some(regex.is_match(&s)),
+                _ => None,
             },
-            Expr::Lower(a) => match a.eval(cx) {
-                Val::Str(s) if s.bytes().any(|b| b.is_ascii_uppercase()) || !s.is_ascii() => Val::Str(Cow::Owned(s.to_lowercase())),
-                Val::Str(s) => Val::Str(s),
-                _ => Val::Unknown,
-            },
+            // A value: true only if it is the boolean true.
+            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Neg(_) | Expr::Bin(..) | Expr::Lower(_) => {
+                truth(&self.eval(cx))
+            }
         }
     }
 
     /// Whether the expression is true (a `match` or `when` acts only on true).
+    #[inline]
     pub fn holds<'e, 's: 'e, C: Context<'e> + ?Sized>(&'s self, cx: &mut C) -> bool {
-        self.eval(cx) == Val::Bool(true)
+        self.test(cx) == Some(true)
+    }
+
+    /// Splits a top-level `a && b && …` into its conjuncts, in order (one item otherwise): an
+    /// expression is true exactly when each of them is.
+    pub fn conjuncts(&self) -> Vec<&Expr> {
+        match self {
+            Expr::Bin(BinOp::And, l, r) => {
+                let mut all = l.conjuncts();
+                all.extend(r.conjuncts());
+                all
+            }
+            other => vec![other],
+        }
+    }
+
+    /// A text equal for two expressions exactly when they are the same computation over the
+    /// same inputs (lists by identity, sets in sorted order): conjuncts with the same identity
+    /// are evaluated once per event, however many counters and rules repeat them.
+    pub fn identity(&self) -> String {
+        let mut out = String::new();
+        self.write_identity(&mut out);
+        out
+    }
+
+    fn write_identity(&self, out: &mut String) {
+        use std::fmt::Write;
+        let sub = |out: &mut String, tag: &str, children: &[&Expr]| {
+            out.push_str(tag);
+            out.push('(');
+            for child in children {
+                child.write_identity(out);
+                out.push(',');
+            }
+            out.push(')');
+        };
+        match self {
+            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } | Expr::InField { .. } => {
+                let _ = write!(out, "{self:?}");
+            }
+            Expr::Not(a) => sub(out, "not", &[a]),
+            Expr::Neg(a) => sub(out, "neg", &[a]),
+            Expr::Lower(a) => sub(out, "lower", &[a]),
+            Expr::Bin(op, a, b) => sub(out, &format!("{op:?}"), &[a, b]),
+            Expr::StartsWith(a, b) => sub(out, "starts_with", &[a, b]),
+            Expr::EndsWith(a, b) => sub(out, "ends_with", &[a, b]),
+            Expr::Contains(a, b) => sub(out, "contains", &[a, b]),
+            Expr::Matches(a, regex) => sub(out, &format!("matches{:?}", regex.as_str()), &[a]),
+            Expr::InSet { negated, value, strings, set } => {
+                let mut members: Vec<String> = match strings {
+                    StrSet::Few(few) => few.iter().map(|s| format!("{s:?}")).collect(),
+                    StrSet::Many(many) => many.iter().map(|s| format!("{s:?}")).collect(),
+                };
+                members.extend(set.iter().map(|l| format!("{l:?}")));
+                members.sort_unstable();
+                sub(out, &format!("in{negated}{members:?}"), &[value]);
+            }
+            Expr::InCidr { negated, value, nets } => sub(out, &format!("cidr{negated}{nets:?}"), &[value]),
+            Expr::InList { negated, value, list } => {
+                sub(out, &format!("list{negated}{:p}", std::sync::Arc::as_ptr(list)), &[value]);
+            }
+        }
     }
 
     /// A constant value, when the expression reads nothing (for "can never fire" warnings).

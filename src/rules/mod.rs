@@ -54,6 +54,8 @@ pub struct RuleSet {
     scope_slots: usize,
     projection: Projection,
     version: String,
+    /// The constant parts of its decision records, rendered once.
+    record_parts: decide::RecordParts,
     warnings: Vec<Diagnostic>,
 }
 
@@ -126,7 +128,9 @@ impl RuleSet {
                 }
             }
         }
+        let record_parts = decide::RecordParts::new(&rules, &counters, &version);
         RuleSet {
+            record_parts,
             counters,
             rules,
             lists,
@@ -196,6 +200,10 @@ impl RuleSet {
     }
 
     /// A short hash of the rule files' names and contents: changes whenever a rule does.
+    pub(crate) fn record_parts(&self) -> &decide::RecordParts {
+        &self.record_parts
+    }
+
     pub fn version(&self) -> &str {
         &self.version
     }

@@ -1,7 +1,7 @@
 //! Plan: for one event, which counters it feeds (under which dimension key, with which delta),
 //! and which rules judge it. Pure.
 
-use super::expr::{Context, Num};
+use super::expr::{Context, Expr, Num};
 use super::model::{Counter, MatchValue, Rule, Scope};
 use super::RuleSet;
 use crate::decimal::MICROS_PER_UNIT;
@@ -13,14 +13,14 @@ use crate::window::{Aggregate, Delta};
 pub(crate) enum PlannedScope {
     All,
     Table(Vec<(usize, AnyOf)>),
-    /// The expression of the counter's or rule's `match` (kept in the model), and its slot in a
-    /// [`ScopeMemo`]: counters and rules with the same `match` text share the slot, so it is
-    /// evaluated once per event however many use it.
-    Expr(usize),
+    /// The conjuncts of the `match` expression (`a && b && …` holds exactly when each holds),
+    /// each with its slot in a [`ScopeMemo`]: counters and rules repeat the same tests
+    /// (`type == 'payment'`), so each distinct conjunct is evaluated at most once per event,
+    /// however many scopes share it.
+    Expr(Vec<(usize, Expr)>),
 }
 
-/// The `match` expressions evaluated for the current event (one slot per distinct `match`
-/// text): rule sets repeat the same scopes (`type == 'payment'`) across many counters and rules.
+/// The `match` conjuncts evaluated for the current event (one slot per distinct conjunct).
 #[derive(Debug, Clone, Default)]
 pub struct ScopeMemo(Vec<u8>);
 
@@ -37,18 +37,14 @@ impl ScopeMemo {
     }
 }
 
-/// Gives each distinct `match` expression text a memo slot.
+/// Gives each distinct `match` conjunct (by [`Expr::identity`]) a memo slot.
 #[derive(Debug, Default)]
-pub(crate) struct ScopeSlots(Vec<Option<String>>);
+pub(crate) struct ScopeSlots(hashbrown::HashMap<String, usize>);
 
 impl ScopeSlots {
-    /// The slot of the `match` written as `text` (`None`: a slot of its own).
-    fn slot(&mut self, text: Option<&str>) -> usize {
-        let shared = text.and_then(|text| self.0.iter().position(|t| t.as_deref() == Some(text)));
-        shared.unwrap_or_else(|| {
-            self.0.push(text.map(str::to_owned));
-            self.0.len() - 1
-        })
+    fn slot(&mut self, conjunct: &Expr) -> usize {
+        let next = self.0.len();
+        *self.0.entry(conjunct.identity()).or_insert(next)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -57,33 +53,32 @@ impl ScopeSlots {
 }
 
 impl PlannedScope {
-    fn new(scope: &Scope, text: Option<&str>, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedScope {
+    fn new(scope: &Scope, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedScope {
         match scope {
             Scope::All => PlannedScope::All,
             Scope::Table(matchers) => {
                 PlannedScope::Table(matchers.iter().map(|m| (projection.slot(&m.path), AnyOf::new(&m.any_of))).collect())
             }
-            Scope::Expr(_) => PlannedScope::Expr(slots.slot(text)),
+            Scope::Expr(compiled) => PlannedScope::Expr(
+                compiled.expr.conjuncts().into_iter().map(|conjunct| (slots.slot(conjunct), conjunct.clone())).collect(),
+            ),
         }
     }
 
     #[inline]
-    fn holds(&self, scope: &Scope, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
-        match (self, scope) {
-            (PlannedScope::All, _) => true,
-            (PlannedScope::Table(matchers), _) => {
-                matchers.iter().all(|(slot, any_of)| any_of.matches(event.field(*slot)))
-            }
-            (PlannedScope::Expr(slot), Scope::Expr(compiled)) => match memo.0[*slot] {
+    fn holds(&self, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
+        match self {
+            PlannedScope::All => true,
+            PlannedScope::Table(matchers) => matchers.iter().all(|(slot, any_of)| any_of.matches(event.field(*slot))),
+            PlannedScope::Expr(conjuncts) => conjuncts.iter().all(|(slot, conjunct)| match memo.0[*slot] {
                 TRUE => true,
                 FALSE => false,
                 _ => {
-                    let holds = compiled.expr.holds(&mut FieldsOnly(event));
+                    let holds = conjunct.holds(&mut FieldsOnly(event));
                     memo.0[*slot] = if holds { TRUE } else { FALSE };
                     holds
                 }
-            },
-            (PlannedScope::Expr(_), _) => false,
+            }),
         }
     }
 }
@@ -118,7 +113,7 @@ impl PlannedCounter {
     pub(crate) fn new(index: usize, counter: &Counter, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedCounter {
         PlannedCounter {
             index,
-            scope: PlannedScope::new(&counter.scope, counter.scope_text.as_deref(), projection, slots),
+            scope: PlannedScope::new(&counter.scope, projection, slots),
             dimensions: counter.dimensions.iter().map(|p| projection.slot(p)).collect(),
             field: counter.field.as_ref().map(|p| projection.slot(p)),
             aggregate: counter.aggregate(),
@@ -139,7 +134,7 @@ pub(crate) struct PlannedRule {
 impl PlannedRule {
     pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedRule {
         let hold_key = rule.hold.as_ref().map_or_else(Vec::new, |h| h.key.iter().map(|p| projection.slot(p)).collect());
-        PlannedRule { index, scope: PlannedScope::new(&rule.scope, rule.scope_text.as_deref(), projection, slots), hold_key }
+        PlannedRule { index, scope: PlannedScope::new(&rule.scope, projection, slots), hold_key }
     }
 }
 
@@ -195,7 +190,7 @@ impl RuleSet {
     /// into `key` (cleared first) unless the result is [`Plan::NoMatch`] or a dimension skip.
     pub fn plan(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>, memo: &mut ScopeMemo) -> Plan {
         let planned = &self.active_counters[position];
-        if !planned.scope.holds(&self.counters[planned.index].scope, event, memo) {
+        if !planned.scope.holds(event, memo) {
             return Plan::NoMatch;
         }
         if !self.counter_key(position, event, key) {
@@ -236,7 +231,7 @@ impl RuleSet {
     /// Whether the rule at active `position` judges `event` (its `match` holds).
     pub fn in_scope(&self, position: usize, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
         let planned = &self.active_rules[position];
-        planned.scope.holds(&self.rules[planned.index].scope, event, memo)
+        planned.scope.holds(event, memo)
     }
 
     /// A memo for [`RuleSet::plan`] and [`RuleSet::in_scope`] (reset it before each event).
