@@ -850,3 +850,62 @@ fn hostile_dimension_values_cannot_steer_redis_keys() {
     assert_eq!(alone.len(), 1);
     assert!(keys.contains(&alone[0]), "the victim's key does not depend on what came before");
 }
+
+#[test]
+fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig { max_pending: usize::MAX, flush_interval: std::time::Duration::MAX, ..RedisStoreConfig::default() };
+    let mut store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
+    let window = store.open_window("fenced", spec);
+    let holds = store.open_holds("fenced-hold", 3_600_000);
+    let at = 1_000_000;
+    let count = |store: &mut RedisStore, key: &[u8], lane: u64, offset: i64| {
+        store.set_origin(Some(Origin { lane, offset }));
+        store.apply(window, key, at, Delta::Count).unwrap();
+    };
+    // Flushed before the batch: key a = 1.
+    count(&mut store, b"a", 1, 1);
+    store.flush().unwrap();
+    // Pending from another partition (lane 2), not flushed yet: a = 2, b = 1.
+    count(&mut store, b"a", 2, 7);
+    count(&mut store, b"b", 2, 8);
+    store.extend_hold(holds, b"h", at + 1_000).unwrap();
+    // The batch of lane 1 from offset 2: a, b and c counted, a hold raised further and a new one.
+    store.begin_batch();
+    for (offset, key) in [(2, b"a"), (3, b"b"), (4, b"c"), (5, b"a")] {
+        count(&mut store, key, 1, offset);
+    }
+    store.extend_hold(holds, b"h", at + 9_000).unwrap();
+    store.extend_hold(holds, b"new", at + 9_000).unwrap();
+    assert_eq!(store.read(window, b"a", at).unwrap().applied, Applied::Counted(4));
+    // Its journal write was fenced: the batch is taken back.
+    store.discard_batch(1, 2).unwrap();
+
+    // This process and Redis agree on exactly what was counted outside the batch.
+    for (key, expected) in [(&b"a"[..], 2), (b"b", 1), (b"c", 0)] {
+        assert_eq!(store.read(window, key, at).unwrap().applied, Applied::Counted(expected), "{key:?}");
+    }
+    assert_eq!(store.held_until(holds, b"h").unwrap(), Some(at + 1_000));
+    assert_eq!(store.held_until(holds, b"new").unwrap(), None);
+    drop(store);
+    let mut fresh = RedisStore::connect(&redis.url(), config).unwrap();
+    let window = fresh.open_window("fenced", spec);
+    let holds = fresh.open_holds("fenced-hold", 3_600_000);
+    for (key, expected) in [(&b"a"[..], 2), (b"b", 1), (b"c", 0)] {
+        assert_eq!(fresh.read(window, key, at).unwrap().applied, Applied::Counted(expected), "{key:?}");
+    }
+    assert_eq!(fresh.held_until(holds, b"h").unwrap(), Some(at + 1_000));
+    assert_eq!(fresh.held_until(holds, b"new").unwrap(), None);
+    // The next owner counts the batch's events itself: once each.
+    fresh.begin_batch();
+    for (offset, key) in [(2, b"a"), (3, b"b"), (4, b"c"), (5, b"a")] {
+        fresh.set_origin(Some(Origin { lane: 1, offset }));
+        fresh.apply(window, key, at, Delta::Count).unwrap();
+    }
+    fresh.end_batch();
+    fresh.flush().unwrap();
+    let totals = redis_totals(&mut redis.connection());
+    assert_eq!(totals.values().map(|(total, _)| *total).sum::<i128>(), 7);
+}

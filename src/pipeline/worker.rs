@@ -537,6 +537,8 @@ impl Worker {
             }
             let lane = self.lane(topic, *partition);
             let mut record = Vec::with_capacity(512);
+            // Nothing the batch counts is sent before its records are journaled (below).
+            engine.store_mut().begin_batch();
             for (message, event) in messages.iter().zip(&events) {
                 let offset = message.offset();
                 match event {
@@ -594,11 +596,6 @@ impl Worker {
                             let rule = engine.rules().rule(hit.rule).id.clone();
                             self.metrics.degraded_hits.get_or_create(&RuleLabels { rule }).inc();
                         }
-                        if let Err(e) = engine.store_mut().tick() {
-                            failure = Some(e);
-                            processed += 1;
-                            break;
-                        }
                     }
                 }
                 processed += 1;
@@ -638,28 +635,36 @@ impl Worker {
                     }
                 }
             }
-            engine.store().counted_mark()
-        };
-        // The batch's records are journaled before they go out (and before its deltas can be
-        // flushed): a next owner re-reading these events delivers the same records.
-        if processed > 0 {
-            let lane = self.lane(topic, *partition);
-            match self.with_journal(|journal| journal.write(lane, &journaled)) {
-                None | Some(Ok(())) => {
-                    self.metrics.journaled_decisions.inc_by(journaled.records.len() as u64);
-                }
-                Some(Err(JournalError::Fenced)) => {
-                    // Another worker owns the partition now (the broker moved it while this one
-                    // still ran): its records are not ours to deliver.
-                    tracing::warn!(topic = %topic, partition = *partition, "partition taken over by another worker: dropping this batch and stopping");
-                    self.metrics.journal_errors.get_or_create(&CodeLabels { code: "fenced" }).inc();
-                    return Err((processed, Failure::Fenced));
-                }
-                Some(Err(e)) => {
-                    self.metrics.journal_errors.get_or_create(&CodeLabels { code: e.code() }).inc();
+            // The batch's records are journaled before they go out and before anything it
+            // counted can be sent (the engine stays locked, and the store sends nothing while a
+            // batch runs): a next owner re-reading these events delivers the same records, and
+            // a batch fenced here leaves no trace in Redis.
+            if processed > 0 {
+                match self.with_journal(|journal| journal.write(lane, &journaled)) {
+                    None | Some(Ok(())) => {
+                        self.metrics.journaled_decisions.inc_by(journaled.records.len() as u64);
+                    }
+                    Some(Err(JournalError::Fenced)) => {
+                        // Another worker owns the partition now (the broker moved it while this
+                        // one still ran): it counts and judges these events itself.
+                        tracing::warn!(topic = %topic, partition = *partition, "partition taken over by another worker: dropping this batch and stopping");
+                        self.metrics.journal_errors.get_or_create(&CodeLabels { code: "fenced" }).inc();
+                        if let Err(e) = engine.store_mut().discard_batch(lane, messages[0].offset()) {
+                            tracing::warn!(error = %e, "the counts kept besides the fenced batch are not all in Redis yet; they are sent again");
+                        }
+                        return Err((processed, Failure::Fenced));
+                    }
+                    Some(Err(e)) => {
+                        self.metrics.journal_errors.get_or_create(&CodeLabels { code: e.code() }).inc();
+                    }
                 }
             }
-        }
+            engine.store_mut().end_batch();
+            if let Err(e) = engine.store_mut().tick() {
+                failure.get_or_insert(e);
+            }
+            engine.store().counted_mark()
+        };
         self.metrics.inc_events("decided", decided);
         self.metrics.inc_events("allowed", allowed);
         self.metrics.inc_events("dead_lettered", dead);

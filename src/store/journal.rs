@@ -13,8 +13,10 @@
 //!
 //! Fencing: the owner of a lane claims its journal with a fresh token; a write by an earlier
 //! owner (a worker the broker already dropped from the group while it kept running) is refused,
-//! and that worker drops the batch instead of producing it. So two workers never deliver
-//! different records for one event, even when a rebalance overlaps them.
+//! and that worker drops the batch instead of producing it, and takes back what the batch
+//! counted and the holds it raised (none of it was sent: the store sends nothing while a batch
+//! runs). So two workers never deliver different records for one event, and the next owner
+//! judges each event against exactly the events before it, even when a rebalance overlaps them.
 //!
 //! The journal also keeps the lane's newest accepted event time at each batch end (the points
 //! offsets are committed at), so the next owner resumes the watermark where it was.

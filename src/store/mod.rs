@@ -218,9 +218,26 @@ pub trait CounterStore {
     }
 
     /// Lets a store that writes behind take in finished writes and start due ones (or wait for
-    /// Redis under backpressure). Callers run it after each event, once its observations (and
-    /// journal entry) are in, and while they have no events (nothing to do in memory).
+    /// Redis under backpressure). Callers run it between events (replay), after each batch once
+    /// its journal entry is in (worker), and while they have no events (nothing to do in memory).
     fn tick(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Marks the start of a batch of events that [`CounterStore::discard_batch`] may take back.
+    /// Nothing counted from here is sent to a shared store before [`CounterStore::end_batch`] or
+    /// `discard_batch` (the caller does not `tick` meanwhile).
+    fn begin_batch(&mut self) {}
+
+    /// The batch begun last stands: what it counted goes out with the next flush.
+    fn end_batch(&mut self) {}
+
+    /// Takes back what the batch begun last counted for `lane` at offsets `since` and later, and
+    /// the holds it raised: another worker owns that input now and counts those events itself,
+    /// so none of it may reach the shared store. Everything else counted is flushed, and the
+    /// windows the batch touched are read again when needed. In process there is nothing to
+    /// take back: the counts are this process's own and the next owner keeps its own.
+    fn discard_batch(&mut self, _lane: u64, _since: i64) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -307,6 +324,15 @@ impl CounterStore for AnyStore {
     }
     fn saturated(&self) -> bool {
         delegate!(self, s => s.saturated())
+    }
+    fn begin_batch(&mut self) {
+        delegate!(self, s => s.begin_batch())
+    }
+    fn end_batch(&mut self) {
+        delegate!(self, s => s.end_batch())
+    }
+    fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
+        delegate!(self, s => s.discard_batch(lane, since))
     }
     fn forget_cached(&mut self) {
         delegate!(self, s => s.forget_cached())

@@ -236,7 +236,7 @@ struct Cached {
 
 /// A rule's hold on one key as this process knows it: what Redis said last, raised by what this
 /// process set since.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct HoldView {
     /// Until when the key is held (`None`: not held, as far as this process knows).
     until: Option<i64>,
@@ -482,6 +482,9 @@ pub struct RedisStore {
     holds: HashMap<StoredKey, HoldView, foldhash::fast::RandomState>,
     /// Hold views with a raise not sent yet.
     holds_pending: usize,
+    /// While a batch runs (`begin_batch`): each hold view as it was before the batch first
+    /// raised it (`None`: there was none), to take the raises back if the batch is discarded.
+    batch: Option<HashMap<StoredKey, Option<HoldView>, foldhash::fast::RandomState>>,
 }
 
 /// Where `url` points: one server or a Redis Cluster (found from a node with cluster mode on), and
@@ -587,6 +590,7 @@ impl RedisStore {
             hold_spaces: HoldSpaces::default(),
             holds: HashMap::default(),
             holds_pending: 0,
+            batch: None,
             config,
         })
     }
@@ -1319,6 +1323,10 @@ impl CounterStore for RedisStore {
         }
         self.counted += 1;
         let index = self.counted;
+        if let Some(undo) = &mut self.batch {
+            let before = self.holds.get(&KeyRef { window: space.0, key }).copied();
+            undo.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_insert(before);
+        }
         let view = self.holds.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
         view.until = Some(until_ms);
         view.pending = Some(match view.pending {
@@ -1426,6 +1434,65 @@ impl CounterStore for RedisStore {
 
     fn forget_cached(&mut self) {
         self.cache.invalidate_all();
+        // Hold views are read again too: another worker may have raised them meanwhile.
+        for view in self.holds.values_mut() {
+            view.read_at = None;
+        }
+    }
+
+    fn begin_batch(&mut self) {
+        self.batch = Some(HashMap::default());
+    }
+
+    fn end_batch(&mut self) {
+        self.batch = None;
+    }
+
+    fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
+        // Hold raises: each view goes back to what it was before the batch raised it.
+        for (key, before) in self.batch.take().unwrap_or_default() {
+            match before {
+                Some(view) => self.holds.insert(key, view),
+                None => self.holds.remove(&key),
+            };
+        }
+        self.holds_pending = self.holds.values().filter(|view| view.pending.is_some()).count();
+        // Window deltas: none of the batch's has been sent (nothing is sent while a batch runs),
+        // so once the flush in flight is in, they are all pending, tagged with lane and offset.
+        let completed = self.complete(true);
+        let fenced = |o: &Observation| o.origin.is_some_and(|origin| origin.lane == lane && origin.offset >= since);
+        let (mut discarded, mut dropped, mut relearned) = (0, 0, 0);
+        let mut emptied = Vec::new();
+        for (key, dirty) in self.dirty.iter_mut() {
+            let before = dirty.pending.len();
+            dirty.pending.retain(|o| !fenced(o));
+            let removed = before - dirty.pending.len();
+            if removed == 0 {
+                continue;
+            }
+            self.pending -= removed;
+            discarded += removed;
+            if dirty.pending.is_empty() && dirty.inflight.is_empty() && !dirty.full {
+                // Only the batch was unsent: the view is read again from Redis when needed.
+                emptied.push(key.clone());
+            } else {
+                // Its view still holds the batch: with no known version, the next flush of the
+                // rest brings back Redis' window, and the view becomes that plus what is pending.
+                // (A key Redis lost is written from its view in full, batch included: after a
+                // data loss the view is all there is.)
+                dirty.pending_oldest = dirty.pending_oldest.filter(|_| !dirty.pending.is_empty());
+                dirty.version = None;
+                relearned += 1;
+            }
+        }
+        for key in &emptied {
+            self.dirty.remove(key);
+            self.cache.invalidate(key);
+            dropped += 1;
+        }
+        tracing::warn!(discarded, dropped, relearned, "counts of a batch another worker now owns taken back");
+        // The rest goes now, so that no view holds the batch longer than this call.
+        completed.and(self.flush())
     }
 
 }
