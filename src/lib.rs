@@ -16,8 +16,9 @@
 //!   every error as `file:line:col: message`; `expr` parses, resolves and evaluates expressions in
 //!   three-valued logic; `lists` holds `[[list]]` sets (strings, exact numbers, networks by prefix
 //!   length); `plan` says which counters an event feeds (key bytes, delta), which rules judge it
-//!   (each distinct `match` evaluated once per event) and their hold keys; `decide` turns hits into
-//!   a [`rules::Decision`] and its JSON record.
+//!   (each distinct `match` conjunct evaluated at most once per event) and their hold keys;
+//!   `decide` turns hits into a [`rules::Decision`] and writes its JSON record from parts rendered
+//!   once at load.
 //!
 //! Around it:
 //!
@@ -30,7 +31,8 @@
 //!   counting path waits on with a deadline, a circuit breaker that counts locally while Redis is
 //!   away, an epoch key that reveals a Redis that lost its data, and per-key recorded input
 //!   offsets so a re-read input is counted once. [`store::JournalWriter`]: each partition's
-//!   decision journal (`lua/journal.lua`), written before records go out, fenced per owner.
+//!   decision journal (`lua/journal.lua`), written before records go out, fenced per owner; a
+//!   batch's counts are sent only once it is journaled, and taken back if its write is fenced.
 //! - [`clock`]: the injected wall clock (the future bound).
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
