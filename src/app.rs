@@ -164,6 +164,9 @@ pub fn replay(
                         s.outages, s.degraded_observations, s.data_losses, s.reseeded_keys, s.lost_keys
                     );
                 }
+                if let Some(reason) = store.first_outage() {
+                    eprintln!("redis: first taken as unavailable because: {reason}");
+                }
             })
         }
     }

@@ -409,4 +409,49 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
+
+    /// Scopes repeating a test share its memo slot, and a scope holds exactly when its whole
+    /// expression is true (three-valued: an unknown conjunct is not true).
+    #[test]
+    fn match_conjuncts_are_shared_and_exact() {
+        let text = r#"
+[[counter]]
+id = "a"
+match = "type == 'pay' && amount > 5"
+dimensions = ["user"]
+window = "1m"
+
+[[counter]]
+id = "b"
+match = "type=='pay' && (result == 'ok' || amount > 5)"
+dimensions = ["user"]
+window = "1m"
+
+[[rule]]
+id = "r"
+action = "alert"
+match = "type == 'pay' && !(amount <= 5) && amount > 5"
+when = "$a > 0 || $b > 0"
+"#;
+        let rules = RuleSet::from_sources([("r.toml", text)]).unwrap();
+        // `type == 'pay'` and `amount > 5` once each, the `||` and the `!`: four slots, not six.
+        assert_eq!(rules.scope_memo().0.len(), 4);
+        let mut memo = rules.scope_memo();
+        for (line, a, b, r) in [
+            (r#"{"ts":1,"user":"u","type":"pay","amount":9}"#, true, true, true),
+            (r#"{"ts":1,"user":"u","type":"pay","amount":1,"result":"ok"}"#, false, true, false),
+            (r#"{"ts":1,"user":"u","type":"pay","result":"ok"}"#, false, true, false),
+            (r#"{"ts":1,"user":"u","type":"pay"}"#, false, false, false),
+            (r#"{"ts":1,"user":"u","type":"login","amount":9}"#, false, false, false),
+            (r#"{"ts":1,"user":"u","amount":9}"#, false, false, false),
+        ] {
+            let event = decode(line.as_bytes(), rules.projection()).unwrap();
+            memo.reset();
+            let mut key = Vec::new();
+            let fed = |position: usize, memo: &mut ScopeMemo, key: &mut Vec<u8>| rules.plan(position, &event, key, memo) != Plan::NoMatch;
+            assert_eq!(fed(0, &mut memo, &mut key), a, "{line}");
+            assert_eq!(fed(1, &mut memo, &mut key), b, "{line}");
+            assert_eq!(rules.in_scope(0, &event, &mut memo), r, "{line}");
+        }
+    }
 }

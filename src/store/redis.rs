@@ -482,6 +482,8 @@ pub struct RedisStore {
     holds: HashMap<StoredKey, HoldView, foldhash::fast::RandomState>,
     /// Hold views with a raise not sent yet.
     holds_pending: usize,
+    /// Why Redis was first taken as unavailable (for a replay's summary).
+    first_outage: Option<String>,
     /// While a batch runs (`begin_batch`): each hold view as it was before the batch first
     /// raised it (`None`: there was none), to take the raises back if the batch is discarded.
     batch: Option<HashMap<StoredKey, Option<HoldView>, foldhash::fast::RandomState>>,
@@ -590,6 +592,7 @@ impl RedisStore {
             hold_spaces: HoldSpaces::default(),
             holds: HashMap::default(),
             holds_pending: 0,
+            first_outage: None,
             batch: None,
             config,
         })
@@ -597,6 +600,11 @@ impl RedisStore {
 
     pub fn stats(&self) -> RedisStats {
         self.stats
+    }
+
+    /// Why Redis was first taken as unavailable, if it ever was.
+    pub fn first_outage(&self) -> Option<&str> {
+        self.first_outage.as_deref()
     }
 
     /// Whether Redis answers (the circuit breaker is closed).
@@ -644,8 +652,9 @@ impl RedisStore {
             cmd.arg(name);
             batch.command(self.cluster, name, cmd);
         }
-        // At most a reconnect: the counting path does not wait out a long outage.
-        let replies = self.query_read(batch, self.config.attempts.min(2))?;
+        // Every attempt (a dropped connection fails at once and is worth another), but within
+        // two read deadlines: the counting path does not wait out a long outage.
+        let replies = self.query_read(batch, self.config.attempts)?;
         if replies.len() != names.len() {
             return Err(StoreError::Protocol(format!("{} replies for {} {command} reads", replies.len(), names.len())));
         }
@@ -660,7 +669,7 @@ impl RedisStore {
         let replies = match self.read_each("GET", &names) {
             Ok(replies) => replies,
             Err(e) => {
-                self.fail(&e);
+                self.fail(&e, "reading holds");
                 return;
             }
         };
@@ -719,7 +728,7 @@ impl RedisStore {
         reads
             .send(ReadJob { id, batch, attempts })
             .map_err(|_| StoreError::Unavailable("the reader thread stopped".into()))?;
-        let deadline = Instant::now() + self.read_deadline().saturating_mul(attempts.max(1));
+        let deadline = Instant::now() + self.read_deadline().saturating_mul(attempts.clamp(1, 2));
         loop {
             match self.read_done.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(done) if done.id == id => {
@@ -737,10 +746,11 @@ impl RedisStore {
     }
 
     /// Redis failed: open the breaker (count locally) if it is not open yet.
-    fn fail(&mut self, error: &StoreError) {
+    fn fail(&mut self, error: &StoreError, during: &str) {
         if self.outage.is_none() {
             self.stats.outages += 1;
-            tracing::warn!(error = %error, "Redis unavailable: counting locally until it answers again");
+            tracing::warn!(error = %error, during, "Redis unavailable: counting locally until it answers again");
+            self.first_outage.get_or_insert_with(|| format!("{error} (while {during})"));
             self.outage = Some((Instant::now(), error.to_string()));
         }
     }
@@ -918,7 +928,7 @@ impl RedisStore {
                 Ok(done) => done,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let error = StoreError::Unavailable(format!("a flush got no reply within {:?}", self.flush_deadline()));
-                    self.fail(&error);
+                    self.fail(&error, "flushing");
                     return Err(error);
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
@@ -940,7 +950,7 @@ impl RedisStore {
                 self.unsent_holds(&holds);
                 self.unsent(&keys);
                 self.stats.failed_flushes += 1;
-                self.fail(&e);
+                self.fail(&e, "flushing");
                 return Err(e);
             }
         };
@@ -1203,7 +1213,7 @@ impl RedisStore {
         match self.read(&[(window, key)]) {
             Ok(mut states) => states.pop(),
             Err(e) => {
-                self.fail(&e);
+                self.fail(&e, "reading a window");
                 None
             }
         }
@@ -1388,7 +1398,7 @@ impl CounterStore for RedisStore {
         }
         if !wanted.is_empty() {
             if let Err(e) = self.read(&wanted) {
-                self.fail(&e);
+                self.fail(&e, "prefetching windows");
             }
         }
         Ok(())
