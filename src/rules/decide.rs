@@ -112,13 +112,8 @@ pub(crate) struct RecordParts {
 
 impl RecordParts {
     pub(crate) fn new(rules: &[Rule], counters: &[Counter], version: &str) -> RecordParts {
-        let render = |f: &dyn Fn(&mut Vec<u8>)| {
-            let mut out = Vec::new();
-            f(&mut out);
-            out.into_boxed_slice()
-        };
         RecordParts {
-            version: render(&|out| {
+            version: render(|out| {
                 out.extend_from_slice(b",\"rules_version\":");
                 write_str(out, version);
                 out.extend_from_slice(b",\"hits\":[");
@@ -126,7 +121,7 @@ impl RecordParts {
             rule_heads: rules
                 .iter()
                 .map(|rule| {
-                    render(&|out| {
+                    render(|out| {
                         out.extend_from_slice(b"{\"rule_id\":");
                         write_str(out, &rule.id);
                         out.extend_from_slice(b",\"mode\":");
@@ -139,7 +134,7 @@ impl RecordParts {
             rule_limits: rules
                 .iter()
                 .map(|rule| {
-                    render(&|out| {
+                    render(|out| {
                         if let Form::V1 { counter, limit, .. } = rule.form {
                             out.extend_from_slice(b",\"limit\":");
                             write_decimal(out, limit);
@@ -152,7 +147,7 @@ impl RecordParts {
             counter_heads: counters
                 .iter()
                 .map(|c| {
-                    render(&|out| {
+                    render(|out| {
                         out.extend_from_slice(b"{\"id\":");
                         write_str(out, &c.id);
                         out.extend_from_slice(b",\"key\":");
@@ -165,7 +160,7 @@ impl RecordParts {
                     c.dimensions
                         .iter()
                         .map(|path| {
-                            render(&|out| {
+                            render(|out| {
                                 write_str(out, path.as_str());
                                 out.push(b':');
                             })
@@ -176,7 +171,7 @@ impl RecordParts {
             counter_tails: counters
                 .iter()
                 .map(|c| {
-                    render(&|out| {
+                    render(|out| {
                         out.extend_from_slice(b",\"window_ms\":");
                         write_int(out, c.window.window_ms());
                         out.push(b'}');
@@ -185,6 +180,13 @@ impl RecordParts {
                 .collect(),
         }
     }
+}
+
+/// The bytes `write` appends to an empty buffer.
+fn render(write: impl FnOnce(&mut Vec<u8>)) -> Box<[u8]> {
+    let mut out = Vec::new();
+    write(&mut out);
+    out.into_boxed_slice()
 }
 
 /// Appends `s` as a JSON string, escaped as serde_json escapes it (`"`, `\` and control
@@ -258,7 +260,6 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
         Source::Line(line) => {
             out.extend_from_slice(b"line/");
             write_int(out, line);
-            out.push(b'"');
         }
         Source::Kafka { topic, partition, offset } => {
             write_str_body(out, topic);
@@ -266,10 +267,9 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
             write_int(out, partition);
             out.push(b'/');
             write_int(out, offset);
-            out.push(b'"');
         }
     }
-    out.extend_from_slice(b",\"event_id\":");
+    out.extend_from_slice(b"\",\"event_id\":");
     let event_id = match event.event_id() {
         id @ (FieldValue::Str(_) | FieldValue::Number(_)) => id.scalar(),
         _ => None,

@@ -1194,9 +1194,10 @@ impl Expr {
             out.push(')');
         };
         match self {
-            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } | Expr::InField { .. } => {
+            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } => {
                 let _ = write!(out, "{self:?}");
             }
+            Expr::InField { negated, value, field } => sub(out, &format!("in_field{negated}{field}"), &[value]),
             Expr::Not(a) => sub(out, "not", &[a]),
             Expr::Neg(a) => sub(out, "neg", &[a]),
             Expr::Lower(a) => sub(out, "lower", &[a]),

@@ -1459,7 +1459,8 @@ impl CounterStore for RedisStore {
     }
 
     fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
-        // Hold raises: each view goes back to what it was before the batch raised it.
+        // Hold raises: each view goes back to what it was before the batch raised it (before the
+        // flush in flight is taken in below: a restored view still carries that flush's raise).
         for (key, before) in self.batch.take().unwrap_or_default() {
             match before {
                 Some(view) => self.holds.insert(key, view),
@@ -1471,7 +1472,7 @@ impl CounterStore for RedisStore {
         // so once the flush in flight is in, they are all pending, tagged with lane and offset.
         let completed = self.complete(true);
         let fenced = |o: &Observation| o.origin.is_some_and(|origin| origin.lane == lane && origin.offset >= since);
-        let (mut discarded, mut dropped, mut relearned) = (0, 0, 0);
+        let (mut discarded, mut relearned) = (0, 0);
         let mut emptied = Vec::new();
         for (key, dirty) in self.dirty.iter_mut() {
             let before = dirty.pending.len();
@@ -1498,9 +1499,8 @@ impl CounterStore for RedisStore {
         for key in &emptied {
             self.dirty.remove(key);
             self.cache.invalidate(key);
-            dropped += 1;
         }
-        tracing::warn!(discarded, dropped, relearned, "counts of a batch another worker now owns taken back");
+        tracing::warn!(discarded, dropped = emptied.len(), relearned, "counts of a batch another worker now owns taken back");
         // The rest goes now, so that no view holds the batch longer than this call.
         completed.and(self.flush())
     }
