@@ -88,4 +88,5 @@ pub mod source;
 pub mod store;
 pub mod telemetry;
 pub mod window;
+pub mod worker;
 pub mod workload;

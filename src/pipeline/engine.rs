@@ -1,0 +1,479 @@
+//! The engine: decode → plan → count → decide for one event over a counter store, with the
+//! watermark of each input lane (a Kafka partition; the whole input in replay), rule reloads
+//! that keep the state of unchanged counters, and the per-rule and per-counter counts the
+//! metrics and the replay summary report.
+
+use std::sync::Arc;
+
+use crate::clock::{Clock, SystemClock};
+
+use super::judge::{Judge, Outcome};
+use crate::event::{BadEvent, Event, TimeBounds};
+use crate::rules::{Decision, Form, Plan, RuleSet, Scope, ScopeMemo, SkipReason};
+use crate::store::{CounterStore, HoldSpace, Origin, StoreError, WindowId};
+use crate::window::Applied;
+
+/// Per-evaluation counts, for the replay summary and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvalCounts {
+    /// Events judged (decoded successfully).
+    pub events: u64,
+    /// (event, counter) pairs not counted because the event was late: its bucket had slid out of
+    /// the key's window, or the event was behind its input's watermark.
+    pub late: u64,
+    /// Distinct values not recorded because their key's window held `max_distinct` values.
+    pub capped: u64,
+    /// Events behind their input's watermark (`max_lateness`): late for every counter.
+    pub behind_watermark: u64,
+    /// (event, counter) pairs skipped because a dimension or the aggregated field was unusable.
+    pub skipped_dimension: u64,
+    pub skipped_sum_field: u64,
+    pub skipped_sum_range: u64,
+    pub skipped_distinct_field: u64,
+    /// Counter values read without counting (a rule referring to a counter the event did not feed).
+    pub reads: u64,
+    /// Events with at least one hit.
+    pub decisions: u64,
+    /// Hits made on values counted locally while the shared store was unavailable.
+    pub degraded_hits: u64,
+}
+
+impl EvalCounts {
+    pub fn skipped(&self) -> u64 {
+        self.skipped_dimension + self.skipped_sum_field + self.skipped_sum_range + self.skipped_distinct_field
+    }
+}
+
+/// What happened to one rule's evaluations, for per-rule metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    /// Events in the rule's scope (its `match` held).
+    pub matched: u64,
+    pub hits: u64,
+}
+
+/// What happened to one counter's observations, for per-counter metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterCounts {
+    pub late: u64,
+    /// Distinct values not recorded: the key's window held `max_distinct` values.
+    pub capped: u64,
+    /// Skips by reason, indexed by [`SkipReason::index`].
+    pub skipped: [u64; 4],
+}
+
+/// What a rule reload did to the counters (for the reload log).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterChanges {
+    /// Counters new in this set, or whose window (length, bucket, aggregate, `max_distinct`),
+    /// dimensions or field changed: they start from nothing.
+    pub fresh: Vec<String>,
+    /// Counters whose id, window, dimensions and field are unchanged: they keep what they counted.
+    pub kept: Vec<String>,
+    /// Kept counters whose `match` or `allow_negative` changed: what they counted under the old
+    /// definition stays in their windows (rename a counter to start it afresh).
+    pub redefined: Vec<String>,
+}
+
+/// Evaluates events against a rule set over a counter store.
+pub struct Engine<S> {
+    rules: RuleSet,
+    store: S,
+    /// The store window of each active counter, by active position.
+    windows: Vec<WindowId>,
+    /// Per active counter: its key for the current event, and its outcome.
+    keys: Vec<Vec<u8>>,
+    outcomes: Vec<Outcome>,
+    counts: EvalCounts,
+    /// Per active rule, since the last [`Engine::take_rule_counts`].
+    rule_counts: Vec<RuleCounts>,
+    /// Per active counter, since the last [`Engine::take_counter_counts`].
+    counter_counts: Vec<CounterCounts>,
+    bounds: TimeBounds,
+    clock: Arc<dyn Clock>,
+    /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
+    /// replay): its watermark follows it.
+    newest: Vec<(u64, i64)>,
+    /// Per active rule: its hold space in the store (`None`: no hold).
+    hold_spaces: Vec<Option<HoldSpace>>,
+    /// The hold key of the rule being judged.
+    hold_key: Vec<u8>,
+    /// `match` results for the event being evaluated (and for prefetching).
+    memo: ScopeMemo,
+}
+
+/// Longest a shared store keeps a hold: ten years.
+const MAX_HOLD_TTL_MS: i64 = 10 * 365 * 86_400_000;
+
+/// Shortest a shared store keeps a hold: an hour. Holds count in event time, their TTL in wall
+/// time: a short hold must not vanish while a slow consumer (or a replay slower than real time)
+/// still judges events inside it.
+const MIN_HOLD_TTL_MS: i64 = 3_600_000;
+
+/// How long a shared store keeps a hold of `hold_ms` after setting it: max(2 × hold, hold +
+/// lateness, an hour), so that an event up to the lateness bound behind still finds it.
+fn hold_ttl_ms(hold_ms: i64, max_lateness_ms: Option<i64>) -> i64 {
+    let by_lateness = max_lateness_ms.map_or(0, |lateness| hold_ms.saturating_add(lateness));
+    hold_ms.saturating_mul(2).max(by_lateness).clamp(MIN_HOLD_TTL_MS, MAX_HOLD_TTL_MS)
+}
+
+impl<S: CounterStore> Engine<S> {
+    /// An engine with the default time bounds (`max_future_skew` 5m, `max_lateness` 1h) on the
+    /// system clock.
+    pub fn new(rules: RuleSet, store: S) -> Engine<S> {
+        let mut engine = Engine {
+            rules: RuleSet::empty(),
+            store,
+            windows: Vec::new(),
+            keys: Vec::new(),
+            outcomes: Vec::new(),
+            counts: EvalCounts::default(),
+            rule_counts: Vec::new(),
+            counter_counts: Vec::new(),
+            bounds: TimeBounds::default(),
+            clock: Arc::new(SystemClock),
+            newest: Vec::new(),
+            hold_spaces: Vec::new(),
+            hold_key: Vec::with_capacity(64),
+            memo: ScopeMemo::default(),
+        };
+        engine.replace_rules(rules);
+        engine
+    }
+
+    /// The same engine with other time bounds, measured against `clock`.
+    pub fn with_time(mut self, bounds: TimeBounds, clock: Arc<dyn Clock>) -> Engine<S> {
+        self.bounds = bounds;
+        self.clock = clock;
+        self.open_hold_spaces();
+        self
+    }
+
+    /// Opens the hold space of every active rule with a hold (by rule id: a reloaded rule keeps
+    /// its holds).
+    fn open_hold_spaces(&mut self) {
+        let lateness = self.bounds.max_lateness_ms;
+        let mut spaces = Vec::with_capacity(self.rules.active().len());
+        for index in self.rules.active() {
+            let rule = self.rules.rule(index);
+            spaces.push(rule.hold.as_ref().map(|hold| self.store.open_holds(&rule.id, hold_ttl_ms(hold.ms, lateness))));
+        }
+        self.hold_spaces = spaces;
+    }
+
+    pub fn bounds(&self) -> TimeBounds {
+        self.bounds
+    }
+
+    /// Refuses an event whose time is too far ahead of the wall clock (a bad event, `future_ts`):
+    /// it is neither counted nor judged and does not move its input's watermark.
+    pub fn admit(&self, event: &Event<'_>) -> Result<(), BadEvent> {
+        self.bounds.check_future(event.ts, self.clock.now_ms())
+    }
+
+    /// The newest accepted event time of `lane` (what its watermark follows).
+    pub fn newest(&self, lane: u64) -> Option<i64> {
+        self.newest.iter().find(|(l, _)| *l == lane).map(|&(_, n)| n)
+    }
+
+    /// Starts `lane` from a known newest event time (what a previous owner of the lane had
+    /// reached), so its watermark continues where it was.
+    pub fn resume_lane(&mut self, lane: u64, newest: i64) {
+        match self.newest.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, n)) => *n = (*n).max(newest),
+            None => self.newest.push((lane, newest)),
+        }
+        self.update_horizon();
+    }
+
+    /// Forgets an input lane (a revoked partition): its watermark no longer holds state back.
+    pub fn close_lane(&mut self, lane: u64) {
+        self.newest.retain(|&(l, _)| l != lane);
+        self.update_horizon();
+    }
+
+    /// Tells the store the oldest event time any open lane may still count or read.
+    fn update_horizon(&mut self) {
+        if let Some(oldest) = self.newest.iter().map(|&(_, newest)| newest).min() {
+            if let Some(horizon) = self.bounds.watermark(oldest) {
+                self.store.set_horizon(horizon);
+            }
+        }
+    }
+
+    /// Whether `event` from `lane` is behind the lane's watermark (late for every counter);
+    /// otherwise its time becomes the lane's newest if it is.
+    fn behind_watermark(&mut self, lane: u64, ts: i64) -> bool {
+        match self.newest.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, newest)) => {
+                if self.bounds.watermark(*newest).is_some_and(|watermark| ts < watermark) {
+                    return true;
+                }
+                if ts > *newest {
+                    *newest = ts;
+                    self.update_horizon();
+                }
+            }
+            None => {
+                self.newest.push((lane, ts));
+                self.update_horizon();
+            }
+        }
+        false
+    }
+
+    /// Swaps in a new rule set between two events. A counter whose id, window and meaning
+    /// (dimensions, field) are unchanged keeps its state (the store hands back the same window);
+    /// any other starts afresh. Returns the old set and what happened to each counter.
+    pub fn reload_rules(&mut self, rules: RuleSet) -> (RuleSet, CounterChanges) {
+        let mut changes = CounterChanges::default();
+        for index in rules.active_counters() {
+            let new = rules.counter(index);
+            let old = self.rules.active_counters().map(|i| self.rules.counter(i)).find(|c| c.id == new.id);
+            // The store keys a window by id, shape and identity (dimensions and field): the same
+            // hands back the same state.
+            match old {
+                Some(old) if old.window == new.window => {
+                    let same_scope = match (&old.scope, &new.scope) {
+                        (Scope::All, Scope::All) => true,
+                        (Scope::Table(a), Scope::Table(b)) => a == b,
+                        (Scope::Expr(_), Scope::Expr(_)) => old.scope_text == new.scope_text,
+                        _ => false,
+                    };
+                    if !same_scope || old.allow_negative != new.allow_negative {
+                        changes.redefined.push(new.id.clone());
+                    }
+                    changes.kept.push(new.id.clone());
+                }
+                _ => changes.fresh.push(new.id.clone()),
+            }
+        }
+        (self.replace_rules(rules), changes)
+    }
+
+    /// [`Engine::reload_rules`] without the report.
+    pub fn replace_rules(&mut self, rules: RuleSet) -> RuleSet {
+        self.windows = rules
+            .active_counters()
+            .map(|index| {
+                let counter = rules.counter(index);
+                self.store.open_window(&counter.id, counter.window)
+            })
+            .collect();
+        self.keys = vec![Vec::with_capacity(64); self.windows.len()];
+        self.outcomes = vec![Outcome::Unread; self.windows.len()];
+        self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
+        self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
+        self.memo = rules.scope_memo();
+        let old = std::mem::replace(&mut self.rules, rules);
+        self.open_hold_spaces();
+        old
+    }
+
+    /// Per-rule counts since the last call, as (rule index, counts) of the active rules.
+    pub fn take_rule_counts(&mut self) -> impl Iterator<Item = (usize, RuleCounts)> + '_ {
+        let active: Vec<usize> = self.rules.active().collect();
+        let counts = std::mem::replace(&mut self.rule_counts, vec![RuleCounts::default(); active.len()]);
+        active.into_iter().zip(counts).filter(|(_, c)| *c != RuleCounts::default())
+    }
+
+    /// Per-counter counts since the last call, as (counter index, counts) of the active counters.
+    pub fn take_counter_counts(&mut self) -> impl Iterator<Item = (usize, CounterCounts)> + '_ {
+        let active: Vec<usize> = self.rules.active_counters().collect();
+        let counts = std::mem::replace(&mut self.counter_counts, vec![CounterCounts::default(); active.len()]);
+        active.into_iter().zip(counts).filter(|(_, c)| *c != CounterCounts::default())
+    }
+
+    pub fn rules(&self) -> &RuleSet {
+        &self.rules
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    /// Gives the store back (flush it first if it buffers).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    pub fn counts(&self) -> EvalCounts {
+        self.counts
+    }
+
+    /// Appends the (hold space, hold key) of every rule with a hold that judges `event`, for
+    /// [`CounterStore::prefetch_holds`].
+    pub fn touched_holds(&mut self, event: &Event<'_>, out: &mut Vec<(HoldSpace, Vec<u8>)>) {
+        self.memo.reset();
+        for (position, space) in self.hold_spaces.iter().enumerate() {
+            let Some(space) = *space else { continue };
+            if self.rules.in_scope(position, event, &mut self.memo) && self.rules.hold_key(position, event, &mut self.hold_key) {
+                out.push((space, self.hold_key.clone()));
+            }
+        }
+    }
+
+    /// Appends the (window, key) of every counter `event` would count, and of every counter a
+    /// rule may read for it, for [`CounterStore::prefetch`].
+    pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
+        let mut key = Vec::new();
+        self.memo.reset();
+        for position in 0..self.rules.active_len() {
+            let wanted = match self.rules.plan(position, event, &mut key, &mut self.memo) {
+                Plan::Observe(_) => true,
+                Plan::Skip(SkipReason::Dimension) => false,
+                Plan::Skip(_) => self.rules.is_read(position),
+                Plan::NoMatch => self.rules.is_read(position) && self.rules.counter_key(position, event, &mut key),
+            };
+            if wanted {
+                out.push((self.windows[position], key.clone()));
+            }
+        }
+    }
+
+    /// Counts `event`, read from `origin` (its input lane and position there), into every
+    /// counter it feeds (in file order), then judges it with every rule (in file order) and
+    /// returns the hits. An event behind its lane's watermark is late for every counter.
+    pub fn evaluate(&mut self, event: &Event<'_>, origin: Origin) -> Result<Decision, StoreError> {
+        self.counts.events += 1;
+        let behind = self.behind_watermark(origin.lane, event.ts);
+        if behind {
+            self.counts.behind_watermark += 1;
+        }
+        self.store.set_origin(Some(origin));
+        self.memo.reset();
+        for position in 0..self.rules.active_len() {
+            self.outcomes[position] = self.count(position, event, behind)?;
+        }
+        let decision = self.judge(event)?;
+        if !decision.is_empty() {
+            self.counts.decisions += 1;
+        }
+        Ok(decision)
+    }
+
+    /// Counts `event` into the active counter at `position` if it feeds it; its outcome for the
+    /// event (counted, late, or left to be read on first reference).
+    #[inline]
+    fn count(&mut self, position: usize, event: &Event<'_>, behind: bool) -> Result<Outcome, StoreError> {
+        Ok(match self.rules.plan(position, event, &mut self.keys[position], &mut self.memo) {
+            Plan::NoMatch => {
+                if behind {
+                    Outcome::Unknown
+                } else {
+                    Outcome::Unread
+                }
+            }
+            Plan::Skip(reason) => {
+                *match reason {
+                    SkipReason::Dimension => &mut self.counts.skipped_dimension,
+                    SkipReason::SumField => &mut self.counts.skipped_sum_field,
+                    SkipReason::SumRange => &mut self.counts.skipped_sum_range,
+                    SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
+                } += 1;
+                self.counter_counts[position].skipped[reason.index()] += 1;
+                // A skipped event did not feed the counter: a rule reads it (if its key
+                // can be formed).
+                if behind || reason == SkipReason::Dimension {
+                    Outcome::Unknown
+                } else {
+                    Outcome::Unread
+                }
+            }
+            Plan::Observe(_) if behind => {
+                self.counts.late += 1;
+                self.counter_counts[position].late += 1;
+                Outcome::Unknown
+            }
+            Plan::Observe(delta) => {
+                let observed = self.store.apply(self.windows[position], &self.keys[position], event.ts, delta)?;
+                match observed.applied {
+                    Applied::Late => {
+                        self.counts.late += 1;
+                        self.counter_counts[position].late += 1;
+                        Outcome::Unknown
+                    }
+                    Applied::Counted(value) => Outcome::Known { value, degraded: observed.degraded, counted: true },
+                    Applied::Capped(value) => {
+                        self.counts.capped += 1;
+                        self.counter_counts[position].capped += 1;
+                        Outcome::Known { value, degraded: observed.degraded, counted: true }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Judges `event` with every active rule in file order (scope, then condition or limit,
+    /// then hold); counters the event did not feed are read on first reference.
+    fn judge(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
+        let mut decision = Decision::default();
+        let rules = &self.rules;
+        let mut judge = Judge {
+            event,
+            rules,
+            store: &mut self.store,
+            windows: &self.windows,
+            keys: &mut self.keys,
+            outcomes: &mut self.outcomes,
+            reads: &mut self.counts.reads,
+            error: None,
+        };
+        for (position, index) in rules.active().enumerate() {
+            if !rules.in_scope(position, event, &mut self.memo) {
+                continue;
+            }
+            self.rule_counts[position].matched += 1;
+            let rule = rules.rule(index);
+            let candidate = match rule.form {
+                Form::V1 { counter, threshold, .. } => judge.v1_candidate(rule, index, counter, threshold),
+                Form::V2 => judge.v2_candidate(rule, index),
+            };
+            let Some(mut hit) = candidate else { continue };
+            if let (Some(space), Some(hold)) = (self.hold_spaces[position], &rule.hold) {
+                let keyed = rules.hold_key(position, event, &mut self.hold_key);
+                judge.apply_hold(&mut hit, space, hold, keyed, &self.hold_key)?;
+            }
+            let hit = hit.fires.then_some(hit.hit);
+            if let Some(hit) = hit {
+                self.rule_counts[position].hits += 1;
+                if hit.degraded {
+                    self.counts.degraded_hits += 1;
+                }
+                decision.hits.push(hit);
+            }
+        }
+        if let Some(e) = judge.error {
+            return Err(e);
+        }
+        Ok(decision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn set(text: &str) -> RuleSet {
+        RuleSet::from_sources([("r.toml", text)]).unwrap()
+    }
+
+    #[test]
+    fn a_reload_says_which_counters_keep_their_state() {
+        let before = "[[counter]]\nid='a'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='b'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='c'\ndimensions=['u']\nwindow='1m'\n[[rule]]\nid='r'\naction='block'\nwhen='$a + $b + $c > 1'\n";
+        let after = "[[counter]]\nid='a'\ndimensions=['u']\nwindow='1m'\n[[counter]]\nid='b'\ndimensions=['u']\nwindow='2m'\n[[counter]]\nid='c'\ndimensions=['u', 'v']\nwindow='1m'\n[[counter]]\nid='d'\ndimensions=['u']\nwindow='1m'\n[[rule]]\nid='r'\naction='block'\nwhen='$a + $b + $c + $d > 1'\n";
+        let mut engine = Engine::new(set(before), MemoryStore::new());
+        let (_, changes) = engine.reload_rules(set(after));
+        assert_eq!(changes.kept, ["a"]);
+        assert_eq!(changes.fresh, ["b", "c", "d"]);
+        assert!(changes.redefined.is_empty());
+        let (_, changes) = engine.reload_rules(set(&after.replace("id='a'\ndimensions=['u']\n", "id='a'\nmatch='x == 1'\ndimensions=['u']\n")));
+        assert_eq!(changes.kept, ["a", "b", "c", "d"]);
+        assert_eq!(changes.redefined, ["a"]);
+    }
+}

@@ -1,0 +1,180 @@
+//! Judging one event with one rule: the expression context over the event (fields from the
+//! event, counters from what counting found, read from the store on first reference), and a
+//! rule's candidate hit by its form (v1 `limit`, v2 `when`) and its hold.
+
+use smallvec::SmallVec;
+
+use crate::event::{Event, FieldValue};
+use crate::rules::expr::{Context, Num};
+use crate::rules::model::Hold;
+use crate::rules::{decide, Hit, OnStoreError, Reason, Rule, RuleSet};
+use crate::store::{CounterStore, HoldSpace, Observed, StoreError, WindowId};
+
+/// A counter's state for the event being evaluated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Outcome {
+    /// Not fed by the event and not read yet: read on first reference.
+    Unread,
+    /// Unknown: its key cannot be formed, or the event is late for it.
+    Unknown,
+    /// Counted, or read, with this raw value; `degraded` if computed from local state only.
+    Known { value: i64, degraded: bool, counted: bool },
+}
+
+/// Expression context over one event: fields from the event; counters from the outcomes of
+/// counting, read from the store on first reference.
+pub(super) struct Judge<'a, 'e, S> {
+    pub(super) event: &'e Event<'e>,
+    pub(super) rules: &'a RuleSet,
+    pub(super) store: &'a mut S,
+    pub(super) windows: &'a [WindowId],
+    pub(super) keys: &'a mut [Vec<u8>],
+    pub(super) outcomes: &'a mut [Outcome],
+    pub(super) reads: &'a mut u64,
+    pub(super) error: Option<StoreError>,
+}
+
+impl<S: CounterStore> Judge<'_, '_, S> {
+    /// The outcome of a counter for this event, reading it if needed.
+    fn outcome(&mut self, counter: usize) -> Outcome {
+        let Some(position) = self.rules.counter_position(counter) else { return Outcome::Unknown };
+        if self.outcomes[position] == Outcome::Unread {
+            self.outcomes[position] = if !self.rules.counter_key(position, self.event, &mut self.keys[position]) {
+                Outcome::Unknown
+            } else {
+                *self.reads += 1;
+                match self.store.read(self.windows[position], &self.keys[position], self.event.ts) {
+                    Ok(Observed { applied, degraded }) => match applied.value() {
+                        Some(value) => Outcome::Known { value, degraded, counted: false },
+                        None => Outcome::Unknown,
+                    },
+                    Err(e) => {
+                        self.error.get_or_insert(e);
+                        Outcome::Unknown
+                    }
+                }
+            };
+        }
+        self.outcomes[position]
+    }
+}
+
+impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
+    fn field(&self, slot: usize) -> &'e FieldValue<'e> {
+        self.event.field(slot)
+    }
+
+    fn counter(&mut self, index: usize) -> Option<Num> {
+        match self.outcome(index) {
+            Outcome::Known { value, .. } => {
+                Some(Num::exact(decide::counter_value(self.rules.counter(index).aggregate(), value)))
+            }
+            _ => None,
+        }
+    }
+
+    fn counter_raw(&mut self, index: usize) -> Option<i64> {
+        match self.outcome(index) {
+            Outcome::Known { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+}
+
+/// A rule's hit before it is known whether it fires.
+pub(super) struct Candidate {
+    pub(super) fires: bool,
+    reason: Option<Reason>,
+    pub(super) hit: Hit,
+}
+
+impl Candidate {
+    /// A v1-form rule whose counter did not count the event: it fires only if held.
+    fn no(rule: usize) -> Candidate {
+        Candidate {
+            fires: false,
+            reason: None,
+            hit: Hit { rule, value: None, reason: None, degraded: false, counters: SmallVec::new(), held_until: None },
+        }
+    }
+}
+
+impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
+    /// A v1-form rule (`window` + `limit`) at rule index `index`: fires only on an event its
+    /// counter counted (v1 semantics); a held key fires it whatever its counter did. `None`:
+    /// its counter is not active, the rule is passed over.
+    #[inline]
+    pub(super) fn v1_candidate(&self, rule: &Rule, index: usize, counter: usize, threshold: i64) -> Option<Candidate> {
+        let counter_position = self.rules.counter_position(counter)?;
+        Some(match self.outcomes[counter_position] {
+            Outcome::Known { value, degraded, counted: true } => {
+                let (fires, reason) = match (degraded, rule.on_store_error) {
+                    (false, _) | (true, OnStoreError::Local) => (value > threshold, None),
+                    (true, OnStoreError::Allow) => (false, None),
+                    (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+                };
+                Candidate { fires, reason, hit: Hit { rule: index, value: Some(value), reason, degraded, counters: SmallVec::new(), held_until: None } }
+            }
+            _ => Candidate::no(index),
+        })
+    }
+
+    /// A v2-form rule (`when`) at rule index `index`. `None`: it cannot fire, its record (and
+    /// the reads it would list) is not needed.
+    #[inline]
+    pub(super) fn v2_candidate(&mut self, rule: &'a Rule, index: usize) -> Option<Candidate> {
+        let holds = rule.when.as_ref().is_none_or(|when| when.expr.holds(self));
+        if !holds && rule.hold.is_none() && rule.on_store_error != OnStoreError::Block {
+            return None;
+        }
+        // Every counter the condition names, known ones in the record, whatever
+        // evaluation short-circuited.
+        let mut counters = SmallVec::new();
+        let mut degraded = false;
+        for &counter in rule.counters() {
+            if let Outcome::Known { value, degraded: d, .. } = self.outcome(counter) {
+                counters.push((counter, value));
+                degraded |= d;
+            }
+        }
+        let (fires, reason) = match (degraded, rule.on_store_error) {
+            (false, _) | (true, OnStoreError::Local) => (holds, Some(Reason::When)),
+            (true, OnStoreError::Allow) => (false, None),
+            (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+        };
+        Some(Candidate { fires, reason, hit: Hit { rule: index, value: None, reason, degraded, counters, held_until: None } })
+    }
+
+    /// A rule with a hold: fired by its condition, the hold starts (or extends) from this event;
+    /// otherwise a key still held makes it fire. `keyed`: the event's hold key (`key`) could be
+    /// formed.
+    #[inline]
+    pub(super) fn apply_hold(
+        &mut self,
+        hit: &mut Candidate,
+        space: HoldSpace,
+        hold: &Hold,
+        keyed: bool,
+        key: &[u8],
+    ) -> Result<(), StoreError> {
+        if hit.fires && hit.reason != Some(Reason::StoreUnavailable) {
+            // Fired by its condition: the hold starts (or extends) from this event.
+            hit.hit.reason = Some(Reason::When);
+            if keyed {
+                let until = self.event.ts.saturating_add(hold.ms);
+                hit.hit.held_until = Some(self.store.extend_hold(space, key, until)?);
+            }
+        } else if keyed {
+            if let Some(until) = self.store.held_until(space, key)? {
+                if self.event.ts < until {
+                    if !hit.fires {
+                        hit.fires = true;
+                        hit.hit.reason = Some(Reason::Held);
+                    }
+                    hit.hit.held_until = Some(until);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,460 @@
+//! The partition loops: one ordered loop per assigned partition. A batch is decoded, counted and
+//! decided under the engine lock, journaled before anything it counted can reach the store, then
+//! its records go to the producer with a ticket back to the partition's [`Progress`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
+
+use super::shared::{stop_loops, PartitionKey, PartitionLoop, Worker};
+use crate::event::Event;
+use crate::pipeline::Engine;
+use crate::rules::{decide, Action, Mode, SkipReason, Source};
+use crate::sink::{dead_letter_headers, Kind, Ticket};
+use crate::source::{self, Progress, Rejection};
+use crate::store::journal::JournalBatch;
+use crate::store::{AnyStore, CounterStore, Journal, JournalError, Origin, StoreError};
+use crate::telemetry::{ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels};
+
+/// Messages a partition loop takes per engine lock.
+const MAX_BATCH: usize = 1024;
+/// Batches waiting per partition loop; the consumer loop waits when it is full.
+const QUEUE_DEPTH: usize = 8;
+
+/// Why a partition loop stopped processing a batch.
+enum Failure {
+    /// The counter store failed; the rest of the batch is tried again.
+    Store(StoreError),
+    /// Another worker owns the partition now: the loop stops.
+    Fenced,
+}
+
+/// Where a batch comes from, and what its records need.
+struct PartitionBatch<'a> {
+    topic: &'a str,
+    partition: i32,
+    /// The partition's lane in the store and the journal.
+    lane: u64,
+    /// What a previous owner produced for the events this one may read again.
+    journal: &'a Journal,
+    emit_allow: bool,
+}
+
+/// A record or dead letter for the producer, sent once the engine lock is released.
+struct Output<'m> {
+    offset: i64,
+    key: Option<&'m [u8]>,
+    payload: Vec<u8>,
+    dead_letter: Option<OwnedHeaders>,
+    event_time_ms: Option<i64>,
+}
+
+/// What judging a batch produced under the engine lock.
+#[derive(Default)]
+struct Judged<'m> {
+    outputs: Vec<Output<'m>>,
+    /// Messages processed, from the batch's first.
+    processed: usize,
+    /// The store failure that stopped the batch, if one did.
+    failure: Option<StoreError>,
+    /// The records to journal, with the batch's end and watermark.
+    journaled: JournalBatch,
+    decided: u64,
+    allowed: u64,
+    dead: u64,
+    redelivered: u64,
+}
+
+type Events<'m> = Vec<Result<Event<'m>, Rejection>>;
+
+impl Worker {
+    pub(super) fn start_partition(self: &Arc<Self>, key: PartitionKey) {
+        let (sender, receiver) = mpsc::sync_channel(QUEUE_DEPTH);
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::new());
+        let thread = {
+            let (worker, stop, progress, key) = (Arc::clone(self), Arc::clone(&stop), Arc::clone(&progress), key.clone());
+            std::thread::Builder::new()
+                .name(format!("vigil-p{}", key.1))
+                .spawn(move || worker.partition_loop(&key, &receiver, &stop, &progress))
+        };
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start a partition loop");
+                return;
+            }
+        };
+        self.metrics.assigned_partitions.inc();
+        let previous = self
+            .lock_partitions()
+            .insert(key, PartitionLoop { sender: Some(sender), gathered: Vec::new(), stop, thread: Some(thread), progress });
+        if let Some(previous) = previous {
+            stop_loops(vec![previous]);
+        }
+    }
+
+    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Vec<OwnedMessage>>, stop: &AtomicBool, progress: &Arc<Progress>) {
+        // What a previous owner produced for the events this one may read again.
+        let lane = self.lane(&key.0, key.1);
+        let loaded = self.with_journal(|journal| journal.claim(lane)).unwrap_or_else(|| Ok(Journal::default()));
+        let journal = loaded.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, partition = key.1, "cannot read the decision journal: events re-read after a crash are judged again");
+            Journal::default()
+        });
+        if let Some(covered) = journal.covered {
+            tracing::info!(partition = key.1, covered, records = journal.records.len(), "decision journal loaded");
+        }
+        let mut resumed = false;
+        loop {
+            if stop.load(Ordering::Acquire) || self.shutdown.is_triggered() {
+                return;
+            }
+            let mut batch = match receiver.recv_timeout(Duration::from_millis(50)) {
+                Ok(batch) => batch,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            while batch.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(more) => batch.extend(more),
+                    Err(_) => break,
+                }
+            }
+            if !resumed {
+                // The watermark continues where it was just before the first offset read.
+                resumed = true;
+                let first = batch.first().map_or(0, Message::offset);
+                match journal.newest_before(first) {
+                    Some(newest) => self.lock_engine().resume_lane(lane, newest),
+                    None if journal.covered.is_some() => {
+                        tracing::warn!(partition = key.1, first, "no watermark recorded before the first offset read: it starts afresh")
+                    }
+                    None => {}
+                }
+            }
+            self.process(key, &batch, stop, progress, &journal);
+        }
+    }
+
+    /// Processes a batch in order; a store failure is retried with backoff from the first event
+    /// not processed, until it succeeds or the loop is stopped (its offsets then stay uncommitted).
+    fn process(&self, key: &PartitionKey, batch: &[OwnedMessage], stop: &AtomicBool, progress: &Arc<Progress>, journal: &Journal) {
+        if !self.wait_while_saturated(stop) {
+            return;
+        }
+        let mut start = 0;
+        let mut backoff = Duration::from_millis(50);
+        while start < batch.len() {
+            match self.process_some(key, &batch[start..], progress, journal) {
+                Ok(()) => return,
+                Err((_, Failure::Fenced)) => {
+                    stop.store(true, Ordering::Release);
+                    return;
+                }
+                Err((done, Failure::Store(error))) => {
+                    start += done;
+                    self.metrics.redis_errors.get_or_create(&CodeLabels { code: "read_failed" }).inc();
+                    tracing::warn!(error = %error, partition = key.1, "counter store unavailable; retrying the batch");
+                    if self.shutdown.wait(backoff) || stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// While the local counts waiting for Redis are at their bound (a long outage), the partition
+    /// waits: its events stay in Kafka. False if the loop was stopped meanwhile.
+    fn wait_while_saturated(&self, stop: &AtomicBool) -> bool {
+        let mut logged = None::<Instant>;
+        loop {
+            {
+                let mut engine = self.lock_engine();
+                if !engine.store().saturated() {
+                    self.metrics.store_saturated.set(0);
+                    return true;
+                }
+                let _ = engine.store_mut().tick();
+            }
+            self.metrics.store_saturated.set(1);
+            if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                tracing::warn!("local counter state is full while Redis is unavailable (redis.max_local_keys): partitions wait");
+                logged = Some(Instant::now());
+            }
+            if self.shutdown.wait(Duration::from_millis(50)) || stop.load(Ordering::Acquire) {
+                return false;
+            }
+        }
+    }
+
+    /// Decodes, counts and decides `messages` under the engine lock, then hands their records to
+    /// the producer. On a store failure, returns how many messages were processed.
+    fn process_some(
+        &self,
+        key: &PartitionKey,
+        messages: &[OwnedMessage],
+        progress: &Arc<Progress>,
+        journal: &Journal,
+    ) -> Result<(), (usize, Failure)> {
+        let (judged, mark) = self.judge_and_journal(key, messages, journal)?;
+        self.metrics.inc_events("decided", judged.decided);
+        self.metrics.inc_events("allowed", judged.allowed);
+        self.metrics.inc_events("dead_lettered", judged.dead);
+        self.metrics.redelivered_decisions.inc_by(judged.redelivered);
+        // Outside the lock: records go to the producer, each with a ticket back to `progress`.
+        self.send_outputs(judged.outputs, progress);
+        if judged.processed > 0 {
+            progress.processed(messages[judged.processed - 1].offset(), mark);
+        }
+        match judged.failure {
+            None => Ok(()),
+            Some(e) => Err((judged.processed, Failure::Store(e))),
+        }
+    }
+
+    /// Under the engine lock: decodes the batch, prefetches what it touches, counts and judges
+    /// it, exports its per-rule and per-counter counts and journals its records. Returns what it
+    /// produced and the store's counted mark after it.
+    fn judge_and_journal<'m>(
+        &self,
+        (topic, partition): &PartitionKey,
+        messages: &'m [OwnedMessage],
+        journal: &Journal,
+    ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
+        let mut engine = self.lock_engine();
+        let events = decode_batch(&engine, messages, self.config.worker.max_event_bytes);
+        if engine.store().prefetches() {
+            prefetch(&mut engine, &events).map_err(|e| (0, Failure::Store(e)))?;
+        }
+        let batch = PartitionBatch {
+            topic,
+            partition: *partition,
+            lane: self.lane(topic, *partition),
+            journal,
+            emit_allow: self.config.worker.emit_allow,
+        };
+        // Nothing the batch counts is sent before its records are journaled (below).
+        engine.store_mut().begin_batch();
+        let mut judged = self.judge_batch(&mut engine, &batch, messages, &events);
+        // Offsets are committed at batch ends: a next owner resumes after one, with the
+        // watermark recorded there.
+        if let Some(last) = judged.processed.checked_sub(1).map(|i| messages[i].offset()) {
+            judged.journaled.covered = Some(last);
+            judged.journaled.mark = engine.newest(batch.lane).map(|newest| (last, newest));
+        }
+        self.export_rule_counts(&mut engine);
+        self.export_counter_counts(&mut engine);
+        if judged.processed > 0 {
+            self.journal_batch(&mut engine, &batch, messages[0].offset(), &judged.journaled)
+                .map_err(|failure| (judged.processed, failure))?;
+        }
+        engine.store_mut().end_batch();
+        if let Err(e) = engine.store_mut().tick() {
+            judged.failure.get_or_insert(e);
+        }
+        Ok((judged, engine.store().counted_mark()))
+    }
+
+    /// Counts and judges the batch's events in order, dead-lettering those that did not decode;
+    /// stops at the first store failure.
+    fn judge_batch<'m>(
+        &self,
+        engine: &mut Engine<AnyStore>,
+        batch: &PartitionBatch<'_>,
+        messages: &'m [OwnedMessage],
+        events: &Events<'_>,
+    ) -> Judged<'m> {
+        let mut judged = Judged::default();
+        let mut record = Vec::with_capacity(512);
+        for (message, event) in messages.iter().zip(events) {
+            match event {
+                Err(rejection) => self.dead_letter(batch, message, rejection, &mut judged),
+                Ok(event) => {
+                    if let Err(e) = self.judge_one(engine, batch, message, event, &mut record, &mut judged) {
+                        judged.failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            judged.processed += 1;
+        }
+        judged
+    }
+
+    /// A message that did not decode (or was refused): it goes to the dead-letter topic as it
+    /// came, with the reason in its headers.
+    #[inline]
+    fn dead_letter<'m>(&self, batch: &PartitionBatch<'_>, message: &'m OwnedMessage, rejection: &Rejection, judged: &mut Judged<'m>) {
+        let offset = message.offset();
+        judged.dead += 1;
+        self.metrics.dead_letters.get_or_create(&ReasonLabels { reason: rejection.code() }).inc();
+        let headers =
+            dead_letter_headers(message.headers(), rejection.code(), &rejection.to_string(), batch.topic, batch.partition, offset);
+        judged.outputs.push(Output {
+            offset,
+            key: message.key(),
+            payload: message.payload().unwrap_or_default().to_vec(),
+            dead_letter: Some(headers),
+            event_time_ms: None,
+        });
+    }
+
+    /// Counts and judges one event; its record is journaled and sent unless a previous owner
+    /// already produced one for it, which is sent again instead.
+    #[inline]
+    fn judge_one<'m>(
+        &self,
+        engine: &mut Engine<AnyStore>,
+        batch: &PartitionBatch<'_>,
+        message: &'m OwnedMessage,
+        event: &Event<'_>,
+        record: &mut Vec<u8>,
+        judged: &mut Judged<'m>,
+    ) -> Result<(), StoreError> {
+        let offset = message.offset();
+        let origin = Origin { lane: batch.lane, offset };
+        let decision = engine.evaluate(event, origin)?;
+        if decision.is_empty() {
+            judged.allowed += 1;
+        } else {
+            judged.decided += 1;
+        }
+        let event_time_ms = message.timestamp().to_millis();
+        if let Some(earlier) = batch.journal.produced(offset) {
+            // Read again after a crash: deliver what the first run produced, byte
+            // for byte (this run counted only what the first had not flushed).
+            judged.redelivered += 1;
+            if let Some(payload) = earlier {
+                judged.outputs.push(Output { offset, key: message.key(), payload: payload.to_vec(), dead_letter: None, event_time_ms });
+            }
+        } else if !decision.is_empty() || batch.emit_allow {
+            record.clear();
+            let source = Source::Kafka { topic: batch.topic, partition: batch.partition, offset };
+            decide::write_record(record, engine.rules(), event, &decision, source);
+            let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
+            self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
+            judged.journaled.records.push((offset, record.clone()));
+            judged.outputs.push(Output { offset, key: message.key(), payload: record.clone(), dead_letter: None, event_time_ms });
+        }
+        for hit in decision.hits.iter().filter(|h| h.degraded) {
+            let rule = engine.rules().rule(hit.rule).id.clone();
+            self.metrics.degraded_hits.get_or_create(&RuleLabels { rule }).inc();
+        }
+        Ok(())
+    }
+
+    /// Exports the hits of each rule since the last batch.
+    fn export_rule_counts(&self, engine: &mut Engine<AnyStore>) {
+        let counts: Vec<_> = engine.take_rule_counts().collect();
+        for (index, counts) in counts {
+            let rule = engine.rules().rule(index);
+            if counts.hits > 0 {
+                let mode = match rule.mode {
+                    Mode::Enforce => "enforce",
+                    Mode::Shadow => "shadow",
+                };
+                let labels = RuleHitLabels { rule: rule.id.clone(), mode, action: rule.action.as_str() };
+                self.metrics.rule_hits.get_or_create(&labels).inc_by(counts.hits);
+            }
+        }
+    }
+
+    /// Exports each counter's late, capped and skipped observations since the last batch.
+    fn export_counter_counts(&self, engine: &mut Engine<AnyStore>) {
+        let counts: Vec<_> = engine.take_counter_counts().collect();
+        for (index, counts) in counts {
+            let counter = engine.rules().counter(index);
+            if counts.late > 0 {
+                self.metrics.late_events.get_or_create(&CounterLabels { counter: counter.id.clone() }).inc_by(counts.late);
+            }
+            if counts.capped > 0 {
+                let labels = CounterLabels { counter: counter.id.clone() };
+                self.metrics.distinct_capped.get_or_create(&labels).inc_by(counts.capped);
+            }
+            for (reason, n) in SkipReason::ALL.iter().zip(counts.skipped) {
+                if n > 0 {
+                    let labels = SkipLabels { counter: counter.id.clone(), reason: reason.code() };
+                    self.metrics.skipped_events.get_or_create(&labels).inc_by(n);
+                }
+            }
+        }
+    }
+
+    /// Journals the batch's records. They are journaled before they go out and before anything
+    /// the batch counted can be sent (the engine stays locked, and the store sends nothing while
+    /// a batch runs): a next owner re-reading these events delivers the same records, and a
+    /// batch fenced here leaves no trace in Redis. `Fenced` if another worker owns the partition.
+    fn journal_batch(
+        &self,
+        engine: &mut Engine<AnyStore>,
+        batch: &PartitionBatch<'_>,
+        first_offset: i64,
+        journaled: &JournalBatch,
+    ) -> Result<(), Failure> {
+        match self.with_journal(|journal| journal.write(batch.lane, journaled)) {
+            None | Some(Ok(())) => {
+                self.metrics.journaled_decisions.inc_by(journaled.records.len() as u64);
+            }
+            Some(Err(JournalError::Fenced)) => {
+                // Another worker owns the partition now (the broker moved it while this
+                // one still ran): it counts and judges these events itself.
+                tracing::warn!(topic = %batch.topic, partition = batch.partition, "partition taken over by another worker: dropping this batch and stopping");
+                self.metrics.journal_errors.get_or_create(&CodeLabels { code: "fenced" }).inc();
+                if let Err(e) = engine.store_mut().discard_batch(batch.lane, first_offset) {
+                    tracing::warn!(error = %e, "the counts kept besides the fenced batch are not all in Redis yet; they are sent again");
+                }
+                return Err(Failure::Fenced);
+            }
+            Some(Err(e)) => {
+                self.metrics.journal_errors.get_or_create(&CodeLabels { code: e.code() }).inc();
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the batch's records and dead letters to the producer, each with a ticket back to
+    /// `progress`.
+    fn send_outputs(&self, outputs: Vec<Output<'_>>, progress: &Arc<Progress>) {
+        for output in outputs {
+            progress.expect_delivery(output.offset);
+            let (topic, kind) = match output.dead_letter {
+                Some(_) => (&self.sink.dead_letter_topic, Kind::DeadLetter),
+                None => (&self.sink.decisions_topic, Kind::Decision),
+            };
+            let ticket =
+                Box::new(Ticket { progress: Arc::clone(progress), offset: output.offset, event_time_ms: output.event_time_ms, kind });
+            self.sink.send(topic, output.key, &output.payload, output.dead_letter, ticket);
+        }
+    }
+}
+
+/// Decodes each message and refuses events too far in the future.
+fn decode_batch<'m>(engine: &Engine<AnyStore>, messages: &'m [OwnedMessage], limit: usize) -> Events<'m> {
+    messages
+        .iter()
+        .map(|m| {
+            let event = source::decode_message(m.payload(), limit, engine.rules().projection())?;
+            engine.admit(&event)?;
+            Ok::<_, Rejection>(event)
+        })
+        .collect()
+}
+
+/// Loads the windows and holds the batch's events touch, in one round trip each.
+fn prefetch(engine: &mut Engine<AnyStore>, events: &Events<'_>) -> Result<(), StoreError> {
+    let mut touched = Vec::new();
+    for event in events.iter().flatten() {
+        engine.touched_keys(event, &mut touched);
+    }
+    engine.store_mut().prefetch(&touched)?;
+    let mut touched_holds = Vec::new();
+    for event in events.iter().flatten() {
+        engine.touched_holds(event, &mut touched_holds);
+    }
+    engine.store_mut().prefetch_holds(&touched_holds)
+}

@@ -1,0 +1,114 @@
+//! What every thread of the worker shares: the engine, the sink, the table of running partition
+//! loops, the journal, and the locks over them (a poisoned lock is taken over: its data stays
+//! consistent between two batches).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use rdkafka::message::OwnedMessage;
+
+use crate::clock::SystemClock;
+use crate::config::Config;
+use crate::pipeline::Engine;
+use crate::rules::RuleSet;
+use crate::shutdown::Shutdown;
+use crate::sink::Sink;
+use crate::source::Progress;
+use crate::store::{AnyStore, JournalWriter, RedisStats, StateStats};
+use crate::telemetry::Metrics;
+
+/// A partition, as the consumer names it: (topic, partition).
+pub(super) type PartitionKey = (String, i32);
+
+/// A running partition loop.
+pub(super) struct PartitionLoop {
+    pub(super) sender: Option<SyncSender<Vec<OwnedMessage>>>,
+    /// Messages polled and not yet handed over; they go with the loop when it is revoked.
+    pub(super) gathered: Vec<OwnedMessage>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) thread: Option<JoinHandle<()>>,
+    pub(super) progress: Arc<Progress>,
+}
+
+/// What every thread of the worker shares.
+pub(super) struct Worker {
+    pub(super) config: Config,
+    pub(super) engine: Mutex<Engine<AnyStore>>,
+    pub(super) sink: Sink,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) shutdown: Shutdown,
+    pub(super) partitions: Mutex<HashMap<PartitionKey, PartitionLoop>>,
+    /// Store statistics already exported.
+    pub(super) exported: Mutex<RedisStats>,
+    /// State statistics already exported, and when evictions were last logged.
+    pub(super) exported_state: Mutex<(StateStats, Option<Instant>)>,
+    /// The decision journal (with Redis; none with the in-process store, which a restart loses
+    /// anyway).
+    pub(super) journal: Option<Mutex<JournalWriter>>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        config: Config,
+        rules: RuleSet,
+        store: AnyStore,
+        journal: Option<JournalWriter>,
+        sink: Sink,
+        metrics: Arc<Metrics>,
+        shutdown: Shutdown,
+    ) -> Worker {
+        Worker {
+            engine: Mutex::new(Engine::new(rules, store).with_time(config.input.time_bounds(), Arc::new(SystemClock))),
+            sink,
+            metrics,
+            shutdown,
+            partitions: Mutex::new(HashMap::new()),
+            exported: Mutex::new(RedisStats::default()),
+            exported_state: Mutex::new((StateStats::default(), None)),
+            journal: journal.map(Mutex::new),
+            config,
+        }
+    }
+
+    pub(super) fn lock_partitions(&self) -> MutexGuard<'_, HashMap<PartitionKey, PartitionLoop>> {
+        self.partitions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn lock_engine(&self) -> MutexGuard<'_, Engine<AnyStore>> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn with_journal<T>(&self, f: impl FnOnce(&mut JournalWriter) -> T) -> Option<T> {
+        self.journal.as_ref().map(|journal| f(&mut journal.lock().unwrap_or_else(|p| p.into_inner())))
+    }
+
+    /// The lane the store records applied offsets under (`o:<partition>`): the
+    /// partition, made unique per input topic when there are several (by the topic's position
+    /// in `kafka.input_topics`).
+    pub(super) fn lane(&self, topic: &str, partition: i32) -> u64 {
+        let topics = &self.config.kafka.input_topics;
+        let partition = u64::try_from(partition).unwrap_or(0);
+        match topics.iter().position(|t| t == topic) {
+            Some(index) if topics.len() > 1 => index as u64 * 1_000_000 + partition,
+            _ => partition,
+        }
+    }
+}
+
+/// Stops partition loops and waits for them (each finishes the batch it is on).
+pub(super) fn stop_loops(loops: Vec<PartitionLoop>) {
+    let mut threads = Vec::new();
+    for mut state in loops {
+        state.stop.store(true, Ordering::Release);
+        state.sender = None;
+        threads.extend(state.thread.take());
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+}
+
