@@ -5,19 +5,23 @@
 //! - `model`: the validated counters and rules. `compile`: rule files → model, every error at
 //!   `file:line:col`. `expr`: the expression language (parse, resolve, three-valued evaluation).
 //!   `plan`: per event, which counters it feeds, under which key, with which delta; which rules
-//!   judge it. `decide`: hits → the decision and its JSON record.
+//!   judge it. `decide`: hits → the decision. `record`: the decision's JSON record. `describe`:
+//!   the descriptions `vigil check` prints.
 
 pub mod compile;
 pub mod decide;
+pub mod describe;
 pub mod expr;
 pub mod lists;
 pub mod model;
 pub mod plan;
+pub mod record;
 
 pub use compile::Diagnostic;
-pub use decide::{Decision, Hit, Reason, Source};
+pub use decide::{Decision, Hit, Reason};
 pub use model::{Action, Counter, Form, Mode, OnStoreError, Origin, Rule, Scope};
 pub use plan::{Plan, ScopeMemo, SkipReason};
+pub use record::Source;
 
 use crate::event::Projection;
 
@@ -55,7 +59,7 @@ pub struct RuleSet {
     projection: Projection,
     version: String,
     /// The constant parts of its decision records, rendered once.
-    record_parts: decide::RecordParts,
+    record_parts: record::RecordParts,
     warnings: Vec<Diagnostic>,
 }
 
@@ -128,7 +132,7 @@ impl RuleSet {
                 }
             }
         }
-        let record_parts = decide::RecordParts::new(&rules, &counters, &version);
+        let record_parts = record::RecordParts::new(&rules, &counters, &version);
         RuleSet {
             record_parts,
             counters,
@@ -200,7 +204,7 @@ impl RuleSet {
     }
 
     /// A short hash of the rule files' names and contents: changes whenever a rule does.
-    pub(crate) fn record_parts(&self) -> &decide::RecordParts {
+    pub(crate) fn record_parts(&self) -> &record::RecordParts {
         &self.record_parts
     }
 
@@ -219,11 +223,11 @@ impl RuleSet {
         let mut lines: Vec<((&str, usize), String)> = Vec::new();
         for counter in &self.counters {
             if !counter.from_rule {
-                lines.push(((&counter.origin.file, counter.origin.line), decide::describe_counter(counter)));
+                lines.push(((&counter.origin.file, counter.origin.line), describe::describe_counter(counter)));
             }
         }
         for rule in &self.rules {
-            lines.push(((&rule.origin.file, rule.origin.line), decide::describe_rule(self, rule)));
+            lines.push(((&rule.origin.file, rule.origin.line), describe::describe_rule(self, rule)));
         }
         lines.sort_by_key(|(key, _)| *key);
         lines.into_iter().map(|(_, l)| l).collect()

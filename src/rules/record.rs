@@ -1,0 +1,413 @@
+//! The decision record: a [`Decision`] for one event written as one JSON object, mostly
+//! copied from the constant parts of the rule set's records, rendered once at load. Pure.
+
+use super::decide::{counter_value, Decision, Hit};
+use super::model::{Action, Counter, Form, Rule};
+use super::RuleSet;
+use crate::decimal::Decimal;
+use crate::event::{Event, FieldValue, Scalar};
+
+/// Where an event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source<'a> {
+    /// Replay: 1-based line number of the input.
+    Line(u64),
+    Kafka { topic: &'a str, partition: i32, offset: i64 },
+}
+
+/// The constant parts of a rule set's decision records, rendered as JSON once at load: a record
+/// is then mostly copied, not serialised field by field.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RecordParts {
+    /// `,"rules_version":"…","hits":[`
+    version: Box<[u8]>,
+    /// Per rule: `{"rule_id":"…","mode":"…","action":"…"`
+    rule_heads: Vec<Box<[u8]>>,
+    /// Per v1-form rule: `,"limit":…,"window_ms":…` (empty for the new form).
+    rule_limits: Vec<Box<[u8]>>,
+    /// Per counter: `{"id":"…","key":`
+    counter_heads: Vec<Box<[u8]>>,
+    /// Per counter: `"path":` for each dimension, in order.
+    counter_paths: Vec<Vec<Box<[u8]>>>,
+    /// Per counter: `,"window_ms":…}`
+    counter_tails: Vec<Box<[u8]>>,
+}
+
+impl RecordParts {
+    pub(crate) fn new(rules: &[Rule], counters: &[Counter], version: &str) -> RecordParts {
+        RecordParts {
+            version: render(|out| {
+                out.extend_from_slice(b",\"rules_version\":");
+                write_str(out, version);
+                out.extend_from_slice(b",\"hits\":[");
+            }),
+            rule_heads: rules
+                .iter()
+                .map(|rule| {
+                    render(|out| {
+                        out.extend_from_slice(b"{\"rule_id\":");
+                        write_str(out, &rule.id);
+                        out.extend_from_slice(b",\"mode\":");
+                        write_str(out, rule.mode.as_str());
+                        out.extend_from_slice(b",\"action\":");
+                        write_str(out, rule.action.as_str());
+                    })
+                })
+                .collect(),
+            rule_limits: rules
+                .iter()
+                .map(|rule| {
+                    render(|out| {
+                        if let Form::V1 { counter, limit, .. } = rule.form {
+                            out.extend_from_slice(b",\"limit\":");
+                            write_decimal(out, limit);
+                            out.extend_from_slice(b",\"window_ms\":");
+                            write_int(out, counters[counter].window.window_ms());
+                        }
+                    })
+                })
+                .collect(),
+            counter_heads: counters
+                .iter()
+                .map(|c| {
+                    render(|out| {
+                        out.extend_from_slice(b"{\"id\":");
+                        write_str(out, &c.id);
+                        out.extend_from_slice(b",\"key\":");
+                    })
+                })
+                .collect(),
+            counter_paths: counters
+                .iter()
+                .map(|c| {
+                    c.dimensions
+                        .iter()
+                        .map(|path| {
+                            render(|out| {
+                                write_str(out, path.as_str());
+                                out.push(b':');
+                            })
+                        })
+                        .collect()
+                })
+                .collect(),
+            counter_tails: counters
+                .iter()
+                .map(|c| {
+                    render(|out| {
+                        out.extend_from_slice(b",\"window_ms\":");
+                        write_int(out, c.window.window_ms());
+                        out.push(b'}');
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The bytes `write` appends to an empty buffer.
+fn render(write: impl FnOnce(&mut Vec<u8>)) -> Box<[u8]> {
+    let mut out = Vec::new();
+    write(&mut out);
+    out.into_boxed_slice()
+}
+
+/// Appends `s` as a JSON string, escaped as serde_json escapes it (`"`, `\` and control
+/// characters; everything else verbatim).
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    write_str_body(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped, without the quotes.
+fn write_str_body(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+fn write_int(out: &mut Vec<u8>, v: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+/// An exact decimal as a JSON number: its shortest exact text.
+fn write_decimal(out: &mut Vec<u8>, d: Decimal) {
+    match d.as_i64() {
+        Some(v) => write_int(out, v),
+        None => {
+            use std::io::Write;
+            // Writing into a Vec cannot fail.
+            let _ = write!(out, "{d}");
+        }
+    }
+}
+
+fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
+    match scalar {
+        None => out.extend_from_slice(b"null"),
+        Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+        Some(Scalar::Number(d)) => write_decimal(out, d),
+        Some(Scalar::Str(s)) => write_str(out, s),
+    }
+}
+
+/// Appends the decision record for `event` to `out` as one JSON object (no newline): its
+/// `decision_id` (from `source`, deterministic, for downstream de-duplication), `event_id`,
+/// `ts`, `action`, `rules_version`, `hits` and `source`.
+pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decision: &Decision, source: Source<'_>) {
+    let parts = rules.record_parts();
+    out.extend_from_slice(b"{\"decision_id\":\"");
+    match source {
+        Source::Line(line) => {
+            out.extend_from_slice(b"line/");
+            write_int(out, line);
+        }
+        Source::Kafka { topic, partition, offset } => {
+            write_str_body(out, topic);
+            out.push(b'/');
+            write_int(out, partition);
+            out.push(b'/');
+            write_int(out, offset);
+        }
+    }
+    out.extend_from_slice(b"\",\"event_id\":");
+    let event_id = match event.event_id() {
+        id @ (FieldValue::Str(_) | FieldValue::Number(_)) => id.scalar(),
+        _ => None,
+    };
+    write_scalar(out, event_id);
+    out.extend_from_slice(b",\"ts\":");
+    write_int(out, event.ts);
+    out.extend_from_slice(b",\"action\":\"");
+    out.extend_from_slice(decision.action(rules).map_or("allow", Action::as_str).as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(&parts.version);
+    for (i, hit) in decision.hits.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_hit(out, rules, parts, event, hit);
+    }
+    out.extend_from_slice(b"],\"source\":");
+    match source {
+        Source::Line(line) => {
+            out.extend_from_slice(b"{\"line\":");
+            write_int(out, line);
+        }
+        Source::Kafka { topic, partition, offset } => {
+            out.extend_from_slice(b"{\"topic\":");
+            write_str(out, topic);
+            out.extend_from_slice(b",\"partition\":");
+            write_int(out, partition);
+            out.extend_from_slice(b",\"offset\":");
+            write_int(out, offset);
+        }
+    }
+    out.extend_from_slice(b"}}");
+}
+
+fn write_hit(out: &mut Vec<u8>, rules: &RuleSet, parts: &RecordParts, event: &Event<'_>, hit: &Hit) {
+    let rule = rules.rule(hit.rule);
+    out.extend_from_slice(&parts.rule_heads[hit.rule]);
+    if let Some(reason) = hit.reason {
+        out.extend_from_slice(b",\"reason\":\"");
+        out.extend_from_slice(reason.as_str().as_bytes());
+        out.push(b'"');
+    }
+    match rule.form {
+        Form::V1 { counter, .. } => {
+            out.extend_from_slice(b",\"key\":");
+            write_key(out, rules, parts, event, counter);
+            out.extend_from_slice(b",\"value\":");
+            match hit.value {
+                Some(v) => write_decimal(out, counter_value(rules.counter(counter).aggregate(), v)),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.extend_from_slice(&parts.rule_limits[hit.rule]);
+        }
+        Form::V2 => {
+            out.extend_from_slice(b",\"counters\":[");
+            for (i, &(counter, raw)) in hit.counters.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&parts.counter_heads[counter]);
+                write_key(out, rules, parts, event, counter);
+                out.extend_from_slice(b",\"value\":");
+                write_decimal(out, counter_value(rules.counter(counter).aggregate(), raw));
+                out.extend_from_slice(&parts.counter_tails[counter]);
+            }
+            out.push(b']');
+        }
+    }
+    if rule.hold.is_some() {
+        out.extend_from_slice(b",\"held_until\":");
+        match hit.held_until {
+            Some(until) => write_int(out, until),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+    if hit.degraded {
+        out.extend_from_slice(b",\"degraded\":true");
+    }
+    out.push(b'}');
+}
+
+/// A counter's dimension values for this event, by path, as canonical JSON scalars.
+fn write_key(out: &mut Vec<u8>, rules: &RuleSet, parts: &RecordParts, event: &Event<'_>, counter: usize) {
+    out.push(b'{');
+    for (i, (path, &slot)) in parts.counter_paths[counter].iter().zip(rules.dimension_slots(counter)).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(path);
+        write_scalar(out, event.field(slot).scalar());
+    }
+    out.push(b'}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::decide::Reason;
+    use smallvec::SmallVec;
+    use crate::event::decode;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    proptest! {
+        /// Strings are escaped exactly as serde_json escapes them: hostile ids, keys and
+        /// values stay one valid JSON string.
+        #[test]
+        fn strings_are_escaped_as_serde_json_does(s in any::<String>()) {
+            let mut out = Vec::new();
+            write_str(&mut out, &s);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&s).unwrap());
+        }
+    }
+
+    #[test]
+    fn control_characters_and_quotes_are_escaped() {
+        let mut out = Vec::new();
+        write_str(&mut out, "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}é\u{7f}/");
+        assert_eq!(String::from_utf8(out).unwrap(), "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001fé\u{7f}/\"");
+    }
+
+    fn rules() -> RuleSet {
+        RuleSet::from_sources([(
+            "r.toml",
+            r#"
+[[rule]]
+id = "v1-sum"
+action = "review"
+match = { type = "pay" }
+dimensions = ["card.id", "geo"]
+window = "1h"
+aggregate = "sum"
+field = "amount"
+limit = 10.5
+
+[[counter]]
+id = "fails"
+dimensions = ["user"]
+window = "10m"
+
+[[rule]]
+id = "v2"
+action = "block"
+mode = "shadow"
+when = "$fails > 0 && $v1-sum >= 0"
+hold = "30m"
+hold_key = ["user"]
+"#,
+        )])
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_is_the_json_object_the_documentation_shows() {
+        let rules = rules();
+        let line = br#"{"event_id":"e\"1","ts":1700000000000,"type":"pay","user":"u\n1","card":{"id":7},"geo":"FR","amount":1.25}"#;
+        let event = decode(line, rules.projection()).unwrap();
+        let (v1, v2) = (rules.rules().iter().position(|r| r.id == "v1-sum").unwrap(), 1);
+        let (sum, fails) = (rules.counters().iter().position(|c| c.id == "v1-sum").unwrap(), rules.counters().iter().position(|c| c.id == "fails").unwrap());
+        let decision = Decision {
+            hits: vec![
+                Hit { rule: v1, value: Some(12_500_000), reason: None, degraded: false, counters: SmallVec::new(), held_until: None },
+                Hit {
+                    rule: v2,
+                    value: None,
+                    reason: Some(Reason::Held),
+                    degraded: true,
+                    counters: [(fails, 3), (sum, 1_250_000)].into_iter().collect(),
+                    held_until: Some(1_700_001_800_000),
+                },
+            ],
+        };
+        let mut out = Vec::new();
+        write_record(&mut out, &rules, &event, &decision, Source::Kafka { topic: "ev\"ents", partition: 3, offset: 42 });
+        let record: Value = serde_json::from_slice(&out).unwrap();
+        let expected = json!({
+            "decision_id": "ev\"ents/3/42",
+            "event_id": "e\"1",
+            "ts": 1_700_000_000_000i64,
+            "action": "review",
+            "rules_version": rules.version(),
+            "hits": [
+                {"rule_id": "v1-sum", "mode": "enforce", "action": "review", "key": {"card.id": 7, "geo": "FR"},
+                 "value": 12.5, "limit": 10.5, "window_ms": 3_600_000},
+                {"rule_id": "v2", "mode": "shadow", "action": "block", "reason": "held",
+                 "counters": [
+                    {"id": "fails", "key": {"user": "u\n1"}, "value": 3, "window_ms": 600_000},
+                    {"id": "v1-sum", "key": {"card.id": 7, "geo": "FR"}, "value": 1.25, "window_ms": 3_600_000}
+                 ],
+                 "held_until": 1_700_001_800_000i64, "degraded": true}
+            ],
+            "source": {"topic": "ev\"ents", "partition": 3, "offset": 42}
+        });
+        assert_eq!(record, expected);
+        // Exact decimals are printed as written, never through a double.
+        assert!(String::from_utf8(out).unwrap().contains(r#""value":12.5,"limit":10.5,"#));
+    }
+
+    #[test]
+    fn a_replay_record_has_a_line_id_and_null_for_what_is_missing() {
+        let rules = rules();
+        let event = decode(br#"{"ts":5,"type":"pay","user":"u","card":{"id":"c"},"geo":"FR","amount":1}"#, rules.projection()).unwrap();
+        let decision = Decision {
+            hits: vec![Hit { rule: 1, value: None, reason: Some(Reason::When), degraded: false, counters: SmallVec::new(), held_until: None }],
+        };
+        let mut out = Vec::new();
+        write_record(&mut out, &rules, &event, &decision, Source::Line(9));
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                r#"{{"decision_id":"line/9","event_id":null,"ts":5,"action":"allow","rules_version":"{}","hits":[{{"rule_id":"v2","mode":"shadow","action":"block","reason":"when","counters":[],"held_until":null}}],"source":{{"line":9}}}}"#,
+                rules.version()
+            )
+        );
+    }
+}
