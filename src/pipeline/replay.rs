@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::engine::{Engine, EvalCounts};
 use crate::event::{decode, BadEvent, Event};
-use crate::rules::{decide, Source};
+use crate::rules::{record, Source};
 use crate::store::{CounterStore, HoldSpace, Origin, StateStats, StoreError, WindowId};
 
 /// Longest input line read by default (as `worker.max_event_bytes`): 1 MiB.
@@ -246,7 +246,7 @@ pub fn replay<S: CounterStore>(
             engine.store_mut().tick()?;
             if !decision.is_empty() || options.emit_allow {
                 record.clear();
-                decide::write_record(&mut record, engine.rules(), event, &decision, Source::Line(line));
+                record::write_record(&mut record, engine.rules(), event, &decision, Source::Line(line));
                 record.push(b'\n');
                 output.write_all(&record)?;
             }

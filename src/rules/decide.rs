@@ -81,6 +81,3 @@ impl Decision {
         self.hits.is_empty()
     }
 }
-
-// The record writer's old path, kept for the callers that still name it here.
-pub use super::record::write_record;

@@ -12,7 +12,7 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use super::shared::{stop_loops, PartitionKey, PartitionLoop, Worker};
 use crate::event::Event;
 use crate::pipeline::Engine;
-use crate::rules::{decide, Action, Mode, SkipReason, Source};
+use crate::rules::{record, Action, Mode, SkipReason, Source};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
@@ -335,7 +335,7 @@ impl Worker {
         } else if !decision.is_empty() || batch.emit_allow {
             record.clear();
             let source = Source::Kafka { topic: batch.topic, partition: batch.partition, offset };
-            decide::write_record(record, engine.rules(), event, &decision, source);
+            record::write_record(record, engine.rules(), event, &decision, source);
             let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
             self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
             judged.journaled.records.push((offset, record.clone()));
