@@ -7,9 +7,10 @@ use std::io::{self, BufRead, Write};
 
 use serde::Serialize;
 
-use super::{Engine, ReplayError};
-use crate::event::decode;
-use crate::rules::Form;
+use super::engine::Engine;
+use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
+use crate::event::{decode, Event};
+use crate::rules::{Decision, Form, RuleSet};
 use crate::store::{MemoryStore, Origin};
 
 /// One rule's results.
@@ -61,35 +62,23 @@ fn fraud_tag(line: &[u8]) -> Option<String> {
 /// 65 536 lines.
 pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progress: impl FnMut(u64)) -> Result<BacktestReport, ReplayError> {
     let rules = engine.rules().clone();
-    let active: Vec<usize> = rules.active().collect();
-    let mut report = BacktestReport {
-        rules: active
-            .iter()
-            .map(|&index| {
-                let rule = rules.rule(index);
-                RuleReport { rule_id: rule.id.clone(), mode: rule.mode.as_str(), action: rule.action.as_str(), ..RuleReport::default() }
-            })
-            .collect(),
-        ..BacktestReport::default()
-    };
-    let mut keys: Vec<HashSet<Vec<u8>>> = vec![HashSet::new(); active.len()];
-    let mut key = Vec::new();
+    let mut tally = Tally::new(&rules);
     let mut input = input;
     let mut line = Vec::new();
     loop {
         line.clear();
-        match super::read_line_bounded(&mut input, &mut line, super::DEFAULT_MAX_EVENT_BYTES)? {
-            super::LineRead::End => break,
-            super::LineRead::Line => {}
-            super::LineRead::TooLarge(_) => {
-                report.lines += 1;
-                report.bad_lines += 1;
+        match read_line_bounded(&mut input, &mut line, DEFAULT_MAX_EVENT_BYTES)? {
+            LineRead::End => break,
+            LineRead::Line => {}
+            LineRead::TooLarge(_) => {
+                tally.report.lines += 1;
+                tally.report.bad_lines += 1;
                 continue;
             }
         }
-        report.lines += 1;
-        if report.lines % 65_536 == 0 {
-            progress(report.lines);
+        tally.report.lines += 1;
+        if tally.report.lines % 65_536 == 0 {
+            progress(tally.report.lines);
         }
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
@@ -99,28 +88,61 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
         let event = match decode(text, rules.projection()).and_then(|event| engine.admit(&event).map(|()| event)) {
             Ok(event) => event,
             Err(_) => {
-                report.bad_lines += 1;
+                tally.report.bad_lines += 1;
                 continue;
             }
         };
         let fraud = fraud_tag(text);
         if let Some(tag) = &fraud {
-            *report.fraud_events.entry(tag.clone()).or_default() += 1;
+            *tally.report.fraud_events.entry(tag.clone()).or_default() += 1;
         }
-        let decision = engine.evaluate(&event, Origin { lane: 0, offset: report.lines as i64 })?;
+        let decision = engine.evaluate(&event, Origin { lane: 0, offset: tally.report.lines as i64 })?;
+        tally.decision(&rules, &event, &decision, fraud.as_ref());
+    }
+    Ok(tally.finish(engine))
+}
+
+/// The report being built, with each active rule's set of keys hit.
+struct Tally {
+    report: BacktestReport,
+    /// The active rules' indexes, in report order.
+    active: Vec<usize>,
+    keys: Vec<HashSet<Vec<u8>>>,
+    key: Vec<u8>,
+}
+
+impl Tally {
+    fn new(rules: &RuleSet) -> Tally {
+        let active: Vec<usize> = rules.active().collect();
+        let report = BacktestReport {
+            rules: active
+                .iter()
+                .map(|&index| {
+                    let rule = rules.rule(index);
+                    RuleReport { rule_id: rule.id.clone(), mode: rule.mode.as_str(), action: rule.action.as_str(), ..RuleReport::default() }
+                })
+                .collect(),
+            ..BacktestReport::default()
+        };
+        Tally { report, keys: vec![HashSet::new(); active.len()], active, key: Vec::new() }
+    }
+
+    /// Counts one event's decision: per rule hit, its times, fraud caught and key.
+    fn decision(&mut self, rules: &RuleSet, event: &Event, decision: &Decision, fraud: Option<&String>) {
+        let report = &mut self.report;
         if !decision.is_empty() {
             report.decided += 1;
-            if let (Some(tag), Some(_)) = (&fraud, decision.action(&rules)) {
+            if let (Some(tag), Some(_)) = (fraud, decision.action(rules)) {
                 *report.fraud_caught.entry(tag.clone()).or_default() += 1;
             }
         }
         for hit in &decision.hits {
-            let Some(position) = active.iter().position(|&i| i == hit.rule) else { continue };
+            let Some(position) = self.active.iter().position(|&i| i == hit.rule) else { continue };
             let rule = &mut report.rules[position];
             rule.hits += 1;
             rule.first_hit_ts.get_or_insert(event.ts);
             rule.last_hit_ts = Some(event.ts);
-            if let Some(tag) = &fraud {
+            if let Some(tag) = fraud {
                 *rule.fraud_caught.entry(tag.clone()).or_default() += 1;
             }
             // The key of the counter the rule fires on (a v1 rule's own, else the first its
@@ -131,23 +153,28 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
             };
             let formed = counter
                 .and_then(|c| rules.counter_position(c))
-                .is_some_and(|p| rules.counter_key(p, &event, &mut key));
-            if formed && !keys[position].contains(&key) {
-                keys[position].insert(key.clone());
+                .is_some_and(|p| rules.counter_key(p, event, &mut self.key));
+            if formed && !self.keys[position].contains(&self.key) {
+                self.keys[position].insert(self.key.clone());
             }
         }
     }
-    report.events = engine.counts().events;
-    for (position, counts) in engine.take_rule_counts() {
-        if let Some(p) = active.iter().position(|&i| i == position) {
-            report.rules[p].matched = counts.matched;
+
+    /// The engine's counts (events, rules in scope) and the shares.
+    fn finish(mut self, engine: &mut Engine<MemoryStore>) -> BacktestReport {
+        let report = &mut self.report;
+        report.events = engine.counts().events;
+        for (position, counts) in engine.take_rule_counts() {
+            if let Some(p) = self.active.iter().position(|&i| i == position) {
+                report.rules[p].matched = counts.matched;
+            }
         }
+        for (rule, keys) in report.rules.iter_mut().zip(&self.keys) {
+            rule.keys_hit = keys.len() as u64;
+            rule.hit_share = rule.hits as f64 / report.events.max(1) as f64;
+        }
+        self.report
     }
-    for (rule, keys) in report.rules.iter_mut().zip(&keys) {
-        rule.keys_hit = keys.len() as u64;
-        rule.hit_share = rule.hits as f64 / report.events.max(1) as f64;
-    }
-    Ok(report)
 }
 
 fn time(ts: Option<i64>) -> String {
