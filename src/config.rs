@@ -12,6 +12,10 @@ use std::time::Duration;
 use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
 
+mod store_setup;
+
+pub use store_setup::StoreSetup;
+
 /// The defaults every config is merged over; also the reference of every key and its default.
 pub const DEFAULTS: &str = include_str!("config_defaults.toml");
 
@@ -233,20 +237,78 @@ impl Config {
 
     /// The Redis store settings of this config.
     pub fn redis_store(&self) -> crate::store::RedisStoreConfig {
-        crate::store::RedisStoreConfig {
-            flush_interval: self.redis.flush_interval,
-            max_pending: self.redis.max_pending,
-            attempts: self.redis.retry_attempts,
-            retry_backoff: self.redis.retry_backoff,
-            connect_timeout: self.redis.connect_timeout,
-            response_timeout: self.redis.response_timeout,
-            probe_interval: self.redis.probe_interval,
-            max_local_keys: self.redis.max_local_keys,
-            cache_capacity: self.redis.cache_capacity,
-            cache_time_to_idle: self.redis.cache_time_to_idle,
-            tls_ca_file: self.redis.tls_ca_file.clone(),
-            max_lateness: self.input.time_bounds().max_lateness_ms,
+        self.redis.store_config(self.input.time_bounds().max_lateness_ms)
+    }
+
+    /// What `vigil run` opens: this config's store and, with Redis, the journal of its consumer
+    /// group.
+    pub fn store_setup(&self) -> StoreSetup {
+        StoreSetup {
+            redis: self.redis.clone(),
+            max_keys: self.memory.max_keys,
+            max_lateness_ms: self.input.time_bounds().max_lateness_ms,
+            journal_namespace: Some(self.kafka.group_id.clone()),
         }
+    }
+}
+
+impl RedisConfig {
+    /// The Redis store settings of this section; `max_lateness_ms` is the input's lateness bound
+    /// (keys live that long past their window).
+    pub fn store_config(&self, max_lateness_ms: Option<i64>) -> crate::store::RedisStoreConfig {
+        crate::store::RedisStoreConfig {
+            flush_interval: self.flush_interval,
+            max_pending: self.max_pending,
+            attempts: self.retry_attempts,
+            retry_backoff: self.retry_backoff,
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            probe_interval: self.probe_interval,
+            max_local_keys: self.max_local_keys,
+            cache_capacity: self.cache_capacity,
+            cache_time_to_idle: self.cache_time_to_idle,
+            tls_ca_file: self.tls_ca_file.clone(),
+            max_lateness: max_lateness_ms,
+        }
+    }
+}
+
+/// One section of the embedded defaults. The commands that share a setting with `vigil run`
+/// (`replay`, `backtest`, `bench`) take their defaults from here, so each default is written once,
+/// in `config_defaults.toml`.
+fn default_section<T: serde::de::DeserializeOwned>(section: &str) -> T {
+    let mut defaults: toml::Table = toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
+    let table = defaults.remove(section).expect("the embedded defaults have every section but kafka's");
+    table.try_into().expect("the embedded defaults are valid")
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        default_section("redis")
+    }
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        default_section("memory")
+    }
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        default_section("rules")
+    }
+}
+
+impl Default for InputConfig {
+    fn default() -> Self {
+        default_section("input")
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        default_section("worker")
     }
 }
 
@@ -448,6 +510,24 @@ mod tests {
         assert_eq!(config.worker.max_event_bytes, 1 << 20);
         assert_eq!(config.input.time_bounds(), crate::event::TimeBounds::default());
         assert_eq!(parse("", &[]).unwrap_err(), "vigil.toml: `kafka`: missing field `brokers`");
+    }
+
+    /// The code's own defaults (for callers without a config: library users, tests) agree with
+    /// `config_defaults.toml`, where each default is written: this fails if they drift.
+    #[test]
+    fn code_defaults_agree_with_the_embedded_defaults() {
+        let input = InputConfig::default();
+        assert_eq!(input.time_bounds(), crate::event::TimeBounds::default());
+        let redis = RedisConfig::default().store_config(input.time_bounds().max_lateness_ms);
+        assert_eq!(format!("{redis:?}"), format!("{:?}", crate::store::RedisStoreConfig::default()));
+        assert_eq!(MemoryConfig::default().max_keys, crate::store::DEFAULT_MAX_KEYS);
+        let max_event_bytes = WorkerConfig::default().max_event_bytes;
+        assert_eq!(max_event_bytes, crate::pipeline::DEFAULT_MAX_EVENT_BYTES);
+        assert_eq!(crate::pipeline::ReplayOptions::default().max_event_bytes, max_event_bytes);
+        // A section's defaults are the config's when the file says nothing about it.
+        let config = parse("[kafka]\nbrokers = \"k\"\n", &[]).unwrap();
+        assert_eq!(format!("{:?}", config.redis), format!("{:?}", RedisConfig::default()));
+        assert_eq!(config.rules.path, RulesConfig::default().path);
     }
 
     #[test]

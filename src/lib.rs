@@ -76,10 +76,9 @@ pub mod clock;
 pub mod decimal;
 pub mod config;
 pub mod event;
-pub mod fuzzing;
-pub mod kafka_bench;
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod pipeline;
-pub mod redis_bench;
 pub mod rule_files;
 pub mod rules;
 pub mod shutdown;
@@ -89,4 +88,3 @@ pub mod store;
 pub mod telemetry;
 pub mod window;
 pub mod worker;
-pub mod workload;

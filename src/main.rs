@@ -1,14 +1,18 @@
-//! The `vigil` command line. Thin: parses arguments and hands over to `app`.
+//! The `vigil` command line. Thin: parses arguments and hands over to `cli`, one file per
+//! command. Defaults shared with `vigil run` come from its embedded defaults
+//! (`vigil::config`), the workload's from `WorkloadSpec::default()`.
 
-mod app;
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use vigil::config::{InputConfig, MemoryConfig, RulesConfig, WorkerConfig};
+#[cfg(feature = "harness")]
+use vigil::harness::workload::WorkloadSpec;
 use vigil::pipeline::ReplayOptions;
-use vigil::workload::WorkloadSpec;
 
 #[derive(Parser)]
 #[command(name = "vigil", version, about = "Risk-control stream processor: exact sliding-window rules over events")]
@@ -27,7 +31,7 @@ enum Command {
     /// Run rules over JSON-lines events (no Kafka; in-process counters unless --redis): decisions to stdout.
     Replay {
         /// A rule file or a directory of *.toml rule files.
-        #[arg(long, default_value = "rules")]
+        #[arg(long, default_value_os_t = RulesConfig::default().path)]
         rules: PathBuf,
         /// JSON-lines events file, or - for stdin.
         #[arg(long)]
@@ -52,7 +56,7 @@ enum Command {
         redis_wait: std::time::Duration,
         /// Longer input lines are bad lines (`too_large`), skipped without being held in memory
         /// (the worker's `worker.max_event_bytes`).
-        #[arg(long, value_name = "BYTES", default_value_t = vigil::pipeline::DEFAULT_MAX_EVENT_BYTES)]
+        #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes)]
         max_event_bytes: usize,
         #[command(flatten)]
         bounds: BoundArgs,
@@ -65,17 +69,18 @@ enum Command {
     },
     /// Synthetic events (zipf-skewed users and IPs, nested fields, injected fraud bursts) as JSON
     /// lines to stdout, or produced to a Kafka topic keyed by user.
+    #[cfg(feature = "harness")]
     Gen {
         #[command(flatten)]
         workload: WorkloadArgs,
         /// Events per second of event time (how fast `ts` advances).
-        #[arg(long, default_value_t = 2_000)]
+        #[arg(long, default_value_t = WorkloadSpec::default().rate_per_sec)]
         rate: u64,
         /// Generate this much event time (e.g. 1h) instead of --events.
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<std::time::Duration>,
         /// Distinct shared IPs (zipf-skewed).
-        #[arg(long, default_value_t = 50_000)]
+        #[arg(long, default_value_t = WorkloadSpec::default().ips)]
         ips: u64,
         /// Share of events in injected fraud bursts (credential stuffing from one IP, card testing,
         /// account takeover), each tagged "fraud":"<pattern>".
@@ -92,7 +97,7 @@ enum Command {
     /// share of events hit, and injected fraud caught (for `vigil gen` input).
     Backtest {
         /// A rule file or a directory of *.toml rule files.
-        #[arg(long, default_value = "rules")]
+        #[arg(long, default_value_os_t = RulesConfig::default().path)]
         rules: PathBuf,
         /// JSON-lines events file, or - for stdin.
         #[arg(long)]
@@ -104,11 +109,13 @@ enum Command {
         bounds: BoundArgs,
     },
     /// Measure single-threaded replay throughput and peak memory on a generated workload.
+    #[cfg(feature = "harness")]
     Bench {
         /// A rule file or a directory of *.toml rule files.
-        #[arg(long, default_value = "rules")]
+        #[arg(long, default_value_os_t = RulesConfig::default().path)]
         rules: PathBuf,
-        /// Replay this JSON-lines file instead of generating one.
+        /// Replay this JSON-lines file instead of generating one (with --kafka: produce its lines
+        /// as the backlog; the latency phases still produce generated events).
         #[arg(long)]
         input: Option<PathBuf>,
         /// Also replay the same input with these rules, alternating with --rules over
@@ -141,15 +148,15 @@ enum Command {
 #[derive(clap::Args)]
 struct BoundArgs {
     /// Events more than this far ahead of the wall clock are bad lines (future_ts); "off" disables.
-    #[arg(long, value_name = "DURATION|off", default_value = "5m", value_parser = parse_bound)]
+    #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_future_skew), value_parser = parse_bound)]
     max_future_skew: Bound,
     /// Events older than the newest event so far minus this are late for every counter; "off"
     /// disables (and keeps every key's state for the whole run).
-    #[arg(long, value_name = "DURATION|off", default_value = "1h", value_parser = parse_bound)]
+    #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_lateness), value_parser = parse_bound)]
     max_lateness: Bound,
     /// Most (counter, key) windows, and most holds, kept in process; beyond, the keys whose newest
     /// event is oldest are evicted (reported on stderr and in the summary).
-    #[arg(long, value_name = "N", default_value_t = vigil::store::DEFAULT_MAX_KEYS)]
+    #[arg(long, value_name = "N", default_value_t = MemoryConfig::default().max_keys)]
     max_keys: usize,
 }
 
@@ -161,6 +168,16 @@ fn parse_bound(text: &str) -> Result<Bound, String> {
     vigil::config::parse_bound(text).map(Bound)
 }
 
+/// As the config writes it (the help's default; read back by [`parse_bound`]).
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(duration) => write!(f, "{}", humantime::format_duration(duration)),
+            None => f.write_str("off"),
+        }
+    }
+}
+
 impl BoundArgs {
     fn time_bounds(&self) -> vigil::event::TimeBounds {
         vigil::config::InputConfig { max_future_skew: self.max_future_skew.0, max_lateness: self.max_lateness.0 }.time_bounds()
@@ -168,22 +185,24 @@ impl BoundArgs {
 }
 
 /// The shape of a generated workload.
+#[cfg(feature = "harness")]
 #[derive(clap::Args)]
 struct WorkloadArgs {
     /// Number of events.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = WorkloadSpec::default().events)]
     events: u64,
     /// Number of distinct users (zipf-skewed).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = WorkloadSpec::default().users)]
     users: u64,
     /// Zipf exponent of user and IP popularity.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = WorkloadSpec::default().skew)]
     skew: f64,
     /// Generator seed: the same seed gives the same events.
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = WorkloadSpec::default().seed)]
     seed: u64,
 }
 
+#[cfg(feature = "harness")]
 impl WorkloadArgs {
     fn spec(&self) -> WorkloadSpec {
         WorkloadSpec {
@@ -199,35 +218,38 @@ impl WorkloadArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { path } => app::check(&path),
+        Command::Check { path } => cli::check(&path),
         Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, max_event_bytes, bounds } => {
-            let redis = redis.map(|url| app::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
+            let redis = redis.map(|url| cli::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
             let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait };
-            app::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys)
+            cli::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys)
         }
-        Command::Run { config } => app::run(&config),
+        Command::Run { config } => cli::run(&config),
+        #[cfg(feature = "harness")]
         Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {
             let rate = rate.max(1);
             let events = duration.map_or(workload.events, |d| (d.as_secs_f64() * rate as f64) as u64);
             let spec = WorkloadSpec { rate_per_sec: rate, events, ips: ips.max(1), fraud: fraud.clamp(0.0, 1.0), ..workload.spec() };
-            app::gen(spec, kafka.map(|brokers| (brokers, topic)))
+            cli::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
         Command::Backtest { rules, input, json, bounds } => {
-            app::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys)
+            cli::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys)
         }
+        #[cfg(feature = "harness")]
         Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload, .. } => {
-            let _ = input;
-            app::bench_kafka(vigil::kafka_bench::KafkaBenchArgs {
+            cli::bench_kafka(vigil::harness::kafka_bench::KafkaBenchArgs {
                 brokers,
                 redis,
                 rules_path: rules,
+                input,
                 workload: workload.spec(),
                 partitions,
                 latency_seconds,
             })
         }
+        #[cfg(feature = "harness")]
         Command::Bench { rules, input, redis, kafka: None, workload, compare_rules, rounds, .. } => {
-            app::bench(app::BenchArgs { rules, input, redis, workload: workload.spec(), compare_rules, rounds })
+            cli::bench(cli::BenchArgs { rules, input, redis, workload: workload.spec(), compare_rules, rounds })
         }
     };
     match result {

@@ -4,7 +4,7 @@
 //! RELIABILITY.md, "Fuzzing".
 
 use proptest::prelude::*;
-use vigil::fuzzing;
+use vigil::harness::fuzzing;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }

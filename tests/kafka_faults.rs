@@ -22,7 +22,7 @@ use support::proxy::Proxy;
 use support::{redis_totals, RedisServer};
 use vigil::pipeline::{replay, Engine, ReplayOptions};
 use vigil::store::MemoryStore;
-use vigil::workload::{generate, WorkloadSpec};
+use vigil::harness::workload::{generate, WorkloadSpec};
 
 const LONG: Duration = Duration::from_secs(300);
 

@@ -13,7 +13,7 @@ use support::kafka::{Broker, Record, Worker};
 use support::{redis_totals, RedisServer};
 use vigil::pipeline::{replay, Engine, ReplayOptions};
 use vigil::store::MemoryStore;
-use vigil::workload::{generate, WorkloadSpec};
+use vigil::harness::workload::{generate, WorkloadSpec};
 
 /// Rules keyed by `user_id`, the Kafka message key: a partition's owner sees all of a user's
 /// events in order, so these decide exactly as replay whatever the partitioning.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use support::proxy::Proxy;
 use support::{redis_totals, RedisServer};
-use vigil::workload::{generate, WorkloadSpec};
+use vigil::harness::workload::{generate, WorkloadSpec};
 
 /// Events in order inside every rule's window (so the exact totals do not depend on timing), with
 /// enough keys for many flushes.

@@ -9,7 +9,7 @@ use support::{redis_totals, RedisServer};
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
 use vigil::store::{CounterStore, MemoryStore, Origin, RedisStore, RedisStoreConfig};
-use vigil::workload::{generate, WorkloadSpec};
+use vigil::harness::workload::{generate, WorkloadSpec};
 
 fn script() -> redis::Script {
     redis::Script::new(include_str!("../lua/apply_window.lua"))

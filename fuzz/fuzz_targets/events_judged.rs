@@ -1,3 +1,3 @@
 #![no_main]
-//! See `vigil::fuzzing::events`.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| vigil::fuzzing::events(data));
+//! See `vigil::harness::fuzzing::events`.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vigil::harness::fuzzing::events(data));

@@ -1,3 +1,3 @@
 #![no_main]
-//! See `vigil::fuzzing::expression`.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| vigil::fuzzing::expression(data));
+//! See `vigil::harness::fuzzing::expression`.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vigil::harness::fuzzing::expression(data));

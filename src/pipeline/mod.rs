@@ -13,6 +13,3 @@ pub use replay::{
     input_lane, read_line_bounded, replay, LineRead, ReplayError, ReplayOptions, ReplaySummary, DEFAULT_MAX_EVENT_BYTES,
 };
 
-/// The worker's old path, kept while the other branches of the restructure still use
-/// `pipeline::worker` (removed when they are merged).
-pub use crate::worker;

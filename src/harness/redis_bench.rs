@@ -8,11 +8,12 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::time::Instant;
 
+use crate::config::StoreSetup;
 use crate::event::decode;
 use crate::pipeline::{replay, Engine, ReplayError, ReplayOptions};
 use crate::rules::RuleSet;
 use crate::store::redis::push_hex;
-use crate::store::{CounterStore, MemoryStore, RedisStore, RedisStoreConfig, StoreError};
+use crate::store::{AnyStore, CounterStore, MemoryStore, RedisStore, StoreError};
 use crate::window::{Aggregate, Delta, WindowSpec};
 
 /// Commands in flight per pipeline for the per-event baselines: the same depth as the script
@@ -77,11 +78,19 @@ fn flushdb(conn: &mut redis::Connection) -> Result<(), RedisBenchError> {
     Ok(())
 }
 
+/// vigil's Redis store at `url` with the built-in defaults, opened as every command opens it.
+fn open_store(url: &str) -> Result<RedisStore, RedisBenchError> {
+    match StoreSetup::redis_at(url).open()?.0 {
+        AnyStore::Redis(store) => Ok(*store),
+        AnyStore::Memory(_) => unreachable!("a setup with a Redis URL opens the Redis store"),
+    }
+}
+
 /// vigil: replay with the Redis store (write-behind, batched script calls).
 pub fn vigil(url: &str, rules: &RuleSet, input: &Path) -> Result<Throughput, RedisBenchError> {
     let mut conn = redis::Client::open(url)?.get_connection()?;
     let cpu_before = redis_cpu(&mut conn)?;
-    let store = RedisStore::connect(url, RedisStoreConfig::default())?;
+    let store = open_store(url)?;
     let mut engine = Engine::new(rules.clone(), store);
     let reader = BufReader::with_capacity(1 << 16, File::open(input)?);
     let summary = replay(&mut engine, reader, io::sink(), io::sink(), ReplayOptions::default())?;
@@ -106,8 +115,8 @@ pub enum PerEvent {
 /// The per-event approach: one EVALSHA per event per matching rule, pipelined.
 pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Result<Throughput, RedisBenchError> {
     let script = redis::Script::new(match kind {
-        PerEvent::Zset => include_str!("../lua/per_event_zset.lua"),
-        PerEvent::Hash => include_str!("../lua/per_event_hash.lua"),
+        PerEvent::Zset => include_str!("../../lua/bench/per_event_zset.lua"),
+        PerEvent::Hash => include_str!("../../lua/bench/per_event_hash.lua"),
     });
     let mut conn = redis::Client::open(url)?.get_connection()?;
     script.prepare_invoke().load(&mut conn)?;
@@ -193,7 +202,7 @@ pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<Memory
     let mut rows = Vec::new();
     for (n, (layout, spec)) in layouts.into_iter().enumerate() {
         let name = format!("mem{n}");
-        let mut store = RedisStore::connect(url, RedisStoreConfig::default())?;
+        let mut store = open_store(url)?;
         let window = store.open_window(&name, spec);
         let step = spec.window_ms() / events_per_window;
         let mut pipe = redis::pipe();

@@ -1,0 +1,50 @@
+//! `vigil backtest`: a replay with the in-process store plus the per-rule report, as a table or
+//! `--json`, with progress on a terminal's stderr.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use vigil::clock::SystemClock;
+use vigil::event::TimeBounds;
+use vigil::pipeline::{self, Engine};
+use vigil::store::MemoryStore;
+
+use super::{load_rules, open_input};
+
+/// Replay plus the per-rule report.
+pub fn backtest(rules_path: &Path, input: &Path, json: bool, bounds: TimeBounds, max_keys: usize) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
+    let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
+    let total = std::fs::metadata(input).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let started = Instant::now();
+    let show_progress = io::stderr().is_terminal();
+    let store = MemoryStore::new().with_max_keys(max_keys);
+    let mut engine = Engine::new(rules, store).with_time(bounds, Arc::new(SystemClock));
+    let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
+        if show_progress {
+            let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            match total {
+                Some(bytes) => eprint!("\rbacktest: {lines} lines ({:.1} MiB input), {rate:.0} lines/s", bytes as f64 / 1048576.0),
+                None => eprint!("\rbacktest: {lines} lines, {rate:.0} lines/s"),
+            }
+        }
+    })
+    .context("backtest failed")?;
+    if show_progress {
+        eprintln!();
+    }
+    let mut out = io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        pipeline::backtest::write_table(&report, &mut out)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

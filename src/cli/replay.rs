@@ -1,0 +1,126 @@
+//! `vigil replay`: decisions to stdout, bad lines and the summary to stderr; counting in process,
+//! or in Redis (`--redis`) with each input line counted once however often it is replayed.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufWriter};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use vigil::clock::SystemClock;
+use vigil::config::{redact_url, StoreSetup};
+use vigil::event::TimeBounds;
+use vigil::pipeline::{self, Engine, ReplayOptions};
+use vigil::store::{AnyStore, CounterStore, RedisStore};
+
+use super::{load_rules, open_input};
+
+/// Where `vigil replay --redis` counts.
+pub struct ReplayRedis {
+    pub url: String,
+    pub tls_ca_file: Option<PathBuf>,
+    /// The input's identity for exactly-once counting (`--input-id`).
+    pub input_id: Option<String>,
+}
+
+/// Replays `input` through the rules at `rules_path`, counting in Redis if `redis` is given.
+pub fn replay(
+    rules_path: &Path,
+    input: &Path,
+    redis: Option<ReplayRedis>,
+    mut options: ReplayOptions,
+    bounds: TimeBounds,
+    max_keys: usize,
+) -> anyhow::Result<ExitCode> {
+    let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
+    let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
+    let mut setup = StoreSetup { max_keys, max_lateness_ms: bounds.max_lateness_ms, ..StoreSetup::default() };
+    if let Some(ReplayRedis { url, tls_ca_file, input_id }) = redis {
+        options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
+        setup.redis.url = Some(url);
+        setup.redis.tls_ca_file = tls_ca_file;
+    }
+    let store = match setup.open() {
+        Ok((store, _no_journal)) => store,
+        Err(e) => {
+            eprintln!("error: {}: {e}", redact_url(setup.redis.url.as_deref().unwrap_or_default()));
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let clock = Arc::new(SystemClock);
+    // Each store its own monomorphised engine: no dispatch on the counting path.
+    match store {
+        AnyStore::Memory(store) => run_replay(Engine::new(rules, store).with_time(bounds, clock), reader, options, |_| {}),
+        AnyStore::Redis(store) => run_replay(Engine::new(rules, *store).with_time(bounds, clock), reader, options, report_redis),
+    }
+}
+
+/// The identity of a replay input: `--input-id`, else a regular file's content digest (the same
+/// bytes are the same input), else a fresh random name (stdin cannot be read twice).
+fn input_identity(input: &Path, input_id: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    if let Some(id) = input_id {
+        return Ok([b"id:", id.as_bytes()].concat());
+    }
+    if input != Path::new("-") && std::fs::metadata(input).is_ok_and(|m| m.is_file()) {
+        let mut hasher = blake3::Hasher::new();
+        let file = File::open(input).with_context(|| format!("{}: cannot open input", input.display()))?;
+        hasher.update_reader(file).with_context(|| format!("{}: cannot read input", input.display()))?;
+        return Ok([b"content:", hasher.finalize().as_bytes().as_slice()].concat());
+    }
+    eprintln!(
+        "replay: reading {} into Redis without --input-id: its events count as a new input; \
+         replaying them again would count them again (give the same --input-id to count them once)",
+        if input == Path::new("-") { "stdin" } else { "a stream" }
+    );
+    let random: [u8; 16] = rand::random();
+    Ok([b"run:", random.as_slice()].concat())
+}
+
+fn run_replay<S: CounterStore>(
+    mut engine: Engine<S>,
+    reader: Box<dyn BufRead>,
+    options: ReplayOptions,
+    report_store: impl Fn(&S),
+) -> anyhow::Result<ExitCode> {
+    let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let stderr = io::stderr().lock();
+    match pipeline::replay(&mut engine, reader, stdout, stderr, options) {
+        Ok(summary) => {
+            eprintln!("{summary}");
+            report_store(engine.store());
+            Ok(ExitCode::SUCCESS)
+        }
+        // A closed stdout (`vigil replay ... | head`) is a normal way to stop reading.
+        Err(pipeline::ReplayError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e).context("replay failed"),
+    }
+}
+
+/// After the summary: what the Redis store did, and why it was ever taken as unavailable.
+fn report_redis(store: &RedisStore) {
+    let s = store.stats();
+    eprintln!(
+        "redis: {} script calls ({} flushes, {} key loads), {} retries, {} refused late",
+        s.script_calls, s.flushes, s.loads, s.retries, s.refused_late
+    );
+    if s.skipped_applied > 0 {
+        eprintln!(
+            "redis: {} observations were already counted in Redis (by an earlier run of this input — the same \
+             --input-id or file content — or by a flush whose reply was lost): judged against the counters as they \
+             stand, not counted again",
+            s.skipped_applied
+        );
+    }
+    if s.outages > 0 || s.data_losses > 0 || s.lost_keys > 0 {
+        eprintln!(
+            "redis: unavailable {} times ({} observations counted locally meanwhile and merged when it answered); \
+             lost its data {} times, {} keys written again from local views, {} keys found gone",
+            s.outages, s.degraded_observations, s.data_losses, s.reseeded_keys, s.lost_keys
+        );
+    }
+    if let Some(reason) = store.first_outage() {
+        eprintln!("redis: first taken as unavailable because: {reason}");
+    }
+}
