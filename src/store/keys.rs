@@ -1,5 +1,6 @@
-//! Exact (window, key) identities for local state: canonical key bytes, never digests, so two
-//! different keys can never share a counter.
+//! Key identities: exact (window, key) identities for local state (canonical key bytes, never
+//! digests, so two different keys can never share a counter), and how keys are named in Redis
+//! (digests in hex, so user bytes never reach Redis raw).
 
 use std::hash::{Hash, Hasher};
 
@@ -95,4 +96,23 @@ impl Equivalent<KeyBytes> for BytesRef<'_> {
     fn equivalent(&self, stored: &KeyBytes) -> bool {
         self.0 == stored.as_slice()
     }
+}
+
+/// Appends `bytes` as lowercase hex: how digests appear in Redis key names.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 15)]));
+    }
+}
+
+/// `<prefix><name>:<first 16 bytes of digest in hex>`: how store keys are named in Redis.
+pub(crate) fn key_name(prefix: &str, name: &str, digest: &blake3::Hash) -> String {
+    let mut key_name = String::with_capacity(prefix.len() + name.len() + 33);
+    key_name.push_str(prefix);
+    key_name.push_str(name);
+    key_name.push(':');
+    push_hex(&mut key_name, &digest.as_bytes()[..16]);
+    key_name
 }

@@ -5,7 +5,8 @@
 //!   exactly-once offsets, circuit breaker, data-loss detection). `link`: its connections (single
 //!   server or cluster, timeouts, retries). `codec`: windows as Redis holds them and as flushes
 //!   write them. `scripts`: the Lua script and the calls to it. `journal`: the decision journal
-//!   that makes duplicates after a crash identical. `keys`: exact key identities.
+//!   that makes duplicates after a crash identical. `keys`: exact key identities, and how keys
+//!   are named in Redis.
 
 mod codec;
 pub mod journal;

@@ -4,6 +4,7 @@
 
 pub mod kafka;
 pub mod proxy;
+pub mod store_replay;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

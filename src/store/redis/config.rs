@@ -1,0 +1,98 @@
+//! The Redis store's tuning ([`RedisStoreConfig`]) and what it reports: counters of what it did
+//! ([`RedisStats`]) and one sample per acknowledged flush ([`FlushSample`]).
+
+use std::time::Duration;
+
+/// Tuning of the Redis store.
+#[derive(Debug, Clone)]
+pub struct RedisStoreConfig {
+    /// Flush pending deltas at least this often.
+    pub flush_interval: Duration,
+    /// Flush as soon as this many observations are pending.
+    pub max_pending: usize,
+    /// Attempts per flush before it counts as failed (its deltas are kept either way); window
+    /// reads on the counting path make at most two.
+    pub attempts: u32,
+    /// First retry delay; doubles per attempt.
+    pub retry_backoff: Duration,
+    /// The longest a connection attempt may take.
+    pub connect_timeout: Duration,
+    /// The longest a reply may take.
+    pub response_timeout: Duration,
+    /// While Redis is unavailable, how often the flusher tries it again.
+    pub probe_interval: Duration,
+    /// Most keys with deltas Redis has not acknowledged; beyond, [`CounterStore::saturated`]
+    /// asks the caller to stop feeding events until Redis takes them.
+    ///
+    /// [`CounterStore::saturated`]: crate::store::CounterStore::saturated
+    pub max_local_keys: usize,
+    /// Most clean windows (read from Redis, nothing pending) kept in the local cache.
+    pub cache_capacity: u64,
+    /// A clean window not used for this long is dropped from the local cache.
+    pub cache_time_to_idle: Duration,
+    /// PEM file of the CA that signed the server's certificate, for `rediss://` servers whose
+    /// certificate is not in the system trust store.
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// The callers' lateness bound in ms (`None`: unbounded): keys live at least this long past
+    /// their window, so an event within the bound never finds its key expired.
+    pub max_lateness: Option<i64>,
+}
+
+impl Default for RedisStoreConfig {
+    fn default() -> Self {
+        RedisStoreConfig {
+            flush_interval: Duration::from_millis(50),
+            max_pending: 10_000,
+            attempts: 3,
+            retry_backoff: Duration::from_millis(20),
+            connect_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_secs(2),
+            probe_interval: Duration::from_secs(1),
+            max_local_keys: 1_000_000,
+            cache_capacity: 1_000_000,
+            cache_time_to_idle: Duration::from_secs(600),
+            tls_ca_file: None,
+            max_lateness: Some(3_600_000),
+        }
+    }
+}
+
+/// What the store did, for the summary and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Script calls made (each serves up to 256 keys).
+    pub script_calls: u64,
+    pub flushes: u64,
+    /// Keys read from Redis on a local miss.
+    pub loads: u64,
+    /// Failed attempts that were retried.
+    pub retries: u64,
+    /// Deltas the script refused as late (another worker had moved the key's head on).
+    pub refused_late: u64,
+    /// Observations judged but not counted again: their offset was at or below the one recorded
+    /// for their key (input replayed after a crash or a rebalance, or a flush sent again).
+    pub skipped_applied: u64,
+    /// Keys whose writes met a version another writer had moved on; their deltas went again.
+    pub stale_writes: u64,
+    /// Flushes that failed after every retry (their deltas were kept and sent again).
+    pub failed_flushes: u64,
+    /// Times Redis became unavailable (the circuit breaker opened).
+    pub outages: u64,
+    /// Observations counted on local state only, while Redis was unavailable.
+    pub degraded_observations: u64,
+    /// Times Redis was found to have lost its data (its epoch key vanished or changed).
+    pub data_losses: u64,
+    /// Keys gone from Redis at a version this process knew (lost or expired), written again.
+    pub lost_keys: u64,
+    /// Keys written again from this process's view after Redis lost its data.
+    pub reseeded_keys: u64,
+}
+
+/// One acknowledged flush, for the flush size and latency metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlushSample {
+    pub keys: usize,
+    pub observations: usize,
+    pub elapsed: Duration,
+}
+

@@ -1,0 +1,553 @@
+//! Writing behind: the flusher thread, and the store's side of it — which keys a flush carries
+//! and in which script calls (batching), handing it over (sending), taking in its replies
+//! (completing: the success and failure paths), and how far everything counted is in Redis
+//! (the durable mark). Also taking back a batch another worker now owns.
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+use redis::Value;
+
+use super::config::FlushSample;
+use super::view::{refresh_due, ttl_ms, Cached, Dirty};
+use super::RedisStore;
+use crate::clock::MonotonicClock;
+use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
+use crate::store::keys::StoredKey;
+use crate::store::link::{slot, Batch, Link, Op};
+use crate::store::scripts::ScriptCall;
+use crate::store::{StoreError, WindowId};
+use crate::window::WindowState;
+
+pub(super) const FLUSHER_STOPPED: &str = "the flusher thread stopped";
+
+/// Keys served by one script call. Bounded so one call never blocks Redis for long.
+const KEYS_PER_CALL: usize = 256;
+
+/// Most keys one flush carries: a re-seed after a data loss is spread over several flushes.
+const MAX_FLUSH_KEYS: usize = 16_384;
+
+/// A flush for the flusher thread: first the epoch checks, then, if no data loss showed, the
+/// script calls.
+pub(super) struct FlushJob {
+    first: Batch,
+    epochs: usize,
+    known: Vec<Option<Vec<u8>>>,
+    scripts: Batch,
+    attempts: u32,
+}
+
+/// What the flusher thread sends back for one flush.
+struct FlushDone {
+    /// The replies of the first phase, and of the scripts (`None`: not run, data loss seen).
+    result: Result<(Vec<Value>, Option<Vec<Value>>), StoreError>,
+    retries: u64,
+}
+
+/// The flush in flight: its keys, its batch's reply order, its observation count and when it
+/// was sent.
+struct Inflight {
+    keys: Vec<StoredKey>,
+    order: Vec<usize>,
+    observations: usize,
+    /// When it was sent (real time: the flush latency).
+    sent: Instant,
+    /// When it was sent by the store's clock: how fresh the TTL refreshes and hold replies it
+    /// brings back are.
+    sent_stamp: Instant,
+    /// How many epoch checks the flush starts with.
+    epochs: usize,
+    /// The holds raised by this flush: their calls follow the epoch checks.
+    holds: Vec<StoredKey>,
+}
+
+/// The write-behind task: runs flushes on its own connection while the caller goes on.
+fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<FlushDone>) {
+    for job in jobs {
+        let (first, mut retries) = link.query(&job.first, job.attempts);
+        let result = first.and_then(|first| {
+            // Compared here, before any script runs: after a data loss nothing is merged into
+            // the emptied keys; the store writes its views again instead.
+            let lost = first.iter().take(job.epochs).zip(&job.known).any(|(reply, known)| match (reply, known) {
+                (_, None) => false,
+                (Value::Nil, Some(_)) => true,
+                (reply, Some(known)) => redis::from_redis_value::<Vec<u8>>(reply.clone()).ok().as_ref() != Some(known),
+            });
+            if lost || job.scripts.is_empty() {
+                return Ok((first, if lost { None } else { Some(Vec::new()) }));
+            }
+            let (scripts, more) = link.query(&job.scripts, job.attempts);
+            retries += more;
+            scripts.map(|scripts| (first, Some(scripts)))
+        });
+        if done.send(FlushDone { result, retries }).is_err() {
+            return;
+        }
+    }
+}
+
+/// The store's side of the flusher thread.
+pub(super) struct Flushing {
+    /// `None` once the store is dropped: the thread ends with its channel.
+    pub(super) jobs: Option<mpsc::Sender<FlushJob>>,
+    done: mpsc::Receiver<FlushDone>,
+    pub(super) thread: Option<std::thread::JoinHandle<()>>,
+    /// The flush in flight.
+    inflight: Option<Inflight>,
+    /// When the last flush was sent: the next is due a flush (or probe) interval later.
+    last_flush: Instant,
+    /// Acknowledged flushes not yet taken by `take_flush_samples`.
+    pub(super) samples: Vec<FlushSample>,
+    /// The last flush failure not yet reported.
+    pub(super) last_error: Option<StoreError>,
+}
+
+impl Flushing {
+    /// Starts the flusher thread on `link`.
+    pub(super) fn start(link: Link) -> Result<Flushing, StoreError> {
+        let (jobs, job_rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("vigil-flusher".into())
+            .spawn(move || flusher(link, job_rx, done_tx))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the flusher thread: {e}")))?;
+        Ok(Flushing {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+            inflight: None,
+            last_flush: Instant::now(),
+            samples: Vec::new(),
+            last_error: None,
+        })
+    }
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// Takes in a finished flush and starts the next when one is due; waits for Redis only under
+    /// backpressure while it answers. A failed flush is kept for `take_flush_error`, not returned:
+    /// its deltas stay pending. Only a stopped flusher thread is an error.
+    pub(super) fn write_behind(&mut self) -> Result<(), StoreError> {
+        let mut result = self.complete(false);
+        let outage = self.breaker.is_open();
+        let interval = if outage { self.config.probe_interval } else { self.config.flush_interval };
+        let full = self.pending >= self.config.max_pending;
+        let due = (full && !outage) || self.flushing.last_flush.elapsed() >= interval;
+        if due && self.flushing.inflight.is_none() {
+            self.send()?;
+        } else if !outage && self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
+            // Backpressure: Redis is slower than counting; wait for it rather than grow (a Redis
+            // that stops answering meanwhile opens the breaker).
+            result = result.and(self.complete(true));
+            if self.flushing.inflight.is_none() {
+                self.send()?;
+            }
+        }
+        match result {
+            Err(StoreError::Unavailable(m)) if m == FLUSHER_STOPPED => Err(StoreError::Unavailable(m)),
+            Err(e) => {
+                self.flushing.last_error = Some(e);
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Waits for the flush in flight, then sends everything still pending and waits for it: on
+    /// success Redis holds every delta counted so far. Keys whose writes met another writer, or
+    /// that were gone, come back pending and go again; a large re-seed takes several flushes.
+    pub(super) fn flush_all(&mut self) -> Result<(), StoreError> {
+        self.complete(true)?;
+        // Whoever waits for everything to be in Redis also learns whether Redis lost it.
+        self.epochs.due = true;
+        loop {
+            self.send()?;
+            self.complete(true)?;
+            let settled = self.pending == 0 && self.holds.pending == 0 && !self.views.dirty.values().any(|d| d.full);
+            if settled {
+                self.update_durable();
+                return Ok(());
+            }
+        }
+    }
+
+    /// Takes back the window deltas the batch counted for `lane` at offsets `since` and later.
+    /// None of them has been sent (nothing is sent while a batch runs), so once the flush in
+    /// flight is in, they are all pending, tagged with lane and offset. The rest is flushed.
+    pub(super) fn take_back_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
+        let completed = self.complete(true);
+        let fenced = |o: &Observation| o.origin.is_some_and(|origin| origin.lane == lane && origin.offset >= since);
+        let (mut discarded, mut relearned) = (0, 0);
+        let mut emptied = Vec::new();
+        for (key, dirty) in self.views.dirty.iter_mut() {
+            let before = dirty.pending.len();
+            dirty.pending.retain(|o| !fenced(o));
+            let removed = before - dirty.pending.len();
+            if removed == 0 {
+                continue;
+            }
+            self.pending -= removed;
+            discarded += removed;
+            if dirty.pending.is_empty() && dirty.inflight.is_empty() && !dirty.full {
+                // Only the batch was unsent: the view is read again from Redis when needed.
+                emptied.push(key.clone());
+            } else {
+                // Its view still holds the batch: with no known version, the next flush of the
+                // rest brings back Redis' window, and the view becomes that plus what is pending.
+                // (A key Redis lost is written from its view in full, batch included: after a
+                // data loss the view is all there is.)
+                dirty.pending_oldest = dirty.pending_oldest.filter(|_| !dirty.pending.is_empty());
+                dirty.version = None;
+                relearned += 1;
+            }
+        }
+        for key in &emptied {
+            self.views.dirty.remove(key);
+            self.views.cache.invalidate(key);
+        }
+        tracing::warn!(discarded, dropped = emptied.len(), relearned, "counts of a batch another worker now owns taken back");
+        // The rest goes now, so that no view holds the batch longer than this call.
+        completed.and(self.flush_all())
+    }
+
+    /// Script calls covering the in-flight deltas of `keys`, up to `KEYS_PER_CALL` keys per
+    /// call; in cluster mode each call holds keys of one hash slot.
+    fn batch(&self, keys: &[StoredKey]) -> Batch {
+        let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
+        let mut open: HashMap<u16, usize> = HashMap::new();
+        let mut batch = Batch::default();
+        for (index, key) in keys.iter().enumerate() {
+            let window = WindowId(key.window);
+            let name = self.redis_key(window, key.key.as_slice());
+            let group_slot = if self.cluster { slot(&name) } else { 0 };
+            let group = match open.get(&group_slot) {
+                Some(&g) => g,
+                None => {
+                    groups.push((group_slot, Vec::new(), ScriptCall::default()));
+                    open.insert(group_slot, groups.len() - 1);
+                    groups.len() - 1
+                }
+            };
+            let dirty = &self.views.dirty[key];
+            let spec = self.windows.spec(key.window);
+            let flush = KeyFlush {
+                spec: &spec,
+                ttl_ms: ttl_ms(&spec, self.config.max_lateness),
+                version: dirty.version,
+                refresh: dirty.refresh_sent,
+                state: &dirty.state,
+                base_head: dirty.base_head,
+                offsets: &dirty.offsets,
+                deltas: &dirty.inflight,
+                full: dirty.full,
+            };
+            codec::add_key(&mut groups[group].2, &name, &flush);
+            groups[group].1.push(index);
+            if groups[group].1.len() == KEYS_PER_CALL {
+                open.remove(&group_slot);
+            }
+        }
+        for (group_slot, members, call) in groups {
+            batch.order.extend(members);
+            batch.calls.push(Op::Script(call));
+            batch.slots.push(group_slot);
+        }
+        batch
+    }
+
+    /// Flattens per-call replies back into the order the keys were given.
+    fn replies(&mut self, calls: Vec<Value>, order: &[usize]) -> Result<Vec<codec::KeyReply>, StoreError> {
+        self.stats.script_calls += calls.len() as u64;
+        let mut flat = Vec::with_capacity(order.len());
+        for call in calls {
+            flat.extend(codec::key_replies(call)?);
+        }
+        if flat.len() != order.len() {
+            return Err(StoreError::Protocol(format!("{} replies for {} keys", flat.len(), order.len())));
+        }
+        let mut replies = vec![Vec::new(); order.len()];
+        for (reply, &index) in flat.into_iter().zip(order) {
+            replies[index] = reply;
+        }
+        Ok(replies)
+    }
+
+    /// Hands the pending deltas of up to `MAX_FLUSH_KEYS` keys and the epoch checks to the
+    /// flusher.
+    fn send(&mut self) -> Result<(), StoreError> {
+        debug_assert!(self.flushing.inflight.is_none());
+        self.flushing.last_flush = Instant::now();
+        let keys: Vec<StoredKey> = self
+            .views
+            .dirty
+            .iter()
+            .filter(|(_, d)| !d.pending.is_empty() || d.full)
+            .map(|(k, _)| k.clone())
+            .take(MAX_FLUSH_KEYS)
+            .collect();
+        if keys.is_empty() && self.pending == 0 && self.holds.pending == 0 {
+            // Nothing pending and nothing in flight: everything counted is in Redis.
+            self.durable = self.counted;
+            // Idle: the epoch is still checked, but only once per probe interval.
+            if !self.epochs.due && self.epochs.last_check.elapsed() < self.config.probe_interval {
+                return Ok(());
+            }
+        }
+        let now = self.clock.now();
+        for key in &keys {
+            let spec = self.windows.spec(key.window);
+            let dirty = self.views.dirty.get_mut(key).expect("listed above");
+            self.pending -= dirty.pending.len();
+            dirty.inflight = std::mem::take(&mut dirty.pending);
+            dirty.inflight_oldest = dirty.pending_oldest.take();
+            dirty.sent_head = dirty.state.head();
+            dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
+        }
+        let observations = keys.iter().map(|k| self.views.dirty[k].inflight.len()).sum();
+        let scripts = self.batch(&keys);
+        let order = scripts.order.clone();
+        // The epoch is checked once per probe interval (and on every flush while Redis is away):
+        // a round trip before the scripts. In between, a key lost at a version this process knew
+        // is still caught by the script ("?").
+        let mut first = Batch::default();
+        let check_epochs =
+            self.epochs.due || self.breaker.is_open() || self.epochs.last_check.elapsed() >= self.config.probe_interval;
+        if check_epochs {
+            self.epochs.due = false;
+            self.epochs.last_check = Instant::now();
+            self.epochs.add_checks(&mut first, self.cluster);
+        }
+        let epochs = if check_epochs { self.epochs.keys.len() } else { 0 };
+        // Hold raises go with the epoch checks: one round trip before the scripts.
+        let holds = self.send_holds(&mut first);
+        let job = FlushJob { first, epochs, known: self.epochs.known.clone(), scripts, attempts: self.config.attempts };
+        let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
+        jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        let (sent, sent_stamp) = (Instant::now(), self.clock.now());
+        self.flushing.inflight = Some(Inflight { keys, order, observations, sent, sent_stamp, epochs, holds });
+        Ok(())
+    }
+
+    /// The longest the caller waits for a flush: every attempt's connection and reply, twice
+    /// (a flush has two round trips).
+    fn flush_deadline(&self) -> Duration {
+        (self.config.connect_timeout + self.config.response_timeout).saturating_mul(2 * self.config.attempts.max(1))
+    }
+
+    /// Takes in the flush in flight: waits for it if `wait` (at most `flush_deadline`: Redis is
+    /// then taken as unavailable, and the flush is taken in whenever it ends), else only if it
+    /// is already done.
+    pub(super) fn complete(&mut self, wait: bool) -> Result<(), StoreError> {
+        let Some(done) = self.receive_flush(wait)? else { return Ok(()) };
+        let inflight = self.flushing.inflight.take().expect("checked above");
+        self.stats.retries += done.retries;
+        match done.result {
+            Ok((first, scripts)) => self.flush_answered(inflight, &first, scripts),
+            Err(e) => Err(self.flush_failed(&inflight, e)),
+        }
+    }
+
+    /// What the flusher says of the flush in flight (`None`: no flush in flight, or not done
+    /// and not waited for). Waiting past `flush_deadline` opens the breaker.
+    fn receive_flush(&mut self, wait: bool) -> Result<Option<FlushDone>, StoreError> {
+        if self.flushing.inflight.is_none() {
+            return Ok(None);
+        }
+        if wait {
+            match self.flushing.done.recv_timeout(self.flush_deadline()) {
+                Ok(done) => Ok(Some(done)),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let error = StoreError::Unavailable(format!("a flush got no reply within {:?}", self.flush_deadline()));
+                    self.fail(&error, "flushing");
+                    Err(error)
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+            }
+        } else {
+            match self.flushing.done.try_recv() {
+                Ok(done) => Ok(Some(done)),
+                Err(mpsc::TryRecvError::Empty) => Ok(None),
+                Err(mpsc::TryRecvError::Disconnected) => Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+            }
+        }
+    }
+
+    /// The failure path: the flush failed after every attempt. Its deltas and hold raises go
+    /// again with the next one, and Redis is taken as unavailable.
+    fn flush_failed(&mut self, inflight: &Inflight, error: StoreError) -> StoreError {
+        self.unsent_holds(&inflight.holds);
+        self.unsent(&inflight.keys);
+        self.stats.failed_flushes += 1;
+        self.fail(&error, "flushing");
+        error
+    }
+
+    /// The success path: Redis answered. First the epoch checks (after a data loss nothing of
+    /// the flush was written: every view is written again), then the hold raises, then each key.
+    fn flush_answered(&mut self, inflight: Inflight, first: &[Value], scripts: Option<Vec<Value>>) -> Result<(), StoreError> {
+        let Inflight { keys, order, observations, sent, sent_stamp, epochs, holds } = inflight;
+        self.recovered();
+        let lost = match self.epochs.check(&first[..epochs.min(first.len())]) {
+            Ok(lost) => lost || scripts.is_none(),
+            Err(e) => {
+                self.unsent_holds(&holds);
+                self.unsent(&keys);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.acknowledge_holds(&holds, first.get(epochs..).unwrap_or_default(), sent_stamp) {
+            self.flushing.last_error = Some(e);
+        }
+        if lost {
+            // Nothing of this flush's deltas was written: they go again, over views written
+            // again in full.
+            self.unsent(&keys);
+            self.reseed();
+            return Ok(());
+        }
+        let replies = match self.replies(scripts.unwrap_or_default(), &order) {
+            Ok(replies) => replies,
+            Err(e) => {
+                // Not applied (or not known to be): the deltas go back in front of what was
+                // counted since, and the next flush sends them again (they are tagged: the
+                // script skips what it applied).
+                self.unsent(&keys);
+                self.stats.failed_flushes += 1;
+                return Err(e);
+            }
+        };
+        self.record_flush(FlushSample { keys: keys.len(), observations, elapsed: sent.elapsed() });
+        // Redis ran every call: each key's in-flight deltas are done unless its writes were
+        // refused as stale or the key was gone. A reply we cannot read only costs the cached copy.
+        let mut first_error = None;
+        for (key, reply) in keys.into_iter().zip(replies) {
+            if let Err(e) = self.take_in_reply(key, &reply, sent_stamp) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.update_durable();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Counts an acknowledged flush and keeps its sample.
+    fn record_flush(&mut self, sample: FlushSample) {
+        self.stats.flushes += 1;
+        self.flushing.samples.push(sample);
+        if self.flushing.samples.len() > 4096 {
+            // Nobody takes them (replay): keep the newest only.
+            self.flushing.samples.drain(..2048);
+        }
+    }
+
+    /// Takes in Redis' reply for one key of the flush (sent at `sent` by the store's clock). The
+    /// key's state becomes the window Redis now holds plus what was counted since; a key whose
+    /// writes met another writer, or that was gone, goes again. An unreadable reply keeps the
+    /// view, with no known version, and is returned.
+    fn take_in_reply(&mut self, key: StoredKey, reply: &codec::KeyReply, sent: Instant) -> Result<(), StoreError> {
+        let spec = self.windows.spec(key.window);
+        let parsed = codec::parse_reply(&spec, reply);
+        if let Ok((_, counts)) = &parsed {
+            self.stats.refused_late += counts.late;
+            self.stats.skipped_applied += counts.skipped;
+        }
+        match parsed {
+            Ok((Reply::Stale, _)) => {
+                self.write_stale_again(&key);
+                return Ok(());
+            }
+            Ok((Reply::Missing, _)) => {
+                self.write_missing_again(&key);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let dirty = self.views.dirty.remove(&key).expect("in flight keys stay dirty");
+        // Conservative: the refresh happened after the flush was sent.
+        let refreshed = if dirty.refresh_sent || dirty.full { Some(sent) } else { dirty.refreshed };
+        let mut result = Ok(());
+        let (state, version, base_head, offsets) = match parsed {
+            // Nobody else wrote since our view: it already holds the in-flight deltas and
+            // those counted since, exactly as Redis now does plus what it has not seen.
+            Ok((Reply::Current { version }, _)) => {
+                let mut offsets = dirty.offsets;
+                for origin in dirty.inflight.iter().filter_map(|o| o.origin) {
+                    codec::raise(&mut offsets, origin.lane, origin.offset);
+                }
+                (dirty.state, Some(version), dirty.sent_head, offsets)
+            }
+            Ok((reply @ (Reply::Window(_) | Reply::Empty), _)) => {
+                // The window as Redis has it now, plus what was counted since it was sent.
+                let Stored { mut state, version, offsets } = match reply {
+                    Reply::Window(stored) => stored,
+                    _ => Stored { state: WindowState::new(spec.aggregate), version: 0, offsets: Offsets::new() },
+                };
+                let base_head = state.head();
+                for o in &dirty.pending {
+                    state.apply(&spec, o.bucket, o.delta);
+                }
+                (state, Some(version), base_head, offsets)
+            }
+            Ok((Reply::Stale | Reply::Missing, _)) => unreachable!("handled above"),
+            Err(e) => {
+                // Keep our own merged view, which already holds every delta; with no known
+                // version the next flush asks for the whole window.
+                result = Err(e);
+                (dirty.state, None, None, dirty.offsets)
+            }
+        };
+        if dirty.pending.is_empty() {
+            self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
+        } else {
+            let mut again = Dirty::new(state, version, base_head, refreshed, offsets);
+            again.pending = dirty.pending;
+            again.pending_oldest = dirty.pending_oldest;
+            self.views.dirty.insert(key, again);
+        }
+        result
+    }
+
+    /// The key's writes met a version another writer had moved on.
+    fn write_stale_again(&mut self, key: &StoredKey) {
+        let dirty = self.views.dirty.get_mut(key).expect("in flight keys stay dirty");
+        if dirty.full && dirty.inflight.is_empty() && dirty.pending.is_empty() {
+            // A view written again in full found the key re-created by someone else: theirs
+            // stands, ours is read again when needed.
+            self.views.dirty.remove(key);
+            return;
+        }
+        // Another writer moved the key on: send the deltas to be merged, and learn its window
+        // from that reply.
+        self.pending += dirty.inflight.len();
+        dirty.send_again();
+        dirty.version = None;
+        dirty.full = false;
+        self.stats.stale_writes += 1;
+    }
+
+    /// The key is gone at a version we knew: write the view again (its deltas were not applied).
+    fn write_missing_again(&mut self, key: &StoredKey) {
+        let dirty = self.views.dirty.get_mut(key).expect("in flight keys stay dirty");
+        self.pending += dirty.inflight.len();
+        dirty.send_again();
+        dirty.rewrite();
+        self.stats.lost_keys += 1;
+    }
+
+    /// Durable: everything counted before the oldest observation Redis has not acknowledged.
+    pub(super) fn update_durable(&mut self) {
+        let holds = self.holds.views.values().filter_map(|h| h.inflight.into_iter().chain(h.pending).map(|(_, index)| index).min());
+        let oldest = self.views.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).chain(holds).min();
+        self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
+    }
+
+    /// The flush of `keys` did not happen (or is not known to have): their deltas go again with
+    /// the next one.
+    fn unsent(&mut self, keys: &[StoredKey]) {
+        for key in keys {
+            let dirty = self.views.dirty.get_mut(key).expect("in flight keys stay dirty");
+            self.pending += dirty.inflight.len();
+            dirty.send_again();
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Hold views: each rule's hold on a key as this process knows it (what Redis told last, raised
+//! by what this process set since), and reading, sending and acknowledging holds. A view older
+//! than a flush interval (by the store's clock) is read again.
+
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+use redis::Value;
+
+use super::RedisStore;
+use crate::clock::MonotonicClock;
+use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
+use crate::store::link::Batch;
+use crate::store::scripts::HOLD;
+use crate::store::{HoldSpace, StoreError};
+
+/// A rule's hold on one key as this process knows it: what Redis said last, raised by what this
+/// process set since.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct HoldView {
+    /// Until when the key is held (`None`: not held, as far as this process knows).
+    pub(super) until: Option<i64>,
+    /// When Redis last told the hold (`None`: never). Older than a flush interval, it is read again.
+    read_at: Option<Instant>,
+    /// A raise not sent yet, with the counted index it was made at.
+    pub(super) pending: Option<(i64, u64)>,
+    /// The raise in flight.
+    pub(super) inflight: Option<(i64, u64)>,
+}
+
+impl HoldView {
+    /// Whether Redis told the hold less than `interval` before `now` (by the store's clock).
+    #[inline]
+    fn fresh(&self, now: Instant, interval: Duration) -> bool {
+        self.read_at.is_some_and(|at| now.saturating_duration_since(at) < interval)
+    }
+
+    /// What Redis told (`stored`), raised by this process's unacknowledged raises.
+    fn learn(&mut self, stored: Option<i64>, at: Instant) {
+        let raises = self.pending.into_iter().chain(self.inflight).map(|(until, _)| until);
+        self.until = stored.into_iter().chain(raises).max();
+        self.read_at = Some(at);
+    }
+}
+
+/// Holds past this many views are pruned at each flush: views read over a flush interval ago
+/// would be read again anyway.
+const HOLD_VIEWS_KEPT: usize = 4096;
+
+/// The holds this process knows.
+#[derive(Default)]
+pub(super) struct HoldViews {
+    /// Holds read or raised recently (the key's `window` is its hold space).
+    pub(super) views: HashMap<StoredKey, HoldView, foldhash::fast::RandomState>,
+    /// Hold views with a raise not sent yet.
+    pub(super) pending: usize,
+    /// While a batch runs (`begin_batch`): each hold view as it was before the batch first
+    /// raised it (`None`: there was none), to take the raises back if the batch is discarded.
+    pub(super) batch: Option<HashMap<StoredKey, Option<HoldView>, foldhash::fast::RandomState>>,
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// The Redis key of a rule's hold on a hold key: `vg:h:<rule id>:<digest>` (user bytes never
+    /// reach Redis raw).
+    pub fn redis_hold_key(&self, space: HoldSpace, key: &[u8]) -> String {
+        key_name("vg:h:", self.hold_spaces.name(space.0), &blake3::hash(key))
+    }
+
+    /// The hold as Redis told it within the last flush interval (read again if older), raised by
+    /// what this process set; while Redis is unavailable, what this process knows.
+    pub(super) fn hold(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        let lookup = KeyRef { window: space.0, key };
+        match self.holds.views.get(&lookup) {
+            Some(view) if self.breaker.is_open() || view.fresh(self.clock.now(), self.config.flush_interval) => {
+                return Ok(view.until)
+            }
+            None if self.breaker.is_open() => return Ok(None),
+            _ => {}
+        }
+        self.read_holds(&[(space, key)]);
+        Ok(self.holds.views.get(&lookup).and_then(|v| v.until))
+    }
+
+    /// Raised locally at once (so this process is exact), written behind with the next flush
+    /// (so other workers see it within a flush interval).
+    pub(super) fn raise_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+        let current = self.hold(space, key)?;
+        if current.is_some_and(|held| held >= until_ms) {
+            return Ok(current.unwrap_or(until_ms));
+        }
+        self.counted += 1;
+        let index = self.counted;
+        if let Some(undo) = &mut self.holds.batch {
+            let before = self.holds.views.get(&KeyRef { window: space.0, key }).copied();
+            undo.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_insert(before);
+        }
+        let view = self.holds.views.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
+        view.until = Some(until_ms);
+        view.pending = Some(match view.pending {
+            Some((_, first)) => (until_ms, first),
+            None => {
+                self.holds.pending += 1;
+                (until_ms, index)
+            }
+        });
+        Ok(until_ms)
+    }
+
+    /// Reads, in one pipeline, the holds of `keys` not told within the last flush interval.
+    pub(super) fn prefetch_hold_views(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
+        if self.breaker.is_open() {
+            return;
+        }
+        let (now, interval) = (self.clock.now(), self.config.flush_interval);
+        let mut wanted: Vec<(HoldSpace, &[u8])> = Vec::new();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        for (space, key) in keys {
+            let lookup = KeyRef { window: space.0, key };
+            if self.holds.views.get(&lookup).is_some_and(|v| v.fresh(now, interval)) {
+                continue;
+            }
+            if seen.insert(KeyRef { window: space.0, key }) {
+                wanted.push((*space, key));
+            }
+        }
+        if !wanted.is_empty() {
+            self.read_holds(&wanted);
+        }
+    }
+
+    /// Hold views are read again (another worker may have raised them meanwhile).
+    pub(super) fn forget_hold_reads(&mut self) {
+        for view in self.holds.views.values_mut() {
+            view.read_at = None;
+        }
+    }
+
+    /// Each view the discarded batch raised goes back to what it was before (before the flush in
+    /// flight is taken in: a restored view still carries that flush's raise).
+    pub(super) fn restore_holds_before_batch(&mut self) {
+        for (key, before) in self.holds.batch.take().unwrap_or_default() {
+            match before {
+                Some(view) => self.holds.views.insert(key, view),
+                None => self.holds.views.remove(&key),
+            };
+        }
+        self.holds.pending = self.holds.views.values().filter(|view| view.pending.is_some()).count();
+    }
+
+    /// Reads the holds of `keys` from Redis (pipelined GETs) into their views. A failure opens
+    /// the breaker: the views stay as they are.
+    fn read_holds(&mut self, keys: &[(HoldSpace, &[u8])]) {
+        let names: Vec<String> = keys.iter().map(|&(space, key)| self.redis_hold_key(space, key)).collect();
+        let at = self.clock.now();
+        let replies = match self.read_each("GET", &names) {
+            Ok(replies) => replies,
+            Err(e) => {
+                self.fail(&e, "reading holds");
+                return;
+            }
+        };
+        for (&(space, key), reply) in keys.iter().zip(replies) {
+            let stored = match redis::from_redis_value::<Option<String>>(reply) {
+                Ok(text) => text.and_then(|t| t.parse::<i64>().ok()),
+                Err(_) => None,
+            };
+            let view = self.holds.views.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
+            view.learn(stored, at);
+        }
+    }
+
+    /// The raises of `holds` did not happen (or are not known to have): they go again.
+    pub(super) fn unsent_holds(&mut self, holds: &[StoredKey]) {
+        for key in holds {
+            let Some(view) = self.holds.views.get_mut(key) else { continue };
+            if let Some(inflight) = view.inflight.take() {
+                if view.pending.is_none() {
+                    self.holds.pending += 1;
+                }
+                view.pending = Some(match view.pending {
+                    Some((until, _)) => (until.max(inflight.0), inflight.1),
+                    None => inflight,
+                });
+            }
+        }
+    }
+
+    /// Moves every pending hold raise in flight, adding its script call to `batch`; prunes views
+    /// that would be read again anyway.
+    pub(super) fn send_holds(&mut self, batch: &mut Batch) -> Vec<StoredKey> {
+        if self.holds.views.len() > HOLD_VIEWS_KEPT {
+            let (now, interval) = (self.clock.now(), self.config.flush_interval);
+            self.holds.views.retain(|_, v| v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval));
+        }
+        if self.holds.pending == 0 {
+            return Vec::new();
+        }
+        let mut sent = Vec::with_capacity(self.holds.pending);
+        for (key, view) in self.holds.views.iter_mut() {
+            if let Some(raise) = view.pending.take() {
+                view.inflight = Some(raise);
+                sent.push(key.clone());
+            }
+        }
+        self.holds.pending = 0;
+        for key in &sent {
+            let space = HoldSpace(key.window);
+            let name = self.redis_hold_key(space, key.key.as_slice());
+            let (until, _) = self.holds.views[key].inflight.expect("just moved");
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(HOLD.get_hash()).arg(1).arg(&name).arg(until).arg(self.hold_spaces.ttl_ms(key.window));
+            batch.command(self.cluster, &name, cmd);
+        }
+        sent
+    }
+
+    /// Takes in the replies to the hold raises of a flush: each is the hold as Redis has it now
+    /// (told at `sent`, by the store's clock). A raise Redis refused is dropped (it would be
+    /// refused again) and reported.
+    pub(super) fn acknowledge_holds(&mut self, holds: &[StoredKey], replies: &[Value], sent: Instant) -> Result<(), StoreError> {
+        if replies.len() != holds.len() {
+            self.unsent_holds(holds);
+            return Err(StoreError::Protocol(format!("{} replies for {} hold raises", replies.len(), holds.len())));
+        }
+        let mut refused = None;
+        for (key, reply) in holds.iter().zip(replies) {
+            let Some(view) = self.holds.views.get_mut(key) else { continue };
+            let Some((raised, _)) = view.inflight.take() else { continue };
+            match redis::from_redis_value::<String>(reply.clone()).ok().and_then(|t| t.parse::<i64>().ok()) {
+                Some(stored) => view.learn(Some(stored), sent),
+                None => {
+                    view.learn(Some(raised), sent);
+                    refused.get_or_insert_with(|| StoreError::Protocol(format!("hold raise refused: {reply:?}")));
+                }
+            }
+        }
+        refused.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualMonotonic;
+
+    #[test]
+    fn a_hold_view_is_fresh_for_one_interval_of_the_injected_clock() {
+        let clock = ManualMonotonic::new();
+        let interval = Duration::from_millis(50);
+        let mut view = HoldView::default();
+        assert!(!view.fresh(clock.now(), interval), "never read");
+        view.learn(Some(7), clock.now());
+        assert!(view.fresh(clock.now(), interval));
+        clock.advance(interval - Duration::from_nanos(1));
+        assert!(view.fresh(clock.now(), interval));
+        clock.advance(Duration::from_nanos(1));
+        assert!(!view.fresh(clock.now(), interval), "read again once an interval passed");
+    }
+}

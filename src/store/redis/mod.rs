@@ -1,0 +1,352 @@
+//! The Redis store: per key, the last window read from Redis merged with this
+//! process's deltas since; deltas written behind by a flusher thread in batched script calls
+//! (`lua/apply_window.lua`, up to 256 keys per call; one hash slot per call on a Redis Cluster).
+//!
+//! Exactness: a single process sees exactly what the in-memory store sees. Counts are integers;
+//! sums are added in counting order in IEEE doubles (by this process, or by the script in Lua's
+//! doubles, in the same order) and stored as the shortest text that reads back bit-for-bit;
+//! distinct values keep their latest bucket. When a flush is acknowledged, the key's state becomes
+//! the window the script returned (which also holds other workers' deltas) plus the deltas
+//! counted since the flush was sent.
+//!
+//! Cost: windows are loaded with plain pipelined HGETALLs. A flush for a key whose Redis version
+//! is still the one this view is based on (the common case: nobody else wrote it) sends the
+//! key's new fields, not its deltas, and the script only checks the version and writes them;
+//! otherwise the deltas are sent and merged field by field.
+//!
+//! Exactly-once counting: observations carry their input position ([`Origin`]); each key records
+//! the highest offset applied per lane, and an observation at or below it is judged, not counted.
+//! So a flush sent again (its reply was lost, it timed out) or an input read again (after a
+//! crash, or replayed a second time) counts each observation once.
+//!
+//! Outages: every Redis call has connect and response timeouts and a bounded number of attempts.
+//! When one fails, the store stops calling Redis on the counting path (the circuit breaker opens)
+//! and counts locally: a key it has no view of starts empty. Those values are *degraded* (other
+//! workers' counts are missing). The flusher keeps trying (every `probe_interval`); when Redis
+//! answers, the local deltas are merged exactly once (they are tagged with their positions) and
+//! the keys' windows come back with the replies. Nothing counted is dropped: keys with deltas are
+//! never evicted, and the caller is told when they outgrow `max_local_keys`.
+//!
+//! Data loss: Redis holds an epoch key (per master on a cluster). Every flush first checks it;
+//! when it has vanished or changed (a restart without persistence, FLUSHALL, a failover to a stale
+//! replica) the flush writes nothing and every key this process holds a view of is written again
+//! from that view. A key written at a version this process knew that is gone is written again
+//! from the view too (the script answers `?`).
+//!
+//! Files, by role: `config` (tuning and stats), `view` (the merged per-key view and counting on
+//! it), `holds` (hold views), `epochs` (data-loss detection), `reader` (the reader thread),
+//! `flusher` (the flusher thread: batching, sending, completing, durable marks). This file holds
+//! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
+
+mod config;
+mod epochs;
+mod flusher;
+mod holds;
+mod reader;
+mod view;
+
+use std::time::Instant;
+
+use redis::Value;
+
+pub use config::{FlushSample, RedisStats, RedisStoreConfig};
+// Key naming lives in `store::keys`; this path stays valid for the journal and the Redis bench.
+pub(crate) use super::keys::push_hex;
+
+use super::link::{unavailable, Batch, Link, Target, Timeouts};
+use super::{CounterStore, HoldSpace, HoldSpaces, Observed, Origin, StoreError, WindowId, Windows};
+use crate::clock::{MonotonicClock, SystemMonotonic};
+use crate::window::{Delta, WindowSpec};
+use epochs::Epochs;
+use flusher::Flushing;
+use holds::HoldViews;
+use reader::Reads;
+use view::Views;
+
+/// The Redis store. `C` is the clock that tells whether a hold view is still fresh and whether a
+/// key's TTL refresh is due (the real monotonic clock except in tests); flushes, probes and the
+/// waits for Redis go by real time.
+pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
+    config: RedisStoreConfig,
+    windows: Windows,
+    hold_spaces: HoldSpaces,
+    /// Cluster mode: script calls hold keys of one slot only.
+    cluster: bool,
+    stats: RedisStats,
+    /// The origin `apply` tags observations with.
+    origin: Option<Origin>,
+    /// Observations counted so far (`CounterStore::counted_mark`).
+    counted: u64,
+    /// Every observation up to this mark is in Redis (`CounterStore::durable_mark`).
+    durable: u64,
+    /// Observations counted and not yet sent.
+    pending: usize,
+    /// Windows: keys with unacknowledged deltas, and the read cache.
+    views: Views,
+    /// Holds read or raised recently.
+    holds: HoldViews,
+    /// The flusher thread, the flush in flight and what acknowledged flushes left to report.
+    flushing: Flushing,
+    /// The reader thread.
+    reads: Reads,
+    /// The epoch keys, and when a flush last checked them.
+    epochs: Epochs,
+    breaker: Breaker,
+    clock: C,
+}
+
+/// The circuit breaker: open while Redis is unavailable (the store counts locally).
+#[derive(Default)]
+struct Breaker {
+    /// Since when Redis has been unavailable (the circuit breaker is open), and why.
+    outage: Option<(Instant, String)>,
+    /// Why Redis was first taken as unavailable (for a replay's summary).
+    first_outage: Option<String>,
+}
+
+impl Breaker {
+    #[inline]
+    fn is_open(&self) -> bool {
+        self.outage.is_some()
+    }
+}
+
+
+/// Where `url` points: one server or a Redis Cluster (found from a node with cluster mode on), and
+/// for a cluster the first slot each master serves.
+pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Target, bool, Vec<u16>), StoreError> {
+    // rustls needs a process-wide crypto provider; a second install attempt is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match &config.tls_ca_file {
+        Some(path) => {
+            let root_cert = std::fs::read(path)
+                .map_err(|e| StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display())))?;
+            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
+            redis::Client::build_with_tls(url, certs).map_err(unavailable)?
+        }
+        None => redis::Client::open(url).map_err(unavailable)?,
+    };
+    let mut probe = client.get_connection_with_timeout(config.connect_timeout).map_err(unavailable)?;
+    probe.set_read_timeout(Some(config.response_timeout)).map_err(unavailable)?;
+    let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(unavailable)?;
+    if !info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        return Ok((Target::Single(client), false, Vec::new()));
+    }
+    let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut probe).map_err(unavailable)?;
+    let mut first_slots: Vec<u16> = ranges
+        .iter()
+        .filter_map(|range| match range {
+            Value::Array(items) => redis::from_redis_value::<u16>(items.first()?.clone()).ok(),
+            _ => None,
+        })
+        .collect();
+    first_slots.sort_unstable();
+    let cluster = redis::cluster::ClusterClientBuilder::new(vec![url])
+        .connection_timeout(config.connect_timeout)
+        .response_timeout(config.response_timeout)
+        .build()
+        .map_err(unavailable)?;
+    Ok((Target::Cluster { seed: client, cluster: Box::new(cluster) }, true, first_slots))
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://`, `redis://user:pass@host`, `rediss://`).
+    pub fn connect(url: &str, config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_with_clock(url, config, SystemMonotonic)
+    }
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// Connects to `url` with `clock` telling when hold views and TTL refreshes grow stale.
+    pub fn connect_with_clock(url: &str, config: RedisStoreConfig, clock: C) -> Result<RedisStore<C>, StoreError> {
+        let (target, cluster, first_slots) = open_target(url, &config)?;
+        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout };
+        let mut link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
+        let flusher_link = Link::open(target, timeouts, config.retry_backoff)?;
+        let mut epochs = Epochs::new(cluster, first_slots);
+        let mut batch = Batch::default();
+        epochs.add_checks(&mut batch, cluster);
+        let (replies, _) = link.query(&batch, config.attempts);
+        epochs.check(&replies?)?;
+        let flushing = Flushing::start(flusher_link)?;
+        let reads = Reads::start(link)?;
+        // The check just made counts as the last one.
+        epochs.last_check = Instant::now();
+        Ok(RedisStore {
+            windows: Windows::default(),
+            hold_spaces: HoldSpaces::default(),
+            cluster,
+            stats: RedisStats::default(),
+            origin: None,
+            counted: 0,
+            durable: 0,
+            pending: 0,
+            views: Views::new(config.cache_capacity, config.cache_time_to_idle),
+            holds: HoldViews::default(),
+            flushing,
+            reads,
+            epochs,
+            breaker: Breaker::default(),
+            clock,
+            config,
+        })
+    }
+
+    pub fn stats(&self) -> RedisStats {
+        self.stats
+    }
+
+    /// Why Redis was first taken as unavailable, if it ever was.
+    pub fn first_outage(&self) -> Option<&str> {
+        self.breaker.first_outage.as_deref()
+    }
+
+    /// Whether Redis answers (the circuit breaker is closed).
+    pub fn available(&self) -> bool {
+        !self.breaker.is_open()
+    }
+
+    /// The flushes acknowledged since the last call, oldest first.
+    pub fn take_flush_samples(&mut self) -> Vec<FlushSample> {
+        std::mem::take(&mut self.flushing.samples)
+    }
+
+    /// The last flush failure since the last call (its deltas are kept and sent again).
+    pub fn take_flush_error(&mut self) -> Option<StoreError> {
+        self.flushing.last_error.take()
+    }
+
+    /// Redis failed: open the breaker (count locally) if it is not open yet.
+    fn fail(&mut self, error: &StoreError, during: &str) {
+        if self.breaker.outage.is_none() {
+            self.stats.outages += 1;
+            tracing::warn!(error = %error, during, "Redis unavailable: counting locally until it answers again");
+            self.breaker.first_outage.get_or_insert_with(|| format!("{error} (while {during})"));
+            self.breaker.outage = Some((Instant::now(), error.to_string()));
+        }
+    }
+
+    /// Redis answered: close the breaker.
+    fn recovered(&mut self) {
+        if let Some((since, _)) = self.breaker.outage.take() {
+            tracing::info!(
+                after_ms = since.elapsed().as_millis() as u64,
+                keys = self.views.dirty.len(),
+                "Redis available again: merging what was counted locally"
+            );
+        }
+    }
+}
+
+impl<C: MonotonicClock> CounterStore for RedisStore<C> {
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        self.windows.open(name, spec)
+    }
+
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+        self.count(window, key, ts_ms, delta)
+    }
+
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+        self.observe(window, key, ts_ms)
+    }
+
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        self.hold_spaces.open(name, ttl_ms)
+    }
+
+    /// The hold as Redis told it within the last flush interval (read again if older), raised by
+    /// what this process set; while Redis is unavailable, what this process knows.
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        self.hold(space, key)
+    }
+
+    /// Raised locally at once (so this process is exact), written behind with the next flush
+    /// (so other workers see it within a flush interval).
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+        self.raise_hold(space, key, until_ms)
+    }
+
+    fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
+        self.prefetch_hold_views(keys);
+        Ok(())
+    }
+
+    fn set_origin(&mut self, origin: Option<Origin>) {
+        self.origin = origin;
+    }
+
+    fn prefetches(&self) -> bool {
+        !self.breaker.is_open()
+    }
+
+    /// One pipeline reading every key of the batch that is neither dirty nor cached. A failure
+    /// opens the breaker: the keys are then counted locally.
+    fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        self.prefetch_windows(keys);
+        Ok(())
+    }
+
+    /// Waits for the flush in flight, then sends everything still pending and waits for it: on
+    /// success Redis holds every delta counted so far. Keys whose writes met another writer, or
+    /// that were gone, come back pending and go again; a large re-seed takes several flushes.
+    fn flush(&mut self) -> Result<(), StoreError> {
+        self.flush_all()
+    }
+
+    fn live_keys(&self) -> usize {
+        self.views.dirty.len() + self.views.cache.entry_count() as usize
+    }
+
+    fn counted_mark(&self) -> u64 {
+        self.counted
+    }
+
+    fn durable_mark(&self) -> u64 {
+        self.durable
+    }
+
+    fn tick(&mut self) -> Result<(), StoreError> {
+        self.write_behind()
+    }
+
+    fn saturated(&self) -> bool {
+        self.views.dirty.len() >= self.config.max_local_keys
+    }
+
+    fn forget_cached(&mut self) {
+        self.views.cache.invalidate_all();
+        // Hold views are read again too: another worker may have raised them meanwhile.
+        self.forget_hold_reads();
+    }
+
+    fn begin_batch(&mut self) {
+        self.holds.batch = Some(Default::default());
+    }
+
+    fn end_batch(&mut self) {
+        self.holds.batch = None;
+    }
+
+    fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
+        // Hold raises first: each view goes back to what it was before the batch raised it
+        // (before the flush in flight is taken in: a restored view still carries that flush's
+        // raise). Then the window deltas, and the rest is flushed.
+        self.restore_holds_before_batch();
+        self.take_back_batch(lane, since)
+    }
+}
+
+impl<C: MonotonicClock> Drop for RedisStore<C> {
+    /// Shutdown flushes: what was counted reaches Redis unless Redis stays unreachable through
+    /// every retry.
+    fn drop(&mut self) {
+        let _ = self.flush_all();
+        // The threads end with their channels, once what they are doing returns (not waited
+        // for: it may be waiting on a Redis that stopped answering).
+        self.flushing.jobs = None;
+        self.reads.jobs = None;
+        drop(self.flushing.thread.take());
+        drop(self.reads.thread.take());
+    }
+}

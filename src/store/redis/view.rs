@@ -1,0 +1,338 @@
+//! The merged per-key view: a key with deltas Redis has not acknowledged ([`Dirty`]: the last
+//! window read from Redis plus every delta since), a clean window as Redis returned it
+//! ([`Cached`]), how a replayed observation is judged, when a write refreshes the key's TTL; and
+//! the store's counting and reading on those views (a view it lacks is read from Redis).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+
+use super::RedisStore;
+use crate::clock::MonotonicClock;
+use crate::store::codec::{self, Observation, Offsets, Stored};
+use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
+use crate::store::{Observed, StoreError, WindowId};
+use crate::window::{Applied, Delta, WindowSpec, WindowState};
+
+/// This process's views of windows.
+pub(super) struct Views {
+    /// Keys with unacknowledged deltas. Never evicted: nothing counted is dropped before Redis
+    /// has acknowledged it.
+    pub(super) dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
+    /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
+    pub(super) cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+}
+
+impl Views {
+    pub(super) fn new(capacity: u64, time_to_idle: Duration) -> Views {
+        Views {
+            dirty: HashMap::default(),
+            cache: moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .time_to_idle(time_to_idle)
+                .build_with_hasher(foldhash::fast::RandomState::default()),
+        }
+    }
+}
+
+/// A key with deltas Redis has not acknowledged: the merged view (last window from Redis + every
+/// delta since), the deltas of the flush in flight, and those counted after it was sent.
+pub(super) struct Dirty {
+    pub(super) state: WindowState,
+    /// The Redis version (`v`) the view is based on (0: Redis held nothing); `None` if unknown.
+    pub(super) version: Option<u64>,
+    /// The head Redis holds at `version`.
+    pub(super) base_head: Option<i64>,
+    /// The head of the view when the in-flight deltas were sent: Redis' head once they land.
+    pub(super) sent_head: Option<i64>,
+    /// When this process last had Redis refresh the key's TTL (see `refresh_due`).
+    pub(super) refreshed: Option<Instant>,
+    /// Whether the flush in flight asks for a TTL refresh.
+    pub(super) refresh_sent: bool,
+    /// Highest offset per lane Redis has applied to this key, as far as this view knows.
+    pub(super) offsets: Offsets,
+    pub(super) inflight: Vec<Observation>,
+    /// The counted index of the oldest in-flight observation.
+    pub(super) inflight_oldest: Option<u64>,
+    pub(super) pending: Vec<Observation>,
+    /// The counted index of the oldest pending observation.
+    pub(super) pending_oldest: Option<u64>,
+    /// Redis could not be read when the key was first needed: the view holds local counts only
+    /// until a flush brings the window back.
+    pub(super) base_unknown: bool,
+    /// The key is gone from Redis: the next flush writes the whole view (at version 0).
+    pub(super) full: bool,
+}
+
+impl Dirty {
+    /// A key with `pending` observations (the oldest counted as `pending_oldest`) over a view of
+    /// Redis at `version`, nothing in flight.
+    pub(super) fn new(state: WindowState, version: Option<u64>, base_head: Option<i64>, refreshed: Option<Instant>, offsets: Offsets) -> Dirty {
+        Dirty {
+            state,
+            version,
+            base_head,
+            sent_head: None,
+            refreshed,
+            refresh_sent: false,
+            offsets,
+            inflight: Vec::new(),
+            inflight_oldest: None,
+            pending: Vec::new(),
+            pending_oldest: None,
+            base_unknown: false,
+            full: false,
+        }
+    }
+
+    pub(super) fn push(&mut self, observation: Observation, index: u64) {
+        self.pending.push(observation);
+        self.pending_oldest.get_or_insert(index);
+    }
+
+    /// Puts the in-flight deltas back in front of those counted since, to be sent again.
+    pub(super) fn send_again(&mut self) {
+        let mut again = std::mem::take(&mut self.inflight);
+        again.append(&mut self.pending);
+        self.pending = again;
+        self.pending_oldest = self.inflight_oldest.take().or(self.pending_oldest);
+    }
+
+    /// Redis lost the key: write the whole view again, as a new key.
+    pub(super) fn rewrite(&mut self) {
+        self.full = true;
+        self.version = Some(0);
+        self.base_head = None;
+    }
+}
+
+/// How a replayed observation is judged without counting it: the window as it stands (or late,
+/// if its bucket slid out).
+pub(super) fn judge(state: &WindowState, spec: &WindowSpec, bucket: i64) -> Applied {
+    match state.head() {
+        Some(head) if bucket <= head - spec.buckets => Applied::Late,
+        _ => Applied::Counted(state.value()),
+    }
+}
+
+/// A clean window as Redis holds it at `version` (0: Redis held nothing; `None`: unknown).
+pub(super) struct Cached {
+    pub(super) state: WindowState,
+    pub(super) version: Option<u64>,
+    /// When this process last had Redis refresh the key's TTL.
+    pub(super) refreshed: Option<Instant>,
+    pub(super) offsets: Offsets,
+}
+
+/// A key's TTL is at least this many windows. Every write that may create or re-create a key sets
+/// it; a write that finds the key at the version this process last wrote refreshes it only once a
+/// window (of wall time) has passed since this process last did: the TTL then never falls below
+/// 2 × window (nor below window + lateness, see `ttl_ms`), and most writes save a PEXPIRE.
+const TTL_WINDOWS: i64 = 3;
+
+/// The longest TTL set: ten years (far below what PEXPIRE can represent).
+const MAX_TTL_MS: i64 = 10 * 365 * 86_400_000;
+
+/// The TTL a write sets: max(3 × window, 2 × window + lateness), so that between two refreshes (a
+/// window apart) it stays above max(2 × window, window + lateness).
+pub(super) fn ttl_ms(spec: &WindowSpec, max_lateness: Option<i64>) -> i64 {
+    let window = spec.window_ms();
+    let by_lateness = max_lateness.map_or(0, |lateness| window.saturating_mul(2).saturating_add(lateness));
+    window.saturating_mul(TTL_WINDOWS).max(by_lateness).clamp(1, MAX_TTL_MS)
+}
+
+/// Whether a write should refresh the key's TTL (see `TTL_WINDOWS`), `now` by the store's clock.
+#[inline]
+pub(super) fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instant>, now: Instant) -> bool {
+    let window = Duration::from_millis(spec.window_ms().max(0) as u64);
+    version.is_none_or(|v| v == 0) || refreshed.is_none_or(|at| now.saturating_duration_since(at) >= window)
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
+    /// covers the window's shape, what it counts and the key, so user bytes never reach Redis raw
+    /// and a counter whose window, dimensions or field change starts on fresh counters.
+    pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
+        let spec = self.windows.spec(window.0);
+        let name = self.windows.name(window.0);
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&spec.bucket_ms.to_le_bytes());
+        hasher.update(&spec.buckets.to_le_bytes());
+        hasher.update(spec.aggregate.as_str().as_bytes());
+        hasher.update(&spec.identity.to_le_bytes());
+        hasher.update(key);
+        key_name("vg:", name, &hasher.finalize())
+    }
+
+    /// Counts one observation on the key's view (`CounterStore::apply`).
+    pub(super) fn count(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+        let spec = self.windows.spec(window.0);
+        let bucket = spec.bucket_of(ts_ms);
+        let lookup = KeyRef { window: window.0, key };
+        let observation = Observation { bucket, delta, origin: self.origin };
+        let index = self.counted + 1;
+        let (applied, counted, base_unknown) = match self.views.dirty.get_mut(&lookup) {
+            Some(dirty) if codec::replayed(&dirty.offsets, observation.origin) => {
+                (judge(&dirty.state, &spec, bucket), false, dirty.base_unknown)
+            }
+            Some(dirty) => {
+                let applied = dirty.state.apply(&spec, bucket, delta);
+                let counted = applied.is_counted();
+                if counted {
+                    dirty.push(observation, index);
+                }
+                (applied, counted, dirty.base_unknown)
+            }
+            None => {
+                let clean = self.clean_view(window, key);
+                match clean {
+                    Some(clean) if codec::replayed(&clean.offsets, observation.origin) => {
+                        (judge(&clean.state, &spec, bucket), false, false)
+                    }
+                    Some(clean) => {
+                        let mut state = clean.state.clone();
+                        let applied = state.apply(&spec, bucket, delta);
+                        let counted = applied.is_counted();
+                        if counted {
+                            let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
+                            let mut dirty =
+                                Dirty::new(state, clean.version, clean.state.head(), clean.refreshed, clean.offsets.clone());
+                            dirty.push(observation, index);
+                            self.views.dirty.insert(stored, dirty);
+                        }
+                        (applied, counted, false)
+                    }
+                    None => {
+                        // Redis is unavailable: count from nothing; the deltas are merged into
+                        // whatever Redis holds when it answers again (applied ones skipped).
+                        let mut state = WindowState::new(spec.aggregate);
+                        let applied = state.apply(&spec, bucket, delta);
+                        let mut dirty = Dirty::new(state, None, None, None, Offsets::new());
+                        dirty.base_unknown = true;
+                        dirty.push(observation, index);
+                        self.views.dirty.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, dirty);
+                        (applied, true, true)
+                    }
+                }
+            }
+        };
+        let degraded = base_unknown || self.breaker.is_open();
+        if counted {
+            self.pending += 1;
+            self.counted += 1;
+            if degraded {
+                self.stats.degraded_observations += 1;
+            }
+        } else if observation.origin.is_some() && applied.is_counted() {
+            self.stats.skipped_applied += 1;
+        }
+        // Writing behind is left to `tick`, which the caller runs between events: a flush then
+        // never carries part of an event's deltas.
+        Ok(Observed { applied, degraded })
+    }
+
+    /// Reads the key's view without changing it (`CounterStore::read`).
+    pub(super) fn observe(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+        let spec = self.windows.spec(window.0);
+        let bucket = spec.bucket_of(ts_ms);
+        let lookup = KeyRef { window: window.0, key };
+        if let Some(dirty) = self.views.dirty.get(&lookup) {
+            let degraded = dirty.base_unknown || self.breaker.is_open();
+            return Ok(Observed { applied: dirty.state.read(&spec, bucket), degraded });
+        }
+        let clean = self.clean_view(window, key);
+        Ok(match clean {
+            Some(clean) => Observed { applied: clean.state.read(&spec, bucket), degraded: self.breaker.is_open() },
+            // Redis is unavailable and nothing was counted here: what this process knows is 0.
+            None => Observed { applied: Applied::Counted(0), degraded: true },
+        })
+    }
+
+    /// One pipeline reading every key of the batch that is neither dirty nor cached. A failure
+    /// opens the breaker: the keys are then counted locally.
+    pub(super) fn prefetch_windows(&mut self, keys: &[(WindowId, Vec<u8>)]) {
+        if self.breaker.is_open() {
+            return;
+        }
+        let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        for (window, key) in keys {
+            let lookup = KeyRef { window: window.0, key };
+            if self.views.dirty.contains_key(&lookup) || self.views.cache.contains_key(&lookup) {
+                continue;
+            }
+            if seen.insert(KeyRef { window: window.0, key }) {
+                wanted.push((*window, key));
+            }
+        }
+        if !wanted.is_empty() {
+            if let Err(e) = self.read(&wanted) {
+                self.fail(&e, "prefetching windows");
+            }
+        }
+    }
+
+    /// Reads the windows of `keys` from Redis (one pipelined HGETALL per key, grouped per
+    /// master on a cluster) and caches them. A plain read needs no script: every field a hash
+    /// holds is live for its head, which the script maintains on every write.
+    fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
+        let names: Vec<String> = keys.iter().map(|&(window, key)| self.redis_key(window, key)).collect();
+        let replies = self.read_each("HGETALL", &names)?;
+        self.stats.loads += replies.len() as u64;
+        let mut states = Vec::with_capacity(keys.len());
+        for (&(window, key), reply) in keys.iter().zip(replies) {
+            let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
+            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
+            self.views.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
+            states.push(cached);
+        }
+        Ok(states)
+    }
+
+    /// The clean view of a key that is not dirty: cached, else read from Redis; `None` while
+    /// Redis is unavailable.
+    fn clean_view(&mut self, window: WindowId, key: &[u8]) -> Option<Arc<Cached>> {
+        match self.views.cache.get(&KeyRef { window: window.0, key }) {
+            Some(state) => Some(state),
+            None => self.load(window, key),
+        }
+    }
+
+    /// The view of a key that is neither dirty nor cached: read from Redis, or `None` while Redis
+    /// is unavailable (the read failing opens the breaker).
+    fn load(&mut self, window: WindowId, key: &[u8]) -> Option<Arc<Cached>> {
+        if self.breaker.is_open() {
+            return None;
+        }
+        match self.read(&[(window, key)]) {
+            Ok(mut states) => states.pop(),
+            Err(e) => {
+                self.fail(&e, "reading a window");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualMonotonic;
+    use crate::window::Aggregate;
+
+    #[test]
+    fn a_ttl_refresh_is_due_once_a_window_of_the_injected_clock_passed() {
+        let clock = ManualMonotonic::new();
+        let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
+        let at = clock.now();
+        assert!(refresh_due(&spec, None, Some(at), clock.now()), "an unknown version");
+        assert!(refresh_due(&spec, Some(0), Some(at), clock.now()), "a new key");
+        assert!(refresh_due(&spec, Some(5), None, clock.now()), "never refreshed");
+        assert!(!refresh_due(&spec, Some(5), Some(at), clock.now()));
+        clock.advance(Duration::from_millis(59_999));
+        assert!(!refresh_due(&spec, Some(5), Some(at), clock.now()));
+        clock.advance(Duration::from_millis(1));
+        assert!(refresh_due(&spec, Some(5), Some(at), clock.now()), "a window passed");
+    }
+}

@@ -1,0 +1,29 @@
+//! The shipped rules replayed over a generated workload with any store: what the Redis tests
+//! compare against the in-process store.
+
+use vigil::pipeline::{replay, Engine, ReplayOptions};
+use vigil::store::CounterStore;
+use vigil::workload::{generate, WorkloadSpec};
+
+/// The shipped rule sets.
+pub const RULES: &str = "rules";
+
+/// `events` generated events with a few bad lines in the middle.
+pub fn workload(events: u64) -> Vec<u8> {
+    let spec = WorkloadSpec { events, users: 5_000, ips: 2_000, rate_per_sec: 200, late: 0.01, out_of_order: 0.05, seed: 3, ..WorkloadSpec::default() };
+    let mut out = Vec::new();
+    generate(&spec, &mut out).unwrap();
+    // Bad lines in the middle: skipped by both stores alike.
+    let mut text = String::from_utf8(out).unwrap();
+    text.insert_str(text.len() / 2, "not json\n[1]\n{\"no\":\"ts\"}\n");
+    text.into_bytes()
+}
+
+/// Replays `input` through the shipped rules with `store`: the decision records and the engine.
+pub fn replay_with<S: CounterStore>(store: S, input: &[u8]) -> (Vec<u8>, Engine<S>) {
+    let rules = vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
+    let mut engine = Engine::new(rules, store);
+    let mut out = Vec::new();
+    replay(&mut engine, input, &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    (out, engine)
+}
