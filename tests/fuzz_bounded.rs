@@ -1,4 +1,4 @@
-//! Bounded variants of the fuzz targets in `fuzz/` (the same bodies, `vigil::fuzzing`): a few
+//! Bounded variants of the fuzz targets in `fuzz/` (the same bodies, `vigil::harness::fuzzing`): a few
 //! thousand generated inputs per target on every test run, shaped to reach past the first
 //! check (JSON-like events, expression tokens, mutated rule files, RESP replies). Long runs:
 //! RELIABILITY.md, "Fuzzing".

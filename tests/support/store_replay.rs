@@ -3,7 +3,7 @@
 
 use vigil::pipeline::{replay, Engine, ReplayOptions};
 use vigil::store::CounterStore;
-use vigil::workload::{generate, WorkloadSpec};
+use vigil::harness::workload::{generate, WorkloadSpec};
 
 /// The shipped rule sets.
 pub const RULES: &str = "rules";
