@@ -3,17 +3,19 @@
 //! literals, every operator and function, missing fields and mixed types, against a reference
 //! model written apart from the engine: it evaluates the same expression trees on
 //! `serde_json::Value`s in three-valued logic, keeps every bucket of every key in a `BTreeMap`,
-//! and reads counters by recomputing windows from scratch. With the in-process store and, when
+//! and reads counters by recomputing windows from scratch (the window model of
+//! `support/reference.rs`, shared with `reference_model`). With the in-process store and, when
 //! a `redis-server` is available, with Redis.
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
+use support::reference::{get, key_of, key_record, num, scalar_id, Observation, Window, Windows};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -42,6 +44,10 @@ impl CounterParams {
             "distinct" => Some("val"),
             _ => None,
         }
+    }
+
+    fn window(&self) -> Window {
+        Window { aggregate: self.aggregate, bucket_ms: self.bucket_ms, buckets: self.buckets }
     }
 
     fn toml(&self, id: usize) -> String {
@@ -328,10 +334,6 @@ fn num_of(v: &V) -> Option<f64> {
     }
 }
 
-fn get<'v>(event: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(event, |v, seg| v.as_object()?.get(seg))
-}
-
 fn literal(l: &str) -> Value {
     match l {
         "'a'" => json!("a"),
@@ -505,31 +507,6 @@ impl Eval<'_> {
     }
 }
 
-/// A scalar's identity: type tag plus value.
-fn scalar_id(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(format!("s:{s}")),
-        Value::Bool(b) => Some(format!("b:{b}")),
-        Value::Number(n) => Some(format!("n:{}", n.as_f64().unwrap())),
-        _ => None,
-    }
-}
-
-fn num(x: f64) -> Value {
-    if x.fract() == 0.0 && x.abs() < 9e15 {
-        json!(x as i64)
-    } else {
-        json!(x)
-    }
-}
-
-fn scalar_out(v: &Value) -> Value {
-    match v {
-        Value::Number(n) => num(n.as_f64().unwrap()),
-        other => other.clone(),
-    }
-}
-
 /// Micro-units of a JSON number's text, rounded half to even at the sixth fractional digit
 /// (plain decimal arithmetic on the digits, nothing shared with the engine).
 fn micros(text: &str) -> i64 {
@@ -560,32 +537,8 @@ fn micros(text: &str) -> i64 {
     (if negative { -v } else { v }) as i64
 }
 
-#[derive(Default, Clone)]
-struct KeyState {
-    head: Option<i64>,
-    /// Counts, or micro-units.
-    buckets: BTreeMap<i64, i64>,
-    latest: HashMap<String, i64>,
-}
-
-impl KeyState {
-    /// The window value an event in `bucket` sees, without changing anything; `None` if late.
-    fn read(&self, c: &CounterParams, bucket: i64) -> Option<f64> {
-        let Some(head) = self.head else { return Some(0.0) };
-        if bucket <= head - c.buckets {
-            return None;
-        }
-        let oldest = head.max(bucket) - c.buckets + 1;
-        Some(match c.aggregate {
-            "distinct" => self.latest.values().filter(|&&b| b >= oldest).count() as f64,
-            "sum" => self.buckets.range(oldest..).map(|(_, v)| v).sum::<i64>() as f64 / 1e6,
-            _ => self.buckets.range(oldest..).map(|(_, v)| v).sum::<i64>() as f64,
-        })
-    }
-}
-
 fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> Vec<Value> {
-    let mut state: HashMap<(usize, String), KeyState> = HashMap::new();
+    let mut windows = Windows::default();
     // held_until per (rule, hold key).
     let mut held: HashMap<(usize, String), i64> = HashMap::new();
     let mut records = Vec::new();
@@ -596,9 +549,6 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             None => true,
             Some(m) => Eval { event: &event, counters: &mut |_| None }.eval(m) == V::J(Value::Bool(true)),
         };
-        let key_of = |c: &CounterParams| -> Option<String> {
-            c.dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect::<Option<Vec<_>>>().map(|k| k.join("|"))
-        };
         // 1. Count every counter the event feeds: Some(value) counted, None late or unknown;
         //    absent: not fed (read on demand).
         let mut known: HashMap<usize, Option<f64>> = HashMap::new();
@@ -606,43 +556,24 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             if !holds(&c.matcher) {
                 continue;
             }
-            let Some(key) = key_of(c) else {
+            let Some(key) = key_of(&event, &c.dims) else {
                 known.insert(ci, None);
                 continue;
             };
             let field = c.field().and_then(|f| get(&event, f));
-            let amount = match c.aggregate {
+            let seen = match c.aggregate {
                 "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
-                    Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => m,
+                    Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => Observation::Add(m),
                     _ => continue, // skipped: read on demand
                 },
-                _ => 1,
-            };
-            let distinct = match c.aggregate {
                 "distinct" => match field.and_then(scalar_id) {
-                    Some(id) => Some(id),
+                    Some(id) => Observation::Distinct(id),
                     None => continue,
                 },
-                _ => None,
+                _ => Observation::Add(1),
             };
-            let s = state.entry((ci, key)).or_default();
-            let bucket = ts.div_euclid(c.bucket_ms);
-            if s.head.is_some_and(|head| bucket <= head - c.buckets) {
-                known.insert(ci, None);
-                continue;
-            }
-            let head = s.head.map_or(bucket, |h| h.max(bucket));
-            s.head = Some(head);
-            match distinct {
-                Some(id) => {
-                    let latest = s.latest.entry(id).or_insert(bucket);
-                    *latest = (*latest).max(bucket);
-                }
-                None => *s.buckets.entry(bucket).or_insert(0) += amount,
-            }
-            let oldest = head - c.buckets + 1;
-            s.buckets.retain(|&b, _| b >= oldest);
-            known.insert(ci, s.read(c, bucket));
+            // Late: None.
+            known.insert(ci, windows.observe(ci, key, &c.window(), ts, seen));
         }
         // 2. Judge: counters not fed are read at the event's time.
         let mut value_of = |ci: usize| -> Option<f64> {
@@ -650,10 +581,7 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
                 return *v;
             }
             let c = &counters[ci];
-            let v = key_of(c).and_then(|key| {
-                let s = state.get(&(ci, key)).cloned().unwrap_or_default();
-                s.read(c, ts.div_euclid(c.bucket_ms))
-            });
+            let v = key_of(&event, &c.dims).and_then(|key| windows.read(ci, key, &c.window(), ts));
             known.insert(ci, v);
             v
         };
@@ -671,7 +599,7 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             let (reason, held_until) = match &rule.hold {
                 None => ("when", None),
                 Some((ms, dims)) => {
-                    let key = dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect::<Option<Vec<_>>>().map(|k| k.join("|"));
+                    let key = key_of(&event, dims);
                     match (by_when, key) {
                         (true, None) => ("when", Some(Value::Null)),
                         (true, Some(key)) => {
@@ -699,8 +627,7 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
                 .filter_map(|ci| {
                     let c = &counters[ci];
                     let value = value_of(ci)?;
-                    let key: Map<String, Value> = c.dims.iter().map(|d| (d.to_string(), scalar_out(get(&event, d).unwrap()))).collect();
-                    Some(json!({"id": format!("c{ci}"), "key": key, "value": num(value), "window_ms": c.bucket_ms * c.buckets}))
+                    Some(json!({"id": format!("c{ci}"), "key": key_record(&event, &c.dims), "value": num(value), "window_ms": c.bucket_ms * c.buckets}))
                 })
                 .collect();
             hits.push((ri, listed, reason, held_until));

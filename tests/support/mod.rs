@@ -4,6 +4,7 @@
 
 pub mod kafka;
 pub mod proxy;
+pub mod reference;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
