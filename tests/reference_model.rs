@@ -13,7 +13,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use support::reference::{get, key_of, key_record, num, scalar_id, scalar_out, Observation, Window, Windows};
+use support::reference::{aggregate_field, get, key_of, key_record, num, scalar_id, scalar_out, Observation, Window, Windows};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -35,11 +35,7 @@ struct RuleParams {
 
 impl RuleParams {
     fn field(&self) -> Option<&'static str> {
-        match self.aggregate {
-            "sum" => Some("amount"),
-            "distinct" => Some("val"),
-            _ => None,
-        }
+        aggregate_field(self.aggregate)
     }
 
     fn window_ms(&self) -> i64 {
@@ -286,29 +282,34 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
         if hits.is_empty() {
             continue;
         }
-        let severity = |a: &str| ["alert", "review", "block"].iter().position(|x| *x == a).unwrap();
-        let action = hits
-            .iter()
-            .filter(|(r, _, _)| !rules[*r].shadow)
-            .map(|(r, _, _)| rules[*r].action)
-            .max_by_key(|a| severity(a))
-            .unwrap_or("allow");
-        let event_id = match event.get("event_id") {
-            Some(v @ (Value::String(_) | Value::Number(_))) => scalar_out(v),
-            _ => Value::Null,
-        };
-        let hits: Vec<Value> = hits
-            .into_iter()
-            .map(|(r, value, key)| {
-                json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
-                       "action": rules[r].action, "key": key, "value": num(value),
-                       "limit": num(rules[r].limit), "window_ms": rules[r].window_ms()})
-            })
-            .collect();
-        records.push(json!({"decision_id": format!("line/{}", i + 1), "event_id": event_id, "ts": ts, "action": action,
-                            "hits": hits, "source": {"line": i + 1}}));
+        records.push(record(rules, i, &event, ts, hits));
     }
     records
+}
+
+/// The decision record of line `i` (0-based) from its hits: (rule index, window value, key).
+fn record(rules: &[RuleParams], i: usize, event: &Value, ts: i64, hits: Vec<(usize, f64, Map<String, Value>)>) -> Value {
+    let severity = |a: &str| ["alert", "review", "block"].iter().position(|x| *x == a).unwrap();
+    let action = hits
+        .iter()
+        .filter(|(r, _, _)| !rules[*r].shadow)
+        .map(|(r, _, _)| rules[*r].action)
+        .max_by_key(|a| severity(a))
+        .unwrap_or("allow");
+    let event_id = match event.get("event_id") {
+        Some(v @ (Value::String(_) | Value::Number(_))) => scalar_out(v),
+        _ => Value::Null,
+    };
+    let hits: Vec<Value> = hits
+        .into_iter()
+        .map(|(r, value, key)| {
+            json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
+                   "action": rules[r].action, "key": key, "value": num(value),
+                   "limit": num(rules[r].limit), "window_ms": rules[r].window_ms()})
+        })
+        .collect();
+    json!({"decision_id": format!("line/{}", i + 1), "event_id": event_id, "ts": ts, "action": action,
+           "hits": hits, "source": {"line": i + 1}})
 }
 
 // ---------------------------------------------------------------- the property

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use support::reference::{get, key_of, key_record, num, scalar_id, Observation, Window, Windows};
+use support::reference::{aggregate_field, get, key_of, key_record, num, scalar_id, Observation, Window, Windows};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -39,11 +39,7 @@ struct CounterParams {
 
 impl CounterParams {
     fn field(&self) -> Option<&'static str> {
-        match self.aggregate {
-            "sum" => Some("amount"),
-            "distinct" => Some("val"),
-            _ => None,
-        }
+        aggregate_field(self.aggregate)
     }
 
     fn window(&self) -> Window {
@@ -545,36 +541,8 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
     for (i, line) in input.lines().enumerate() {
         let event: Value = serde_json::from_str(line).unwrap();
         let ts = event["ts"].as_i64().unwrap();
-        let holds = |m: &Option<Expr>| match m {
-            None => true,
-            Some(m) => Eval { event: &event, counters: &mut |_| None }.eval(m) == V::J(Value::Bool(true)),
-        };
-        // 1. Count every counter the event feeds: Some(value) counted, None late or unknown;
-        //    absent: not fed (read on demand).
-        let mut known: HashMap<usize, Option<f64>> = HashMap::new();
-        for (ci, c) in counters.iter().enumerate() {
-            if !holds(&c.matcher) {
-                continue;
-            }
-            let Some(key) = key_of(&event, &c.dims) else {
-                known.insert(ci, None);
-                continue;
-            };
-            let field = c.field().and_then(|f| get(&event, f));
-            let seen = match c.aggregate {
-                "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
-                    Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => Observation::Add(m),
-                    _ => continue, // skipped: read on demand
-                },
-                "distinct" => match field.and_then(scalar_id) {
-                    Some(id) => Observation::Distinct(id),
-                    None => continue,
-                },
-                _ => Observation::Add(1),
-            };
-            // Late: None.
-            known.insert(ci, windows.observe(ci, key, &c.window(), ts, seen));
-        }
+        let holds = |m: &Option<Expr>| passes(&event, m);
+        let mut known = count(counters, &mut windows, &event, ts);
         // 2. Judge: counters not fed are read at the event's time.
         let mut value_of = |ci: usize| -> Option<f64> {
             if let Some(v) = known.get(&ci) {
@@ -635,28 +603,72 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
         if hits.is_empty() {
             continue;
         }
-        let enforced: Vec<&str> = hits.iter().filter(|(r, ..)| !rules[*r].shadow).map(|(r, ..)| rules[*r].action).collect();
-        let severity = |a: &&str| ["alert", "review", "challenge", "block"].iter().position(|x| x == a).unwrap();
-        let action = if enforced.contains(&"allow") {
-            "allow"
-        } else {
-            enforced.into_iter().max_by_key(severity).unwrap_or("allow")
-        };
-        let hits: Vec<Value> = hits
-            .into_iter()
-            .map(|(r, counters, reason, held_until)| {
-                let mut hit = json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
-                       "action": rules[r].action, "reason": reason, "counters": counters});
-                if let Some(until) = held_until {
-                    hit["held_until"] = until;
-                }
-                hit
-            })
-            .collect();
-        records.push(json!({"decision_id": format!("line/{}", i + 1), "event_id": null, "ts": ts, "action": action,
-                            "hits": hits, "source": {"line": i + 1}}));
+        records.push(record(rules, i, ts, hits));
     }
     records
+}
+
+/// Whether `event` passes a `match` (none: every event).
+fn passes(event: &Value, m: &Option<Expr>) -> bool {
+    match m {
+        None => true,
+        Some(m) => Eval { event, counters: &mut |_| None }.eval(m) == V::J(Value::Bool(true)),
+    }
+}
+
+/// Step 1 of judging an event: counts every counter it feeds. By counter: Some(value) counted,
+/// None late or unknown; absent: not fed (read on demand).
+fn count(counters: &[CounterParams], windows: &mut Windows, event: &Value, ts: i64) -> HashMap<usize, Option<f64>> {
+    let mut known: HashMap<usize, Option<f64>> = HashMap::new();
+    for (ci, c) in counters.iter().enumerate() {
+        if !passes(event, &c.matcher) {
+            continue;
+        }
+        let Some(key) = key_of(event, &c.dims) else {
+            known.insert(ci, None);
+            continue;
+        };
+        let field = c.field().and_then(|f| get(event, f));
+        let seen = match c.aggregate {
+            "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
+                Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => Observation::Add(m),
+                _ => continue, // skipped: read on demand
+            },
+            "distinct" => match field.and_then(scalar_id) {
+                Some(id) => Observation::Distinct(id),
+                None => continue,
+            },
+            _ => Observation::Add(1),
+        };
+        // Late: None.
+        known.insert(ci, windows.observe(ci, key, &c.window(), ts, seen));
+    }
+    known
+}
+
+/// The decision record of line `i` (0-based) from its hits: (rule index, listed counters, reason,
+/// held_until).
+fn record(rules: &[RuleParams], i: usize, ts: i64, hits: Vec<(usize, Vec<Value>, &str, Option<Value>)>) -> Value {
+    let enforced: Vec<&str> = hits.iter().filter(|(r, ..)| !rules[*r].shadow).map(|(r, ..)| rules[*r].action).collect();
+    let severity = |a: &&str| ["alert", "review", "challenge", "block"].iter().position(|x| x == a).unwrap();
+    let action = if enforced.contains(&"allow") {
+        "allow"
+    } else {
+        enforced.into_iter().max_by_key(severity).unwrap_or("allow")
+    };
+    let hits: Vec<Value> = hits
+        .into_iter()
+        .map(|(r, counters, reason, held_until)| {
+            let mut hit = json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
+                   "action": rules[r].action, "reason": reason, "counters": counters});
+            if let Some(until) = held_until {
+                hit["held_until"] = until;
+            }
+            hit
+        })
+        .collect();
+    json!({"decision_id": format!("line/{}", i + 1), "event_id": null, "ts": ts, "action": action,
+           "hits": hits, "source": {"line": i + 1}})
 }
 
 // ---------------------------------------------------------------- the property

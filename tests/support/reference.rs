@@ -1,10 +1,21 @@
 //! The reference window model both reference property tests compare the engine against: every
 //! bucket of every key kept in a `BTreeMap` and window values recomputed from scratch, on events
-//! read as `serde_json::Value`s. It shares no code with the engine.
+//! read as `serde_json::Value`s; with the keys and numbers as a decision record prints them. It
+//! shares no code with the engine.
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Map, Value};
+
+/// The event field the generated rules aggregate: `amount` for sums, `val` for distinct values
+/// (what both tests' line strategies fill in).
+pub fn aggregate_field(aggregate: &str) -> Option<&'static str> {
+    match aggregate {
+        "sum" => Some("amount"),
+        "distinct" => Some("val"),
+        _ => None,
+    }
+}
 
 /// The value at a dotted `path` of an event, if every step is an object that has it.
 pub fn get<'v>(event: &'v Value, path: &str) -> Option<&'v Value> {
