@@ -5,6 +5,7 @@
 pub mod kafka;
 pub mod proxy;
 pub mod reference;
+pub mod stream;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
