@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use support::kafka::{Broker, Record, Worker};
+use support::kafka::{topics, Broker, Record, Worker};
 use support::proxy::Proxy;
+use support::stream::{keyed, reference_totals, replay_lines, workload_lines, USER_KEYED};
 use support::{redis_totals, RedisServer};
-use vigil::pipeline::{replay, Engine, ReplayOptions};
-use vigil::store::MemoryStore;
-use vigil::harness::workload::{generate, WorkloadSpec};
+use vigil::harness::workload::WorkloadSpec;
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -33,53 +32,17 @@ fn long_mode() -> bool {
 /// Generated events (late ones included) with a few bad lines: each line one Kafka message.
 fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
     let spec = WorkloadSpec { events, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, seed, ..WorkloadSpec::default() };
-    let mut out = Vec::new();
-    generate(&spec, &mut out).unwrap();
-    let mut lines: Vec<Vec<u8>> = out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    let mut lines = workload_lines(&spec);
     for (i, bad) in [&b"not json"[..], b"[1]", br#"{"no":"ts"}"#].into_iter().enumerate() {
         lines.insert((i + 1) * lines.len() / 4, bad.to_vec());
     }
     lines
 }
 
-fn user_key(line: &[u8]) -> Option<Vec<u8>> {
-    let value: Value = serde_json::from_slice(line).ok()?;
-    value.get("user_id")?.as_str().map(|s| s.as_bytes().to_vec())
-}
-
-fn keyed(lines: &[Vec<u8>]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
-    lines.iter().map(|l| (user_key(l), l.clone())).collect()
-}
-
 /// The in-process replay of `lines` (in this order): every record, by event id, without source.
 fn reference_records(lines: &[Vec<u8>]) -> HashMap<String, Value> {
-    let mut engine = Engine::new(vigil::rule_files::load(Path::new("rules")).unwrap(), MemoryStore::new());
-    let (mut out, input) = (Vec::new(), lines.join(&b'\n'));
-    replay(&mut engine, &input[..], &mut out, std::io::sink(), ReplayOptions { emit_allow: true, ..ReplayOptions::default() }).unwrap();
-    out.split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let mut record: Value = serde_json::from_slice(l).unwrap();
-            record.as_object_mut().unwrap().remove("source");
-            record.as_object_mut().unwrap().remove("decision_id");
-            (record["event_id"].as_str().unwrap().to_owned(), record)
-        })
-        .collect()
-}
-
-/// The counters one clean pass over `lines` leaves in a fresh Redis.
-fn reference_totals(dir: &Path, lines: &[Vec<u8>]) -> BTreeMap<String, (i128, usize)> {
-    let reference = RedisServer::start();
-    let input = dir.join("reference.jsonl");
-    std::fs::write(&input, lines.join(&b'\n')).unwrap();
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["replay", "--rules", "rules", "--input", input.to_str().unwrap(), "--redis", &reference.url()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    redis_totals(&mut reference.connection())
+    let (records, _) = replay_lines(Path::new("rules"), lines, true);
+    records.into_iter().map(|(_, record)| (record["event_id"].as_str().unwrap().to_owned(), record)).collect()
 }
 
 /// A worker's config. `session_ms`: the group session timeout (how soon the broker gives a killed
@@ -109,12 +72,6 @@ commit_interval = "1s"
         session_ms / 5,
         session_ms * 2,
     )
-}
-
-fn topics(broker: &Broker, partitions: u32) {
-    broker.create_topic("events", partitions);
-    broker.create_topic("decisions", 1);
-    broker.create_topic("events.dlq", 1);
 }
 
 /// Produces `records` spread evenly over `over`, in chunks.
@@ -336,9 +293,8 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     }
     // Rules keyed by the Kafka key (the user) see each user's events in order, whoever owns the
     // partition: their hits are exact.
-    let user_keyed = ["login-brute-force", "login-success-after-fails", "login-many-devices", "pay-many-cards", "pay-country-spend"];
     let hits = |record: &Value| -> Vec<Value> {
-        record["hits"].as_array().unwrap().iter().filter(|h| user_keyed.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
+        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
     };
     let wrong: Vec<String> = delivered
         .first

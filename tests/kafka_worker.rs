@@ -9,16 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::kafka::{Broker, Record, Worker};
+use support::kafka::{topics, Broker, Record, Worker};
+use support::stream::{keyed, reference_totals, replay_lines, user_key, workload_lines, USER_KEYED};
 use support::{redis_totals, RedisServer};
-use vigil::pipeline::{replay, Engine, ReplayOptions};
-use vigil::store::MemoryStore;
-use vigil::harness::workload::{generate, WorkloadSpec};
-
-/// Rules keyed by `user_id`, the Kafka message key: a partition's owner sees all of a user's
-/// events in order, so these decide exactly as replay whatever the partitioning.
-const USER_KEYED: [&str; 5] =
-    ["login-brute-force", "login-success-after-fails", "login-many-devices", "pay-many-cards", "pay-country-spend"];
+use vigil::harness::workload::WorkloadSpec;
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -26,9 +20,7 @@ const LONG: Duration = Duration::from_secs(240);
 /// through: each line is one Kafka message.
 fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
     let spec = WorkloadSpec { events, users: 3_000, ips: 1_500, rate_per_sec: 300, late: 0.01, out_of_order: 0.05, seed, ..WorkloadSpec::default() };
-    let mut out = Vec::new();
-    generate(&spec, &mut out).unwrap();
-    let mut lines: Vec<Vec<u8>> = out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    let mut lines = workload_lines(&spec);
     let bad: [&[u8]; 5] = [b"not json", b"[1]", br#"{"no":"ts"}"#, br#"{"ts":"yesterday","user_id":"u-1"}"#, b"{\"ts\":1,\"x\":\"\xff\"}"];
     let step = lines.len() / (bad.len() + 1);
     for (i, line) in bad.iter().enumerate().rev() {
@@ -37,30 +29,11 @@ fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
     lines
 }
 
-/// The Kafka key of an event line: its `user_id`, if it has one.
-fn user_key(line: &[u8]) -> Option<Vec<u8>> {
-    let value: Value = serde_json::from_slice(line).ok()?;
-    value.get("user_id")?.as_str().map(|s| s.as_bytes().to_vec())
-}
-
 /// Replay of `lines` with the in-process store: decision records by 0-based line index, and the
 /// bad lines' reason codes by index.
 fn reference(rules: &Path, lines: &[Vec<u8>], emit_allow: bool) -> (BTreeMap<usize, Value>, BTreeMap<usize, String>) {
-    let mut engine = Engine::new(vigil::rule_files::load(rules).unwrap(), MemoryStore::new());
-    let input = lines.join(&b'\n');
-    let (mut out, mut diagnostics) = (Vec::new(), Vec::new());
-    replay(&mut engine, &input[..], &mut out, &mut diagnostics, ReplayOptions { emit_allow, ..ReplayOptions::default() }).unwrap();
-    let decisions = out
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let mut record: Value = serde_json::from_slice(l).unwrap();
-            let line = record["source"]["line"].as_u64().unwrap() as usize;
-            record.as_object_mut().unwrap().remove("source");
-            record.as_object_mut().unwrap().remove("decision_id");
-            (line - 1, record)
-        })
-        .collect();
+    let (records, diagnostics) = replay_lines(rules, lines, emit_allow);
+    let decisions = records.into_iter().collect();
     let bad = String::from_utf8(diagnostics)
         .unwrap()
         .lines()
@@ -107,17 +80,6 @@ commit_interval = "200ms"
         redis.url(),
         rules.display()
     )
-}
-
-fn topics(broker: &Broker, events_partitions: u32) {
-    broker.create_topic("events", events_partitions);
-    broker.create_topic("decisions", 1);
-    broker.create_topic("events.dlq", 1);
-}
-
-/// Records keyed as produced: (key, line).
-fn keyed(lines: &[Vec<u8>]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
-    lines.iter().map(|l| (user_key(l), l.clone())).collect()
 }
 
 fn without_source(record: &Record) -> (Value, Value) {
@@ -353,17 +315,8 @@ fn after_a_sigkill_the_restarted_worker_ends_with_exact_counters() {
     assert!(restarted.wait_exit(Duration::from_secs(20)).expect("exits").success());
 
     // Reference: the same events, in the same (partition) order, replayed once into a fresh Redis.
-    let reference = RedisServer::start();
-    let input = dir.path().join("events.jsonl");
-    std::fs::write(&input, lines.join(&b'\n')).unwrap();
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["replay", "--rules", "rules", "--input", input.to_str().unwrap(), "--redis", &reference.url()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let (got, want) = (redis_totals(&mut redis.connection()), redis_totals(&mut reference.connection()));
+    let want = reference_totals(dir.path(), &lines);
+    let got = redis_totals(&mut redis.connection());
     let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
     assert!(
         got == want,

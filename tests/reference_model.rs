@@ -3,15 +3,17 @@
 //! fields, bad lines, every aggregate, shadow and disabled rules).
 //!
 //! The reference shares no code with the engine: it parses each line into a `serde_json::Value`,
-//! keeps every bucket of every key in a `BTreeMap`, and recomputes window values from scratch.
+//! keeps every bucket of every key in a `BTreeMap`, and recomputes window values from scratch
+//! (the window model of `support/reference.rs`, shared with `reference_v2`).
 
-use std::collections::{BTreeMap, HashMap};
+mod support;
+
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use std::sync::Arc;
-
+use support::reference::{aggregate_field, get, key_of, key_record, num, scalar_id, scalar_out, Observation, Window, Windows};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -33,15 +35,15 @@ struct RuleParams {
 
 impl RuleParams {
     fn field(&self) -> Option<&'static str> {
-        match self.aggregate {
-            "sum" => Some("amount"),
-            "distinct" => Some("val"),
-            _ => None,
-        }
+        aggregate_field(self.aggregate)
     }
 
     fn window_ms(&self) -> i64 {
         self.bucket_ms * self.buckets
+    }
+
+    fn window(&self) -> Window {
+        Window { aggregate: self.aggregate, bucket_ms: self.bucket_ms, buckets: self.buckets }
     }
 
     fn toml(&self, id: &str) -> String {
@@ -193,44 +195,6 @@ fn build_input(lines: &[(i64, i64, String)]) -> String {
 
 // ---------------------------------------------------------------- the reference model
 
-#[derive(Default)]
-struct KeyState {
-    head: Option<i64>,
-    /// Counts, or sums in micro-units.
-    buckets: BTreeMap<i64, i64>,
-    latest: HashMap<String, i64>,
-}
-
-fn get<'v>(event: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(event, |v, seg| v.as_object()?.get(seg))
-}
-
-/// A scalar's identity: type tag plus value, numbers by mathematical value.
-fn scalar_id(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(format!("s:{s}")),
-        Value::Bool(b) => Some(format!("b:{b}")),
-        Value::Number(n) => Some(format!("n:{}", n.as_f64().unwrap())),
-        _ => None,
-    }
-}
-
-/// A scalar as the decision record prints it: integral numbers as integers.
-fn scalar_out(v: &Value) -> Value {
-    match v {
-        Value::Number(n) => num(n.as_f64().unwrap()),
-        other => other.clone(),
-    }
-}
-
-fn num(x: f64) -> Value {
-    if x.fract() == 0.0 && x.abs() < 9e15 {
-        json!(x as i64)
-    } else {
-        json!(x)
-    }
-}
-
 fn json_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
@@ -252,7 +216,7 @@ impl Bounds {
 }
 
 fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
-    let mut state: HashMap<(usize, String), KeyState> = HashMap::new();
+    let mut windows = Windows::default();
     let mut records = Vec::new();
     let mut newest: Option<i64> = None;
     for (i, line) in input.split('\n').enumerate() {
@@ -293,80 +257,59 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
                     continue;
                 }
             }
-            let dims: Option<Vec<String>> = rule.dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect();
-            let Some(dims) = dims else { continue };
+            let Some(dims) = key_of(&event, &rule.dims) else { continue };
             let field = rule.field().and_then(|f| get(&event, f));
             // Sums: micro-units of the amount, which must lie in [0, 1e12) (the generated
             // amounts are exact in binary, so the double gives their micro-units exactly).
-            let amount = match rule.aggregate {
+            let seen = match rule.aggregate {
                 "sum" => match field {
-                    Some(Value::Number(n)) if (0.0..1e12).contains(&n.as_f64().unwrap()) => (n.as_f64().unwrap() * 1e6).round() as i64,
+                    Some(Value::Number(n)) if (0.0..1e12).contains(&n.as_f64().unwrap()) => {
+                        Observation::Add((n.as_f64().unwrap() * 1e6).round() as i64)
+                    }
                     _ => continue,
                 },
-                _ => 1,
-            };
-            let distinct = match rule.aggregate {
                 "distinct" => match field.and_then(scalar_id) {
-                    Some(id) => Some(id),
+                    Some(id) => Observation::Distinct(id),
                     None => continue,
                 },
-                _ => None,
+                _ => Observation::Add(1),
             };
-            let s = state.entry((r, dims.join("|"))).or_default();
-            let bucket = ts.div_euclid(rule.bucket_ms);
-            if let Some(head) = s.head {
-                if bucket <= head - rule.buckets {
-                    continue; // late
-                }
-            }
-            let head = s.head.map_or(bucket, |h| h.max(bucket));
-            s.head = Some(head);
-            match distinct {
-                Some(id) => {
-                    let latest = s.latest.entry(id).or_insert(bucket);
-                    *latest = (*latest).max(bucket);
-                }
-                None => *s.buckets.entry(bucket).or_insert(0) += amount,
-            }
-            let oldest = head - rule.buckets + 1;
-            s.buckets.retain(|&b, _| b >= oldest);
-            let value = match rule.aggregate {
-                "distinct" => s.latest.values().filter(|&&b| b >= oldest).count() as f64,
-                "sum" => s.buckets.values().sum::<i64>() as f64 / 1e6,
-                _ => s.buckets.values().sum::<i64>() as f64,
-            };
+            let Some(value) = windows.observe(r, dims, &rule.window(), ts, seen) else { continue }; // late
             if value > rule.limit {
-                let key: Map<String, Value> =
-                    rule.dims.iter().map(|d| (d.to_string(), scalar_out(get(&event, d).unwrap()))).collect();
-                hits.push((r, value, key));
+                hits.push((r, value, key_record(&event, &rule.dims)));
             }
         }
         if hits.is_empty() {
             continue;
         }
-        let severity = |a: &str| ["alert", "review", "block"].iter().position(|x| *x == a).unwrap();
-        let action = hits
-            .iter()
-            .filter(|(r, _, _)| !rules[*r].shadow)
-            .map(|(r, _, _)| rules[*r].action)
-            .max_by_key(|a| severity(a))
-            .unwrap_or("allow");
-        let event_id = match event.get("event_id") {
-            Some(v @ (Value::String(_) | Value::Number(_))) => scalar_out(v),
-            _ => Value::Null,
-        };
-        let hits: Vec<Value> = hits
-            .into_iter()
-            .map(|(r, value, key)| {
-                json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
-                       "action": rules[r].action, "key": key, "value": num(value),
-                       "limit": num(rules[r].limit), "window_ms": rules[r].window_ms()})
-            })
-            .collect();
-        records.push(json!({"decision_id": format!("line/{}", i + 1), "event_id": event_id, "ts": ts, "action": action,
-                            "hits": hits, "source": {"line": i + 1}}));
+        records.push(record(rules, i, &event, ts, hits));
     }
     records
+}
+
+/// The decision record of line `i` (0-based) from its hits: (rule index, window value, key).
+fn record(rules: &[RuleParams], i: usize, event: &Value, ts: i64, hits: Vec<(usize, f64, Map<String, Value>)>) -> Value {
+    let severity = |a: &str| ["alert", "review", "block"].iter().position(|x| *x == a).unwrap();
+    let action = hits
+        .iter()
+        .filter(|(r, _, _)| !rules[*r].shadow)
+        .map(|(r, _, _)| rules[*r].action)
+        .max_by_key(|a| severity(a))
+        .unwrap_or("allow");
+    let event_id = match event.get("event_id") {
+        Some(v @ (Value::String(_) | Value::Number(_))) => scalar_out(v),
+        _ => Value::Null,
+    };
+    let hits: Vec<Value> = hits
+        .into_iter()
+        .map(|(r, value, key)| {
+            json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
+                   "action": rules[r].action, "key": key, "value": num(value),
+                   "limit": num(rules[r].limit), "window_ms": rules[r].window_ms()})
+        })
+        .collect();
+    json!({"decision_id": format!("line/{}", i + 1), "event_id": event_id, "ts": ts, "action": action,
+           "hits": hits, "source": {"line": i + 1}})
 }
 
 // ---------------------------------------------------------------- the property

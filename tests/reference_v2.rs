@@ -3,17 +3,19 @@
 //! literals, every operator and function, missing fields and mixed types, against a reference
 //! model written apart from the engine: it evaluates the same expression trees on
 //! `serde_json::Value`s in three-valued logic, keeps every bucket of every key in a `BTreeMap`,
-//! and reads counters by recomputing windows from scratch. With the in-process store and, when
+//! and reads counters by recomputing windows from scratch (the window model of
+//! `support/reference.rs`, shared with `reference_model`). With the in-process store and, when
 //! a `redis-server` is available, with Redis.
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
+use support::reference::{aggregate_field, get, key_of, key_record, num, scalar_id, Observation, Window, Windows};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -37,11 +39,11 @@ struct CounterParams {
 
 impl CounterParams {
     fn field(&self) -> Option<&'static str> {
-        match self.aggregate {
-            "sum" => Some("amount"),
-            "distinct" => Some("val"),
-            _ => None,
-        }
+        aggregate_field(self.aggregate)
+    }
+
+    fn window(&self) -> Window {
+        Window { aggregate: self.aggregate, bucket_ms: self.bucket_ms, buckets: self.buckets }
     }
 
     fn toml(&self, id: usize) -> String {
@@ -328,10 +330,6 @@ fn num_of(v: &V) -> Option<f64> {
     }
 }
 
-fn get<'v>(event: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(event, |v, seg| v.as_object()?.get(seg))
-}
-
 fn literal(l: &str) -> Value {
     match l {
         "'a'" => json!("a"),
@@ -505,31 +503,6 @@ impl Eval<'_> {
     }
 }
 
-/// A scalar's identity: type tag plus value.
-fn scalar_id(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(format!("s:{s}")),
-        Value::Bool(b) => Some(format!("b:{b}")),
-        Value::Number(n) => Some(format!("n:{}", n.as_f64().unwrap())),
-        _ => None,
-    }
-}
-
-fn num(x: f64) -> Value {
-    if x.fract() == 0.0 && x.abs() < 9e15 {
-        json!(x as i64)
-    } else {
-        json!(x)
-    }
-}
-
-fn scalar_out(v: &Value) -> Value {
-    match v {
-        Value::Number(n) => num(n.as_f64().unwrap()),
-        other => other.clone(),
-    }
-}
-
 /// Micro-units of a JSON number's text, rounded half to even at the sixth fractional digit
 /// (plain decimal arithmetic on the digits, nothing shared with the engine).
 fn micros(text: &str) -> i64 {
@@ -560,100 +533,23 @@ fn micros(text: &str) -> i64 {
     (if negative { -v } else { v }) as i64
 }
 
-#[derive(Default, Clone)]
-struct KeyState {
-    head: Option<i64>,
-    /// Counts, or micro-units.
-    buckets: BTreeMap<i64, i64>,
-    latest: HashMap<String, i64>,
-}
-
-impl KeyState {
-    /// The window value an event in `bucket` sees, without changing anything; `None` if late.
-    fn read(&self, c: &CounterParams, bucket: i64) -> Option<f64> {
-        let Some(head) = self.head else { return Some(0.0) };
-        if bucket <= head - c.buckets {
-            return None;
-        }
-        let oldest = head.max(bucket) - c.buckets + 1;
-        Some(match c.aggregate {
-            "distinct" => self.latest.values().filter(|&&b| b >= oldest).count() as f64,
-            "sum" => self.buckets.range(oldest..).map(|(_, v)| v).sum::<i64>() as f64 / 1e6,
-            _ => self.buckets.range(oldest..).map(|(_, v)| v).sum::<i64>() as f64,
-        })
-    }
-}
-
 fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> Vec<Value> {
-    let mut state: HashMap<(usize, String), KeyState> = HashMap::new();
+    let mut windows = Windows::default();
     // held_until per (rule, hold key).
     let mut held: HashMap<(usize, String), i64> = HashMap::new();
     let mut records = Vec::new();
     for (i, line) in input.lines().enumerate() {
         let event: Value = serde_json::from_str(line).unwrap();
         let ts = event["ts"].as_i64().unwrap();
-        let holds = |m: &Option<Expr>| match m {
-            None => true,
-            Some(m) => Eval { event: &event, counters: &mut |_| None }.eval(m) == V::J(Value::Bool(true)),
-        };
-        let key_of = |c: &CounterParams| -> Option<String> {
-            c.dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect::<Option<Vec<_>>>().map(|k| k.join("|"))
-        };
-        // 1. Count every counter the event feeds: Some(value) counted, None late or unknown;
-        //    absent: not fed (read on demand).
-        let mut known: HashMap<usize, Option<f64>> = HashMap::new();
-        for (ci, c) in counters.iter().enumerate() {
-            if !holds(&c.matcher) {
-                continue;
-            }
-            let Some(key) = key_of(c) else {
-                known.insert(ci, None);
-                continue;
-            };
-            let field = c.field().and_then(|f| get(&event, f));
-            let amount = match c.aggregate {
-                "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
-                    Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => m,
-                    _ => continue, // skipped: read on demand
-                },
-                _ => 1,
-            };
-            let distinct = match c.aggregate {
-                "distinct" => match field.and_then(scalar_id) {
-                    Some(id) => Some(id),
-                    None => continue,
-                },
-                _ => None,
-            };
-            let s = state.entry((ci, key)).or_default();
-            let bucket = ts.div_euclid(c.bucket_ms);
-            if s.head.is_some_and(|head| bucket <= head - c.buckets) {
-                known.insert(ci, None);
-                continue;
-            }
-            let head = s.head.map_or(bucket, |h| h.max(bucket));
-            s.head = Some(head);
-            match distinct {
-                Some(id) => {
-                    let latest = s.latest.entry(id).or_insert(bucket);
-                    *latest = (*latest).max(bucket);
-                }
-                None => *s.buckets.entry(bucket).or_insert(0) += amount,
-            }
-            let oldest = head - c.buckets + 1;
-            s.buckets.retain(|&b, _| b >= oldest);
-            known.insert(ci, s.read(c, bucket));
-        }
+        let holds = |m: &Option<Expr>| passes(&event, m);
+        let mut known = count(counters, &mut windows, &event, ts);
         // 2. Judge: counters not fed are read at the event's time.
         let mut value_of = |ci: usize| -> Option<f64> {
             if let Some(v) = known.get(&ci) {
                 return *v;
             }
             let c = &counters[ci];
-            let v = key_of(c).and_then(|key| {
-                let s = state.get(&(ci, key)).cloned().unwrap_or_default();
-                s.read(c, ts.div_euclid(c.bucket_ms))
-            });
+            let v = key_of(&event, &c.dims).and_then(|key| windows.read(ci, key, &c.window(), ts));
             known.insert(ci, v);
             v
         };
@@ -671,7 +567,7 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             let (reason, held_until) = match &rule.hold {
                 None => ("when", None),
                 Some((ms, dims)) => {
-                    let key = dims.iter().map(|d| get(&event, d).and_then(scalar_id)).collect::<Option<Vec<_>>>().map(|k| k.join("|"));
+                    let key = key_of(&event, dims);
                     match (by_when, key) {
                         (true, None) => ("when", Some(Value::Null)),
                         (true, Some(key)) => {
@@ -699,8 +595,7 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
                 .filter_map(|ci| {
                     let c = &counters[ci];
                     let value = value_of(ci)?;
-                    let key: Map<String, Value> = c.dims.iter().map(|d| (d.to_string(), scalar_out(get(&event, d).unwrap()))).collect();
-                    Some(json!({"id": format!("c{ci}"), "key": key, "value": num(value), "window_ms": c.bucket_ms * c.buckets}))
+                    Some(json!({"id": format!("c{ci}"), "key": key_record(&event, &c.dims), "value": num(value), "window_ms": c.bucket_ms * c.buckets}))
                 })
                 .collect();
             hits.push((ri, listed, reason, held_until));
@@ -708,28 +603,72 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
         if hits.is_empty() {
             continue;
         }
-        let enforced: Vec<&str> = hits.iter().filter(|(r, ..)| !rules[*r].shadow).map(|(r, ..)| rules[*r].action).collect();
-        let severity = |a: &&str| ["alert", "review", "challenge", "block"].iter().position(|x| x == a).unwrap();
-        let action = if enforced.contains(&"allow") {
-            "allow"
-        } else {
-            enforced.into_iter().max_by_key(severity).unwrap_or("allow")
-        };
-        let hits: Vec<Value> = hits
-            .into_iter()
-            .map(|(r, counters, reason, held_until)| {
-                let mut hit = json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
-                       "action": rules[r].action, "reason": reason, "counters": counters});
-                if let Some(until) = held_until {
-                    hit["held_until"] = until;
-                }
-                hit
-            })
-            .collect();
-        records.push(json!({"decision_id": format!("line/{}", i + 1), "event_id": null, "ts": ts, "action": action,
-                            "hits": hits, "source": {"line": i + 1}}));
+        records.push(record(rules, i, ts, hits));
     }
     records
+}
+
+/// Whether `event` passes a `match` (none: every event).
+fn passes(event: &Value, m: &Option<Expr>) -> bool {
+    match m {
+        None => true,
+        Some(m) => Eval { event, counters: &mut |_| None }.eval(m) == V::J(Value::Bool(true)),
+    }
+}
+
+/// Step 1 of judging an event: counts every counter it feeds. By counter: Some(value) counted,
+/// None late or unknown; absent: not fed (read on demand).
+fn count(counters: &[CounterParams], windows: &mut Windows, event: &Value, ts: i64) -> HashMap<usize, Option<f64>> {
+    let mut known: HashMap<usize, Option<f64>> = HashMap::new();
+    for (ci, c) in counters.iter().enumerate() {
+        if !passes(event, &c.matcher) {
+            continue;
+        }
+        let Some(key) = key_of(event, &c.dims) else {
+            known.insert(ci, None);
+            continue;
+        };
+        let field = c.field().and_then(|f| get(event, f));
+        let seen = match c.aggregate {
+            "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
+                Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => Observation::Add(m),
+                _ => continue, // skipped: read on demand
+            },
+            "distinct" => match field.and_then(scalar_id) {
+                Some(id) => Observation::Distinct(id),
+                None => continue,
+            },
+            _ => Observation::Add(1),
+        };
+        // Late: None.
+        known.insert(ci, windows.observe(ci, key, &c.window(), ts, seen));
+    }
+    known
+}
+
+/// The decision record of line `i` (0-based) from its hits: (rule index, listed counters, reason,
+/// held_until).
+fn record(rules: &[RuleParams], i: usize, ts: i64, hits: Vec<(usize, Vec<Value>, &str, Option<Value>)>) -> Value {
+    let enforced: Vec<&str> = hits.iter().filter(|(r, ..)| !rules[*r].shadow).map(|(r, ..)| rules[*r].action).collect();
+    let severity = |a: &&str| ["alert", "review", "challenge", "block"].iter().position(|x| x == a).unwrap();
+    let action = if enforced.contains(&"allow") {
+        "allow"
+    } else {
+        enforced.into_iter().max_by_key(severity).unwrap_or("allow")
+    };
+    let hits: Vec<Value> = hits
+        .into_iter()
+        .map(|(r, counters, reason, held_until)| {
+            let mut hit = json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
+                   "action": rules[r].action, "reason": reason, "counters": counters});
+            if let Some(until) = held_until {
+                hit["held_until"] = until;
+            }
+            hit
+        })
+        .collect();
+    json!({"decision_id": format!("line/{}", i + 1), "event_id": null, "ts": ts, "action": action,
+           "hits": hits, "source": {"line": i + 1}})
 }
 
 // ---------------------------------------------------------------- the property

@@ -229,6 +229,14 @@ impl Drop for Broker {
     }
 }
 
+/// The topics a worker uses: `events` with `events_partitions` partitions, `decisions` and
+/// `events.dlq` with one each.
+pub fn topics(broker: &Broker, events_partitions: u32) {
+    broker.create_topic("events", events_partitions);
+    broker.create_topic("decisions", 1);
+    broker.create_topic("events.dlq", 1);
+}
+
 /// A record read back.
 #[derive(Debug, Clone)]
 pub struct Record {

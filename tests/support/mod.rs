@@ -4,7 +4,9 @@
 
 pub mod kafka;
 pub mod proxy;
+pub mod reference;
 pub mod store_replay;
+pub mod stream;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
