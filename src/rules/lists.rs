@@ -101,6 +101,15 @@ impl Networks {
     }
 }
 
+/// A network (`10.0.0.0/8`, host bits allowed) or a bare address (a /32 or /128): a cidr list's
+/// entry, and an argument of an expression's `cidr(...)`.
+pub fn parse_network(text: &str) -> Option<IpNet> {
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Some(net);
+    }
+    text.parse::<IpAddr>().ok().map(IpNet::from)
+}
+
 /// Whether `text` is written as JSON writes a number: an optional `-`, no leading zeros, no `+`.
 fn json_number_syntax(text: &str) -> bool {
     let digits = text.strip_prefix('-').unwrap_or(text);
@@ -158,7 +167,7 @@ impl ListSet {
                 }
                 None => return Err(format!("{} is not a number", crate::event::quote_prefix(text))),
             },
-            ListSet::Networks(n) => match super::expr::parse_network(text) {
+            ListSet::Networks(n) => match parse_network(text) {
                 Some(net) => n.insert(net),
                 None => {
                     return Err(format!(
