@@ -214,86 +214,101 @@ impl Metrics {
             store_saturated: Gauge::default(),
             registry: Registry::default(),
         };
-        registry.register("events", "Events read, by outcome", metrics.events.clone());
-        registry.register("decisions", "Decision records produced, by action", metrics.decisions.clone());
-        registry.register("rule_hits", "Rule hits, by rule, mode and action", metrics.rule_hits.clone());
-        registry.register("late_events", "Events too late for the key's window, by counter", metrics.late_events.clone());
+        metrics.register_judging(&mut registry);
+        metrics.register_store(&mut registry);
+        metrics.register_worker(&mut registry);
+        Metrics { registry, ..metrics }
+    }
+
+    /// Events, decisions, rule hits, counting and the rules in force.
+    fn register_judging(&self, registry: &mut Registry) {
+        registry.register("events", "Events read, by outcome", self.events.clone());
+        registry.register("decisions", "Decision records produced, by action", self.decisions.clone());
+        registry.register("rule_hits", "Rule hits, by rule, mode and action", self.rule_hits.clone());
+        registry.register("late_events", "Events too late for the key's window, by counter", self.late_events.clone());
         registry.register(
             "skipped_events",
             "Events not counted: unusable dimension or field, or a sum out of range, by counter and reason",
-            metrics.skipped_events.clone(),
+            self.skipped_events.clone(),
         );
         registry.register(
             "distinct_capped",
             "Distinct values not recorded because their key's window held max_distinct values, by counter",
-            metrics.distinct_capped.clone(),
+            self.distinct_capped.clone(),
         );
-        registry.register("dead_letters", "Events sent to the dead-letter topic, by reason", metrics.dead_letters.clone());
-        registry.register("flush_batch_keys", "Keys per write-behind flush", metrics.flush_keys.clone());
-        registry.register("flush_duration_seconds", "Write-behind flush latency", metrics.flush_seconds.clone());
-        registry.register("redis_errors", "Redis failures, by code", metrics.redis_errors.clone());
+        registry.register("dead_letters", "Events sent to the dead-letter topic, by reason", self.dead_letters.clone());
+        registry.register("rule_reloads", "Rule reloads, by result", self.rule_reloads.clone());
+        registry.register("rules_active", "Enabled rules in force", self.rules_active.clone());
+        registry.register("list_entries", "Entries of each list in force, by list", self.list_entries.clone());
+        registry.register(
+            "rules_loaded_timestamp_seconds",
+            "When the rules and lists in force were loaded",
+            self.rules_loaded_seconds.clone(),
+        );
+    }
+
+    /// The counter store: write-behind, Redis health, local state.
+    fn register_store(&self, registry: &mut Registry) {
+        registry.register("flush_batch_keys", "Keys per write-behind flush", self.flush_keys.clone());
+        registry.register("flush_duration_seconds", "Write-behind flush latency", self.flush_seconds.clone());
+        registry.register("redis_errors", "Redis failures, by code", self.redis_errors.clone());
         registry.register(
             "replayed_observations",
             "Observations judged but not counted again (offset already applied to the key)",
-            metrics.replayed_observations.clone(),
+            self.replayed_observations.clone(),
         );
         registry.register(
             "stale_writes",
             "Write-behind writes refused because another worker had changed the key",
-            metrics.stale_writes.clone(),
+            self.stale_writes.clone(),
         );
-        registry.register("kafka_delivery_errors", "Kafka produce failures, by code", metrics.delivery_errors.clone());
-        registry.register("consumer_lag", "Consumer lag per partition (messages)", metrics.consumer_lag.clone());
-        registry.register(
-            "committed_offset",
-            "Last committed offset per partition (next to read)",
-            metrics.committed_offset.clone(),
-        );
-        registry.register(
-            "decision_latency_seconds",
-            "Event Kafka timestamp to decision acknowledged by the broker",
-            metrics.decision_latency.clone(),
-        );
-        registry.register("rule_reloads", "Rule reloads, by result", metrics.rule_reloads.clone());
-        registry.register("rules_active", "Enabled rules in force", metrics.rules_active.clone());
-        registry.register("list_entries", "Entries of each list in force, by list", metrics.list_entries.clone());
-        registry.register(
-            "rules_loaded_timestamp_seconds",
-            "When the rules and lists in force were loaded",
-            metrics.rules_loaded_seconds.clone(),
-        );
-        registry.register("store_live_keys", "(rule, key) windows held in this process", metrics.live_keys.clone());
-        registry.register("store_state_bytes", "Estimated bytes of the in-process store's state", metrics.state_bytes.clone());
+        registry.register("store_live_keys", "(rule, key) windows held in this process", self.live_keys.clone());
+        registry.register("store_state_bytes", "Estimated bytes of the in-process store's state", self.state_bytes.clone());
         registry.register(
             "evicted_keys",
             "In-process state evicted at memory.max_keys (oldest newest event first), by kind",
-            metrics.evicted_keys.clone(),
+            self.evicted_keys.clone(),
         );
-        registry.register("assigned_partitions", "Partitions owned by this worker", metrics.assigned_partitions.clone());
-        registry.register("redis_available", "1 while Redis answers, 0 while counting locally", metrics.redis_available.clone());
-        registry.register("redis_outages", "Times Redis became unavailable", metrics.redis_outages.clone());
+        registry.register("redis_available", "1 while Redis answers, 0 while counting locally", self.redis_available.clone());
+        registry.register("redis_outages", "Times Redis became unavailable", self.redis_outages.clone());
         registry.register(
             "degraded_observations",
             "Observations counted locally while Redis was unavailable",
-            metrics.degraded_observations.clone(),
+            self.degraded_observations.clone(),
         );
         registry.register(
             "degraded_hits",
             "Rule hits on locally counted values while Redis was unavailable, by rule",
-            metrics.degraded_hits.clone(),
+            self.degraded_hits.clone(),
         );
-        registry.register("redis_data_losses", "Times Redis was found to have lost its data", metrics.redis_data_losses.clone());
-        registry.register("redis_reseeded_keys", "Keys written again from local views after a Redis data loss", metrics.reseeded_keys.clone());
-        registry.register("redis_lost_keys", "Keys found gone from Redis at a known version, written again", metrics.lost_keys.clone());
-        registry.register("journaled_decisions", "Decision records written to the decision journal", metrics.journaled_decisions.clone());
+        registry.register("redis_data_losses", "Times Redis was found to have lost its data", self.redis_data_losses.clone());
+        registry.register("redis_reseeded_keys", "Keys written again from local views after a Redis data loss", self.reseeded_keys.clone());
+        registry.register("redis_lost_keys", "Keys found gone from Redis at a known version, written again", self.lost_keys.clone());
+        registry.register("store_saturated", "1 while local state waiting for Redis is full", self.store_saturated.clone());
+    }
+
+    /// The Kafka worker: deliveries, partitions, offsets, the decision journal.
+    fn register_worker(&self, registry: &mut Registry) {
+        registry.register("kafka_delivery_errors", "Kafka produce failures, by code", self.delivery_errors.clone());
+        registry.register("consumer_lag", "Consumer lag per partition (messages)", self.consumer_lag.clone());
+        registry.register(
+            "committed_offset",
+            "Last committed offset per partition (next to read)",
+            self.committed_offset.clone(),
+        );
+        registry.register(
+            "decision_latency_seconds",
+            "Event Kafka timestamp to decision acknowledged by the broker",
+            self.decision_latency.clone(),
+        );
+        registry.register("assigned_partitions", "Partitions owned by this worker", self.assigned_partitions.clone());
+        registry.register("journaled_decisions", "Decision records written to the decision journal", self.journaled_decisions.clone());
         registry.register(
             "redelivered_decisions",
             "Decisions delivered again from the journal for events re-read after a crash",
-            metrics.redelivered_decisions.clone(),
+            self.redelivered_decisions.clone(),
         );
-        registry.register("journal_errors", "Decision journal writes not made, by code", metrics.journal_errors.clone());
-        registry.register("store_saturated", "1 while local state waiting for Redis is full", metrics.store_saturated.clone());
-        Metrics { registry, ..metrics }
+        registry.register("journal_errors", "Decision journal writes not made, by code", self.journal_errors.clone());
     }
 
     /// The registry in Prometheus/OpenMetrics text.
