@@ -338,3 +338,40 @@ fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
     }
     assert!(capped_somewhere, "the sequences must reach the bound");
 }
+
+/// The per-event baselines `vigil bench --redis` compares against (`lua/bench/`): the ring
+/// returns, call for call, the same window totals as the hash script and as the exact window
+/// (count of events in buckets `head-k+1 ..= head`) on in-order input with gaps of any size; an
+/// out-of-order event within the window is counted, one behind the window is not.
+#[test]
+fn the_per_event_ring_baseline_counts_exactly_like_the_hash_baseline() {
+    use vigil::harness::redis_bench::PerEvent;
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let (ring, hash) = (redis::Script::new(PerEvent::Ring.script()), redis::Script::new(PerEvent::Hash.script()));
+    let k = 6i64;
+    let mut bucket = 1_000i64;
+    let mut seen: Vec<i64> = Vec::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for step in 0..600 {
+        // xorshift: gaps 0 (same bucket) to 2k (the whole window slides out), mostly small.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bucket += [0, 0, 0, 1, 1, 2, 3, k, 2 * k][(state % 9) as usize];
+        seen.push(bucket);
+        let exact = seen.iter().filter(|&&b| b > bucket - k && b <= bucket).count() as i64;
+        let r: i64 = ring.key("ring").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+        let h: i64 = hash.key("hash").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+        assert_eq!((r, h), (exact, exact), "step {step}, bucket {bucket}");
+    }
+    // Out of order: one bucket back is still in the window and counted; k buckets back is not.
+    let r: i64 = ring.key("ring").arg(bucket - 1).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+    seen.push(bucket - 1);
+    assert_eq!(r, seen.iter().filter(|&&b| b > bucket - k && b <= bucket).count() as i64);
+    let before: i64 = ring.key("ring").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+    let late: i64 = ring.key("ring").arg(bucket - k).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+    assert_eq!(late, before + 1, "a late event reads the window plus itself, uncounted");
+    let after: i64 = ring.key("ring").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+    assert_eq!(after, before + 1, "the late event was not counted");
+}
