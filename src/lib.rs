@@ -12,48 +12,55 @@
 //! - [`window`]: exact bucket math of the window semantics — bucket index, late events, the per-key
 //!   [`window::WindowState`] for count, sum (micro-units, saturating) and distinct (bounded by
 //!   `max_distinct`), and reading a window at an event's time without changing it.
-//! - [`rules`]: the TOML rule language. `compile` validates files (counters, rules) and reports
-//!   every error as `file:line:col: message`; `expr` parses, resolves and evaluates expressions in
-//!   three-valued logic; `lists` holds `[[list]]` sets (strings, exact numbers, networks by prefix
-//!   length); `plan` says which counters an event feeds (key bytes, delta), which rules judge it
-//!   (each distinct `match` conjunct evaluated at most once per event) and their hold keys;
-//!   `decide` turns hits into a [`rules::Decision`] and writes its JSON record from parts rendered
-//!   once at load.
+//! - [`rules`]: the TOML rule language, compiled into a [`rules::RuleSet`].
+//!   - `rules::compile`: rule files → validated model, every error as `file:line:col: message`
+//!     (`positions`: line index and diagnostics; `fields`: typed value readers; `tables`: one
+//!     reader per `[[counter]]` / `[[rule]]` / `[[list]]`; `resolve`: ids, names and expressions
+//!     across tables and files).
+//!   - `rules::expr`: the expression language — `lex`, `parse` (one precedence table), `resolve`
+//!     (names → projection slots, counters, lists), `eval` (three-valued, no allocation).
+//!   - `rules::lists`: `[[list]]` sets (strings, exact numbers, networks by prefix length).
+//!   - `rules::model`: the validated counters and rules. `rules::plan`: which counters an event
+//!     feeds (key bytes, delta), which rules judge it (each distinct `match` conjunct evaluated
+//!     at most once per event), hold keys. `rules::decide`: hits → a [`rules::Decision`].
+//!     `rules::record`: its JSON record, from parts rendered once at load. `rules::describe`:
+//!     what `vigil check` says of each counter and rule.
 //!
 //! Around it:
 //!
-//! - [`store`]: the [`store::CounterStore`] trait (named windows, opaque keys — it does not know
-//!   rules), the in-process [`store::MemoryStore`] (drops a key only once the watermark passed
-//!   it; one entry per key holds every counter's window over it; holds kept exactly), and
-//!   [`store::RedisStore`]: windows in Redis hashes updated by `lua/apply_window.lua`, holds as keys
-//!   of their own raised by `lua/hold.lua` (written behind, re-read after a flush interval), a
-//!   local merged view, batched write-behind on a flusher thread, reads on a reader thread the
-//!   counting path waits on with a deadline, a circuit breaker that counts locally while Redis is
-//!   away, an epoch key that reveals a Redis that lost its data, and per-key recorded input
-//!   offsets so a re-read input is counted once. [`store::JournalWriter`]: each partition's
-//!   decision journal (`lua/journal.lua`), written before records go out, fenced per owner; a
-//!   batch's counts are sent only once it is journaled, and taken back if its write is fenced.
-//! - [`clock`]: the injected wall clock (the future bound).
+//! - [`store`]: the [`store::CounterStore`] interface (named windows, opaque keys — it does not know
+//!   rules; `counter_store.rs`), the in-process [`store::MemoryStore`] (drops a key only once the
+//!   watermark passed it; one entry per key holds every counter's window over it; bounded), and
+//!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views,
+//!   `holds` hold views, `epochs` data-loss detection, `reader` the reader thread, `flusher` the
+//!   write-behind, `config` its settings and stats) over `link` (connections, cluster, retries),
+//!   `codec` (windows as Redis holds them), `scripts` (`lua/`), `keys` (key identities and
+//!   names). [`store::JournalWriter`]: each partition's decision journal, written before records
+//!   go out, fenced per owner. [`store::AnyStore`]: the store a command was configured with.
+//! - [`clock`]: the injected clocks (wall clock for the future bound, monotonic for freshness).
 //! - [`rule_files`]: reads rule files and directories from disk.
-//! - [`pipeline`]: the only module that knows every stage; [`pipeline::Engine`] runs
-//!   decode → plan → count → decide for one event, [`pipeline::replay`] for a JSON-lines stream.
-//! - [`config`]: the `vigil run` configuration: TOML over embedded defaults, `VIGIL_*` overrides.
+//! - [`pipeline`]: the only module that knows every stage. `engine`: [`pipeline::Engine`] runs
+//!   decode → plan → count → decide for one event, with the watermark of each input lane;
+//!   `judge`: one rule over one event; `replay`: [`pipeline::replay`] over a JSON-lines stream;
+//!   [`pipeline::backtest`]: the per-rule report.
+//! - [`config`]: the `vigil run` configuration: TOML over embedded defaults (every default in
+//!   `config_defaults.toml`), `VIGIL_*` overrides; [`config::StoreSetup`] opens the store and
+//!   journal for `replay`, `run` and the benchmarks alike.
 //! - [`source`]: the Kafka consumer's settings, message decoding with dead-letter reasons, and
 //!   per-partition offset [`source::Progress`] (what may be committed).
 //! - [`sink`]: the idempotent producer of decisions and dead letters; deliveries report back to
 //!   the partition's progress.
-//! - [`pipeline::worker`]: `vigil run` — consumer loop, one ordered loop per partition over a
-//!   shared engine, committer, rule watcher, rebalance and shutdown handling.
+//! - [`worker`]: `vigil run`, one file per thread — `poll` (the consumer loop), `context`
+//!   (rdkafka callbacks, rebalances), `partition` (one ordered loop per partition over the shared
+//!   engine), `committer` (write-behind, durable marks, commits, metric export), `watcher`
+//!   (rule hot reload); `shared` holds what they share.
 //! - [`telemetry`]: the one [`telemetry::Metrics`] struct, `/metrics` `/healthz` `/readyz`, logs.
 //! - [`shutdown`]: the shutdown signal every loop waits on.
-//! - [`workload`]: deterministic synthetic events for benchmarks and tests.
-//! - [`fuzzing`]: the bodies of the fuzz targets (`fuzz/`) and of their bounded variants in the
-//!   test suite: arbitrary bytes into event decoding, rule and expression compiling, judging, and
-//!   Redis reply decoding.
-//! - [`kafka_bench`]: `vigil bench --kafka`, one worker end to end on a real broker.
-//! - [`redis_bench`]: `vigil bench --redis`, the Redis store against per-event scripts.
-//! - `app` / `main`: the command line (`check`, `replay`, `run`, `gen`, `bench`), the only users
-//!   of `anyhow`.
+//! - `harness` (cargo feature `harness`, on by default; off the product path): `workload`
+//!   (deterministic synthetic events), `fuzzing` (the fuzz targets' bodies, also run bounded in
+//!   the suite), `replay_bench`, `redis_bench`, `kafka_bench` (`vigil bench`).
+//! - The binary: `main.rs` (clap) and `cli/`, one file per command (`check`, `replay`,
+//!   `backtest`, `run`, `gen`, `bench`) — the only users of `anyhow`.
 //!
 //! # Data flow
 //!
@@ -63,7 +70,7 @@
 //!              ─► store.apply (window value or late; degraded while Redis is away)
 //!           ─► judge: per rule in file order, scope (`match`), then `when` — counters the event
 //!              did not feed are read (store.read, no state change) on first reference
-//!           ─► rules::decide (allow override, severity, on_store_error) ─► decision record
+//!           ─► rules::decide (allow override, severity, on_store_error) ─► rules::record
 //!
 //! vigil run:  consumer poll ─► partition loop (ordered) ─► the same engine, under one lock
 //!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead

@@ -95,7 +95,7 @@ pub fn compile_rules(data: &[u8]) {
     let _ = RuleSet::from_sources([("fuzz.toml", text.as_ref())]);
 }
 
-/// An expression, as the `when` of a rule next to [`RULES`]' counters and lists; when it
+/// An expression, as the `when` of a rule next to `RULES`' counters and lists; when it
 /// compiles, it judges a few fixed events.
 pub fn expression(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
@@ -106,7 +106,7 @@ pub fn expression(data: &[u8]) {
     }
 }
 
-/// Arbitrary event lines judged by [`RULES`] in the in-process store.
+/// Arbitrary event lines judged by `RULES` in the in-process store.
 pub fn events(data: &[u8]) {
     let set = RuleSet::from_sources([("fuzz.toml", RULES)]).expect("the fuzz rules compile");
     judge(set, data);
