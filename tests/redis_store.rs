@@ -11,7 +11,7 @@ use support::{redis_totals, RedisServer};
 use vigil::clock::ManualMonotonic;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
-use vigil::store::{CounterStore, MemoryStore, Origin, RedisStore, RedisStoreConfig};
+use vigil::store::{CounterStore, MemoryStore, InputPosition, RedisStore, RedisStoreConfig};
 use vigil::harness::workload::{generate, WorkloadSpec};
 
 #[test]
@@ -113,7 +113,7 @@ fn count_lines(store: RedisStore, lines: &[&[u8]], range: std::ops::Range<usize>
     for i in range {
         let line = lines[i].strip_suffix(b"\n").unwrap_or(lines[i]);
         let event = vigil::event::decode(line, engine.rules().projection()).unwrap();
-        engine.evaluate(&event, Origin { lane, offset: i as i64 }).unwrap();
+        engine.evaluate(&event, InputPosition { lane, offset: i as i64 }).unwrap();
         engine.store_mut().tick().unwrap();
     }
     let mut store = engine.into_store();
@@ -340,7 +340,7 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     let holds = store.open_holds("fenced-hold", 3_600_000);
     let at = 1_000_000;
     let count = |store: &mut RedisStore, key: &[u8], lane: u64, offset: i64| {
-        store.set_origin(Some(Origin { lane, offset }));
+        store.set_origin(Some(InputPosition { lane, offset }));
         store.apply(window, key, at, Delta::Count).unwrap();
     };
     // Flushed before the batch: key a = 1.
@@ -379,7 +379,7 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     // The next owner counts the batch's events itself: once each.
     fresh.begin_batch();
     for (offset, key) in [(2, b"a"), (3, b"b"), (4, b"c"), (5, b"a")] {
-        fresh.set_origin(Some(Origin { lane: 1, offset }));
+        fresh.set_origin(Some(InputPosition { lane: 1, offset }));
         fresh.apply(window, key, at, Delta::Count).unwrap();
     }
     fresh.end_batch();

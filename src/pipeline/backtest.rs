@@ -11,7 +11,7 @@ use super::engine::Engine;
 use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
 use crate::event::{decode, Event};
 use crate::rules::{Decision, Form, RuleSet};
-use crate::store::{MemoryStore, Origin};
+use crate::store::{MemoryStore, InputPosition};
 
 /// One rule's results.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -96,7 +96,7 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
         if let Some(tag) = &fraud {
             *tally.report.fraud_events.entry(tag.clone()).or_default() += 1;
         }
-        let decision = engine.evaluate(&event, Origin { lane: 0, offset: tally.report.lines as i64 })?;
+        let decision = engine.evaluate(&event, InputPosition { lane: 0, offset: tally.report.lines as i64 })?;
         tally.decision(&rules, &event, &decision, fraud.as_ref());
     }
     Ok(tally.finish(engine))

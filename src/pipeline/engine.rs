@@ -10,7 +10,7 @@ use crate::clock::{Clock, SystemClock};
 use super::judge::{Judge, Outcome};
 use crate::event::{BadEvent, Event, TimeBounds};
 use crate::rules::{Decision, Form, Plan, RuleSet, Scope, ScopeMemo, SkipReason};
-use crate::store::{CounterStore, HoldSpace, Origin, StoreError, WindowId};
+use crate::store::{CounterStore, HoldSpace, InputPosition, StoreError, WindowId};
 use crate::window::Applied;
 
 /// Per-evaluation counts, for the replay summary and metrics.
@@ -338,7 +338,7 @@ impl<S: CounterStore> Engine<S> {
     /// Counts `event`, read from `origin` (its input lane and position there), into every
     /// counter it feeds (in file order), then judges it with every rule (in file order) and
     /// returns the hits. An event behind its lane's watermark is late for every counter.
-    pub fn evaluate(&mut self, event: &Event<'_>, origin: Origin) -> Result<Decision, StoreError> {
+    pub fn evaluate(&mut self, event: &Event<'_>, origin: InputPosition) -> Result<Decision, StoreError> {
         self.counts.events += 1;
         let behind = self.behind_watermark(origin.lane, event.ts);
         if behind {

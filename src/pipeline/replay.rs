@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::engine::{Engine, EvalCounts};
 use crate::event::{decode, BadEvent, Event};
-use crate::rules::{record, Source};
-use crate::store::{CounterStore, HoldSpace, Origin, StateStats, StoreError, WindowId};
+use crate::rules::{record, EventSource};
+use crate::store::{CounterStore, HoldSpace, InputPosition, StateStats, StoreError, WindowId};
 
 /// Longest input line read by default (as `worker.max_event_bytes`): 1 MiB.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
@@ -242,11 +242,11 @@ pub fn replay<S: CounterStore>(
                     continue;
                 }
             };
-            let decision = engine.evaluate(event, Origin { lane: options.lane, offset: line as i64 })?;
+            let decision = engine.evaluate(event, InputPosition { lane: options.lane, offset: line as i64 })?;
             engine.store_mut().tick()?;
             if !decision.is_empty() || options.emit_allow {
                 record.clear();
-                record::write_record(&mut record, engine.rules(), event, &decision, Source::Line(line));
+                record::write_record(&mut record, engine.rules(), event, &decision, EventSource::Line(line));
                 record.push(b'\n');
                 output.write_all(&record)?;
             }

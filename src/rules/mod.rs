@@ -19,9 +19,9 @@ pub mod record;
 
 pub use compile::Diagnostic;
 pub use decide::{Decision, Hit, Reason};
-pub use model::{Action, Counter, Form, Mode, OnStoreError, Origin, Rule, Scope};
+pub use model::{Action, Counter, Form, Mode, OnStoreError, FileLocation, Rule, Scope};
 pub use plan::{Plan, ScopeMemo, SkipReason};
-pub use record::Source;
+pub use record::EventSource;
 
 use crate::event::Projection;
 

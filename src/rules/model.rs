@@ -123,13 +123,13 @@ pub enum Scope {
 
 /// Where a rule was defined, for messages and `vigil check`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
+pub struct FileLocation {
     pub file: String,
     pub line: usize,
     pub col: usize,
 }
 
-impl fmt::Display for Origin {
+impl fmt::Display for FileLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}:{}", self.file, self.line, self.col)
     }
@@ -152,7 +152,7 @@ pub struct Counter {
     pub allow_negative: bool,
     /// Defined by a rule in the v1 form (`window` + `limit`): no warning when no rule reads it.
     pub from_rule: bool,
-    pub origin: Origin,
+    pub origin: FileLocation,
 }
 
 impl Counter {
@@ -195,7 +195,7 @@ pub struct Rule {
     pub on_store_error: OnStoreError,
     /// `hold`: once fired by its condition, the rule keeps firing for the same hold key.
     pub hold: Option<Hold>,
-    pub origin: Origin,
+    pub origin: FileLocation,
 }
 
 /// A rule's hold: after the rule fires by its condition on an event at time `t`, events in its

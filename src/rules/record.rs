@@ -9,7 +9,7 @@ use crate::event::{Event, FieldValue, Scalar};
 
 /// Where an event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source<'a> {
+pub enum EventSource<'a> {
     /// Replay: 1-based line number of the input.
     Line(u64),
     Kafka { topic: &'a str, partition: i32, offset: i64 },
@@ -176,15 +176,15 @@ fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
 /// Appends the decision record for `event` to `out` as one JSON object (no newline): its
 /// `decision_id` (from `source`, deterministic, for downstream de-duplication), `event_id`,
 /// `ts`, `action`, `rules_version`, `hits` and `source`.
-pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decision: &Decision, source: Source<'_>) {
+pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decision: &Decision, source: EventSource<'_>) {
     let parts = rules.record_parts();
     out.extend_from_slice(b"{\"decision_id\":\"");
     match source {
-        Source::Line(line) => {
+        EventSource::Line(line) => {
             out.extend_from_slice(b"line/");
             write_int(out, line);
         }
-        Source::Kafka { topic, partition, offset } => {
+        EventSource::Kafka { topic, partition, offset } => {
             write_str_body(out, topic);
             out.push(b'/');
             write_int(out, partition);
@@ -212,11 +212,11 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
     }
     out.extend_from_slice(b"],\"source\":");
     match source {
-        Source::Line(line) => {
+        EventSource::Line(line) => {
             out.extend_from_slice(b"{\"line\":");
             write_int(out, line);
         }
-        Source::Kafka { topic, partition, offset } => {
+        EventSource::Kafka { topic, partition, offset } => {
             out.extend_from_slice(b"{\"topic\":");
             write_str(out, topic);
             out.extend_from_slice(b",\"partition\":");
@@ -367,7 +367,7 @@ hold_key = ["user"]
             ],
         };
         let mut out = Vec::new();
-        write_record(&mut out, &rules, &event, &decision, Source::Kafka { topic: "ev\"ents", partition: 3, offset: 42 });
+        write_record(&mut out, &rules, &event, &decision, EventSource::Kafka { topic: "ev\"ents", partition: 3, offset: 42 });
         let record: Value = serde_json::from_slice(&out).unwrap();
         let expected = json!({
             "decision_id": "ev\"ents/3/42",
@@ -400,7 +400,7 @@ hold_key = ["user"]
             hits: vec![Hit { rule: 1, value: None, reason: Some(Reason::When), degraded: false, counters: SmallVec::new(), held_until: None }],
         };
         let mut out = Vec::new();
-        write_record(&mut out, &rules, &event, &decision, Source::Line(9));
+        write_record(&mut out, &rules, &event, &decision, EventSource::Line(9));
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,

@@ -2,7 +2,7 @@
 //! `lua/apply_window.lua`, the script's replies, and a key's hash read back with HGETALL.
 
 use super::scripts::ScriptCall;
-use super::{Origin, StoreError};
+use super::counter_store::{InputPosition, StoreError};
 use crate::window::{Aggregate, Delta, WindowSpec, WindowState};
 
 /// One key's reply: its items (head, late, skipped, version, marker, field, value, …).
@@ -23,7 +23,7 @@ pub(super) fn flat(value: redis::Value) -> Result<Vec<Vec<u8>>, StoreError> {
 pub(super) struct Observation {
     pub(super) bucket: i64,
     pub(super) delta: Delta,
-    pub(super) origin: Option<Origin>,
+    pub(super) origin: Option<InputPosition>,
 }
 
 /// Highest applied offset per lane (`o:<lane>` in Redis).
@@ -49,7 +49,7 @@ fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u64, i64)> {
 }
 
 /// Whether an observation from `origin` was applied before (its input is being replayed).
-pub(super) fn replayed(offsets: &Offsets, origin: Option<Origin>) -> bool {
+pub(super) fn replayed(offsets: &Offsets, origin: Option<InputPosition>) -> bool {
     origin.is_some_and(|o| offset_of(offsets, o.lane).is_some_and(|applied| o.offset <= applied))
 }
 

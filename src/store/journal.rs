@@ -37,7 +37,7 @@ use redis::Value;
 use super::link::{Batch, Link, Timeouts};
 use super::redis::{open_target, push_hex, RedisStoreConfig};
 use super::scripts::JOURNAL;
-use super::StoreError;
+use super::counter_store::StoreError;
 
 /// How long a journal outlives its last write.
 const JOURNAL_TTL_MS: i64 = 7 * 86_400_000;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::scripts::{ScriptCall, SOURCES};
-use super::StoreError;
+use super::counter_store::StoreError;
 
 /// Most calls sent in one pipeline (one round trip) while the connection holds. The replies of a
 /// pipeline cut by a lost connection are all lost (the calls ran, and are sent again and skipped

@@ -4,7 +4,7 @@ use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
-use super::{CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows};
+use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows};
 use crate::window::{Delta, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.

@@ -12,11 +12,11 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use super::shared::{stop_loops, PartitionKey, PartitionLoop, Worker};
 use crate::event::Event;
 use crate::pipeline::Engine;
-use crate::rules::{record, Action, Mode, SkipReason, Source};
+use crate::rules::{record, Action, Mode, SkipReason, EventSource};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
-use crate::store::{AnyStore, CounterStore, Journal, JournalError, Origin, StoreError};
+use crate::store::{AnyStore, CounterStore, Journal, JournalError, InputPosition, StoreError};
 use crate::telemetry::{ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels};
 
 /// Messages a partition loop takes per engine lock.
@@ -317,7 +317,7 @@ impl Worker {
         judged: &mut Judged<'m>,
     ) -> Result<(), StoreError> {
         let offset = message.offset();
-        let origin = Origin { lane: batch.lane, offset };
+        let origin = InputPosition { lane: batch.lane, offset };
         let decision = engine.evaluate(event, origin)?;
         if decision.is_empty() {
             judged.allowed += 1;
@@ -334,7 +334,7 @@ impl Worker {
             }
         } else if !decision.is_empty() || batch.emit_allow {
             record.clear();
-            let source = Source::Kafka { topic: batch.topic, partition: batch.partition, offset };
+            let source = EventSource::Kafka { topic: batch.topic, partition: batch.partition, offset };
             record::write_record(record, engine.rules(), event, &decision, source);
             let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
             self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();

@@ -20,13 +20,13 @@ pub use positions::{not_utf8, Diagnostic};
 pub use resolve::{no_files, CompiledSet, ReadFile};
 pub use tables::{COUNTER_KEYS, DEFAULT_BUCKETS, LIST_KEYS, MAX_BUCKETS, MAX_DISTINCT_LIMIT, MAX_WINDOW_MS, RULE_KEYS};
 
-use positions::Source;
+use positions::RuleFile;
 
 /// Compiles `(file name, text)` pairs, in the order given, reading list files with `read`.
 /// Every error of every file is reported; nothing is built if there is any.
 pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<CompiledSet, Vec<Diagnostic>> {
     // One line index per file, shared by every position reported in it.
-    let files: Vec<Source> = sources.iter().map(|(name, text)| Source::new(name, text)).collect();
+    let files: Vec<RuleFile> = sources.iter().map(|(name, text)| RuleFile::new(name, text)).collect();
     let tables = tables::read_files(&files);
     resolve::resolve(&files, tables, read)
 }

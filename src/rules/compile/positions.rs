@@ -6,12 +6,12 @@ use std::fmt;
 
 use toml_edit::{Item, TableLike};
 
-use super::super::model::Origin;
+use super::super::model::FileLocation;
 
 /// One problem in a rule file, at a position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
-    pub origin: Origin,
+    pub origin: FileLocation,
     pub message: String,
 }
 
@@ -21,8 +21,8 @@ impl fmt::Display for Diagnostic {
     }
 }
 
-/// Source text of one file, for turning byte offsets into line and column.
-pub(super) struct Source<'a> {
+/// One rule file's name and text, for turning byte offsets into line and column.
+pub(super) struct RuleFile<'a> {
     pub(super) name: &'a str,
     pub(super) text: &'a str,
     /// Byte offset of each line's start, found on first use: every rule records where it is, so
@@ -30,13 +30,13 @@ pub(super) struct Source<'a> {
     line_starts: std::cell::OnceCell<Vec<usize>>,
 }
 
-impl<'a> Source<'a> {
-    pub(super) fn new(name: &'a str, text: &'a str) -> Source<'a> {
-        Source { name, text, line_starts: std::cell::OnceCell::new() }
+impl<'a> RuleFile<'a> {
+    pub(super) fn new(name: &'a str, text: &'a str) -> RuleFile<'a> {
+        RuleFile { name, text, line_starts: std::cell::OnceCell::new() }
     }
 
     /// 1-based line and column (in characters) of a byte offset.
-    pub(super) fn origin(&self, offset: usize) -> Origin {
+    pub(super) fn origin(&self, offset: usize) -> FileLocation {
         let mut offset = offset.min(self.text.len());
         while !self.text.is_char_boundary(offset) {
             offset -= 1;
@@ -46,13 +46,13 @@ impl<'a> Source<'a> {
         });
         let line = starts.partition_point(|&start| start <= offset);
         let line_start = starts[line - 1];
-        Origin { file: self.name.to_owned(), line, col: self.text[line_start..offset].chars().count() + 1 }
+        FileLocation { file: self.name.to_owned(), line, col: self.text[line_start..offset].chars().count() + 1 }
     }
 }
 
 /// Collects diagnostics for one file.
 pub(super) struct Report<'a> {
-    pub(super) source: &'a Source<'a>,
+    pub(super) source: &'a RuleFile<'a>,
     pub(super) diagnostics: Vec<Diagnostic>,
 }
 
@@ -65,7 +65,7 @@ impl Report<'_> {
 /// The diagnostic for a rule file that is not UTF-8: at its first invalid byte.
 pub fn not_utf8(name: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
     let valid = std::str::from_utf8(&bytes[..valid_up_to]).unwrap_or_default();
-    let source = Source::new(name, valid);
+    let source = RuleFile::new(name, valid);
     Diagnostic { origin: source.origin(valid_up_to), message: "file is not valid UTF-8".to_owned() }
 }
 

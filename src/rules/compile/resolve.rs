@@ -7,13 +7,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::positions::{raw_offset, Diagnostic, Source};
+use super::positions::{raw_offset, Diagnostic, RuleFile};
 use super::tables::drafts::{CounterDraft, DraftScope, ExprSite, InlineEntry, ListDraft, ListEntries, RuleDraft};
 use super::tables::ReadTables;
 use crate::event::{quote_prefix as q, Projection};
 use crate::rules::expr::{self, Names};
 use crate::rules::lists::{ListKind, ListSet};
-use crate::rules::model::{Counter, Form, Origin, Rule, Scope};
+use crate::rules::model::{Counter, Form, FileLocation, Rule, Scope};
 use crate::window::Aggregate;
 
 /// What compiling a set of files gives.
@@ -38,7 +38,7 @@ pub fn no_files(path: &str) -> Result<String, String> {
 
 /// Resolves the tables read from `files` against each other; every error, in file order then
 /// by position, if there is any.
-pub(super) fn resolve(files: &[Source<'_>], tables: ReadTables, read: ReadFile<'_>) -> Result<CompiledSet, Vec<Diagnostic>> {
+pub(super) fn resolve(files: &[RuleFile<'_>], tables: ReadTables, read: ReadFile<'_>) -> Result<CompiledSet, Vec<Diagnostic>> {
     let ReadTables { counters, rules, lists: list_drafts, mut ids, orphans, mut diagnostics, mut warnings } = tables;
     let file_order = file_order(files);
     report_duplicate_ids(&mut ids, &file_order, &mut diagnostics);
@@ -68,15 +68,15 @@ pub(super) fn resolve(files: &[Source<'_>], tables: ReadTables, read: ReadFile<'
 }
 
 /// Each file's position in load order, by name (the first, if a name is given twice).
-fn file_order<'a>(files: &[Source<'a>]) -> HashMap<&'a str, usize> {
+fn file_order<'a>(files: &[RuleFile<'a>]) -> HashMap<&'a str, usize> {
     files.iter().enumerate().rev().map(|(i, source)| (source.name, i)).collect()
 }
 
 /// A second definition of an id, anywhere in the set, is an error at that definition.
-fn report_duplicate_ids(ids: &mut [(String, Origin)], file_order: &HashMap<&str, usize>, diagnostics: &mut Vec<Diagnostic>) {
+fn report_duplicate_ids(ids: &mut [(String, FileLocation)], file_order: &HashMap<&str, usize>, diagnostics: &mut Vec<Diagnostic>) {
     // In file order, then by position (tables are read kind by kind).
     ids.sort_by_key(|(_, o)| (file_order.get(o.file.as_str()).copied(), o.line, o.col));
-    let mut first: HashMap<&str, &Origin> = HashMap::new();
+    let mut first: HashMap<&str, &FileLocation> = HashMap::new();
     for (id, origin) in ids.iter() {
         if let Some(prev) = first.get(id.as_str()) {
             diagnostics.push(Diagnostic {
@@ -94,7 +94,7 @@ fn report_duplicate_ids(ids: &mut [(String, Origin)], file_order: &HashMap<&str,
 #[allow(clippy::type_complexity)]
 fn read_lists(
     drafts: &[ListDraft],
-    files: &[Source<'_>],
+    files: &[RuleFile<'_>],
     read: ReadFile<'_>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> (Vec<(String, Arc<ListSet>)>, Vec<(String, String)>) {
@@ -110,7 +110,7 @@ fn read_lists(
                 match read(&path) {
                     Ok(text) => {
                         for (line, col, message) in set.add_file(&text) {
-                            diagnostics.push(Diagnostic { origin: Origin { file: path.clone(), line, col }, message });
+                            diagnostics.push(Diagnostic { origin: FileLocation { file: path.clone(), line, col }, message });
                         }
                         list_files.push((path, text));
                     }
@@ -124,7 +124,7 @@ fn read_lists(
 }
 
 /// Adds a list's inline values to its set; a value of the wrong kind is an error where written.
-fn add_inline(set: &mut ListSet, draft: &ListDraft, values: &[(InlineEntry, usize)], source: &Source<'_>, diagnostics: &mut Vec<Diagnostic>) {
+fn add_inline(set: &mut ListSet, draft: &ListDraft, values: &[(InlineEntry, usize)], source: &RuleFile<'_>, diagnostics: &mut Vec<Diagnostic>) {
     for (entry, at) in values {
         let result = match (entry, draft.kind) {
             (InlineEntry::Str(s), ListKind::String | ListKind::Cidr) => set.add(s),
@@ -141,7 +141,7 @@ fn add_inline(set: &mut ListSet, draft: &ListDraft, values: &[(InlineEntry, usiz
 
 /// Compiles the expressions written in the files against the set's names.
 struct Exprs<'a, 's> {
-    files: &'a [Source<'s>],
+    files: &'a [RuleFile<'s>],
     names: &'a CounterNames<'a>,
 }
 

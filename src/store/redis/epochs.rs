@@ -12,7 +12,7 @@ use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::keys::{push_hex, StoredKey};
 use crate::store::link::{slot, Batch};
-use crate::store::StoreError;
+use crate::store::counter_store::StoreError;
 
 /// The keys that tell whether Redis lost its data (one per master on a cluster), with the value
 /// this process knows each holds.

@@ -17,7 +17,7 @@ use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
 use crate::store::keys::StoredKey;
 use crate::store::link::{slot, Batch, Link, Op};
 use crate::store::scripts::ScriptCall;
-use crate::store::{StoreError, WindowId};
+use crate::store::counter_store::{StoreError, WindowId};
 use crate::window::WindowState;
 
 pub(super) const FLUSHER_STOPPED: &str = "the flusher thread stopped";

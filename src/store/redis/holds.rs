@@ -12,7 +12,7 @@ use crate::clock::MonotonicClock;
 use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
 use crate::store::link::Batch;
 use crate::store::scripts::HOLD;
-use crate::store::{HoldSpace, StoreError};
+use crate::store::counter_store::{HoldSpace, StoreError};
 
 /// A rule's hold on one key as this process knows it: what Redis said last, raised by what this
 /// process set since.

@@ -14,7 +14,7 @@
 //! key's new fields, not its deltas, and the script only checks the version and writes them;
 //! otherwise the deltas are sent and merged field by field.
 //!
-//! Exactly-once counting: observations carry their input position ([`Origin`]); each key records
+//! Exactly-once counting: observations carry their input position ([`InputPosition`]); each key records
 //! the highest offset applied per lane, and an observation at or below it is judged, not counted.
 //! So a flush sent again (its reply was lost, it timed out) or an input read again (after a
 //! crash, or replayed a second time) counts each observation once.
@@ -54,7 +54,7 @@ pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 pub(crate) use super::keys::push_hex;
 
 use super::link::{unavailable, Batch, Link, Target, Timeouts};
-use super::{CounterStore, HoldSpace, HoldSpaces, Observed, Origin, StoreError, WindowId, Windows};
+use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, StoreError, WindowId, Windows};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
 use epochs::Epochs;
@@ -74,7 +74,7 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     cluster: bool,
     stats: RedisStats,
     /// The origin `apply` tags observations with.
-    origin: Option<Origin>,
+    origin: Option<InputPosition>,
     /// Observations counted so far (`CounterStore::counted_mark`).
     counted: u64,
     /// Every observation up to this mark is in Redis (`CounterStore::durable_mark`).
@@ -272,7 +272,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         Ok(())
     }
 
-    fn set_origin(&mut self, origin: Option<Origin>) {
+    fn set_origin(&mut self, origin: Option<InputPosition>) {
         self.origin = origin;
     }
 

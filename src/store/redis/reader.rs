@@ -10,7 +10,7 @@ use redis::Value;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::link::{Batch, Link};
-use crate::store::StoreError;
+use crate::store::counter_store::StoreError;
 
 /// A read for the reader thread: windows (HGETALL per key).
 pub(super) struct ReadJob {

@@ -12,7 +12,7 @@ use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, Observation, Offsets, Stored};
 use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
-use crate::store::{Observed, StoreError, WindowId};
+use crate::store::counter_store::{Observed, StoreError, WindowId};
 use crate::window::{Applied, Delta, WindowSpec, WindowState};
 
 /// This process's views of windows.

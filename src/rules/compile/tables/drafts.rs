@@ -8,7 +8,7 @@ use super::super::fields::matchers;
 use super::super::positions::{item_offset, Diagnostic, Report};
 use crate::event::Decimal;
 use crate::rules::lists::ListKind;
-use crate::rules::model::{Action, Counter, Hold, Matcher, Mode, OnStoreError, Origin};
+use crate::rules::model::{Action, Counter, Hold, Matcher, Mode, OnStoreError, FileLocation};
 
 /// An expression string as written in a file: its value, and where its TOML token starts.
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ pub(crate) struct RuleDraft {
     pub(crate) limit: Option<Decimal>,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) hold: Option<Hold>,
-    pub(crate) origin: Origin,
+    pub(crate) origin: FileLocation,
 }
 
 /// A `[[list]]` as read.
@@ -81,7 +81,7 @@ pub(crate) struct TableCx<'r, 'a> {
     pub(crate) warnings: &'r mut Vec<Diagnostic>,
     /// Every valid id read, with where its table starts (duplicates are found across files,
     /// including tables with other errors).
-    pub(crate) ids: &'r mut Vec<(String, Origin)>,
+    pub(crate) ids: &'r mut Vec<(String, FileLocation)>,
     /// The expressions of tables that had other errors (with whether counters are allowed):
     /// checked for their own errors too, so one `check` reports everything.
     pub(crate) orphans: &'r mut Vec<(ExprSite, bool)>,

@@ -15,9 +15,9 @@ pub use window::{DEFAULT_BUCKETS, MAX_BUCKETS, MAX_WINDOW_MS};
 
 use toml_edit::{Document, Table};
 
-use super::positions::{key_offset, Diagnostic, Report, Source};
+use super::positions::{key_offset, Diagnostic, Report, RuleFile};
 use crate::event::quote_prefix as q;
-use crate::rules::model::Origin;
+use crate::rules::model::FileLocation;
 use drafts::{CounterDraft, ExprSite, ListDraft, RuleDraft, TableCx};
 
 /// What the tables of every file become, as they are read.
@@ -27,7 +27,7 @@ pub(super) struct ReadTables {
     pub(super) rules: Vec<RuleDraft>,
     pub(super) lists: Vec<ListDraft>,
     /// Every id with where it was defined, to find duplicates (a v1 rule's id once).
-    pub(super) ids: Vec<(String, Origin)>,
+    pub(super) ids: Vec<(String, FileLocation)>,
     /// The expressions of tables that had other errors (with whether counters are allowed):
     /// checked for their own errors too, so one `check` reports everything.
     pub(super) orphans: Vec<(ExprSite, bool)>,
@@ -38,7 +38,7 @@ pub(super) struct ReadTables {
 }
 
 /// Reads the tables of every file, in the order given.
-pub(super) fn read_files(files: &[Source<'_>]) -> ReadTables {
+pub(super) fn read_files(files: &[RuleFile<'_>]) -> ReadTables {
     let mut tables = ReadTables::default();
     for (file, source) in files.iter().enumerate() {
         let mut report = Report { source, diagnostics: Vec::new() };

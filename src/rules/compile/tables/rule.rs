@@ -8,7 +8,7 @@ use super::super::positions::{item_offset, key_offset, Report};
 use super::drafts::{read_scope, CounterDraft, DraftScope, ExprSite, RuleDraft, TableCx};
 use super::window::{window_identity, window_key, window_spec, WindowKeys, MAX_WINDOW_MS};
 use crate::event::{quote_prefix as q, shorten, Decimal, FieldPath};
-use crate::rules::model::{Action, Counter, Hold, Mode, OnStoreError, Origin, Scope};
+use crate::rules::model::{Action, Counter, Hold, Mode, OnStoreError, FileLocation, Scope};
 use crate::window::WindowSpec;
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
@@ -174,7 +174,7 @@ fn check_rule(keys: &RuleKeys<'_>, v1: bool, header: usize, report: &mut Report<
 
 /// The draft of a rule table that had no error, and in the v1 form the counter it defines
 /// (under the rule's id, counting the rule's `match`).
-fn build_rule(keys: RuleKeys<'_>, v1: bool, spec: Option<WindowSpec>, origin: Origin) -> Option<(RuleDraft, Option<CounterDraft>)> {
+fn build_rule(keys: RuleKeys<'_>, v1: bool, spec: Option<WindowSpec>, origin: FileLocation) -> Option<(RuleDraft, Option<CounterDraft>)> {
     let id = keys.id?;
     let enabled = keys.enabled.unwrap_or(true);
     let scope = keys.scope.unwrap_or(DraftScope::All);

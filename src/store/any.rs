@@ -1,0 +1,91 @@
+//! The store a command was configured with, in process or Redis, behind one type.
+
+use super::counter_store::{CounterStore, HoldSpace, InputPosition, Observed, StateStats, StoreError, WindowId};
+use super::memory::MemoryStore;
+use super::redis::RedisStore;
+use crate::window::{Delta, WindowSpec};
+
+/// The store `vigil run` was configured with.
+pub enum AnyStore {
+    Memory(MemoryStore),
+    Redis(Box<RedisStore>),
+}
+
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($store) => $call,
+            AnyStore::Redis($store) => $call,
+        }
+    };
+}
+
+impl CounterStore for AnyStore {
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        delegate!(self, s => s.open_window(name, spec))
+    }
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+        delegate!(self, s => s.apply(window, key, ts_ms, delta))
+    }
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+        delegate!(self, s => s.read(window, key, ts_ms))
+    }
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        delegate!(self, s => s.open_holds(name, ttl_ms))
+    }
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        delegate!(self, s => s.held_until(space, key))
+    }
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+        delegate!(self, s => s.extend_hold(space, key, until_ms))
+    }
+    fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
+        delegate!(self, s => s.prefetch_holds(keys))
+    }
+    fn set_origin(&mut self, origin: Option<InputPosition>) {
+        delegate!(self, s => s.set_origin(origin))
+    }
+    fn set_horizon(&mut self, horizon_ms: i64) {
+        delegate!(self, s => s.set_horizon(horizon_ms))
+    }
+    fn prefetches(&self) -> bool {
+        delegate!(self, s => s.prefetches())
+    }
+    fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        delegate!(self, s => s.prefetch(keys))
+    }
+    fn flush(&mut self) -> Result<(), StoreError> {
+        delegate!(self, s => s.flush())
+    }
+    fn live_keys(&self) -> usize {
+        delegate!(self, s => s.live_keys())
+    }
+    fn state_stats(&self) -> StateStats {
+        delegate!(self, s => s.state_stats())
+    }
+    fn counted_mark(&self) -> u64 {
+        delegate!(self, s => s.counted_mark())
+    }
+    fn durable_mark(&self) -> u64 {
+        delegate!(self, s => s.durable_mark())
+    }
+    fn tick(&mut self) -> Result<(), StoreError> {
+        delegate!(self, s => s.tick())
+    }
+    fn saturated(&self) -> bool {
+        delegate!(self, s => s.saturated())
+    }
+    fn begin_batch(&mut self) {
+        delegate!(self, s => s.begin_batch())
+    }
+    fn end_batch(&mut self) {
+        delegate!(self, s => s.end_batch())
+    }
+    fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
+        delegate!(self, s => s.discard_batch(lane, since))
+    }
+    fn forget_cached(&mut self) {
+        delegate!(self, s => s.forget_cached())
+    }
+
+}

@@ -1,0 +1,238 @@
+//! The interface every counter store implements ([`CounterStore`]): named windows and hold spaces
+//! opened by id, observations applied or read at an event's time, the input position that makes
+//! counting exactly-once, and the store's error type.
+
+use crate::window::{Applied, Delta, WindowSpec};
+
+/// Handle of a window opened on a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowId(pub u32);
+
+/// The named windows a store has opened: the same name and spec give the same [`WindowId`].
+#[derive(Debug, Default)]
+pub(super) struct Windows(Vec<(String, WindowSpec)>);
+
+impl Windows {
+    pub(crate) fn open(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        let position = self.0.iter().position(|(n, s)| n == name && *s == spec).unwrap_or_else(|| {
+            self.0.push((name.to_owned(), spec));
+            self.0.len() - 1
+        });
+        WindowId(position as u32)
+    }
+
+    pub(crate) fn spec(&self, window: u32) -> WindowSpec {
+        self.0[window as usize].1
+    }
+
+    pub(crate) fn name(&self, window: u32) -> &str {
+        &self.0[window as usize].0
+    }
+}
+
+/// Handle of the holds of one rule, opened on a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HoldSpace(pub u32);
+
+/// The hold spaces a store has opened, by name (a rule id), with how long a shared store keeps a
+/// hold after setting it.
+#[derive(Debug, Default)]
+pub(super) struct HoldSpaces(Vec<(String, i64)>);
+
+impl HoldSpaces {
+    pub(crate) fn open(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
+        let position = match self.0.iter().position(|(n, _)| n == name) {
+            Some(position) => {
+                // The same rule with another hold length keeps its holds (they are absolute times).
+                self.0[position].1 = ttl_ms;
+                position
+            }
+            None => {
+                self.0.push((name.to_owned(), ttl_ms));
+                self.0.len() - 1
+            }
+        };
+        HoldSpace(position as u32)
+    }
+
+    pub(crate) fn name(&self, space: u32) -> &str {
+        &self.0[space as usize].0
+    }
+
+    pub(crate) fn ttl_ms(&self, space: u32) -> i64 {
+        self.0[space as usize].1
+    }
+}
+
+/// Where the observations being applied come from: an ordered input (`lane`, e.g. a Kafka
+/// partition) and the position in it. A store that records the highest offset it applied per lane
+/// and key counts an input replayed after a crash only once (see [RELIABILITY.md](RELIABILITY.md)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputPosition {
+    pub lane: u64,
+    pub offset: i64,
+}
+
+/// The size of a store's local state and what its bound made it drop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Estimated bytes of local state (0 where the store does not estimate it).
+    pub bytes: usize,
+    /// (window, key) states evicted because the store was at its bound of keys.
+    pub evicted_keys: u64,
+    /// Holds dropped because the store was at its bound of holds.
+    pub evicted_holds: u64,
+}
+
+/// What counting one observation gave.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed {
+    pub applied: Applied,
+    /// The value was computed from local state only, because the shared store was unavailable
+    /// (other workers' recent counts may be missing from it).
+    pub degraded: bool,
+}
+
+impl Observed {
+    /// A value computed with the shared store's view.
+    pub fn exact(applied: Applied) -> Observed {
+        Observed { applied, degraded: false }
+    }
+}
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backing service could not be reached or refused the operation.
+    #[error("counter store unavailable: {0}")]
+    Unavailable(String),
+    /// The backing service answered something this version does not understand.
+    #[error("counter store protocol error: {0}")]
+    Protocol(String),
+}
+
+impl StoreError {
+    /// Low-cardinality code for metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Protocol(_) => "protocol",
+        }
+    }
+}
+
+/// Sliding-window counters keyed by (window, canonical key bytes).
+pub trait CounterStore {
+    /// Opens (or finds again) the window called `name` with `spec`. The same name and spec give
+    /// the same handle, so counters survive a rule reload that leaves a rule unchanged.
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId;
+
+    /// Applies one observation at event time `ts_ms` to `key` in `window`, returning the key's
+    /// window value or [`Applied::Late`].
+    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError>;
+
+    /// Reads `key` in `window` at event time `ts_ms` without changing anything (a counter an
+    /// event refers to but does not feed): late if the time's bucket slid out of the key's
+    /// window, else the part of the window an event at that time would see; 0 for a key never
+    /// counted.
+    fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError>;
+
+    /// Opens (or finds again) the holds of the rule called `name`. A shared store keeps a hold
+    /// for `ttl_ms` after setting it (at least the hold's length).
+    fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace;
+
+    /// Until when (event time, ms) `key` is held in `space`; `None` if it never was (or the
+    /// shared store forgot it after its TTL).
+    fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError>;
+
+    /// Raises the hold of `key` in `space` to `until_ms` unless it is already later, and returns
+    /// the hold as it stands after.
+    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError>;
+
+    /// Loads the holds of `keys` that are not known locally (or not recently), in as few round
+    /// trips as possible, ahead of the `held_until` calls that will need them.
+    fn prefetch_holds(&mut self, _keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Tags the observations applied from now on with `origin` (`None`: untagged, as in replay).
+    /// An observation whose offset is at or below the one the store recorded for its lane and key
+    /// was counted before (an input replayed after a crash): it is judged against the window but
+    /// not counted again.
+    fn set_origin(&mut self, _origin: Option<InputPosition>) {}
+
+    /// A promise from the caller: no observation older than `horizon_ms` will be applied or read
+    /// from now on (they are late for every window). A store may then drop the keys
+    /// no such event can observe. The horizon never moves back.
+    fn set_horizon(&mut self, _horizon_ms: i64) {}
+
+    /// Whether [`CounterStore::prefetch`] does anything: callers skip collecting keys otherwise.
+    fn prefetches(&self) -> bool {
+        false
+    }
+
+    /// Loads the windows of `keys` that are not held locally, in as few round trips as
+    /// possible, ahead of the `apply` calls that will need them.
+    fn prefetch(&mut self, _keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Makes every applied observation durable in the backing service (no-op in memory).
+    fn flush(&mut self) -> Result<(), StoreError>;
+
+    /// Number of (window, key) states currently held in this process.
+    fn live_keys(&self) -> usize;
+
+    /// How much state this process holds and what it dropped to stay within its bound.
+    fn state_stats(&self) -> StateStats {
+        StateStats::default()
+    }
+
+    /// A mark that grows with every counted observation. With [`CounterStore::durable_mark`] it
+    /// tells a caller when what it counted is durable (to commit input offsets after).
+    fn counted_mark(&self) -> u64 {
+        0
+    }
+
+    /// Every observation counted up to this mark is durable in the backing service.
+    fn durable_mark(&self) -> u64 {
+        self.counted_mark()
+    }
+
+    /// Lets a store that writes behind take in finished writes and start due ones (or wait for
+    /// Redis under backpressure). Callers run it between events (replay), after each batch once
+    /// its journal entry is in (worker), and while they have no events (nothing to do in memory).
+    fn tick(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Marks the start of a batch of events that [`CounterStore::discard_batch`] may take back.
+    /// Nothing counted from here is sent to a shared store before [`CounterStore::end_batch`] or
+    /// `discard_batch` (the caller does not `tick` meanwhile).
+    fn begin_batch(&mut self) {}
+
+    /// The batch begun last stands: what it counted goes out with the next flush.
+    fn end_batch(&mut self) {}
+
+    /// Takes back what the batch begun last counted for `lane` at offsets `since` and later, and
+    /// the holds it raised: another worker owns that input now and counts those events itself,
+    /// so none of it may reach the shared store. Everything else counted is flushed, and the
+    /// windows the batch touched are read again when needed. In process there is nothing to
+    /// take back: the counts are this process's own and the next owner keeps its own.
+    fn discard_batch(&mut self, _lane: u64, _since: i64) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Drops every clean window held locally (views read from the shared store): they are read
+    /// again when needed. After a rebalance, views of keys another worker counted meanwhile
+    /// would be stale.
+    fn forget_cached(&mut self) {}
+
+    /// Whether the local state the shared store has not acknowledged reached its bound (during
+    /// an outage): the caller should stop feeding events (they wait in their input) and `tick`
+    /// until it clears.
+    fn saturated(&self) -> bool {
+        false
+    }
+
+}
