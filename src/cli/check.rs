@@ -13,7 +13,7 @@ use super::load_rules;
 pub fn check(path: &Path) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(path) else { return Ok(ExitCode::from(1)) };
     let mut out = io::stdout().lock();
-    for line in rules.summaries() {
+    for line in vigil::rules::describe::summaries(&rules) {
         writeln!(out, "ok {line}")?;
     }
     for warning in rules.warnings() {

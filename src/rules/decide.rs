@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::model::{Action, Mode};
-use super::RuleSet;
+use super::set::RuleSet;
 use crate::decimal::Decimal;
 use crate::window::Aggregate;
 

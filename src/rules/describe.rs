@@ -2,7 +2,7 @@
 //! judges, when it fires and what it does. Pure.
 
 use super::model::{format_duration, Counter, Form, MatchValue, Rule, Scope};
-use super::RuleSet;
+use super::set::RuleSet;
 use crate::window::Aggregate;
 
 fn describe_value(v: &MatchValue) -> String {
@@ -95,6 +95,22 @@ pub fn describe_rule(rules: &RuleSet, rule: &Rule) -> String {
         format!("; then holds {} for {}", key.join(" + "), format_duration(hold.ms))
     });
     format!("{head} {body}{hold}  [{origin}]", origin = rule.origin)
+}
+
+/// One line per counter and per rule for `vigil check`.
+pub fn summaries(rules: &RuleSet) -> Vec<String> {
+    // In file order: counters and rules as they are written.
+    let mut lines: Vec<((&str, usize), String)> = Vec::new();
+    for counter in rules.counters() {
+        if !counter.from_rule {
+            lines.push(((&counter.origin.file, counter.origin.line), describe_counter(counter)));
+        }
+    }
+    for rule in rules.rules() {
+        lines.push(((&rule.origin.file, rule.origin.line), describe_rule(rules, rule)));
+    }
+    lines.sort_by_key(|(key, _)| *key);
+    lines.into_iter().map(|(_, l)| l).collect()
 }
 
 #[cfg(test)]

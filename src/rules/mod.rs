@@ -5,8 +5,10 @@
 //! - `model`: the validated counters and rules. `compile`: rule files → model, every error at
 //!   `file:line:col`. `expr`: the expression language (parse, resolve, three-valued evaluation).
 //!   `plan`: per event, which counters it feeds, under which key, with which delta; which rules
-//!   judge it. `decide`: hits → the decision. `record`: the decision's JSON record. `describe`:
-//!   the descriptions `vigil check` prints.
+//!   judge it. `set`: the [`RuleSet`] those resolve into at load. `decide`: hits → the decision.
+//!   `record`: the decision's JSON record (`record_parts`: its constant parts, rendered once;
+//!   `json`: JSON text escaped as serde_json does). `describe`: the descriptions `vigil check`
+//!   prints.
 
 pub mod compile;
 pub mod decide;
@@ -15,221 +17,14 @@ pub mod expr;
 pub mod lists;
 pub mod model;
 pub mod plan;
+mod json;
 pub mod record;
+mod record_parts;
+mod set;
 
 pub use compile::Diagnostic;
 pub use decide::{Decision, Hit, Reason};
 pub use model::{Action, Counter, Form, Mode, OnStoreError, FileLocation, Rule, Scope};
 pub use plan::{Plan, ScopeMemo, SkipReason};
 pub use record::EventSource;
-
-use crate::event::Projection;
-
-/// Every error in a set of rule files, each as `file:line:col: message`.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
-pub struct RuleErrors(pub Vec<Diagnostic>);
-
-impl RuleErrors {
-    /// Low-cardinality code for metrics.
-    pub fn code(&self) -> &'static str {
-        "invalid_rules"
-    }
-}
-
-/// Validated counters and rules, ready to evaluate, in rule-file order.
-#[derive(Debug, Clone)]
-pub struct RuleSet {
-    counters: Vec<Counter>,
-    rules: Vec<Rule>,
-    /// Every list by id (shared with the expressions that test them).
-    lists: Vec<(String, std::sync::Arc<lists::ListSet>)>,
-    /// The list files read, by path.
-    list_files: Vec<String>,
-    /// Enabled counters with their projection slots, in order: a counter's active position.
-    active_counters: Vec<plan::PlannedCounter>,
-    /// Active position of each counter (`None`: disabled).
-    counter_position: Vec<Option<usize>>,
-    /// Enabled rules with their projection slots, in order.
-    active_rules: Vec<plan::PlannedRule>,
-    /// Per active counter: whether an enabled rule's `when` reads it.
-    read: Vec<bool>,
-    /// Distinct `match` expressions (slots of a [`ScopeMemo`]).
-    scope_slots: usize,
-    projection: Projection,
-    version: String,
-    /// The constant parts of its decision records, rendered once.
-    record_parts: record::RecordParts,
-    warnings: Vec<Diagnostic>,
-}
-
-impl RuleSet {
-    /// Compiles `(file name, text)` pairs in the order given. Every error of every file is
-    /// reported; no rule set is built if there is any.
-    pub fn from_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<RuleSet, RuleErrors> {
-        RuleSet::from_sources_with_files(sources, &compile::no_files)
-    }
-
-    /// [`RuleSet::from_sources`], reading list files with `read` (paths relative to their rule
-    /// file's directory).
-    pub fn from_sources_with_files<'a>(
-        sources: impl IntoIterator<Item = (&'a str, &'a str)>,
-        read: compile::ReadFile<'_>,
-    ) -> Result<RuleSet, RuleErrors> {
-        let sources: Vec<(&str, &str)> = sources.into_iter().collect();
-        let compiled = compile::compile_sources(&sources, read).map_err(RuleErrors)?;
-        let mut hasher = blake3::Hasher::new();
-        let list_files = compiled.list_files.iter().map(|(n, t)| (n.as_str(), t.as_str()));
-        for (name, text) in sources.iter().copied().chain(list_files) {
-            // The file's own name, not where the directory happens to be.
-            let name = name.rsplit(['/', '\\']).next().unwrap_or(name);
-            hasher.update(&(name.len() as u64).to_le_bytes());
-            hasher.update(name.as_bytes());
-            hasher.update(&(text.len() as u64).to_le_bytes());
-            hasher.update(text.as_bytes());
-        }
-        let version = hasher.finalize().to_hex()[..12].to_owned();
-        Ok(RuleSet::build(compiled, version))
-    }
-
-    /// A set without counters or rules (nothing matches).
-    pub fn empty() -> RuleSet {
-        let compiled = compile::CompiledSet {
-            counters: Vec::new(),
-            rules: Vec::new(),
-            lists: Vec::new(),
-            list_files: Vec::new(),
-            projection: Projection::new(),
-            warnings: Vec::new(),
-        };
-        RuleSet::build(compiled, "000000000000".to_owned())
-    }
-
-    fn build(compiled: compile::CompiledSet, version: String) -> RuleSet {
-        let compile::CompiledSet { counters, rules, lists, list_files, mut projection, warnings } = compiled;
-        let list_files = list_files.into_iter().map(|(name, _)| name).collect();
-        let mut counter_position = vec![None; counters.len()];
-        let mut active_counters = Vec::new();
-        let mut slots = plan::ScopeSlots::default();
-        for (index, counter) in counters.iter().enumerate() {
-            if counter.enabled {
-                counter_position[index] = Some(active_counters.len());
-                active_counters.push(plan::PlannedCounter::new(index, counter, &mut projection, &mut slots));
-            }
-        }
-        let active_rules = rules
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.enabled)
-            .map(|(index, rule)| plan::PlannedRule::new(index, rule, &mut projection, &mut slots))
-            .collect();
-        let scope_slots = slots.len();
-        let mut read = vec![false; active_counters.len()];
-        for rule in rules.iter().filter(|r| r.enabled) {
-            for &counter in rule.counters() {
-                if let Some(position) = counter_position[counter] {
-                    read[position] = true;
-                }
-            }
-        }
-        let record_parts = record::RecordParts::new(&rules, &counters, &version);
-        RuleSet {
-            record_parts,
-            counters,
-            rules,
-            lists,
-            list_files,
-            active_counters,
-            counter_position,
-            active_rules,
-            read,
-            scope_slots,
-            projection,
-            version,
-            warnings,
-        }
-    }
-
-    /// All rules, disabled ones included, in rule-file order.
-    pub fn rules(&self) -> &[Rule] {
-        &self.rules
-    }
-
-    pub fn rule(&self, index: usize) -> &Rule {
-        &self.rules[index]
-    }
-
-    /// Every list, by id, with its size (for metrics and `vigil check`).
-    pub fn lists(&self) -> impl Iterator<Item = (&str, &lists::ListSet)> + '_ {
-        self.lists.iter().map(|(id, set)| (id.as_str(), set.as_ref()))
-    }
-
-    /// The list files the rules read (paths as loaded), for the reload watcher.
-    pub fn list_file_names(&self) -> &[String] {
-        &self.list_files
-    }
-
-    /// All counters (those v1-form rules define included), disabled ones too.
-    pub fn counters(&self) -> &[Counter] {
-        &self.counters
-    }
-
-    pub fn counter(&self, index: usize) -> &Counter {
-        &self.counters[index]
-    }
-
-    /// The paths events must be decoded for.
-    pub fn projection(&self) -> &Projection {
-        &self.projection
-    }
-
-    /// Indices (into [`RuleSet::rules`]) of the enabled rules, in order.
-    pub fn active(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.active_rules.iter().map(|r| r.index)
-    }
-
-    /// Indices (into [`RuleSet::counters`]) of the enabled counters, by active position.
-    pub fn active_counters(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
-        self.active_counters.iter().map(|c| c.index)
-    }
-
-    /// The active position of a counter (`None` if disabled).
-    pub fn counter_position(&self, index: usize) -> Option<usize> {
-        self.counter_position[index]
-    }
-
-    /// Whether a rule's `when` reads the counter at active `position`.
-    pub fn is_read(&self, position: usize) -> bool {
-        self.read[position]
-    }
-
-    /// A short hash of the rule files' names and contents: changes whenever a rule does.
-    pub(crate) fn record_parts(&self) -> &record::RecordParts {
-        &self.record_parts
-    }
-
-    pub fn version(&self) -> &str {
-        &self.version
-    }
-
-    /// Likely mistakes found while loading (not errors: the set loaded).
-    pub fn warnings(&self) -> &[Diagnostic] {
-        &self.warnings
-    }
-
-    /// One line per counter and per rule for `vigil check`.
-    pub fn summaries(&self) -> Vec<String> {
-        // In file order: counters and rules as they are written.
-        let mut lines: Vec<((&str, usize), String)> = Vec::new();
-        for counter in &self.counters {
-            if !counter.from_rule {
-                lines.push(((&counter.origin.file, counter.origin.line), describe::describe_counter(counter)));
-            }
-        }
-        for rule in &self.rules {
-            lines.push(((&rule.origin.file, rule.origin.line), describe::describe_rule(self, rule)));
-        }
-        lines.sort_by_key(|(key, _)| *key);
-        lines.into_iter().map(|(_, l)| l).collect()
-    }
-}
+pub use set::{RuleErrors, RuleSet};

@@ -3,7 +3,6 @@
 
 use super::expr::{Context, Expr, Num};
 use super::model::{Counter, MatchValue, Rule, Scope};
-use super::RuleSet;
 use crate::decimal::MICROS_PER_UNIT;
 use crate::event::{Decimal, Event, FieldValue, Projection, Scalar};
 use crate::window::{Aggregate, Delta};
@@ -185,22 +184,22 @@ pub enum Plan {
 /// Largest summed amount, exclusive: 10^12 units in micro-units.
 const SUM_LIMIT_MICROS: i64 = 1_000_000_000_000 * MICROS_PER_UNIT;
 
-impl RuleSet {
-    /// Plans the counter at active `position` for `event`, writing its canonical dimension key
-    /// into `key` (cleared first) unless the result is [`Plan::NoMatch`] or a dimension skip.
-    pub fn plan(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>, memo: &mut ScopeMemo) -> Plan {
-        let planned = &self.active_counters[position];
-        if !planned.scope.holds(event, memo) {
+impl PlannedCounter {
+    /// Plans this counter for `event`, writing its canonical dimension key into `key` (cleared
+    /// first) unless the result is [`Plan::NoMatch`] or a dimension skip.
+    #[inline]
+    pub(crate) fn plan(&self, event: &Event<'_>, key: &mut Vec<u8>, memo: &mut ScopeMemo) -> Plan {
+        if !self.scope.holds(event, memo) {
             return Plan::NoMatch;
         }
-        if !self.counter_key(position, event, key) {
+        if !encode_key(&self.dimensions, event, key) {
             return Plan::Skip(SkipReason::Dimension);
         }
-        let field = planned.field.map(|slot| event.field(slot));
-        let delta = match (planned.aggregate, field) {
+        let field = self.field.map(|slot| event.field(slot));
+        let delta = match (self.aggregate, field) {
             (Aggregate::Count, _) => Delta::Count,
             (Aggregate::Sum, Some(FieldValue::Number(n))) => {
-                let low = if planned.allow_negative { -SUM_LIMIT_MICROS } else { -1 };
+                let low = if self.allow_negative { -SUM_LIMIT_MICROS } else { -1 };
                 match n.exact.to_micros_half_even() {
                     Some(micros) if micros > low && micros < SUM_LIMIT_MICROS => Delta::Sum(micros),
                     _ => return Plan::Skip(SkipReason::SumRange),
@@ -216,37 +215,33 @@ impl RuleSet {
         Plan::Observe(delta)
     }
 
-    /// Writes the counter's dimension key for `event` into `key`; false if a dimension value is
-    /// missing, null, an object or an array.
-    pub fn counter_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
-        encode_key(&self.active_counters[position].dimensions, event, key)
+    /// Writes this counter's dimension key for `event` into `key`; false if a dimension value
+    /// is missing, null, an object or an array.
+    #[inline]
+    pub(crate) fn key(&self, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+        encode_key(&self.dimensions, event, key)
+    }
+}
+
+impl PlannedRule {
+    /// Writes this rule's hold key for `event` into `key` (encoded like a dimension key); false
+    /// if a hold-key value is missing, null, an object or an array.
+    #[inline]
+    pub(crate) fn hold_key(&self, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+        encode_key(&self.hold_key, event, key)
     }
 
-    /// Writes the hold key of the rule at active `position` for `event` into `key` (encoded like
-    /// a dimension key); false if a hold-key value is missing, null, an object or an array.
-    pub fn hold_key(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
-        encode_key(&self.active_rules[position].hold_key, event, key)
+    /// Whether this rule judges `event` (its `match` holds).
+    #[inline]
+    pub(crate) fn in_scope(&self, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
+        self.scope.holds(event, memo)
     }
+}
 
-    /// Whether the rule at active `position` judges `event` (its `match` holds).
-    pub fn in_scope(&self, position: usize, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
-        let planned = &self.active_rules[position];
-        planned.scope.holds(event, memo)
-    }
-
-    /// A memo for [`RuleSet::plan`] and [`RuleSet::in_scope`] (reset it before each event).
-    pub fn scope_memo(&self) -> ScopeMemo {
-        ScopeMemo(vec![NOT_YET; self.scope_slots])
-    }
-
-    /// Projection slots of a counter's dimensions.
-    pub fn dimension_slots(&self, counter: usize) -> &[usize] {
-        self.counter_position[counter].map_or(&[], |p| &self.active_counters[p].dimensions)
-    }
-
-    /// The number of active counters, i.e. valid `position`s for [`RuleSet::plan`].
-    pub fn active_len(&self) -> usize {
-        self.active_counters.len()
+impl ScopeMemo {
+    /// A memo of `slots` conjuncts, none evaluated yet.
+    pub(crate) fn with_slots(slots: usize) -> ScopeMemo {
+        ScopeMemo(vec![NOT_YET; slots])
     }
 }
 
@@ -330,6 +325,7 @@ pub fn digest(scalar: &Scalar<'_>) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::RuleSet;
     use crate::event::decode;
 
     fn set(extra: &str) -> RuleSet {

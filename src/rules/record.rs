@@ -2,10 +2,11 @@
 //! copied from the constant parts of the rule set's records, rendered once at load. Pure.
 
 use super::decide::{counter_value, Decision, Hit};
-use super::model::{Action, Counter, Form, Rule};
-use super::RuleSet;
-use crate::decimal::Decimal;
-use crate::event::{Event, FieldValue, Scalar};
+use super::json::{write_decimal, write_int, write_scalar, write_str, write_str_body};
+use super::model::{Action, Form};
+use super::record_parts::RecordParts;
+use super::set::RuleSet;
+use crate::event::{Event, FieldValue};
 
 /// Where an event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,164 +14,6 @@ pub enum EventSource<'a> {
     /// Replay: 1-based line number of the input.
     Line(u64),
     Kafka { topic: &'a str, partition: i32, offset: i64 },
-}
-
-/// The constant parts of a rule set's decision records, rendered as JSON once at load: a record
-/// is then mostly copied, not serialised field by field.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RecordParts {
-    /// `,"rules_version":"…","hits":[`
-    version: Box<[u8]>,
-    /// Per rule: `{"rule_id":"…","mode":"…","action":"…"`
-    rule_heads: Vec<Box<[u8]>>,
-    /// Per v1-form rule: `,"limit":…,"window_ms":…` (empty for the new form).
-    rule_limits: Vec<Box<[u8]>>,
-    /// Per counter: `{"id":"…","key":`
-    counter_heads: Vec<Box<[u8]>>,
-    /// Per counter: `"path":` for each dimension, in order.
-    counter_paths: Vec<Vec<Box<[u8]>>>,
-    /// Per counter: `,"window_ms":…}`
-    counter_tails: Vec<Box<[u8]>>,
-}
-
-impl RecordParts {
-    pub(crate) fn new(rules: &[Rule], counters: &[Counter], version: &str) -> RecordParts {
-        RecordParts {
-            version: render(|out| {
-                out.extend_from_slice(b",\"rules_version\":");
-                write_str(out, version);
-                out.extend_from_slice(b",\"hits\":[");
-            }),
-            rule_heads: rules
-                .iter()
-                .map(|rule| {
-                    render(|out| {
-                        out.extend_from_slice(b"{\"rule_id\":");
-                        write_str(out, &rule.id);
-                        out.extend_from_slice(b",\"mode\":");
-                        write_str(out, rule.mode.as_str());
-                        out.extend_from_slice(b",\"action\":");
-                        write_str(out, rule.action.as_str());
-                    })
-                })
-                .collect(),
-            rule_limits: rules
-                .iter()
-                .map(|rule| {
-                    render(|out| {
-                        if let Form::V1 { counter, limit, .. } = rule.form {
-                            out.extend_from_slice(b",\"limit\":");
-                            write_decimal(out, limit);
-                            out.extend_from_slice(b",\"window_ms\":");
-                            write_int(out, counters[counter].window.window_ms());
-                        }
-                    })
-                })
-                .collect(),
-            counter_heads: counters
-                .iter()
-                .map(|c| {
-                    render(|out| {
-                        out.extend_from_slice(b"{\"id\":");
-                        write_str(out, &c.id);
-                        out.extend_from_slice(b",\"key\":");
-                    })
-                })
-                .collect(),
-            counter_paths: counters
-                .iter()
-                .map(|c| {
-                    c.dimensions
-                        .iter()
-                        .map(|path| {
-                            render(|out| {
-                                write_str(out, path.as_str());
-                                out.push(b':');
-                            })
-                        })
-                        .collect()
-                })
-                .collect(),
-            counter_tails: counters
-                .iter()
-                .map(|c| {
-                    render(|out| {
-                        out.extend_from_slice(b",\"window_ms\":");
-                        write_int(out, c.window.window_ms());
-                        out.push(b'}');
-                    })
-                })
-                .collect(),
-        }
-    }
-}
-
-/// The bytes `write` appends to an empty buffer.
-fn render(write: impl FnOnce(&mut Vec<u8>)) -> Box<[u8]> {
-    let mut out = Vec::new();
-    write(&mut out);
-    out.into_boxed_slice()
-}
-
-/// Appends `s` as a JSON string, escaped as serde_json escapes it (`"`, `\` and control
-/// characters; everything else verbatim).
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    write_str_body(out, s);
-    out.push(b'"');
-}
-
-/// Appends `s` escaped, without the quotes.
-fn write_str_body(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        if escape.is_empty() {
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
-        } else {
-            out.extend_from_slice(escape);
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-}
-
-fn write_int(out: &mut Vec<u8>, v: impl itoa::Integer) {
-    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-}
-
-/// An exact decimal as a JSON number: its shortest exact text.
-fn write_decimal(out: &mut Vec<u8>, d: Decimal) {
-    match d.as_i64() {
-        Some(v) => write_int(out, v),
-        None => {
-            use std::io::Write;
-            // Writing into a Vec cannot fail.
-            let _ = write!(out, "{d}");
-        }
-    }
-}
-
-fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
-    match scalar {
-        None => out.extend_from_slice(b"null"),
-        Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
-        Some(Scalar::Number(d)) => write_decimal(out, d),
-        Some(Scalar::Str(s)) => write_str(out, s),
-    }
 }
 
 /// Appends the decision record for `event` to `out` as one JSON object (no newline): its
@@ -294,26 +137,7 @@ mod tests {
     use crate::rules::decide::Reason;
     use smallvec::SmallVec;
     use crate::event::decode;
-    use proptest::prelude::*;
     use serde_json::{json, Value};
-
-    proptest! {
-        /// Strings are escaped exactly as serde_json escapes them: hostile ids, keys and
-        /// values stay one valid JSON string.
-        #[test]
-        fn strings_are_escaped_as_serde_json_does(s in any::<String>()) {
-            let mut out = Vec::new();
-            write_str(&mut out, &s);
-            prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&s).unwrap());
-        }
-    }
-
-    #[test]
-    fn control_characters_and_quotes_are_escaped() {
-        let mut out = Vec::new();
-        write_str(&mut out, "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}é\u{7f}/");
-        assert_eq!(String::from_utf8(out).unwrap(), "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001fé\u{7f}/\"");
-    }
 
     fn rules() -> RuleSet {
         RuleSet::from_sources([(

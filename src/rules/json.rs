@@ -1,0 +1,97 @@
+//! JSON text written by hand for the decision record, escaped exactly as serde_json escapes it:
+//! records are copied from pre-rendered parts, not serialised field by field.
+
+use crate::decimal::Decimal;
+use crate::event::Scalar;
+
+/// The bytes `write` appends to an empty buffer.
+pub(super) fn render(write: impl FnOnce(&mut Vec<u8>)) -> Box<[u8]> {
+    let mut out = Vec::new();
+    write(&mut out);
+    out.into_boxed_slice()
+}
+
+/// Appends `s` as a JSON string, escaped as serde_json escapes it (`"`, `\` and control
+/// characters; everything else verbatim).
+pub(super) fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    write_str_body(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped, without the quotes.
+pub(super) fn write_str_body(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+pub(super) fn write_int(out: &mut Vec<u8>, v: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+/// An exact decimal as a JSON number: its shortest exact text.
+pub(super) fn write_decimal(out: &mut Vec<u8>, d: Decimal) {
+    match d.as_i64() {
+        Some(v) => write_int(out, v),
+        None => {
+            use std::io::Write;
+            // Writing into a Vec cannot fail.
+            let _ = write!(out, "{d}");
+        }
+    }
+}
+
+pub(super) fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
+    match scalar {
+        None => out.extend_from_slice(b"null"),
+        Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+        Some(Scalar::Number(d)) => write_decimal(out, d),
+        Some(Scalar::Str(s)) => write_str(out, s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Strings are escaped exactly as serde_json escapes them: hostile ids, keys and
+        /// values stay one valid JSON string.
+        #[test]
+        fn strings_are_escaped_as_serde_json_does(s in any::<String>()) {
+            let mut out = Vec::new();
+            write_str(&mut out, &s);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&s).unwrap());
+        }
+    }
+
+    #[test]
+    fn control_characters_and_quotes_are_escaped() {
+        let mut out = Vec::new();
+        write_str(&mut out, "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}é\u{7f}/");
+        assert_eq!(String::from_utf8(out).unwrap(), "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001fé\u{7f}/\"");
+    }
+}
