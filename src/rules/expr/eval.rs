@@ -8,23 +8,10 @@ use std::net::IpAddr;
 
 use hashbrown::HashSet;
 
-use super::{BinOp, Expr, Literal, StrSet};
+use super::compiled::{Expr, Literal, Num, StrSet};
+use super::parse::BinOp;
 use crate::event::{Decimal, FieldValue};
 use crate::rules::lists::ListSet;
-
-/// A number as an expression sees it: exact when it came from the event, a literal or a
-/// counter; a double once arithmetic made it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Num {
-    pub float: f64,
-    pub exact: Option<Decimal>,
-}
-
-impl Num {
-    pub fn exact(d: Decimal) -> Num {
-        Num { float: d.to_f64(), exact: Some(d) }
-    }
-}
 
 /// A value during evaluation.
 #[derive(Debug, Clone, PartialEq)]

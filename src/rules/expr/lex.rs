@@ -2,7 +2,7 @@
 //! exact decimals, strings are unescaped here (JSON escapes and `\u{…}`), and `$counter` /
 //! `@list` references are single tokens.
 
-use super::{err, ExprError};
+use super::error::{err, ExprError};
 use crate::event::{quote_prefix, shorten, Decimal};
 
 /// A token.

@@ -3,35 +3,22 @@
 //! (true / false / unknown). Pure.
 //!
 //! Text → `lex` (tokens) → `parse` (syntax tree, by precedence climbing) → `resolve` (names to
-//! slots and indexes: the compiled [`Expr`], defined here with the module's API) → `eval` (per
-//! event).
+//! slots and indexes: the compiled [`Expr`], in `compiled`) → `eval` (per event).
 
+mod compiled;
+mod error;
 mod eval;
 mod lex;
 mod parse;
 mod resolve;
 
-use hashbrown::HashSet;
-use ipnet::IpNet;
-use regex::Regex;
+use crate::event::Projection;
 
-use super::lists::ListSet;
-use crate::event::{Decimal, FieldPath, Projection};
-
-pub use eval::{Context, Num, Truth, Val};
+pub use compiled::{Compiled, CounterCmp, Expr, Literal, Num, StrSet};
+pub use error::ExprError;
+pub use eval::{Context, Truth, Val};
 pub use parse::{BinOp, MAX_NESTING};
 pub use resolve::Names;
-
-/// A syntax or name error at a byte offset of the expression text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExprError {
-    pub offset: usize,
-    pub message: String,
-}
-
-fn err<T>(offset: usize, message: impl Into<String>) -> Result<T, ExprError> {
-    Err(ExprError { offset, message: message.into() })
-}
 
 /// Parses and resolves `text`. `allow_counters` is false for a `match`.
 pub fn compile(text: &str, projection: &mut Projection, names: &dyn Names, allow_counters: bool) -> Result<Compiled, ExprError> {
@@ -39,178 +26,12 @@ pub fn compile(text: &str, projection: &mut Projection, names: &dyn Names, allow
     resolve::resolve(&ast, projection, names, allow_counters)
 }
 
-/// A literal scalar, hashed for `in [...]` sets.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Literal {
-    Null,
-    Bool(bool),
-    Num(Decimal),
-    Str(String),
-}
-
-/// The comparison of a [`Expr::CounterCmp`], with the counter on the left.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CounterCmp {
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    Eq,
-    Ne,
-}
-
-impl CounterCmp {
-    /// `raw OP literal`, exactly, from the literal's scaled floor and ceiling.
-    #[inline]
-    fn holds(self, raw: i64, floor: i64, ceil: i64) -> bool {
-        match self {
-            CounterCmp::Gt => raw > floor,
-            CounterCmp::Ge => raw >= ceil,
-            CounterCmp::Lt => raw < ceil,
-            CounterCmp::Le => raw <= floor,
-            CounterCmp::Eq => floor == ceil && raw == floor,
-            CounterCmp::Ne => !(floor == ceil && raw == floor),
-        }
-    }
-}
-
-/// The strings of an `in [...]` set: a few compared in turn (faster than hashing), many hashed.
-#[derive(Debug, Clone)]
-pub enum StrSet {
-    Few(Vec<Box<str>>),
-    Many(HashSet<Box<str>, foldhash::fast::FixedState>),
-}
-
-impl StrSet {
-    /// Up to this many strings are compared in turn.
-    const FEW: usize = 8;
-
-    fn new(strings: Vec<Box<str>>) -> StrSet {
-        if strings.len() <= StrSet::FEW {
-            StrSet::Few(strings)
-        } else {
-            StrSet::Many(strings.into_iter().collect())
-        }
-    }
-
-    #[inline]
-    fn contains(&self, s: &str) -> bool {
-        match self {
-            StrSet::Few(few) => few.iter().any(|t| t.as_ref() == s),
-            StrSet::Many(many) => many.contains(s),
-        }
-    }
-}
-
-/// A compiled expression node.
-#[derive(Debug, Clone)]
-pub enum Expr {
-    Lit(Literal),
-    /// A number literal, with its double computed once.
-    Num(Num),
-    Field(usize),
-    Counter(usize),
-    Not(Box<Expr>),
-    Neg(Box<Expr>),
-    Bin(BinOp, Box<Expr>, Box<Expr>),
-    /// `field == 'text'` (or `!=`): the most common test, compared without building values.
-    FieldIsStr { negated: bool, slot: usize, text: Box<str> },
-    /// `$counter OP number` (either way round), compared on the counter's raw integer scale:
-    /// `floor` and `ceil` are the literal times 10^scale rounded down and up, so `raw > floor`
-    /// is exactly `value > literal` (see [`CounterCmp`]).
-    CounterCmp { cmp: CounterCmp, index: usize, floor: i64, ceil: i64 },
-    /// `x in [...]`: string elements apart (looked up by `&str`, no allocation), the others by
-    /// literal.
-    InSet { negated: bool, value: Box<Expr>, strings: StrSet, set: HashSet<Literal> },
-    InField { negated: bool, value: Box<Expr>, field: usize },
-    InCidr { negated: bool, value: Box<Expr>, nets: Vec<IpNet> },
-    InList { negated: bool, value: Box<Expr>, list: std::sync::Arc<ListSet> },
-    Exists(usize),
-    StartsWith(Box<Expr>, Box<Expr>),
-    EndsWith(Box<Expr>, Box<Expr>),
-    Contains(Box<Expr>, Box<Expr>),
-    Matches(Box<Expr>, Box<Regex>),
-    Lower(Box<Expr>),
-}
-
-/// A parsed, resolved expression with what it reads.
-#[derive(Debug, Clone)]
-pub struct Compiled {
-    pub expr: Expr,
-    /// Counters it refers to, in order of first reference.
-    pub counters: Vec<usize>,
-    /// Field paths it reads, for summaries.
-    pub paths: Vec<FieldPath>,
-}
-
-impl Expr {
-    /// Splits a top-level `a && b && …` into its conjuncts, in order (one item otherwise): an
-    /// expression is true exactly when each of them is.
-    pub fn conjuncts(&self) -> Vec<&Expr> {
-        match self {
-            Expr::Bin(BinOp::And, l, r) => {
-                let mut all = l.conjuncts();
-                all.extend(r.conjuncts());
-                all
-            }
-            other => vec![other],
-        }
-    }
-
-    /// A text equal for two expressions exactly when they are the same computation over the
-    /// same inputs (lists by identity, sets in sorted order): conjuncts with the same identity
-    /// are evaluated once per event, however many counters and rules repeat them.
-    pub fn identity(&self) -> String {
-        let mut out = String::new();
-        self.write_identity(&mut out);
-        out
-    }
-
-    fn write_identity(&self, out: &mut String) {
-        use std::fmt::Write;
-        let sub = |out: &mut String, tag: &str, children: &[&Expr]| {
-            out.push_str(tag);
-            out.push('(');
-            for child in children {
-                child.write_identity(out);
-                out.push(',');
-            }
-            out.push(')');
-        };
-        match self {
-            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } => {
-                let _ = write!(out, "{self:?}");
-            }
-            Expr::InField { negated, value, field } => sub(out, &format!("in_field{negated}{field}"), &[value]),
-            Expr::Not(a) => sub(out, "not", &[a]),
-            Expr::Neg(a) => sub(out, "neg", &[a]),
-            Expr::Lower(a) => sub(out, "lower", &[a]),
-            Expr::Bin(op, a, b) => sub(out, &format!("{op:?}"), &[a, b]),
-            Expr::StartsWith(a, b) => sub(out, "starts_with", &[a, b]),
-            Expr::EndsWith(a, b) => sub(out, "ends_with", &[a, b]),
-            Expr::Contains(a, b) => sub(out, "contains", &[a, b]),
-            Expr::Matches(a, regex) => sub(out, &format!("matches{:?}", regex.as_str()), &[a]),
-            Expr::InSet { negated, value, strings, set } => {
-                let mut members: Vec<String> = match strings {
-                    StrSet::Few(few) => few.iter().map(|s| format!("{s:?}")).collect(),
-                    StrSet::Many(many) => many.iter().map(|s| format!("{s:?}")).collect(),
-                };
-                members.extend(set.iter().map(|l| format!("{l:?}")));
-                members.sort_unstable();
-                sub(out, &format!("in{negated}{members:?}"), &[value]);
-            }
-            Expr::InCidr { negated, value, nets } => sub(out, &format!("cidr{negated}{nets:?}"), &[value]),
-            Expr::InList { negated, value, list } => {
-                sub(out, &format!("list{negated}{:p}", std::sync::Arc::as_ptr(list)), &[value]);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::eval::truth;
     use super::*;
+    use crate::event::Decimal;
+    use crate::rules::lists::ListSet;
     use crate::event::{decode, quote_prefix, FieldValue};
 
     struct Counters;

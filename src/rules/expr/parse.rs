@@ -3,7 +3,7 @@
 //! `a + b * c` group as usual; how deep the tree may nest is bounded by [`MAX_NESTING`].
 
 use super::lex::{describe, lex, Tok};
-use super::{err, ExprError};
+use super::error::{err, ExprError};
 use crate::event::{quote_prefix, Decimal, FieldPath};
 
 /// A binary operator, of the syntax tree and of the compiled expression.

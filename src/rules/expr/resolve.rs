@@ -6,9 +6,10 @@
 use hashbrown::HashSet;
 use ipnet::IpNet;
 
-use super::eval::Num;
+
 use super::parse::{Ast, BinOp};
-use super::{err, Compiled, CounterCmp, Expr, ExprError, Literal, StrSet};
+use super::compiled::{Compiled, CounterCmp, Expr, Literal, Num, StrSet};
+use super::error::{err, ExprError};
 use crate::event::{quote_prefix, shorten, FieldPath, Projection};
 use crate::rules::lists::{parse_network, ListSet};
 
