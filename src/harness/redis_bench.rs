@@ -12,8 +12,7 @@ use crate::config::StoreSetup;
 use crate::event::decode;
 use crate::pipeline::{replay, Engine, ReplayError, ReplayOptions};
 use crate::rules::RuleSet;
-use crate::store::redis::push_hex;
-use crate::store::{AnyStore, CounterStore, MemoryStore, RedisStore, StoreError};
+use crate::store::{push_hex, AnyStore, CounterStore, MemoryStore, RedisStore, StoreError};
 use crate::window::{Aggregate, Delta, WindowSpec};
 
 /// Commands in flight per pipeline for the per-event baselines: the same depth as the script

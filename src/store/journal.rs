@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::link::{Batch, Link, Timeouts};
-use super::redis::{open_target, push_hex, RedisStoreConfig};
+use super::keys::push_hex;
+use super::redis::{open_target, RedisStoreConfig};
 use super::scripts::JOURNAL;
 use super::counter_store::StoreError;
 

@@ -22,5 +22,8 @@ pub use any::AnyStore;
 pub use codec::decode_untrusted;
 pub use counter_store::{CounterStore, HoldSpace, InputPosition, Observed, StateStats, StoreError, WindowId};
 pub use journal::{Journal, JournalError, JournalWriter};
+/// Lower-case hex, as Redis key names write digests (the Redis benchmark names its keys alike).
+#[cfg(feature = "harness")]
+pub(crate) use keys::push_hex;
 pub use memory::{MemoryStore, DEFAULT_MAX_KEYS};
 pub use redis::{FlushSample, RedisStats, RedisStore, RedisStoreConfig};

@@ -50,8 +50,6 @@ use std::time::Instant;
 use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
-// Key naming lives in `store::keys`; this path stays valid for the journal and the Redis bench.
-pub(crate) use super::keys::push_hex;
 
 use super::link::{unavailable, Batch, Link, Target, Timeouts};
 use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, StoreError, WindowId, Windows};
