@@ -11,7 +11,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use serde_json::Value;
 use support::kafka::{topics, Broker, Record, Worker};
 use support::proxy::Proxy;
 use support::stream::{keyed, reference_totals, replay_lines, workload_lines, USER_KEYED};
-use support::{redis_totals, RedisServer};
+use support::{assert_totals_equal, redis_totals, RedisServer};
 use vigil::harness::workload::WorkloadSpec;
 
 const LONG: Duration = Duration::from_secs(300);
@@ -176,18 +176,6 @@ fn wait_for_partitions_at_least(worker: &Worker, partitions: usize) {
 
 fn good_events(lines: &[Vec<u8>]) -> usize {
     lines.iter().filter(|l| serde_json::from_slice::<Value>(l).is_ok_and(|v| v.get("ts").is_some_and(Value::is_i64))).count()
-}
-
-fn assert_totals_equal(got: &BTreeMap<String, (i128, usize)>, want: &BTreeMap<String, (i128, usize)>, context: &str) {
-    eprintln!("comparing {} Redis keys with one clean pass", want.len());
-    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(3).collect();
-    let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
-    assert!(
-        differing.is_empty() && extra == 0,
-        "{} of {} keys differ, {extra} extra, e.g. {differing:?}\n{context}",
-        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
-        want.len()
-    );
 }
 
 /// Records that differ from the exact reference, ignoring hits marked degraded.

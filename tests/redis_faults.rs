@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::proxy::Proxy;
-use support::{redis_totals, RedisServer};
+use support::{assert_totals_equal, redis_totals, RedisServer};
 use vigil::harness::workload::{generate, WorkloadSpec};
 
 /// Events in order inside every rule's window (so the exact totals do not depend on timing), with
@@ -59,18 +59,6 @@ fn memory_records(dir: &std::path::Path, lines: &[String]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn assert_totals_equal(got: &std::collections::BTreeMap<String, (i128, usize)>, want: &std::collections::BTreeMap<String, (i128, usize)>) {
-    eprintln!("comparing {} Redis keys with one clean pass", want.len());
-    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
-    let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
-    assert!(
-        differing.is_empty() && extra == 0,
-        "{} of {} keys differ, {extra} extra, e.g. {differing:?}",
-        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
-        want.len()
-    );
-}
-
 #[test]
 fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -84,7 +72,7 @@ fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
     let (stdout, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &proxy.url());
     assert!(proxy.dropped() >= 5, "the proxy dropped {} replies", proxy.dropped());
     eprintln!("the proxy dropped {} replies after Redis executed them", proxy.dropped());
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     // A lost reply costs a retry on a new connection, never a count or a decision.
     assert!(!stderr.contains("unavailable"), "{stderr}");
     assert_eq!(stdout, exact, "{stderr}");
@@ -98,7 +86,7 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let redis = RedisServer::start();
     let (first, _) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
     let (_, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     assert!(stderr.contains("already counted in Redis (by an earlier run of this input"), "{stderr}");
     assert!(!first.is_empty());
 
@@ -119,7 +107,7 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     };
     run(Some("batch-7"));
     run(Some("batch-7"));
-    assert_totals_equal(&redis_totals(&mut again.connection()), &want);
+    assert_totals_equal(&redis_totals(&mut again.connection()), &want, "");
     assert!(run(None).contains("without --input-id"));
 }
 
@@ -215,7 +203,7 @@ fn redis_frozen_for_ten_seconds_mid_replay_costs_nothing() {
     assert!(records.iter().any(|r| r.contains("\"degraded\":true")), "hits during the outage are marked degraded");
     assert!(stderr.contains("redis: unavailable 1 times"), "{stderr}");
     // Everything counted locally was merged once when Redis came back.
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
 }
 
 #[test]
@@ -234,7 +222,7 @@ fn redis_killed_and_restarted_from_its_append_only_file_mid_replay_ends_exact() 
     let (ok, stderr, records) = replay.finish();
     assert!(ok, "{stderr}");
     assert_eq!(records.len(), lines.len());
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     // Nothing was lost: no data loss was detected, and decisions made on Redis' view are exact.
     // (A restart between two flushes is only a reconnect: no outage line is printed at all.)
     assert!(!stderr.contains("lost its data") || stderr.contains("lost its data 0 times"), "{stderr}");
@@ -268,6 +256,6 @@ fn redis_restarted_empty_or_flushed_mid_replay_is_written_again_from_local_views
         assert_eq!(records.len(), lines.len());
         assert!(stderr.contains("lost its data 1 times"), "the loss is detected and reported: {stderr}");
         // One process held a view of every key: writing them again restores every counter.
-        assert_totals_equal(&redis_totals(&mut redis.connection()), &want);
+        assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     }
 }

@@ -254,6 +254,20 @@ pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
     keys.into_iter().filter(|k| !k.starts_with("vg:epoch") && !k.starts_with("vg:j:") && !hold(k)).collect()
 }
 
+/// Asserts that the totals `got` from Redis equal those of one clean pass (`want`): the same keys
+/// with the same values; on failure, how many differ, five examples and `context` (a log).
+pub fn assert_totals_equal(got: &BTreeMap<String, (i128, usize)>, want: &BTreeMap<String, (i128, usize)>, context: &str) {
+    eprintln!("comparing {} Redis keys with one clean pass", want.len());
+    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
+    let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
+    assert!(
+        differing.is_empty() && extra == 0,
+        "{} of {} keys differ, {extra} extra, e.g. {differing:?}\n{context}",
+        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
+        want.len()
+    );
+}
+
 /// Sum of every live count/sum bucket (sums in micro-units, exact) and the number of live distinct
 /// values, per Redis key.
 pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usize)> {

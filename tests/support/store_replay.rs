@@ -21,9 +21,15 @@ pub fn workload(events: u64) -> Vec<u8> {
 
 /// Replays `input` through the shipped rules with `store`: the decision records and the engine.
 pub fn replay_with<S: CounterStore>(store: S, input: &[u8]) -> (Vec<u8>, Engine<S>) {
-    let rules = vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
-    let mut engine = Engine::new(rules, store);
-    let mut out = Vec::new();
-    replay(&mut engine, input, &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    let (out, _diagnostics, engine) = replay_rules(std::path::Path::new(RULES), store, input, ReplayOptions::default());
     (out, engine)
+}
+
+/// Replays `input` through the rules at `rules` with `store`: the decision records, replay's
+/// diagnostics and the engine.
+pub fn replay_rules<S: CounterStore>(rules: &std::path::Path, store: S, input: &[u8], options: ReplayOptions) -> (Vec<u8>, Vec<u8>, Engine<S>) {
+    let mut engine = Engine::new(vigil::rule_files::load(rules).unwrap(), store);
+    let (mut out, mut diagnostics) = (Vec::new(), Vec::new());
+    replay(&mut engine, input, &mut out, &mut diagnostics, options).unwrap();
+    (out, diagnostics, engine)
 }

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
-use vigil::pipeline::{replay, Engine, ReplayOptions};
+use vigil::pipeline::ReplayOptions;
 use vigil::store::MemoryStore;
 use vigil::harness::workload::{generate, WorkloadSpec};
 
+use super::store_replay::{replay_rules, RULES};
 use super::{redis_totals, RedisServer};
 
 /// Shipped rules keyed by `user_id`, the Kafka message key: a partition's owner sees all of a
@@ -39,10 +40,8 @@ pub fn keyed(lines: &[Vec<u8>]) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
 /// decision record by its line's 0-based index, without `source` and `decision_id` (a worker's
 /// records name a Kafka position there instead), and replay's diagnostics.
 pub fn replay_lines(rules: &Path, lines: &[Vec<u8>], emit_allow: bool) -> (Vec<(usize, Value)>, Vec<u8>) {
-    let mut engine = Engine::new(vigil::rule_files::load(rules).unwrap(), MemoryStore::new());
-    let input = lines.join(&b'\n');
-    let (mut out, mut diagnostics) = (Vec::new(), Vec::new());
-    replay(&mut engine, &input[..], &mut out, &mut diagnostics, ReplayOptions { emit_allow, ..ReplayOptions::default() }).unwrap();
+    let options = ReplayOptions { emit_allow, ..ReplayOptions::default() };
+    let (out, diagnostics, _engine) = replay_rules(rules, MemoryStore::new(), &lines.join(&b'\n'), options);
     let records = out
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
@@ -64,7 +63,7 @@ pub fn reference_totals(dir: &Path, lines: &[Vec<u8>]) -> BTreeMap<String, (i128
     let input = dir.join("reference.jsonl");
     std::fs::write(&input, lines.join(&b'\n')).unwrap();
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["replay", "--rules", "rules", "--input", input.to_str().unwrap(), "--redis", &reference.url()])
+        .args(["replay", "--rules", RULES, "--input", input.to_str().unwrap(), "--redis", &reference.url()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
