@@ -23,17 +23,31 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
-# A real Kafka-protocol broker for the worker's end-to-end tests: tansu (Apache Kafka itself is
-# not installable here), built with in-memory and SQLite storage (the broker-restart test keeps
-# its topics in a SQLite file). Built from crates.io once (15-25 minutes), then cached in
-# ~/.cache/vigil-tools; the tests find it there (or at $TANSU) and start their own brokers on
-# free loopback ports.
-TANSU_VERSION=0.6.0
-tansu_root="$HOME/.cache/vigil-tools/tansu-$TANSU_VERSION"
-tansu_bin="${TANSU:-$tansu_root/bin/tansu}"
-if ! "$tansu_bin" --version 2>/dev/null | grep -qx "tansu $TANSU_VERSION"; then
-    echo "installing tansu $TANSU_VERSION (first run only; cached in $tansu_root)" >&2
-    cargo install tansu --version "$TANSU_VERSION" --features dynostore,libsql --locked --root "$tansu_root"
+# Apache Kafka itself for the worker's end-to-end tests and `vigil bench --kafka`: the broker and its
+# command-line tools, fetched through Maven from Maven Central (the version is pinned in
+# scripts/kafka/pom.xml), needing Java 17 or newer. Fetched once into
+# ~/.cache/vigil-tools/kafka-<version>/libs (about 55 MB of jars); the tests find them there and
+# start their own single-node KRaft brokers on free loopback ports.
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -q
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' scripts/kafka/pom.xml)
+kafka_libs="$HOME/.cache/vigil-tools/kafka-$kafka_version/libs"
+if [ ! -f "$kafka_libs/.complete" ]; then
+    echo "fetching Apache Kafka $kafka_version from Maven Central (first run only; cached in $kafka_libs)" >&2
+    rm -rf "$kafka_libs.partial"
+    mvn -q -B -f scripts/kafka/pom.xml \
+        org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$kafka_libs.partial"
+    touch "$kafka_libs.partial/.complete"
+    rm -rf "$kafka_libs"
+    mv "$kafka_libs.partial" "$kafka_libs"
 fi
 
 # One build (the test profile), then every test: unit, property, fixture, CLI, Redis and Kafka

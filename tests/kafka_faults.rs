@@ -1,8 +1,9 @@
-//! `vigil run` under faults, end to end against a real Kafka-protocol broker (tansu) and real
-//! `redis-server` processes, all started here on free loopback ports and stopped by PID: twenty
-//! SIGKILLs with restarts while events arrive, a third worker joining and leaving, Redis frozen for
-//! ten seconds, Redis killed and restarted from its append-only file, a proxy dropping Redis
-//! connections after Redis executed a request, and a broker restart.
+//! `vigil run` under faults, end to end against Apache Kafka and real `redis-server` processes, all
+//! started here on free loopback ports and stopped by PID: twenty SIGKILLs with restarts while
+//! batched events arrive, a third worker joining and leaving, Redis frozen for ten seconds, Redis
+//! killed and restarted from its append-only file, a proxy dropping Redis connections after Redis
+//! executed a request, and a broker killed and restarted. The broker-restart test has a broker of
+//! its own; the others share one, each with topics and a consumer group of its own.
 //!
 //! Each test ends with: the counters in Redis equal to one clean pass over the events (nothing
 //! lost, nothing doubled), a decision record for every event, every copy of a record delivered
@@ -12,12 +13,12 @@
 mod support;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use support::kafka::{topics, Broker, Record, Worker};
+use support::kafka::{Broker, Record, Topics, Worker};
 use support::proxy::Proxy;
 use support::stream::{keyed, reference_totals, replay_lines, workload_lines, USER_KEYED};
 use support::{assert_totals_equal, redis_totals, RedisServer};
@@ -47,13 +48,10 @@ fn reference_records(lines: &[Vec<u8>]) -> HashMap<String, Value> {
 
 /// A worker's config. `session_ms`: the group session timeout (how soon the broker gives a killed
 /// member's partitions to someone else).
-fn config(broker: &str, redis: &str, session_ms: u32) -> String {
+fn config(broker: &Broker, topics: &Topics, redis: &str, session_ms: u32) -> String {
     format!(
         r#"
-[kafka]
-brokers = "{broker}"
-group_id = "vigil-faults"
-statistics_interval = "1s"
+{}statistics_interval = "1s"
 [kafka.properties]
 "session.timeout.ms" = {session_ms}
 "heartbeat.interval.ms" = {}
@@ -69,18 +67,19 @@ emit_allow = true
 shutdown_timeout = "15s"
 commit_interval = "1s"
 "#,
+        topics.kafka_section(broker),
         session_ms / 5,
         session_ms * 2,
     )
 }
 
 /// Produces `records` spread evenly over `over`, in chunks.
-fn produce_paced(broker: &Broker, records: &[(Option<Vec<u8>>, Vec<u8>)], over: Duration, partition: Option<i32>) {
+fn produce_paced(broker: &Broker, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)], over: Duration, partition: Option<i32>) {
     let chunks = 40;
     let size = records.len().div_ceil(chunks);
     let started = Instant::now();
     for (i, chunk) in records.chunks(size).enumerate() {
-        broker.produce("events", chunk, partition);
+        broker.produce(topic, chunk, partition);
         let due = started + over.mul_f64((i + 1) as f64 / chunks as f64);
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
     }
@@ -95,12 +94,12 @@ struct Delivered {
 
 /// Reads the decisions until every event has one, and checks every copy of a record is the same
 /// bytes as the first.
-fn read_decisions(broker: &Broker, events: usize) -> Delivered {
+fn read_decisions(broker: &Broker, topics: &Topics, events: usize) -> Delivered {
     let wanted = |records: &[Record]| {
         let ids: std::collections::HashSet<&[u8]> = records.iter().map(|r| event_id_bytes(&r.payload)).collect();
         ids.len() >= events
     };
-    let records = broker.read("decisions", 1, wanted, Duration::from_secs(2), LONG);
+    let records = broker.read(&topics.decisions, 1, wanted, Duration::from_secs(2), LONG);
     let mut payloads: HashMap<String, Vec<u8>> = HashMap::new();
     let mut copies: HashMap<String, usize> = HashMap::new();
     let mut differing = Vec::new();
@@ -191,16 +190,16 @@ fn wrong_decisions<'a>(delivered: &'a Delivered, reference: &HashMap<String, Val
 #[test]
 fn twenty_sigkills_with_restarts_lose_nothing_and_double_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 1);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("sigkills", 1);
     let (events, kills, seconds) = if long_mode() { (80_000, 40, 150) } else { (30_000, 20, 70) };
     let lines = workload(events, 31);
     let reference = reference_records(&lines);
-    let config = config(&broker.bootstrap(), &redis.url(), 1_500);
+    let config = config(&broker, &topics, &redis.url(), 1_500);
     let mut rng = rand::rngs::StdRng::seed_from_u64(31);
     let started = Instant::now();
     let worker = std::thread::scope(|scope| {
-        scope.spawn(|| produce_paced(&broker, &keyed(&lines), Duration::from_secs(seconds), Some(0)));
+        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(seconds), Some(0)));
         let mut worker = Worker::start(dir.path(), "w0", &config);
         for kill in 1..=kills {
             // Each kill comes at a random moment after the worker got the partition (the broker
@@ -214,9 +213,16 @@ fn twenty_sigkills_with_restarts_lose_nothing_and_double_nothing() {
         worker
     });
     eprintln!("{kills} kills in {:?}", started.elapsed());
+    // Produced as a user's producer would: several records per batch, so restarts resume inside
+    // batches.
+    let batches = broker.batch_sizes(&topics.events, 0);
+    let records: u64 = batches.iter().sum();
+    eprintln!("{records} records in {} batches (largest {})", batches.len(), batches.iter().max().unwrap_or(&0));
+    assert_eq!(records as usize, lines.len());
+    assert!(records >= 5 * batches.len() as u64, "{} batches for {records} records", batches.len());
     let mut worker = worker;
     worker.wait_ready(LONG);
-    let delivered = read_decisions(&broker, good_events(&lines));
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
     assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200), "the last worker is alive");
     let logs: String = (0..=kills).map(|k| std::fs::read_to_string(dir.path().join(format!("w{k}.log"))).unwrap_or_default()).collect();
     let resumed = logs.matches("decision journal loaded").count();
@@ -236,11 +242,11 @@ fn twenty_sigkills_with_restarts_lose_nothing_and_double_nothing() {
 #[test]
 fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 4);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("third-worker", 4);
     let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 32);
     let reference = reference_records(&lines);
-    let config = config(&broker.bootstrap(), &redis.url(), 6_000);
+    let config = config(&broker, &topics, &redis.url(), 6_000);
     let dump = || {
         for name in ["w1", "w2", "w3"] {
             let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
@@ -252,7 +258,7 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     };
     let _guard = DumpOnPanic(&dump);
     let (mut first, mut second, third) = std::thread::scope(|scope| {
-        scope.spawn(|| produce_paced(&broker, &keyed(&lines), Duration::from_secs(24), None));
+        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(24), None));
         let mut first = Worker::start(dir.path(), "w1", &config);
         let mut second = Worker::start(dir.path(), "w2", &config);
         first.wait_ready(LONG);
@@ -267,7 +273,7 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
         assert!(status.success(), "{}", third.log_text());
         (first, second, third)
     });
-    let delivered = read_decisions(&broker, good_events(&lines));
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
     let rebalances = |w: &Worker| w.log_text().lines().filter(|l| l.contains("assigned") || l.contains("revoked") || l.contains("rebalance") || l.contains("commit")).map(|l| l.to_owned() + "\n").collect::<String>();
     assert!(
         third.log_text().contains("partitions assigned"),
@@ -307,31 +313,31 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
 fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
     let dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
-    let broker = Broker::start();
+    let broker = Broker::shared();
     let mut redis = RedisServer::start_persistent(data.path());
-    topics(&broker, 1);
+    let topics = broker.topics("redis-frozen", 1);
     let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 33);
     let reference = reference_records(&lines);
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker.bootstrap(), &redis.url(), 6_000));
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis.url(), 6_000));
     worker.wait_ready(LONG);
     let third = lines.len() / 3;
-    broker.produce("events", &keyed(&lines[..third]), Some(0));
-    broker.read("decisions", 1, |r| r.len() >= third / 2, Duration::ZERO, LONG);
+    broker.produce(&topics.events, &keyed(&lines[..third]), Some(0));
+    broker.read(&topics.decisions, 1, |r| r.len() >= third / 2, Duration::ZERO, LONG);
 
     // Frozen for ten seconds: the worker goes on deciding (on local counts) and stays alive.
     redis.pause();
-    broker.produce("events", &keyed(&lines[third..2 * third]), Some(0));
-    let during = broker.read("decisions", 1, |r| r.len() >= third + third / 2, Duration::ZERO, Duration::from_secs(9));
+    broker.produce(&topics.events, &keyed(&lines[third..2 * third]), Some(0));
+    let during = broker.read(&topics.decisions, 1, |r| r.len() >= third + third / 2, Duration::ZERO, Duration::from_secs(9));
     assert!(during.len() >= third + third / 2, "decisions went on while Redis was frozen: {}\n{}", during.len(), worker.log_text());
     assert_eq!(worker.get("/healthz").unwrap().0, 200);
     std::thread::sleep(Duration::from_secs(10).saturating_sub(Duration::from_secs(9)));
     redis.resume();
 
     // Killed and restarted from its append-only file.
-    broker.read("decisions", 1, |r| r.len() >= 2 * third - 100, Duration::ZERO, LONG);
+    broker.read(&topics.decisions, 1, |r| r.len() >= 2 * third - 100, Duration::ZERO, LONG);
     redis.restart();
-    broker.produce("events", &keyed(&lines[2 * third..]), Some(0));
-    let delivered = read_decisions(&broker, good_events(&lines));
+    broker.produce(&topics.events, &keyed(&lines[2 * third..]), Some(0));
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
     assert!(delivered.first.values().any(|r| r.to_string().contains("\"degraded\":true")), "hits during the freeze are marked degraded");
     let wrong = wrong_decisions(&delivered, &reference);
     assert!(wrong.len() < 50, "{} records differ from the exact ones outside the outage", wrong.len());
@@ -345,15 +351,15 @@ fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
 #[test]
 fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
     let proxy = Proxy::start(redis.port);
-    topics(&broker, 2);
+    let topics = broker.topics("proxy", 2);
     let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 34);
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker.bootstrap(), &proxy.url(), 6_000));
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &proxy.url(), 6_000));
     worker.wait_ready(LONG);
     proxy.drop_every(30);
-    broker.produce("events", &keyed(&lines), None);
-    read_decisions(&broker, good_events(&lines));
+    broker.produce(&topics.events, &keyed(&lines), None);
+    read_decisions(&broker, &topics, good_events(&lines));
     assert!(proxy.dropped() >= 10, "dropped {}", proxy.dropped());
     eprintln!("the proxy dropped {} replies after Redis executed them", proxy.dropped());
     proxy.drop_every(0);
@@ -365,18 +371,17 @@ fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
 #[test]
 fn a_broker_restart_mid_stream_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = tempfile::tempdir().unwrap();
-    let mut broker = Broker::start_persistent(storage.path());
+    // SIGKILLed and started again: a broker of its own.
+    let mut broker = Broker::start();
     let redis = RedisServer::start();
-    topics(&broker, 1);
-    // A SQLite-backed broker stores one record per batch slowly: fewer events.
-    let lines = workload(if long_mode() { 30_000 } else { 8_000 }, 35);
+    let topics = broker.topics("broker-restart", 1);
+    let lines = workload(if long_mode() { 60_000 } else { 20_000 }, 35);
     let reference = reference_records(&lines);
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker.bootstrap(), &redis.url(), 6_000));
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis.url(), 6_000));
     worker.wait_ready(LONG);
     let half = lines.len() / 2;
-    broker.produce("events", &keyed(&lines[..half]), Some(0));
-    broker.read("decisions", 1, |r| r.len() >= half / 2, Duration::ZERO, LONG);
+    broker.produce(&topics.events, &keyed(&lines[..half]), Some(0));
+    broker.read(&topics.decisions, 1, |r| r.len() >= half / 2, Duration::ZERO, LONG);
     broker.kill();
     // Not ready while no broker answers (alive all the same); ready again once one does.
     let readiness = |want: u16| {
@@ -390,13 +395,12 @@ fn a_broker_restart_mid_stream_loses_nothing() {
     assert_eq!(worker.get("/healthz").map(|(status, _)| status), Some(200));
     broker.start_again();
     readiness(200);
-    broker.produce("events", &keyed(&lines[half..]), Some(0));
-    let delivered = read_decisions(&broker, good_events(&lines));
+    broker.produce(&topics.events, &keyed(&lines[half..]), Some(0));
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
     assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200));
     let wrong = wrong_decisions(&delivered, &reference);
     assert!(wrong.is_empty(), "{} decisions differ, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
     worker.signal("TERM");
     assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
     assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
-    let _: PathBuf = storage.path().to_path_buf();
 }

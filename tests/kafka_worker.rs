@@ -1,5 +1,6 @@
-//! `vigil run` end to end: a real Kafka-protocol broker (tansu) and a real `redis-server`, both
-//! started here on free loopback ports; worker processes started, signalled and killed by PID.
+//! `vigil run` end to end: Apache Kafka (one broker shared by these tests, each with topics and a
+//! consumer group of its own) and a real `redis-server`, both started here on free loopback ports;
+//! worker processes started, signalled and killed by PID.
 //! The reference is `vigil replay` (the in-process engine) on the same events.
 
 mod support;
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::kafka::{topics, Broker, Record, Worker};
+use support::kafka::{Broker, Record, Topics, Worker};
 use support::stream::{keyed, reference_totals, replay_lines, user_key, workload_lines, USER_KEYED};
 use support::{redis_totals, RedisServer};
 use vigil::harness::workload::WorkloadSpec;
@@ -56,13 +57,10 @@ fn copy_rules(dir: &Path) -> PathBuf {
     rules
 }
 
-fn config(broker: &Broker, redis: &RedisServer, rules: &Path, worker: &str) -> String {
+fn config(broker: &Broker, topics: &Topics, redis: &RedisServer, rules: &Path, worker: &str) -> String {
     format!(
         r#"
-[kafka]
-brokers = "{}"
-group_id = "vigil-test"
-statistics_interval = "1s"
+{}statistics_interval = "1s"
 [kafka.properties]
 "session.timeout.ms" = 6000
 "heartbeat.interval.ms" = 500
@@ -76,7 +74,7 @@ shutdown_timeout = "15s"
 commit_interval = "200ms"
 {worker}
 "#,
-        broker.bootstrap(),
+        topics.kafka_section(broker),
         redis.url(),
         rules.display()
     )
@@ -105,27 +103,27 @@ fn hits_of(record: &Value, rules: &[&str]) -> Vec<(String, String)> {
 #[test]
 fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 1);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("one-worker", 1);
     let mut lines = workload(50_000, 11);
     // Valid JSON that no rule matches, but over worker.max_event_bytes: dead-lettered as too large.
     let too_large = lines.len() / 3;
     lines.insert(too_large, format!(r#"{{"ts":1700000000000,"type":"noise","pad":"{}"}}"#, "x".repeat(5000)).into_bytes());
     let (expected, bad) = reference(Path::new("rules"), &lines, false);
     assert!(expected.len() > 1_000 && bad.len() == 5, "{} decisions, {} bad", expected.len(), bad.len());
-    broker.produce("events", &keyed(&lines), Some(0));
+    broker.produce(&topics.events, &keyed(&lines), Some(0));
 
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &redis, Path::new("rules"), "max_event_bytes = 4096"));
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis, Path::new("rules"), "max_event_bytes = 4096"));
     worker.wait_ready(LONG);
-    let decisions = broker.read("decisions", 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
-    let dead = broker.read("events.dlq", 1, |r| r.len() > bad.len(), Duration::from_millis(200), LONG);
+    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
+    let dead = broker.read(&topics.dead_letters, 1, |r| r.len() > bad.len(), Duration::from_millis(200), LONG);
 
     // Decisions: the same records as replay, in order, with the Kafka source of each event.
     let got: Vec<(usize, Value)> = decisions
         .iter()
         .map(|r| {
             let (json, source) = without_source(r);
-            assert_eq!(source["topic"], "events");
+            assert_eq!(source["topic"], topics.events.as_str());
             assert_eq!(source["partition"], 0);
             (source["offset"].as_u64().unwrap() as usize, json)
         })
@@ -148,7 +146,7 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
     for (record, (&index, reason)) in dead.iter().zip(&want_dead) {
         assert_eq!(record.payload, lines[index]);
         assert_eq!(record.headers["vigil.reason"], *reason);
-        assert_eq!(record.headers["vigil.source.topic"], "events");
+        assert_eq!(record.headers["vigil.source.topic"], topics.events);
         assert_eq!(record.headers["vigil.source.partition"], "0");
         assert_eq!(record.headers["vigil.source.offset"], index.to_string());
         assert!(!record.headers["vigil.error"].is_empty());
@@ -157,7 +155,7 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
 
     // Metrics: dead letters by reason, late events, decisions, flushes, lag.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while worker.metric("vigil_consumer_lag{topic=\"events\",partition=\"0\"}") != Some(0.0) && Instant::now() < deadline {
+    while worker.metric(&format!("vigil_consumer_lag{{topic=\"{}\",partition=\"0\"}}", topics.events)) != Some(0.0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
     let (status, metrics) = worker.get("/metrics").unwrap();
@@ -176,7 +174,7 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
     assert!(worker.metric("vigil_late_events_total{counter=\"login-fails-user-10m\"}").unwrap() > 0.0);
     assert!(worker.metric("vigil_flush_batch_keys_count").unwrap() > 0.0);
     assert!(worker.metric("vigil_decision_latency_seconds_count").unwrap() > 0.0);
-    assert_eq!(worker.metric("vigil_consumer_lag{topic=\"events\",partition=\"0\"}"), Some(0.0), "{metrics}");
+    assert_eq!(worker.metric(&format!("vigil_consumer_lag{{topic=\"{}\",partition=\"0\"}}", topics.events)), Some(0.0), "{metrics}");
     assert!(metrics.contains("vigil_rule_hits_total{rule=\"login-brute-force\",mode=\"enforce\",action=\"block\"}"));
     assert!(!metrics.contains("u-1\""), "no user data in labels");
     assert_eq!(worker.get("/healthz").unwrap().0, 200);
@@ -211,9 +209,9 @@ fn by_event(records: &[Record]) -> HashMap<String, Value> {
 #[test]
 fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 4);
-    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true");
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("two-workers", 4);
+    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true");
     let mut first = Worker::start(dir.path(), "w1", &config);
     let mut second = Worker::start(dir.path(), "w2", &config);
     first.wait_ready(LONG);
@@ -232,8 +230,8 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
     let lines = workload(40_000, 12);
     let ids = event_ids(&lines);
     let (expected, _) = reference(Path::new("rules"), &lines, true);
-    broker.produce("events", &keyed(&lines), None);
-    let decisions = broker.read("decisions", 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
+    broker.produce(&topics.events, &keyed(&lines), None);
+    let decisions = broker.read(&topics.decisions, 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
     let got = by_event(&decisions);
     // Every event has its decision.
     let missing: Vec<&String> = ids.iter().filter(|id| !got.contains_key(*id)).take(5).collect();
@@ -256,28 +254,28 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
 #[test]
 fn a_worker_killed_mid_stream_leaves_no_event_without_its_decision() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 2);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("killed-mid-stream", 2);
     let lines = workload(40_000, 13);
     let ids = event_ids(&lines);
     // The second half is produced after the kill: the kill comes mid-stream.
     let (first_half, second_half) = (keyed(&lines[..20_000]), keyed(&lines[20_000..]));
-    broker.produce("events", &first_half, None);
-    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true");
+    broker.produce(&topics.events, &first_half, None);
+    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true");
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    let before = broker.read("decisions", 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
+    let before = broker.read(&topics.decisions, 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
     assert!(before.len() >= 8_000);
     worker.signal("KILL");
     worker.wait_exit(Duration::from_secs(10)).expect("killed");
-    broker.produce("events", &second_half, None);
+    broker.produce(&topics.events, &second_half, None);
     // The broker drops the dead member only when its session (6 s) times out; before that, the
     // group would hand its partitions to nobody.
     std::thread::sleep(Duration::from_secs(8));
 
     let mut restarted = Worker::start(dir.path(), "w2", &config);
     restarted.wait_ready(LONG);
-    let decisions = broker.read("decisions", 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
+    let decisions = broker.read(&topics.decisions, 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
     let got = by_event(&decisions);
     let missing: Vec<&String> = ids.iter().filter(|id| !got.contains_key(*id)).take(5).collect();
     assert!(missing.is_empty(), "{} events without a decision, e.g. {missing:?}\n{}", ids.len() - got.len(), restarted.log_text());
@@ -286,18 +284,18 @@ fn a_worker_killed_mid_stream_leaves_no_event_without_its_decision() {
 #[test]
 fn after_a_sigkill_the_restarted_worker_ends_with_exact_counters() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 1);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("sigkill-counters", 1);
     let lines = workload(40_000, 15);
     let ids = event_ids(&lines);
-    broker.produce("events", &keyed(&lines), Some(0));
+    broker.produce(&topics.events, &keyed(&lines), Some(0));
     // Nothing is committed before the kill, so the successor re-reads every event the first
     // worker counted and flushed: the hardest case for counting each event once.
-    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true")
+    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true")
         .replace(r#"commit_interval = "200ms""#, r#"commit_interval = "1h""#);
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    broker.read("decisions", 1, |r| r.len() >= 5_000, Duration::ZERO, LONG);
+    broker.read(&topics.decisions, 1, |r| r.len() >= 5_000, Duration::ZERO, LONG);
     worker.signal("KILL");
     worker.wait_exit(Duration::from_secs(10)).expect("killed");
     // Let the broker drop the dead member (session timeout 6 s) so the successor is assigned.
@@ -307,7 +305,7 @@ fn after_a_sigkill_the_restarted_worker_ends_with_exact_counters() {
     // judged but not counted again; the rest are counted once.
     let mut restarted = Worker::start(dir.path(), "w2", &config);
     restarted.wait_ready(LONG);
-    let records = broker.read("decisions", 1, |r| r.len() >= 5_000 + ids.len(), Duration::from_secs(1), LONG);
+    let records = broker.read(&topics.decisions, 1, |r| r.len() >= 5_000 + ids.len(), Duration::from_secs(1), LONG);
     assert!(by_event(&records).len() == ids.len(), "every event has a decision");
     let replayed = restarted.metric("vigil_replayed_observations_total").unwrap_or(0.0);
     // On SIGTERM it flushes what it counted.
@@ -331,17 +329,17 @@ fn after_a_sigkill_the_restarted_worker_ends_with_exact_counters() {
 #[test]
 fn sigterm_flushes_commits_and_exits_zero_and_a_successor_continues_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 1);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("sigterm", 1);
     let lines = workload(40_000, 14);
     let (expected, _) = reference(Path::new("rules"), &lines, true);
     // The second half is produced after the shutdown: it comes mid-stream.
     let (first_half, second_half) = (keyed(&lines[..20_000]), keyed(&lines[20_000..]));
-    broker.produce("events", &first_half, Some(0));
-    let config = config(&broker, &redis, Path::new("rules"), "emit_allow = true");
+    broker.produce(&topics.events, &first_half, Some(0));
+    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true");
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    broker.read("decisions", 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
+    broker.read(&topics.decisions, 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
     let signalled = Instant::now();
     worker.signal("TERM");
     let status = worker.wait_exit(Duration::from_secs(20)).expect("exits after SIGTERM");
@@ -349,13 +347,13 @@ fn sigterm_flushes_commits_and_exits_zero_and_a_successor_continues_exactly() {
     assert!(status.success(), "{status}\n{}", worker.log_text());
     assert!(took < Duration::from_secs(15), "shutdown took {took:?}, the bound is 15 s");
     assert!(worker.log_text().contains("everything flushed, delivered and committed"), "{}", worker.log_text());
-    broker.produce("events", &second_half, Some(0));
+    broker.produce(&topics.events, &second_half, Some(0));
 
     // A successor resumes at the committed offset with the flushed counters: exactly one record
     // per event, and every record exactly as replay (nothing recounted, nothing lost).
     let mut successor = Worker::start(dir.path(), "w2", &config);
     successor.wait_ready(LONG);
-    let decisions = broker.read("decisions", 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
+    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
     assert_eq!(decisions.len(), expected.len(), "one record per event across the restart\n{}", successor.log_text());
     for (record, (index, want)) in decisions.iter().zip(&expected) {
         let (got, source) = without_source(record);
@@ -367,10 +365,10 @@ fn sigterm_flushes_commits_and_exits_zero_and_a_successor_continues_exactly() {
 #[test]
 fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 1);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("reload", 1);
     let rules = copy_rules(dir.path());
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &redis, &rules, ""));
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis, &rules, ""));
     worker.wait_ready(LONG);
     let event = |n: u64, user: &str, kind: &str, result: &str| {
         let line = format!(
@@ -381,7 +379,7 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     };
     // Four failed logins: login-brute-force fires from the 6th.
     let batch: Vec<_> = (0..4).map(|n| event(n, "u-a", "login", "fail")).collect();
-    broker.produce("events", &batch, Some(0));
+    broker.produce(&topics.events, &batch, Some(0));
     // A valid change: a new rule on a field nothing counted before.
     let reloads = |w: &Worker, result: &str| w.metric(&format!("vigil_rule_reloads_total{{result=\"{result}\"}}")).unwrap_or(0.0);
     std::fs::write(
@@ -393,8 +391,8 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     assert_eq!(worker.metric("vigil_rules_active"), Some(17.0));
     // Two more failures: the unchanged rule kept its counter, so the 6th fires; the new rule fires.
     let batch = vec![event(4, "u-a", "login", "fail"), event(5, "u-a", "login", "fail"), event(6, "u-b", "signup", "ok")];
-    broker.produce("events", &batch, Some(0));
-    let decisions = broker.read("decisions", 1, |r| r.len() >= 2, Duration::from_millis(300), LONG);
+    broker.produce(&topics.events, &batch, Some(0));
+    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= 2, Duration::from_millis(300), LONG);
     let fired: Vec<(String, String)> = decisions
         .iter()
         .flat_map(|r| {
@@ -414,8 +412,8 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     assert!(log.contains(&format!("{}:3:10: ", rules.join("extra.toml").display())), "{log}");
     assert!(log.contains("rule reload refused"), "{log}");
     assert_eq!(worker.metric("vigil_rules_active"), Some(17.0));
-    broker.produce("events", &[event(7, "u-c", "signup", "ok")], Some(0));
-    let decisions = broker.read("decisions", 1, |r| r.len() >= 3, Duration::from_millis(300), LONG);
+    broker.produce(&topics.events, &[event(7, "u-c", "signup", "ok")], Some(0));
+    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= 3, Duration::from_millis(300), LONG);
     assert!(decisions.iter().any(|r| r.json()["event_id"] == "u-c-7"), "the old rules still decide");
 }
 
@@ -449,15 +447,16 @@ fn a_bad_config_names_the_key_and_its_line() {
 
 #[test]
 fn gen_produces_keyed_events_to_kafka() {
-    let broker = Broker::start();
-    broker.create_topic("demo", 2);
+    let broker = Broker::shared();
+    let topic = "gen-demo";
+    broker.create_topic(topic, 2);
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["gen", "--events", "3000", "--users", "100", "--kafka", &broker.bootstrap(), "--topic", "demo"])
+        .args(["gen", "--events", "3000", "--users", "100", "--kafka", &broker.bootstrap(), "--topic", topic])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(String::from_utf8_lossy(&output.stderr), "gen: produced 3000 events to demo\n");
-    let records = broker.read("demo", 2, |r| r.len() >= 3000, Duration::from_millis(300), LONG);
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "gen: produced 3000 events to gen-demo\n");
+    let records = broker.read(topic, 2, |r| r.len() >= 3000, Duration::from_millis(300), LONG);
     assert_eq!(records.len(), 3000);
     for record in &records {
         assert_eq!(record.key, user_key(&record.payload), "keyed by user_id");
@@ -476,8 +475,8 @@ fn gen_produces_keyed_events_to_kafka() {
 #[test]
 fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 2);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("hold", 2);
     let rules = dir.path().join("rules");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(
@@ -485,7 +484,7 @@ fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
         "[[rule]]\nid = \"big-pay-hold-device\"\naction = \"challenge\"\nmatch = \"type == 'pay'\"\nwhen = \"amount >= 1000\"\nhold = \"10m\"\nhold_key = [\"device\"]\n",
     )
     .unwrap();
-    let config = config(&broker, &redis, &rules, "emit_allow = true");
+    let config = config(&broker, &topics, &redis, &rules, "emit_allow = true");
     let mut first = Worker::start(dir.path(), "w1", &config);
     let mut second = Worker::start(dir.path(), "w2", &config);
     first.wait_ready(LONG);
@@ -501,14 +500,14 @@ fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
     let event = |id: &str, ts: i64, amount: u32| -> (Option<Vec<u8>>, Vec<u8>) {
         (None, format!(r#"{{"event_id":"{id}","ts":{ts},"type":"pay","device":"d-shared","amount":{amount}}}"#).into_bytes())
     };
-    let decisions = |n: usize| broker.read("decisions", 1, |r| r.len() >= n, Duration::from_millis(300), LONG);
+    let decisions = |n: usize| broker.read(&topics.decisions, 1, |r| r.len() >= n, Duration::from_millis(300), LONG);
     let find = |records: &[Record], id: &str| records.iter().map(Record::json).find(|r| r["event_id"] == id).unwrap_or_else(|| panic!("no decision for {id}"));
     // Before any hold: a small payment on partition 1 is allowed.
-    broker.produce("events", &[event("before", t0, 5)], Some(1));
+    broker.produce(&topics.events, &[event("before", t0, 5)], Some(1));
     let before = find(&decisions(1), "before");
     assert_eq!((&before["action"], before["hits"].as_array().unwrap().len()), (&Value::from("allow"), 0));
     // The big payment on partition 0 fires and holds the device for 10 minutes.
-    broker.produce("events", &[event("big", t0 + 1_000, 1_500)], Some(0));
+    broker.produce(&topics.events, &[event("big", t0 + 1_000, 1_500)], Some(0));
     let big = find(&decisions(2), "big");
     assert_eq!(big["event_id"], "big");
     assert_eq!(big["hits"][0]["reason"], "when");
@@ -516,7 +515,7 @@ fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
     // One flush interval (50 ms) later the hold is in Redis; the other worker re-reads a hold
     // view older than a flush interval.
     std::thread::sleep(Duration::from_millis(300));
-    broker.produce("events", &[event("after", t0 + 2_000, 5)], Some(1));
+    broker.produce(&topics.events, &[event("after", t0 + 2_000, 5)], Some(1));
     let after = find(&decisions(3), "after");
     assert_eq!(after["action"], "challenge");
     assert_eq!(after["hits"][0]["reason"], "held");
@@ -535,8 +534,8 @@ fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
 #[test]
 fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::start(), RedisServer::start());
-    topics(&broker, 1);
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("list-reload", 1);
     let rules = dir.path().join("rules");
     std::fs::create_dir_all(rules.join("lists")).unwrap();
     let rule_file = "[[list]]\nid = \"stolen\"\nfile = \"lists/cards.txt\"\n\n[[rule]]\nid = \"stolen-card\"\naction = \"block\"\nwhen = \"card in @stolen\"\n";
@@ -556,7 +555,7 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
     let new_version = vigil::rule_files::load(&copy).unwrap().version().to_owned();
     assert_ne!(old_version, new_version);
 
-    let config = config(&broker, &redis, &rules, "emit_allow = true");
+    let config = config(&broker, &topics, &redis, &rules, "emit_allow = true");
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
     let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
@@ -573,15 +572,15 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
         let producer = scope.spawn(|| {
             for chunk in 0..chunks {
                 let records: Vec<_> = (chunk * per_chunk..(chunk + 1) * per_chunk).map(event).collect();
-                broker.produce("events", &records, None);
+                broker.produce(&topics.events, &records, None);
             }
         });
         // Swap the list once the worker is judging the stream.
-        broker.read("decisions", 1, |r| r.len() >= per_chunk, Duration::from_millis(50), LONG);
+        broker.read(&topics.decisions, 1, |r| r.len() >= per_chunk, Duration::from_millis(50), LONG);
         std::fs::rename(&staged, rules.join("lists/cards.txt")).unwrap();
         producer.join().unwrap();
     });
-    let records = broker.read("decisions", 1, |r| r.len() >= total, Duration::from_secs(1), LONG);
+    let records = broker.read(&topics.decisions, 1, |r| r.len() >= total, Duration::from_secs(1), LONG);
     assert_eq!(records.len(), total, "every event has its record");
     let mut switched_at = None;
     for record in &records {
