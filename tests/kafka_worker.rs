@@ -601,3 +601,77 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
     assert!(switched_at >= per_chunk && switched_at < total, "switched at event {switched_at} of {total}");
     assert!(worker.log_text().contains("rules reloaded"), "{}", worker.log_text());
 }
+
+/// Runs Apache Kafka's own console consumer on `topic` from the beginning until it has printed
+/// `count` records: one line per record, its fields (headers when asked, key, value) separated by
+/// tabs (JSON escapes a tab in a string, so none appears inside a record).
+fn console_consumer(broker: &Broker, topic: &str, count: usize, headers: bool) -> Vec<Vec<u8>> {
+    let output = support::kafka::kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer")
+        .args(["--bootstrap-server", &broker.bootstrap(), "--topic", topic, "--from-beginning"])
+        .args(["--max-messages", &count.to_string(), "--timeout-ms", "60000"])
+        .args(["--formatter-property", "print.key=true", "--formatter-property", "key.separator=\t"])
+        .args(["--formatter-property", &format!("print.headers={headers}"), "--formatter-property", "headers.separator=\t"])
+        .output()
+        .expect("Kafka's console consumer");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Vec<u8>> = output.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    assert_eq!(lines.len(), count, "records printed by the console consumer\n{}", String::from_utf8_lossy(&output.stderr));
+    lines
+}
+
+/// A client we did not write: Apache Kafka's own console consumer reads the decisions and dead
+/// letters a worker produced. Every decision is the documented JSON record — the same as replay's,
+/// with the documented `decision_id` and `source` — keyed by the event's Kafka key; every dead
+/// letter has the event's original key and bytes and the documented `vigil.*` headers.
+#[test]
+fn kafkas_own_console_consumer_reads_the_decisions_and_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("java-consumer", 1);
+    let lines = workload(4_000, 16);
+    let (expected, bad) = reference(Path::new("rules"), &lines, true);
+    broker.produce(&topics.events, &keyed(&lines), Some(0));
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true"));
+    worker.wait_ready(LONG);
+    broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_millis(500), LONG);
+
+    let documented = ["action", "decision_id", "event_id", "hits", "rules_version", "source", "ts"];
+    let decisions = console_consumer(&broker, &topics.decisions, expected.len(), false);
+    for (line, (&index, want)) in decisions.iter().zip(&expected) {
+        let text = std::str::from_utf8(line).expect("UTF-8");
+        let (key, value) = text.split_once('\t').expect("key<TAB>value");
+        let want_key = user_key(&lines[index]).map_or("null".to_owned(), |k| String::from_utf8(k).unwrap());
+        assert_eq!(key, want_key, "the decision's message key is the event's Kafka key");
+        let mut record: Value = serde_json::from_str(value).unwrap_or_else(|e| panic!("not JSON ({e}): {value}"));
+        let fields: Vec<&str> = record.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(fields, documented, "{value}");
+        assert_eq!(record["source"], serde_json::json!({"topic": topics.events, "partition": 0, "offset": index}));
+        assert_eq!(record["decision_id"], format!("{}/0/{index}", topics.events));
+        assert!(["allow", "alert", "review", "challenge", "block"].contains(&record["action"].as_str().unwrap()), "{value}");
+        let object = record.as_object_mut().unwrap();
+        object.remove("source");
+        object.remove("decision_id");
+        assert_eq!(&record, want, "as replay decides");
+    }
+
+    let dead = console_consumer(&broker, &topics.dead_letters, bad.len(), true);
+    for (line, (&index, reason)) in dead.iter().zip(&bad) {
+        // headers (tab-separated `name:value`), key, value.
+        let fields: Vec<&[u8]> = line.split(|&b| b == b'\t').collect();
+        let (value, key, headers) = (fields[fields.len() - 1], fields[fields.len() - 2], &fields[..fields.len() - 2]);
+        assert_eq!(value, &lines[index][..], "the original bytes");
+        assert_eq!(key, user_key(&lines[index]).as_deref().unwrap_or(b"null"), "the original key");
+        let headers: BTreeMap<String, String> = headers
+            .iter()
+            .map(|h| String::from_utf8_lossy(h).split_once(':').map(|(k, v)| (k.to_owned(), v.to_owned())).expect("name:value"))
+            .collect();
+        assert_eq!(headers["origin"], "test", "the original headers");
+        assert_eq!(headers["vigil.reason"], *reason);
+        assert_eq!(headers["vigil.source.topic"], topics.events);
+        assert_eq!(headers["vigil.source.partition"], "0");
+        assert_eq!(headers["vigil.source.offset"], index.to_string());
+        assert!(!headers["vigil.error"].is_empty());
+    }
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(20)).expect("exits").success(), "{}", worker.log_text());
+}
