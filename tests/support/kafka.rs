@@ -111,6 +111,38 @@ pub struct Security {
     pub client_properties: Vec<(String, String)>,
 }
 
+impl Security {
+    /// A client listener that takes SASL/SCRAM-SHA-256 over TLS only: the broker's certificate
+    /// is `certificates.cert` (signed by `certificates.ca`), and `user` / `password` is the one
+    /// credential, created by the storage format step.
+    pub fn scram_over_tls(dir: &Path, certificates: &super::TestCertificates, user: &str, password: &str) -> Security {
+        // Kafka's PEM keystore: the private key, then the certificate.
+        let keystore = dir.join("broker-keystore.pem");
+        let pem = std::fs::read_to_string(&certificates.key).unwrap() + &std::fs::read_to_string(&certificates.cert).unwrap();
+        std::fs::write(&keystore, pem).unwrap();
+        let pairs = |pairs: &[(&str, &str)]| pairs.iter().map(|&(k, v)| (k.to_owned(), v.to_owned())).collect::<Vec<_>>();
+        Security {
+            broker_properties: pairs(&[
+                ("sasl.enabled.mechanisms", "SCRAM-SHA-256"),
+                // The server side of SCRAM needs a login module, not a credential: brokers talk
+                // among themselves on a plaintext listener.
+                ("listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config", "org.apache.kafka.common.security.scram.ScramLoginModule required;"),
+                ("ssl.keystore.type", "PEM"),
+                ("ssl.keystore.location", &keystore.display().to_string()),
+            ]),
+            format_args: vec!["--add-scram".into(), format!("SCRAM-SHA-256=[name={user},password={password}]")],
+            protocol: "SASL_SSL".into(),
+            client_properties: pairs(&[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-256"),
+                ("sasl.username", user),
+                ("sasl.password", password),
+                ("ssl.ca.location", &certificates.ca.display().to_string()),
+            ]),
+        }
+    }
+}
+
 pub struct Broker {
     child: Option<Child>,
     pub port: u16,

@@ -20,6 +20,36 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
+/// A fresh test CA and a server certificate for 127.0.0.1 it signed, made with `openssl` in a
+/// directory (PEM files; the key unencrypted PKCS#8).
+pub struct TestCertificates {
+    pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl TestCertificates {
+    pub fn make(dir: &std::path::Path) -> TestCertificates {
+        let file = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+        std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+        let openssl = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl not found: run scripts/test.sh, which installs it");
+            assert!(status.success(), "openssl {args:?}");
+        };
+        let (ca_key, ca, key, csr, cert, ext) =
+            (file("ca.key"), file("ca.pem"), file("key.pem"), file("server.csr"), file("cert.pem"), file("server.ext"));
+        openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=vigil test CA", "-keyout", &ca_key, "-out", &ca]);
+        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr]);
+        openssl(&["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "2", "-extfile", &ext, "-out", &cert]);
+        TestCertificates { ca: ca.into(), cert: cert.into(), key: key.into() }
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
@@ -88,22 +118,8 @@ impl RedisServer {
     /// A TLS-only server with a certificate for 127.0.0.1 signed by a fresh test CA. Returns the
     /// server and the path of the CA certificate.
     pub fn start_tls(dir: &std::path::Path) -> (RedisServer, std::path::PathBuf) {
-        let file = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-        std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
-        let openssl = |args: &[&str]| {
-            let status = Command::new("openssl")
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .expect("openssl not found: run scripts/test.sh, which installs it");
-            assert!(status.success(), "openssl {args:?}");
-        };
-        let (ca_key, ca, key, csr, cert, ext) =
-            (file("ca.key"), file("ca.pem"), file("key.pem"), file("server.csr"), file("cert.pem"), file("server.ext"));
-        openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=vigil test CA", "-keyout", &ca_key, "-out", &ca]);
-        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr]);
-        openssl(&["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "2", "-extfile", &ext, "-out", &cert]);
+        let certificates = TestCertificates::make(dir);
+        let (cert, key, ca) = (certificates.cert.display().to_string(), certificates.key.display().to_string(), certificates.ca.display().to_string());
         let extra = |port: u16| {
             [
                 "--tls-port", &port.to_string(), "--tls-cert-file", &cert, "--tls-key-file", &key,
@@ -112,7 +128,7 @@ impl RedisServer {
             .map(String::from)
             .to_vec()
         };
-        (RedisServer::start_with(extra), dir.join("ca.pem"))
+        (RedisServer::start_with(extra), certificates.ca)
     }
 
     /// A server that logs every write to an append-only file in `dir` and fsyncs it before
