@@ -435,9 +435,13 @@ fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
         .collect()
 }
 
-/// Whether a librdkafka property holds a secret, so it is never printed.
+/// Whether a librdkafka property holds a secret, so it is never printed: a name with a secret's
+/// word in it, or any `sasl.*` name but the few known to hold none, so that a mistyped secret
+/// (`sasl.pasword`) is hidden too.
 fn is_secret(property: &str) -> bool {
-    ["password", "secret", "key", "token", "sasl.oauthbearer.config", "sasl.jaas"].iter().any(|s| property.contains(s))
+    const SASL_SHOWN: [&str; 4] = ["sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.kerberos.service.name"];
+    ["pass", "secret", "key", "token", "cred", "jaas", "sasl.oauthbearer.config"].iter().any(|s| property.contains(s))
+        || (property.starts_with("sasl.") && !SASL_SHOWN.contains(&property))
 }
 
 /// `scheme://user:***@host…`: a URL with its password hidden.
@@ -594,15 +598,20 @@ mod tests {
     fn secrets_are_redacted() {
         let config = parse(
             "[kafka]\nbrokers = \"k\"\n[kafka.properties]\n\"sasl.password\" = \"pw1\"\n\"ssl.key.password\" = \"pw2\"\n\
-             \"linger.ms\" = 5\n[redis]\nurl = \"redis://app:pw3@r:6379/0\"\n",
-            &[],
+             \"linger.ms\" = 5\n\"sasl.pasword\" = \"pw4\"\n\"sasl.mechanism\" = \"SCRAM-SHA-256\"\n\"sasl.username\" = \"app\"\n\
+             \"ssl.ca.location\" = \"/ca.pem\"\n[redis]\nurl = \"redis://app:pw3@r:6379/0\"\n",
+            &[("VIGIL_KAFKA_PROPERTIES_SASL_OAUTHBEARER_CLIENT_SECRET", "pw5"), ("VIGIL_KAFKA_PROPERTIES_SASL_JAAS_CONFIG", "pw6")],
         )
         .unwrap();
         let shown = format!("{config:?}");
-        for secret in ["pw1", "pw2", "pw3"] {
+        for secret in ["pw1", "pw2", "pw3", "pw4", "pw5", "pw6"] {
             assert!(!shown.contains(secret), "{shown}");
         }
         assert!(shown.contains("redis://app:***@r:6379/0") && shown.contains("\"linger.ms\": \"5\""), "{shown}");
+        // What tells which account and which CA are used stays readable.
+        for shown_value in ["\"sasl.mechanism\": \"SCRAM-SHA-256\"", "\"sasl.username\": \"app\"", "\"ssl.ca.location\": \"/ca.pem\""] {
+            assert!(shown.contains(shown_value), "{shown}");
+        }
     }
 
     /// Every key of every section, as `section.key`: the defaults plus the keys without one.

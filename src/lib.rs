@@ -50,6 +50,8 @@
 //!   per-partition offset [`source::Progress`] (what may be committed).
 //! - [`sink`]: the idempotent producer of decisions and dead letters; deliveries report back to
 //!   the partition's progress.
+//! - [`broker`]: the client failures retrying cannot fix (a refused credential, an untrusted
+//!   certificate), which stop the worker instead of leaving it retrying forever.
 //! - [`worker`]: `vigil run`, one file per thread — `poll` (the consumer loop), `context`
 //!   (rdkafka callbacks, rebalances), `partition` (one ordered loop per partition over the shared
 //!   engine), `committer` (write-behind, durable marks, commits, metric export), `watcher`
@@ -79,6 +81,7 @@
 //!                        ─► committed ─► journal trimmed
 //! ```
 
+pub mod broker;
 pub mod clock;
 pub mod decimal;
 pub mod config;

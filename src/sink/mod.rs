@@ -12,6 +12,7 @@ use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 
+use crate::broker::Fatal;
 use crate::config::KafkaConfig;
 use crate::source::Progress;
 use crate::telemetry::{CodeLabels, Metrics};
@@ -46,6 +47,7 @@ pub struct SinkContext {
     metrics: Arc<Metrics>,
     failed: Mutex<Vec<Failed>>,
     logs: crate::telemetry::LogLimiter,
+    fatal: Fatal,
 }
 
 impl ClientContext for SinkContext {
@@ -53,7 +55,11 @@ impl ClientContext for SinkContext {
         self.logs.log(level, facility, message);
     }
 
+    /// A failure retrying cannot fix stops the worker, which reports it; the rest is logged.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if self.fatal.report(&error, reason) {
+            return;
+        }
         if let Some(held) = self.logs.allow("ERROR", reason) {
             tracing::error!(error = %error, held_back = held, "librdkafka producer: {reason}");
         }
@@ -114,8 +120,9 @@ pub struct Sink {
 
 impl Sink {
     /// An idempotent producer (acks=all, no duplicates or reordering on retries) with low linger,
-    /// since decisions are latency-sensitive. `kafka.properties` come last and win.
-    pub fn new(kafka: &KafkaConfig, metrics: Arc<Metrics>) -> Result<Sink, KafkaError> {
+    /// since decisions are latency-sensitive. `kafka.properties` come last and win. A broker
+    /// failure retrying cannot fix is reported to `fatal`.
+    pub fn new(kafka: &KafkaConfig, metrics: Arc<Metrics>, fatal: Fatal) -> Result<Sink, KafkaError> {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &kafka.brokers)
@@ -131,6 +138,7 @@ impl Sink {
             metrics,
             failed: Mutex::new(Vec::new()),
             logs: crate::telemetry::LogLimiter::new(std::time::Duration::from_secs(30)),
+            fatal,
         })?;
         Ok(Sink {
             producer,

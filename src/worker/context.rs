@@ -11,6 +11,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::ClientContext;
 
 use super::shared::{PartitionKey, Worker};
+use crate::broker::Fatal;
 use crate::store::CounterStore;
 use crate::telemetry::http::Health;
 use crate::telemetry::{LogLimiter, PartitionLabels};
@@ -19,6 +20,7 @@ pub(super) struct WorkerContext {
     pub(super) worker: Arc<Worker>,
     pub(super) health: Arc<Health>,
     pub(super) logs: LogLimiter,
+    pub(super) fatal: Fatal,
 }
 
 impl ClientContext for WorkerContext {
@@ -26,8 +28,12 @@ impl ClientContext for WorkerContext {
         self.logs.log(level, facility, message);
     }
 
-    /// Every broker down: not ready until one answers again (seen in the statistics).
+    /// Every broker down: not ready until one answers again (seen in the statistics). A failure
+    /// retrying cannot fix (credentials, certificate) stops the worker, which reports it.
     fn error(&self, error: KafkaError, reason: &str) {
+        if self.fatal.report(&error, reason) {
+            return;
+        }
         if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
             self.health.set_brokers_down(true);
         }

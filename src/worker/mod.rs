@@ -13,7 +13,8 @@
 //! - a rule watcher: validates changed rule files and swaps them in atomically (`watcher.rs`).
 //!
 //! What they share is in `shared.rs`. On revocation and on shutdown: stop the partition loops,
-//! flush the store, wait for deliveries, commit — within `worker.shutdown_timeout`.
+//! flush the store, wait for deliveries, commit — within `worker.shutdown_timeout`. A broker
+//! failure retrying cannot fix (`crate::broker`) shuts it down the same way, then is its error.
 
 mod committer;
 mod context;
@@ -30,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
+use crate::broker::Fatal;
 use crate::config::Config;
 use crate::rules::RuleSet;
 use crate::shutdown::Shutdown;
@@ -53,9 +55,12 @@ pub fn run(
 ) -> Result<(), WorkerError> {
     metrics.rules_active.set(rules.active().len() as i64);
     metrics.rules_loaded(&rules);
-    let sink = Sink::new(&config.kafka, Arc::clone(&metrics))?;
+    // A refused credential or an untrusted certificate triggers `shutdown`: the worker stops as on
+    // SIGTERM and returns that failure, instead of retrying it forever.
+    let fatal = Fatal::new(&config.kafka.brokers, shutdown.clone());
+    let sink = Sink::new(&config.kafka, Arc::clone(&metrics), fatal.clone())?;
     let worker = Arc::new(Worker::new(config, rules, store, journal, sink, Arc::clone(&metrics), shutdown.clone()));
-    let consumer = Arc::new(subscribe(&worker, &health)?);
+    let consumer = Arc::new(subscribe(&worker, &health, &fatal)?);
 
     // The helper threads stop on `helpers_done`, after the final commit.
     let helpers_done = Shutdown::new();
@@ -76,20 +81,29 @@ pub fn run(
     let _ = watcher.join();
     // Leaving the group: the revocation callback finds nothing left to do.
     drop(consumer);
-    match &result {
-        Ok(()) => tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "stopped: everything flushed, delivered and committed"),
-        Err(e) => tracing::error!(error = %e, "stopped with work left to the next owner"),
+    let failure = fatal.first();
+    match (&result, &failure) {
+        (Err(e), _) => tracing::error!(error = %e, "stopped with work left to the next owner"),
+        (Ok(()), None) => {
+            tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "stopped: everything flushed, delivered and committed")
+        }
+        (Ok(()), Some(_)) => {}
     }
-    result
+    // The broker failure is why it stopped, whatever the shutdown managed.
+    match failure {
+        Some(failure) => Err(failure.into()),
+        None => result,
+    }
 }
 
 /// Creates the consumer with the worker's context and subscribes it to the input topics.
-fn subscribe(worker: &Arc<Worker>, health: &Arc<Health>) -> Result<BaseConsumer<WorkerContext>, WorkerError> {
+fn subscribe(worker: &Arc<Worker>, health: &Arc<Health>, fatal: &Fatal) -> Result<BaseConsumer<WorkerContext>, WorkerError> {
     let consumer: BaseConsumer<WorkerContext> = source::consumer_config(&worker.config.kafka, &worker.config.worker)
         .create_with_context(WorkerContext {
             worker: Arc::clone(worker),
             health: Arc::clone(health),
             logs: LogLimiter::new(Duration::from_secs(30)),
+            fatal: fatal.clone(),
         })?;
     let topics: Vec<&str> = worker.config.kafka.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
