@@ -24,6 +24,14 @@ pub enum BrokerError {
     /// `ssl.ca.location` or does not name the broker, or the broker speaks no TLS there.
     #[error("broker {broker}: TLS handshake failed: {detail}")]
     Tls { broker: String, detail: String },
+    /// The group coordinator refused the consumer's `session.timeout.ms`: outside the broker's
+    /// `group.min.session.timeout.ms` ..= `group.max.session.timeout.ms` (6 s ..= 30 min by
+    /// default), so the worker would never join its group.
+    #[error(
+        "broker {broker}: the consumer group refused `session.timeout.ms` (it must lie within the broker's \
+         group.min.session.timeout.ms and group.max.session.timeout.ms): {detail}"
+    )]
+    SessionTimeout { broker: String, detail: String },
 }
 
 impl BrokerError {
@@ -32,6 +40,7 @@ impl BrokerError {
         match self {
             BrokerError::Authentication { .. } => "authentication",
             BrokerError::Tls { .. } => "tls",
+            BrokerError::SessionTimeout { .. } => "session_timeout",
         }
     }
 
@@ -39,20 +48,24 @@ impl BrokerError {
     /// restarting, unreachable or timing out is not one of them: those are retried.
     /// `bootstrap` (the configured `kafka.brokers`) names the broker when `reason` does not.
     pub fn classify(error: &KafkaError, reason: &str, bootstrap: &str) -> Option<BrokerError> {
-        let tls = match error.rdkafka_error_code()? {
+        let make: fn(String, String) -> BrokerError = match error.rdkafka_error_code()? {
             // librdkafka reports the broker's SASL_AUTHENTICATION_FAILED as the local code; both
             // are matched in case a version does not translate it.
-            RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => false,
+            RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
+                |broker, detail| BrokerError::Authentication { broker, detail }
+            }
             // Only the handshake and certificate verification report this code; a connection
             // lost later is a transport failure.
-            RDKafkaErrorCode::SSL => true,
+            RDKafkaErrorCode::SSL => |broker, detail| BrokerError::Tls { broker, detail },
+            // Every JoinGroup is refused the same way until the configuration changes.
+            RDKafkaErrorCode::InvalidSessionTimeout => |broker, detail| BrokerError::SessionTimeout { broker, detail },
             _ => return None,
         };
         let (broker, detail) = match split_broker(reason) {
             Some((broker, detail)) => (broker.to_owned(), detail.to_owned()),
             None => (bootstrap.to_owned(), reason.to_owned()),
         };
-        Some(if tls { BrokerError::Tls { broker, detail } } else { BrokerError::Authentication { broker, detail } })
+        Some(make(broker, detail))
     }
 }
 
@@ -135,6 +148,17 @@ mod tests {
         let tls = classify(RDKafkaErrorCode::SSL, TLS).unwrap();
         assert_eq!(tls.code(), "tls");
         assert!(tls.to_string().starts_with("broker 127.0.0.1:39092: TLS handshake failed: SSL handshake failed: "), "{tls}");
+    }
+
+    #[test]
+    fn a_refused_session_timeout_is_fatal() {
+        let refused = classify(RDKafkaErrorCode::InvalidSessionTimeout, "JoinGroup failed: Broker: Invalid session timeout").unwrap();
+        assert_eq!(refused.code(), "session_timeout");
+        assert_eq!(
+            refused.to_string(),
+            "broker k1:9093,k2:9093: the consumer group refused `session.timeout.ms` (it must lie within the broker's \
+             group.min.session.timeout.ms and group.max.session.timeout.ms): JoinGroup failed: Broker: Invalid session timeout"
+        );
     }
 
     #[test]
