@@ -139,6 +139,10 @@ enum Command {
         /// Seconds of the --kafka half-load latency phase.
         #[arg(long, default_value_t = 20, requires = "kafka")]
         latency_seconds: u64,
+        /// Events/s of the --kafka latency phases instead of half the measured saturation
+        /// (latency at a lighter or heavier load).
+        #[arg(long, value_name = "EVENTS_PER_SEC", requires = "kafka")]
+        latency_rate: Option<u64>,
         #[command(flatten)]
         workload: WorkloadArgs,
     },
@@ -236,7 +240,7 @@ fn main() -> ExitCode {
             cli::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys)
         }
         #[cfg(feature = "harness")]
-        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, workload, .. } => {
+        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, latency_rate, workload, .. } => {
             cli::bench_kafka(vigil::harness::kafka_bench::KafkaBenchArgs {
                 brokers,
                 redis,
@@ -245,6 +249,7 @@ fn main() -> ExitCode {
                 workload: workload.spec(),
                 partitions,
                 latency_seconds,
+                latency_rate,
             })
         }
         #[cfg(feature = "harness")]

@@ -18,10 +18,11 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use crate::config::Config;
+use crate::config::{Config, KafkaConfig};
 use crate::worker;
 use crate::rules::RuleSet;
 use crate::shutdown::Shutdown;
+use crate::{sink, source};
 use crate::telemetry::http::Health;
 use crate::telemetry::Metrics;
 use super::workload::{generate, WorkloadSpec};
@@ -40,10 +41,24 @@ pub struct KafkaBenchArgs {
     pub workload: WorkloadSpec,
     pub partitions: i32,
     pub latency_seconds: u64,
+    /// The latency phases' rate (events/s); `None`: half the measured saturation.
+    pub latency_rate: Option<u64>,
 }
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The wall clock in µs: one-hop latencies on a local broker are a few ms, too close to a
+/// millisecond clock's resolution.
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+/// The line number a generated event's id carries (`e-N`, or `f-N` in a fraud burst), which
+/// its decision record repeats: it ties a record read back to the moment its event was sent.
+fn line_number(event_id: &str) -> Option<usize> {
+    event_id.strip_prefix("e-").or_else(|| event_id.strip_prefix("f-"))?.parse().ok()
 }
 
 fn user_key(line: &[u8]) -> Option<&[u8]> {
@@ -65,6 +80,7 @@ fn split_lines(bytes: &[u8]) -> Vec<Vec<u8>> {
     bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect()
 }
 
+/// The producer of `vigil gen --kafka`.
 fn producer(brokers: &str) -> Result<BaseProducer, String> {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -73,6 +89,18 @@ fn producer(brokers: &str) -> Result<BaseProducer, String> {
         .set("queue.buffering.max.messages", "1000000")
         .create()
         .map_err(|e| format!("producer: {e}"))
+}
+
+/// The bench's producer of events: the settings of vigil's sink (`sink::producer_config`: acks,
+/// `linger.ms`, compression, `kafka.properties`), so the events' hop into the worker and the
+/// broker-alone hop cost what the decisions' hop out of it costs. A deep queue holds the backlog.
+fn bench_producer(kafka: &KafkaConfig) -> Result<BaseProducer, String> {
+    let mut config = sink::producer_config(kafka);
+    config.set("client.id", "vigil-bench");
+    if config.get("queue.buffering.max.messages").is_none() {
+        config.set("queue.buffering.max.messages", "1000000");
+    }
+    config.create().map_err(|e| format!("producer: {e}"))
 }
 
 fn send(producer: &BaseProducer, topic: &str, line: &[u8]) {
@@ -109,9 +137,27 @@ struct Pace<'a> {
     start: i64,
 }
 
+/// What a paced production measured. Latencies run from the moment each event was handed to
+/// the producer (`send`), not from its due time: a producer that falls behind its schedule on
+/// a busy machine would otherwise add its own lateness to every figure. How far behind it fell
+/// is reported apart (`slip_us`).
+struct Paced {
+    /// Read time minus send time of every record read back, µs, sorted.
+    latencies_us: Vec<i64>,
+    /// The p50 of those latencies per second of the phase (by send time), in ms: shows whether
+    /// a queue grows or drains while the phase runs.
+    p50_by_second_ms: Vec<f64>,
+    /// Send time minus due time of every event, µs, sorted.
+    slip_us: Vec<i64>,
+    /// Events per second actually sent, first send to last.
+    sent_rate: f64,
+    /// `; CPU: …` from the first send to the last.
+    cpu: String,
+}
+
 /// Produces the paced lines to `topic` (each line's `ts` is its due time) while `reader` reads
-/// `read_topic` from its end; returns the latencies in ms (time read minus `ts`) of records with
-/// `ts >= start`, sorted.
+/// `read_topic` from its end; measures every record read back that belongs to this production
+/// (`ts >= start`, its event id naming one of `lines`).
 fn paced(
     producer: &BaseProducer,
     topic: &str,
@@ -119,46 +165,55 @@ fn paced(
     read_topic: &str,
     pace: &Pace<'_>,
     settled: &dyn Fn() -> bool,
-) -> Result<Vec<i64>, String> {
+) -> Result<Paced, String> {
     let Pace { lines, rate, start } = *pace;
     let (_, high) = reader.fetch_watermarks(read_topic, 0, Duration::from_secs(10)).map_err(|e| format!("watermarks: {e}"))?;
     let mut list = TopicPartitionList::new();
     list.add_partition_offset(read_topic, 0, Offset::Offset(high)).map_err(|e| e.to_string())?;
     reader.assign(&list).map_err(|e| e.to_string())?;
-    let mut latencies = Vec::new();
+    let mut sent_us = vec![0i64; lines.len()];
+    let mut received = Vec::new();
+    let (mut begin, mut cpu) = (start, String::new());
     std::thread::scope(|scope| {
         let reading = Shutdown::new();
         let reader_thread = {
             let reading = reading.clone();
             scope.spawn(move || {
-                let mut latencies = Vec::new();
+                // (line number, read time µs); matched with the send times once both are done.
+                let mut received = Vec::new();
                 while !reading.is_triggered() {
                     if let Some(Ok(message)) = reader.poll(Duration::from_millis(50)) {
-                        let received = now_ms();
-                        let ts = message
-                            .payload()
-                            .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
-                            .and_then(|v| v["ts"].as_i64());
-                        if let Some(ts) = ts.filter(|&ts| ts >= start) {
-                            latencies.push(received - ts);
+                        let at = now_us();
+                        let Some(record) = message.payload().and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok()) else {
+                            continue;
+                        };
+                        let ours = record["ts"].as_i64().is_some_and(|ts| ts >= start);
+                        if let Some(n) = record["event_id"].as_str().and_then(line_number).filter(|_| ours) {
+                            received.push((n, at));
                         }
                     }
                 }
-                latencies
+                received
             })
         };
         while now_ms() < start {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // The schedule starts now if getting here took longer than `start` allowed for:
+        // catching up would send a burst faster than `rate`.
+        begin = now_ms().max(start);
+        let cpu_at_begin = CpuTicks::now();
         for (n, line) in lines.iter().enumerate() {
-            let due = start + (n as i64 * 1000) / rate as i64;
+            let due = begin + (n as i64 * 1000) / rate as i64;
             while now_ms() < due {
                 producer.poll(Duration::ZERO);
                 std::thread::sleep(Duration::from_micros(200));
             }
+            sent_us[n] = now_us();
             send(producer, topic, line);
             producer.poll(Duration::ZERO);
         }
+        cpu = cpu_since(cpu_at_begin);
         let _ = producer.flush(Duration::from_secs(60));
         let deadline = Instant::now() + Duration::from_secs(60);
         while !settled() && Instant::now() < deadline {
@@ -166,10 +221,40 @@ fn paced(
         }
         std::thread::sleep(Duration::from_secs(1));
         reading.trigger();
-        latencies = reader_thread.join().unwrap_or_default();
+        received = reader_thread.join().unwrap_or_default();
     });
-    latencies.sort_unstable();
-    Ok(latencies)
+    let slip_us: Vec<i64> = {
+        let mut slip: Vec<i64> =
+            sent_us.iter().enumerate().map(|(n, &at)| at - (begin + (n as i64 * 1000) / rate as i64) * 1000).collect();
+        slip.sort_unstable();
+        slip
+    };
+    let mut by_second: Vec<Vec<i64>> = Vec::new();
+    let mut latencies_us = Vec::with_capacity(received.len());
+    for (n, at) in received {
+        let Some(&sent) = sent_us.get(n) else { continue };
+        let latency = at - sent;
+        let second = usize::try_from((sent - begin * 1000) / 1_000_000).unwrap_or(0);
+        if by_second.len() <= second {
+            by_second.resize_with(second + 1, Vec::new);
+        }
+        by_second[second].push(latency);
+        latencies_us.push(latency);
+    }
+    latencies_us.sort_unstable();
+    let p50_by_second_ms = by_second
+        .iter_mut()
+        .map(|second| {
+            second.sort_unstable();
+            percentile(second, 0.50) as f64 / 1000.0
+        })
+        .collect();
+    let span_secs = match (sent_us.first(), sent_us.last()) {
+        (Some(first), Some(last)) if last > first => (last - first) as f64 / 1e6,
+        _ => 0.0,
+    };
+    let sent_rate = if span_secs > 0.0 { (sent_us.len() - 1) as f64 / span_secs } else { 0.0 };
+    Ok(Paced { latencies_us, p50_by_second_ms, slip_us, sent_rate, cpu })
 }
 
 /// `vigil gen --kafka`: produces the generated events to `topic`, keyed by user, and waits for
@@ -222,20 +307,22 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
     let admin = Admin::connect(&args.brokers)?;
     admin.create_all(&[(&topics.events, args.partitions), (&topics.decisions, 1), (&topics.dead_letters, 1)])?;
 
+    // The worker's Kafka settings (the defaults and `VIGIL_*` overrides), which the bench's own
+    // producer and readers share.
+    let config_env: Vec<(String, String)> = std::env::vars().collect();
+    let config = Config::parse("bench", &format!("[kafka]\nbrokers = {:?}\n", args.brokers), config_env.clone()).map_err(|e| e.to_string())?;
+    let properties = config.kafka.properties.clone();
+
     // Phase 1: the backlog.
-    let producer = producer(&args.brokers)?;
+    let producer = bench_producer(&config.kafka)?;
     let produce_secs = produce_backlog(&producer, &topics.events, &backlog)?;
     let from = args.input.as_ref().map(|p| format!(" from {}", p.display())).unwrap_or_default();
     writeln!(out, "vigil bench --kafka (one worker, {} partitions, {} active rules)", args.partitions, rules.active().len())
         .map_err(|e| e.to_string())?;
+    writeln!(out, "  client settings  {}", client_settings(&config)).map_err(|e| e.to_string())?;
     writeln!(out, "  backlog          {} events{from} produced in {produce_secs:.1}s ({:.0} events/s)", backlog.len(), backlog.len() as f64 / produce_secs)
         .map_err(|e| e.to_string())?;
 
-    let config_env: Vec<(String, String)> = std::env::vars().collect();
-    let properties = Config::parse("bench", &format!("[kafka]\nbrokers = {:?}\n", args.brokers), config_env.clone())
-        .map_err(|e| e.to_string())?
-        .kafka
-        .properties;
     let bare_rate = bare_consumer_rate(args, &topics, backlog.len() as u64, &properties, out)?;
 
     // The worker, in this process.
@@ -247,9 +334,76 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
         writeln!(out, "  (the latency phases produce generated events: their event time must be the wall clock)").map_err(|e| e.to_string())?;
     }
     let phase = LatencyPhase { args, admin: &admin, topics: &topics, producer: &producer, properties: &properties };
-    let (rate, spec) = phase.through_worker(&worker, total, saturation, out)?;
-    phase.broker_alone(rate, spec, out)?;
+    let through = phase.through_worker(&worker, total, saturation, out)?;
+    let echo = phase.broker_alone(&through, out)?;
+    side_by_side(&through, &echo, out)?;
     worker.stop()
+}
+
+/// The client settings latency depends on, as every client of the run has them (the worker's
+/// consumer and producer, the bench's producer and readers): librdkafka's defaults where neither
+/// vigil nor `kafka.properties` sets one.
+fn client_settings(config: &Config) -> String {
+    let producer = sink::producer_config(&config.kafka);
+    let consumer = source::consumer_config(&config.kafka, &config.worker);
+    // A property or its librdkafka alias.
+    let get = |client: &ClientConfig, keys: &[&str], default: &str| keys.iter().find_map(|k| client.get(k)).unwrap_or(default).to_owned();
+    format!(
+        "producers acks={} (idempotent), linger.ms={}, compression.type={}; consumers fetch.wait.max.ms={}, fetch.min.bytes={}",
+        get(&producer, &["acks", "request.required.acks"], "all"),
+        get(&producer, &["linger.ms", "queue.buffering.max.ms"], "5"),
+        get(&producer, &["compression.type", "compression.codec"], "none"),
+        get(&consumer, &["fetch.wait.max.ms"], "500"),
+        get(&consumer, &["fetch.min.bytes"], "1"),
+    )
+}
+
+/// CPU time so far, in clock ticks: the machine's, all cores (`/proc/stat`), and this
+/// process's — the worker and the bench's own producer and readers (`/proc/self/stat`). On a
+/// shared machine a latency means little without what else ran meanwhile. Linux only: `None`
+/// elsewhere, and the line is left out.
+#[derive(Clone, Copy)]
+struct CpuTicks {
+    busy: u64,
+    total: u64,
+    cores: u64,
+    process: u64,
+}
+
+impl CpuTicks {
+    fn now() -> Option<CpuTicks> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        // user nice system idle iowait irq softirq steal (guest time is within user).
+        let all: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).take(8).map(|v| v.parse().unwrap_or(0)).collect();
+        let total: u64 = all.iter().sum();
+        let idle = all.get(3)? + all.get(4).copied().unwrap_or(0);
+        let cores = stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count() as u64;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // After the command name: state is field 3, utime 14 and stime 15.
+        let fields: Vec<&str> = own.get(own.rfind(')')? + 2..)?.split_whitespace().collect();
+        let process = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        Some(CpuTicks { busy: total - idle, total, cores: cores.max(1), process })
+    }
+
+    /// `machine N% of M% busy, this process P%` (100% = one core) since `earlier`.
+    fn since(&self, earlier: &CpuTicks) -> String {
+        let total = self.total.saturating_sub(earlier.total).max(1) as f64;
+        let per_core = |ticks: u64| 100.0 * ticks as f64 * self.cores as f64 / total;
+        format!(
+            "machine {:.0}% of {}% busy, this process {:.0}%",
+            per_core(self.busy.saturating_sub(earlier.busy)),
+            100 * self.cores,
+            per_core(self.process.saturating_sub(earlier.process)),
+        )
+    }
+}
+
+/// `; CPU: …` for a phase that started at `earlier`, or nothing off Linux.
+fn cpu_since(earlier: Option<CpuTicks>) -> String {
+    match (earlier, CpuTicks::now()) {
+        (Some(earlier), Some(now)) => format!("; CPU: {}", now.since(&earlier)),
+        _ => String::new(),
+    }
 }
 
 /// The topics of one benchmark run, all fresh (`bench-<pid>-<ms>-…`).
@@ -408,7 +562,7 @@ impl BenchWorker {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        let (t0, c0) = (Instant::now(), self.processed());
+        let (t0, c0, cpu) = (Instant::now(), self.processed(), CpuTicks::now());
         while self.processed() < total {
             if Instant::now() > deadline || self.thread.is_finished() {
                 self.shutdown.trigger();
@@ -418,7 +572,7 @@ impl BenchWorker {
         }
         let secs = t0.elapsed().as_secs_f64();
         let saturation = (total - c0) as f64 / secs;
-        writeln!(out, "  saturation       {saturation:.0} events/s ({} events in {secs:.2}s after the first)", total - c0)
+        writeln!(out, "  saturation       {saturation:.0} events/s ({} events in {secs:.2}s after the first{})", total - c0, cpu_since(cpu))
             .map_err(|e| e.to_string())?;
         writeln!(
             out,
@@ -451,12 +605,28 @@ struct LatencyPhase<'a> {
     properties: &'a Properties,
 }
 
+/// What the phase through the worker measured, for the side-by-side line.
+struct ThroughWorker {
+    rate: u64,
+    spec: WorkloadSpec,
+    end_to_end: Paced,
+    /// `vigil_processing_latency_seconds{until="produced"}` over this phase only.
+    own_produced: Buckets,
+    /// `vigil_processing_latency_seconds{until="acknowledged"}` over this phase only.
+    own_acknowledged: Buckets,
+}
+
+const OWN_LATENCY: &str = "vigil_processing_latency_seconds";
+
+fn ms(us: i64) -> f64 {
+    us as f64 / 1000.0
+}
+
 impl LatencyPhase<'_> {
-    /// Through the worker, after its backlog of `backlog` events. Returns the rate and the
-    /// workload it produced.
-    fn through_worker(&self, worker: &BenchWorker, backlog: u64, saturation: f64, out: &mut impl Write) -> Result<(u64, WorkloadSpec), String> {
+    /// Through the worker, after its backlog of `backlog` events.
+    fn through_worker(&self, worker: &BenchWorker, backlog: u64, saturation: f64, out: &mut impl Write) -> Result<ThroughWorker, String> {
         let args = self.args;
-        let rate = (saturation / 2.0).max(1.0) as u64;
+        let rate = args.latency_rate.unwrap_or((saturation / 2.0) as u64).max(1);
         let count = rate * args.latency_seconds;
         let live_start = now_ms() + 500;
         let spec = WorkloadSpec {
@@ -471,37 +641,162 @@ impl LatencyPhase<'_> {
         let live = lines(&spec)?;
         let reader = reader(&args.brokers, &format!("bench-{}-reader", self.topics.run_id), self.properties)?;
         let pace = Pace { lines: &live, rate, start: live_start };
-        let latencies = paced(self.producer, &self.topics.events, &reader, &self.topics.decisions, &pace, &|| worker.processed() >= backlog + count)?;
+        // vigil's own latency is read from its metric, as an operator would, over this phase:
+        // the worker is idle between the snapshots and the phase.
+        let before = worker.metrics.encode();
+        let end_to_end = paced(self.producer, &self.topics.events, &reader, &self.topics.decisions, &pace, &|| worker.processed() >= backlog + count)?;
+        let after = worker.metrics.encode();
+        let own = |until: &str| {
+            let label = format!("until=\"{until}\"");
+            Buckets::read(&after, OWN_LATENCY, &label).since(&Buckets::read(&before, OWN_LATENCY, &label))
+        };
+        let (own_produced, own_acknowledged) = (own("produced"), own("acknowledged"));
+        let e2e = &end_to_end.latencies_us;
         writeln!(
             out,
-            "  half load        {rate} events/s for {}s: {} decisions, latency p50 {} ms, p95 {} ms, p99 {} ms, max {} ms",
+            "  {:<16} {rate} events/s for {}s: sent at {:.0} events/s, behind schedule p50 {:.1} ms, p99 {:.1} ms{}",
+            if args.latency_rate.is_some() { "latency phase" } else { "half load" },
             args.latency_seconds,
-            latencies.len(),
-            percentile(&latencies, 0.50),
-            percentile(&latencies, 0.95),
-            percentile(&latencies, 0.99),
-            latencies.last().copied().unwrap_or(0)
+            end_to_end.sent_rate,
+            ms(percentile(&end_to_end.slip_us, 0.50)),
+            ms(percentile(&end_to_end.slip_us, 0.99)),
+            end_to_end.cpu,
         )
         .map_err(|e| e.to_string())?;
-        writeln!(out, "  vs target        p99 {} ms of 10 ms", percentile(&latencies, 0.99)).map_err(|e| e.to_string())?;
-        Ok((rate, spec))
+        writeln!(
+            out,
+            "  end to end       {} decisions, event sent → decision consumed: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            e2e.len(),
+            ms(percentile(e2e, 0.50)),
+            ms(percentile(e2e, 0.95)),
+            ms(percentile(e2e, 0.99)),
+            ms(e2e.last().copied().unwrap_or(0)),
+        )
+        .map_err(|e| e.to_string())?;
+        let by_second: Vec<String> = end_to_end.p50_by_second_ms.iter().map(|p50| format!("{p50:.1}")).collect();
+        writeln!(out, "                   p50 per second of the phase (ms): {}", by_second.join(" ")).map_err(|e| e.to_string())?;
+        writeln!(
+            out,
+            "  vigil's own      {} decisions, poll → handed to the producer: {}; → acknowledged by the broker: {} ({OWN_LATENCY})",
+            own_produced.count(),
+            own_produced.summary(),
+            own_acknowledged.summary(),
+        )
+        .map_err(|e| e.to_string())?;
+        writeln!(out, "  vs target        p99 {:.1} ms of 10 ms", ms(percentile(e2e, 0.99))).map_err(|e| e.to_string())?;
+        Ok(ThroughWorker { rate, spec, end_to_end, own_produced, own_acknowledged })
     }
 
     /// One hop through the broker alone at the same rate: its share of the worker's two hops.
-    fn broker_alone(&self, rate: u64, spec: WorkloadSpec, out: &mut impl Write) -> Result<(), String> {
+    fn broker_alone(&self, worker: &ThroughWorker, out: &mut impl Write) -> Result<Paced, String> {
+        let rate = worker.rate;
         let echo_topic = format!("bench-{}-echo", self.topics.run_id);
         self.admin.create(&echo_topic, 1)?;
         let live_start = now_ms() + 500;
-        let live = lines(&WorkloadSpec { start_ms: live_start, ..spec })?;
+        let live = lines(&WorkloadSpec { start_ms: live_start, ..worker.spec.clone() })?;
         let reader = reader(&self.args.brokers, &echo_topic, self.properties)?;
         let echo = paced(self.producer, &echo_topic, &reader, &echo_topic, &Pace { lines: &live, rate, start: live_start }, &|| true)?;
+        let hop = &echo.latencies_us;
         writeln!(
             out,
-            "  broker alone     one hop at {rate} events/s: latency p50 {} ms, p99 {} ms (vigil's path is two hops)",
-            percentile(&echo, 0.50),
-            percentile(&echo, 0.99),
+            "  broker alone     one hop at {rate} events/s (sent at {:.0}/s): p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms{}",
+            echo.sent_rate,
+            ms(percentile(hop, 0.50)),
+            ms(percentile(hop, 0.95)),
+            ms(percentile(hop, 0.99)),
+            ms(hop.last().copied().unwrap_or(0)),
+            echo.cpu,
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        Ok(echo)
+    }
+}
+
+/// The three latencies of one run at one rate, side by side: vigil's path is one hop in, its
+/// own processing, one hop out, so end to end should be near two hops plus vigil's own.
+fn side_by_side(worker: &ThroughWorker, echo: &Paced, out: &mut impl Write) -> Result<(), String> {
+    let (e2e, hop) = (&worker.end_to_end.latencies_us, &echo.latencies_us);
+    let quantiles = |q: f64| {
+        let own = worker.own_produced.quantile(q).map_or_else(|| "-".to_owned(), |s| format!("{:.2}", s * 1000.0));
+        let acked = worker.own_acknowledged.quantile(q).map_or_else(|| "-".to_owned(), |s| format!("{:.2}", s * 1000.0));
+        format!(
+            "end to end {:.1}, broker one hop {:.1} (x2 {:.1}), vigil's own {own} (to the ack {acked})",
+            ms(percentile(e2e, q)),
+            ms(percentile(hop, q)),
+            2.0 * ms(percentile(hop, q)),
+        )
+    };
+    writeln!(out, "  side by side     at {} events/s, ms:", worker.rate).map_err(|e| e.to_string())?;
+    for (name, q) in [("p50", 0.50), ("p95", 0.95), ("p99", 0.99)] {
+        writeln!(out, "                   {name}  {}", quantiles(q)).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A histogram's cumulative counts per upper bound (`le`), read from the metrics text the
+/// worker serves on `/metrics`.
+#[derive(Debug, Default, PartialEq)]
+struct Buckets(Vec<(f64, u64)>);
+
+impl Buckets {
+    /// The `{name}_bucket` series of `text` whose labels include `label` (e.g. `until="produced"`).
+    fn read(text: &str, name: &str, label: &str) -> Buckets {
+        let prefix = format!("{name}_bucket{{");
+        let mut buckets = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(&prefix) else { continue };
+            let Some((labels, value)) = rest.split_once("} ") else { continue };
+            if !labels.split(',').any(|l| l == label) {
+                continue;
+            }
+            let le = labels.split(',').find_map(|l| l.strip_prefix("le=\"")?.strip_suffix('"'));
+            if let (Some(Ok(le)), Ok(count)) = (le.map(str::parse::<f64>), value.trim().parse::<u64>()) {
+                buckets.push((le, count));
+            }
+        }
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Buckets(buckets)
+    }
+
+    /// What was observed after `earlier` (same bounds).
+    fn since(&self, earlier: &Buckets) -> Buckets {
+        Buckets(self.0.iter().map(|&(le, n)| (le, n - earlier.0.iter().find(|e| e.0 == le).map_or(0, |e| e.1))).collect())
+    }
+
+    fn count(&self) -> u64 {
+        self.0.last().map_or(0, |b| b.1)
+    }
+
+    /// The `q` quantile in seconds, interpolated within its bucket as Prometheus'
+    /// `histogram_quantile` does (so within a bucket's width of the truth); the largest finite
+    /// bound if it falls in `+Inf`; `None` if nothing was observed.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = q * total as f64;
+        let (mut lower, mut below) = (0.0, 0u64);
+        for &(le, n) in &self.0 {
+            if n as f64 >= rank {
+                if le.is_infinite() {
+                    return Some(lower);
+                }
+                let within = (n - below).max(1) as f64;
+                return Some(lower + (le - lower) * (rank - below as f64) / within);
+            }
+            (lower, below) = (le, n);
+        }
+        Some(lower)
+    }
+
+    /// `p50 x ms, p95 y ms, p99 z ms`, or `none observed`.
+    fn summary(&self) -> String {
+        let quantiles: Option<Vec<String>> = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99)]
+            .iter()
+            .map(|&(name, q)| Some(format!("{name} {:.2} ms", self.quantile(q)? * 1000.0)))
+            .collect();
+        quantiles.map_or_else(|| "none observed".to_owned(), |q| q.join(", "))
     }
 }
 
@@ -518,6 +813,7 @@ mod tests {
             workload: WorkloadSpec { events: 5, ..WorkloadSpec::default() },
             partitions: 1,
             latency_seconds: 1,
+            latency_rate: None,
         }
     }
 
@@ -531,5 +827,56 @@ mod tests {
         assert_eq!(backlog(&args(None)).unwrap().len(), 5);
         let error = backlog(&args(Some(dir.path().join("missing.jsonl")))).unwrap_err();
         assert!(error.contains("missing.jsonl: cannot read input:"), "{error}");
+    }
+
+    #[test]
+    fn records_are_tied_to_their_line_by_event_id() {
+        assert_eq!(line_number("e-0"), Some(0));
+        assert_eq!(line_number("f-1234"), Some(1234));
+        assert_eq!(line_number("x-1"), None);
+        assert_eq!(line_number("e-"), None);
+    }
+
+    /// vigil's own latency, as the worker exports it, read over one phase.
+    #[test]
+    fn own_latency_quantiles_come_from_the_exported_histogram() {
+        let metrics = Metrics::new();
+        let empty = Buckets::read(&metrics.encode(), OWN_LATENCY, "until=\"produced\"");
+        assert!(empty.0.len() > 20, "both series are exported from the start: {empty:?}");
+        assert_eq!((empty.count(), empty.quantile(0.5)), (0, None));
+        assert_eq!(empty.summary(), "none observed");
+        for _ in 0..10 {
+            metrics.processing_produced.observe(0.050);
+        }
+        let before = Buckets::read(&metrics.encode(), OWN_LATENCY, "until=\"produced\"");
+        for ms in 1..=100 {
+            metrics.processing_produced.observe(f64::from(ms) / 10_000.0);
+        }
+        metrics.processing_acknowledged.observe(100.0);
+        let text = metrics.encode();
+        let phase = Buckets::read(&text, OWN_LATENCY, "until=\"produced\"").since(&before);
+        assert_eq!(phase.count(), 100, "only what the phase observed");
+        // 0.1 ms to 10 ms evenly: the quantiles are within a bucket (a factor of 1.5) of the truth.
+        for (q, truth) in [(0.5, 0.005), (0.95, 0.0095), (0.99, 0.0099)] {
+            let got = phase.quantile(q).unwrap();
+            assert!(got > truth / 1.5 && got < truth * 1.5, "q{q}: {got} for {truth}");
+        }
+        // Beyond the last finite bound: that bound.
+        let acked = Buckets::read(&text, OWN_LATENCY, "until=\"acknowledged\"");
+        assert_eq!(acked.count(), 1);
+        let last = acked.quantile(0.5).unwrap();
+        assert!(last > 9.0 && last < 10.0, "{last}");
+    }
+
+    #[test]
+    fn buckets_are_read_from_prometheus_text() {
+        let text = "# TYPE x histogram\nx_bucket{until=\"a\",le=\"0.5\"} 2\nx_bucket{until=\"a\",le=\"1.0\"} 4\n\
+                    x_bucket{until=\"a\",le=\"+Inf\"} 4\nx_bucket{until=\"b\",le=\"0.5\"} 9\nx_count{until=\"a\"} 4\n";
+        let a = Buckets::read(text, "x", "until=\"a\"");
+        assert_eq!(a, Buckets(vec![(0.5, 2), (1.0, 4), (f64::INFINITY, 4)]));
+        assert_eq!(a.quantile(0.5), Some(0.5));
+        assert_eq!(a.quantile(0.25), Some(0.25), "interpolated within the bucket");
+        assert_eq!(a.quantile(0.75), Some(0.75));
+        assert_eq!(Buckets::read(text, "x", "until=\"c\"").count(), 0);
     }
 }

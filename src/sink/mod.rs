@@ -4,7 +4,7 @@
 //! (e.g. `message.timeout.ms` passed while the brokers were away) is produced again, never dropped.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -31,6 +31,8 @@ pub struct Ticket {
     pub offset: i64,
     /// The input event's Kafka timestamp (ms), for the decision latency.
     pub event_time_ms: Option<i64>,
+    /// When the consumer's poll returned the input event, for vigil's own latency.
+    pub polled_at: Instant,
     pub kind: Kind,
 }
 
@@ -72,9 +74,12 @@ impl ProducerContext for SinkContext {
     fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<Ticket>) {
         match result {
             Ok(_) => {
-                if let (Kind::Decision, Some(event_ms)) = (ticket.kind, ticket.event_time_ms) {
-                    let latency_ms = now_ms().saturating_sub(event_ms).max(0);
-                    self.metrics.decision_latency.observe(latency_ms as f64 / 1000.0);
+                if ticket.kind == Kind::Decision {
+                    self.metrics.processing_acknowledged.observe(ticket.polled_at.elapsed().as_secs_f64());
+                    if let Some(event_ms) = ticket.event_time_ms {
+                        let latency_ms = now_ms().saturating_sub(event_ms).max(0);
+                        self.metrics.decision_latency.observe(latency_ms as f64 / 1000.0);
+                    }
                 }
                 ticket.progress.delivered(ticket.offset);
             }
@@ -118,23 +123,28 @@ pub struct Sink {
     pub dead_letter_topic: String,
 }
 
-impl Sink {
-    /// An idempotent producer (acks=all, no duplicates or reordering on retries) with low linger,
-    /// since decisions are latency-sensitive. `kafka.properties` come last and win. A broker
-    /// failure retrying cannot fix is reported to `fatal`.
-    pub fn new(kafka: &KafkaConfig, metrics: Arc<Metrics>, fatal: Fatal) -> Result<Sink, KafkaError> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &kafka.brokers)
-            .set("client.id", "vigil")
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "2");
-        for (key, value) in &kafka.properties {
-            if !is_consumer_only(key) {
-                config.set(key, value);
-            }
+/// Producer settings: idempotent (acks=all, no duplicates or reordering on retries) with low
+/// linger, since decisions are latency-sensitive. `kafka.properties` come last and win.
+pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &kafka.brokers)
+        .set("client.id", "vigil")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "2");
+    for (key, value) in &kafka.properties {
+        if !is_consumer_only(key) {
+            config.set(key, value);
         }
-        let producer = config.create_with_context(SinkContext {
+    }
+    config
+}
+
+impl Sink {
+    /// The producer of [`producer_config`]. A broker failure retrying cannot fix is reported to
+    /// `fatal`.
+    pub fn new(kafka: &KafkaConfig, metrics: Arc<Metrics>, fatal: Fatal) -> Result<Sink, KafkaError> {
+        let producer = producer_config(kafka).create_with_context(SinkContext {
             metrics,
             failed: Mutex::new(Vec::new()),
             logs: crate::telemetry::LogLimiter::new(std::time::Duration::from_secs(30)),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 
-use super::shared::{stop_loops, PartitionKey, PartitionLoop, Worker};
+use super::shared::{stop_loops, PartitionKey, PartitionLoop, Polled, Worker};
 use crate::event::Event;
 use crate::pipeline::Engine;
 use crate::rules::{record, Action, Mode, SkipReason, EventSource};
@@ -50,6 +50,8 @@ struct Output<'m> {
     payload: Vec<u8>,
     dead_letter: Option<OwnedHeaders>,
     event_time_ms: Option<i64>,
+    /// When the consumer's poll returned the event.
+    polled_at: Instant,
 }
 
 /// What judging a batch produced under the engine lock.
@@ -66,6 +68,8 @@ struct Judged<'m> {
     allowed: u64,
     dead: u64,
     redelivered: u64,
+    /// The record being written, its buffer reused across the batch.
+    record: Vec<u8>,
 }
 
 type Events<'m> = Vec<Result<Event<'m>, Rejection>>;
@@ -91,13 +95,13 @@ impl Worker {
         self.metrics.assigned_partitions.inc();
         let previous = self
             .lock_partitions()
-            .insert(key, PartitionLoop { sender: Some(sender), gathered: Vec::new(), stop, thread: Some(thread), progress });
+            .insert(key, PartitionLoop { sender: Some(sender), gathered: Polled::default(), stop, thread: Some(thread), progress });
         if let Some(previous) = previous {
             stop_loops(vec![previous]);
         }
     }
 
-    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Vec<OwnedMessage>>, stop: &AtomicBool, progress: &Arc<Progress>) {
+    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Polled>, stop: &AtomicBool, progress: &Arc<Progress>) {
         // What a previous owner produced for the events this one may read again.
         let lane = self.lane(&key.0, key.1);
         let loaded = self.with_journal(|journal| journal.claim(lane)).unwrap_or_else(|| Ok(Journal::default()));
@@ -120,14 +124,14 @@ impl Worker {
             };
             while batch.len() < MAX_BATCH {
                 match receiver.try_recv() {
-                    Ok(more) => batch.extend(more),
+                    Ok(more) => batch.append(more),
                     Err(_) => break,
                 }
             }
             if !resumed {
                 // The watermark continues where it was just before the first offset read.
                 resumed = true;
-                let first = batch.first().map_or(0, Message::offset);
+                let first = batch.messages.first().map_or(0, Message::offset);
                 match journal.newest_before(first) {
                     Some(newest) => self.lock_engine().resume_lane(lane, newest),
                     None if journal.covered.is_some() => {
@@ -142,14 +146,14 @@ impl Worker {
 
     /// Processes a batch in order; a store failure is retried with backoff from the first event
     /// not processed, until it succeeds or the loop is stopped (its offsets then stay uncommitted).
-    fn process(&self, key: &PartitionKey, batch: &[OwnedMessage], stop: &AtomicBool, progress: &Arc<Progress>, journal: &Journal) {
+    fn process(&self, key: &PartitionKey, batch: &Polled, stop: &AtomicBool, progress: &Arc<Progress>, journal: &Journal) {
         if !self.wait_while_saturated(stop) {
             return;
         }
         let mut start = 0;
         let mut backoff = Duration::from_millis(50);
         while start < batch.len() {
-            match self.process_some(key, &batch[start..], progress, journal) {
+            match self.process_some(key, &batch.messages[start..], &batch.polled_at[start..], progress, journal) {
                 Ok(()) => return,
                 Err((_, Failure::Fenced)) => {
                     stop.store(true, Ordering::Release);
@@ -192,16 +196,18 @@ impl Worker {
         }
     }
 
-    /// Decodes, counts and decides `messages` under the engine lock, then hands their records to
-    /// the producer. On a store failure, returns how many messages were processed.
+    /// Decodes, counts and decides `messages` (polled at `polled_at`) under the engine lock, then
+    /// hands their records to the producer. On a store failure, returns how many messages were
+    /// processed.
     fn process_some(
         &self,
         key: &PartitionKey,
         messages: &[OwnedMessage],
+        polled_at: &[Instant],
         progress: &Arc<Progress>,
         journal: &Journal,
     ) -> Result<(), (usize, Failure)> {
-        let (judged, mark) = self.judge_and_journal(key, messages, journal)?;
+        let (judged, mark) = self.judge_and_journal(key, messages, polled_at, journal)?;
         self.metrics.inc_events("decided", judged.decided);
         self.metrics.inc_events("allowed", judged.allowed);
         self.metrics.inc_events("dead_lettered", judged.dead);
@@ -224,6 +230,7 @@ impl Worker {
         &self,
         (topic, partition): &PartitionKey,
         messages: &'m [OwnedMessage],
+        polled_at: &[Instant],
         journal: &Journal,
     ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
         let mut engine = self.lock_engine();
@@ -240,7 +247,7 @@ impl Worker {
         };
         // Nothing the batch counts is sent before its records are journaled (below).
         engine.store_mut().begin_batch();
-        let mut judged = self.judge_batch(&mut engine, &batch, messages, &events);
+        let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events);
         // Offsets are committed at batch ends: a next owner resumes after one, with the
         // watermark recorded there.
         if let Some(last) = judged.processed.checked_sub(1).map(|i| messages[i].offset()) {
@@ -267,15 +274,15 @@ impl Worker {
         engine: &mut Engine<AnyStore>,
         batch: &PartitionBatch<'_>,
         messages: &'m [OwnedMessage],
+        polled_at: &[Instant],
         events: &Events<'_>,
     ) -> Judged<'m> {
-        let mut judged = Judged::default();
-        let mut record = Vec::with_capacity(512);
-        for (message, event) in messages.iter().zip(events) {
+        let mut judged = Judged { record: Vec::with_capacity(512), ..Judged::default() };
+        for ((message, event), &polled_at) in messages.iter().zip(events).zip(polled_at) {
             match event {
-                Err(rejection) => self.dead_letter(batch, message, rejection, &mut judged),
+                Err(rejection) => self.dead_letter(batch, message, polled_at, rejection, &mut judged),
                 Ok(event) => {
-                    if let Err(e) = self.judge_one(engine, batch, message, event, &mut record, &mut judged) {
+                    if let Err(e) = self.judge_one(engine, batch, message, polled_at, event, &mut judged) {
                         judged.failure = Some(e);
                         break;
                     }
@@ -289,7 +296,14 @@ impl Worker {
     /// A message that did not decode (or was refused): it goes to the dead-letter topic as it
     /// came, with the reason in its headers.
     #[inline]
-    fn dead_letter<'m>(&self, batch: &PartitionBatch<'_>, message: &'m OwnedMessage, rejection: &Rejection, judged: &mut Judged<'m>) {
+    fn dead_letter<'m>(
+        &self,
+        batch: &PartitionBatch<'_>,
+        message: &'m OwnedMessage,
+        polled_at: Instant,
+        rejection: &Rejection,
+        judged: &mut Judged<'m>,
+    ) {
         let offset = message.offset();
         judged.dead += 1;
         self.metrics.dead_letters.get_or_create(&ReasonLabels { reason: rejection.code() }).inc();
@@ -301,6 +315,7 @@ impl Worker {
             payload: message.payload().unwrap_or_default().to_vec(),
             dead_letter: Some(headers),
             event_time_ms: None,
+            polled_at,
         });
     }
 
@@ -312,8 +327,8 @@ impl Worker {
         engine: &mut Engine<AnyStore>,
         batch: &PartitionBatch<'_>,
         message: &'m OwnedMessage,
+        polled_at: Instant,
         event: &Event<'_>,
-        record: &mut Vec<u8>,
         judged: &mut Judged<'m>,
     ) -> Result<(), StoreError> {
         let offset = message.offset();
@@ -330,16 +345,18 @@ impl Worker {
             // for byte (this run counted only what the first had not flushed).
             judged.redelivered += 1;
             if let Some(payload) = earlier {
-                judged.outputs.push(Output { offset, key: message.key(), payload: payload.to_vec(), dead_letter: None, event_time_ms });
+                let payload = payload.to_vec();
+                judged.outputs.push(Output { offset, key: message.key(), payload, dead_letter: None, event_time_ms, polled_at });
             }
         } else if !decision.is_empty() || batch.emit_allow {
-            record.clear();
+            judged.record.clear();
             let source = EventSource::Kafka { topic: batch.topic, partition: batch.partition, offset };
-            record::write_record(record, engine.rules(), event, &decision, source);
+            record::write_record(&mut judged.record, engine.rules(), event, &decision, source);
             let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
             self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
-            judged.journaled.records.push((offset, record.clone()));
-            judged.outputs.push(Output { offset, key: message.key(), payload: record.clone(), dead_letter: None, event_time_ms });
+            judged.journaled.records.push((offset, judged.record.clone()));
+            let payload = judged.record.clone();
+            judged.outputs.push(Output { offset, key: message.key(), payload, dead_letter: None, event_time_ms, polled_at });
         }
         for hit in decision.hits.iter().filter(|h| h.degraded) {
             let rule = engine.rules().rule(hit.rule).id.clone();
@@ -418,7 +435,7 @@ impl Worker {
     }
 
     /// Hands the batch's records and dead letters to the producer, each with a ticket back to
-    /// `progress`.
+    /// `progress`; a decision's time from poll to here is vigil's own latency (`until=produced`).
     fn send_outputs(&self, outputs: Vec<Output<'_>>, progress: &Arc<Progress>) {
         for output in outputs {
             progress.expect_delivery(output.offset);
@@ -426,9 +443,17 @@ impl Worker {
                 Some(_) => (&self.sink.dead_letter_topic, Kind::DeadLetter),
                 None => (&self.sink.decisions_topic, Kind::Decision),
             };
-            let ticket =
-                Box::new(Ticket { progress: Arc::clone(progress), offset: output.offset, event_time_ms: output.event_time_ms, kind });
+            let ticket = Box::new(Ticket {
+                progress: Arc::clone(progress),
+                offset: output.offset,
+                event_time_ms: output.event_time_ms,
+                polled_at: output.polled_at,
+                kind,
+            });
             self.sink.send(topic, output.key, &output.payload, output.dead_letter, ticket);
+            if kind == Kind::Decision {
+                self.metrics.processing_produced.observe(output.polled_at.elapsed().as_secs_f64());
+            }
         }
     }
 }

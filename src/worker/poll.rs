@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::message::{Message, OwnedMessage};
 
-use super::shared::Worker;
+use super::shared::{Polled, Worker};
 use crate::shutdown::Shutdown;
 use crate::telemetry::http::Health;
 
@@ -29,8 +29,10 @@ impl Worker {
             let timeout = if gathered == 0 { Duration::from_millis(100) } else { Duration::ZERO };
             match consumer.poll(timeout) {
                 Some(Ok(message)) => {
+                    // vigil's own latency starts here, when the consumer hands the event over.
+                    let polled_at = Instant::now();
                     health.set_brokers_down(false);
-                    if self.gather(message.detach()) {
+                    if self.gather(message.detach(), polled_at) {
                         gathered += 1;
                     }
                     if gathered >= GATHER {
@@ -57,11 +59,11 @@ impl Worker {
 
     /// Keeps a polled message for its partition's loop; false if the partition is not (or no
     /// longer) ours: then it is not committed and its next owner reads it.
-    fn gather(&self, message: OwnedMessage) -> bool {
+    fn gather(&self, message: OwnedMessage, polled_at: Instant) -> bool {
         let key = (message.topic().to_owned(), message.partition());
         match self.lock_partitions().get_mut(&key) {
             Some(state) => {
-                state.gathered.push(message);
+                state.gathered.push(message, polled_at);
                 true
             }
             None => false,
@@ -70,7 +72,7 @@ impl Worker {
 
     /// Hands every gathered message to its partition's loop, waiting while a loop's queue is full.
     fn hand_over(&self) {
-        let batches: Vec<(SyncSender<Vec<OwnedMessage>>, Vec<OwnedMessage>)> = self
+        let batches: Vec<(SyncSender<Polled>, Polled)> = self
             .lock_partitions()
             .values_mut()
             .filter(|state| !state.gathered.is_empty())

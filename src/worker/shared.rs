@@ -24,11 +24,42 @@ use crate::telemetry::Metrics;
 /// A partition, as the consumer names it: (topic, partition).
 pub(super) type PartitionKey = (String, i32);
 
+/// Polled messages on their way to a partition loop, in offset order, each with the instant the
+/// consumer's poll returned it: where vigil's own latency (`vigil_processing_latency_seconds`)
+/// starts.
+#[derive(Default)]
+pub(super) struct Polled {
+    pub(super) messages: Vec<OwnedMessage>,
+    /// `polled_at[i]`: when `messages[i]` was polled.
+    pub(super) polled_at: Vec<Instant>,
+}
+
+impl Polled {
+    pub(super) fn push(&mut self, message: OwnedMessage, polled_at: Instant) {
+        self.messages.push(message);
+        self.polled_at.push(polled_at);
+    }
+
+    /// Appends a later batch of the same partition.
+    pub(super) fn append(&mut self, mut later: Polled) {
+        self.messages.append(&mut later.messages);
+        self.polled_at.append(&mut later.polled_at);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+}
+
 /// A running partition loop.
 pub(super) struct PartitionLoop {
-    pub(super) sender: Option<SyncSender<Vec<OwnedMessage>>>,
+    pub(super) sender: Option<SyncSender<Polled>>,
     /// Messages polled and not yet handed over; they go with the loop when it is revoked.
-    pub(super) gathered: Vec<OwnedMessage>,
+    pub(super) gathered: Polled,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) thread: Option<JoinHandle<()>>,
     pub(super) progress: Arc<Progress>,
