@@ -130,7 +130,9 @@ enum Command {
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
         /// Benchmark one worker end to end on this Kafka cluster (creates fresh bench-* topics):
-        /// saturation throughput, then decision latency at half that load.
+        /// saturation throughput, then at half that load (or --latency-rate) side by side: event
+        /// produced → decision consumed, vigil's own share (vigil_processing_latency_seconds) and
+        /// the broker's own one hop.
         #[arg(long, value_name = "BROKERS")]
         kafka: Option<String>,
         /// Partitions of the --kafka events topic.

@@ -1,9 +1,12 @@
 //! `vigil bench --kafka BROKERS`: the worker end to end on a real broker. Events (the generated
 //! workload, or the lines of `--input`) are produced to a fresh topic first; one in-process
 //! worker (`worker::run`, the code `vigil run` runs) then drains it at saturation; then
-//! generated events are produced at half that rate with their event time set to the wall clock,
-//! and the latency from production to the decision being consumed is measured on the decisions
-//! topic.
+//! generated events are produced at half that rate (or `--latency-rate`) with their event time
+//! set to the wall clock, and three latencies are measured at that rate, side by side: each
+//! event handed to the producer → its decision consumed from the decisions topic (end to end);
+//! vigil's own share, from the worker's `vigil_processing_latency_seconds` over the phase; and
+//! one hop through the broker alone (produce → consume with a plain client, the same client
+//! settings). vigil's path is one hop in, its own share, one hop out.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -151,6 +154,9 @@ struct Paced {
     slip_us: Vec<i64>,
     /// Events per second actually sent, first send to last.
     sent_rate: f64,
+    /// How long after the planned start the schedule began (generating the events took longer
+    /// than the margin allowed), ms.
+    late_start_ms: i64,
     /// `; CPU: …` from the first send to the last.
     cpu: String,
 }
@@ -254,7 +260,7 @@ fn paced(
         _ => 0.0,
     };
     let sent_rate = if span_secs > 0.0 { (sent_us.len() - 1) as f64 / span_secs } else { 0.0 };
-    Ok(Paced { latencies_us, p50_by_second_ms, slip_us, sent_rate, cpu })
+    Ok(Paced { latencies_us, p50_by_second_ms, slip_us, sent_rate, late_start_ms: begin - start, cpu })
 }
 
 /// `vigil gen --kafka`: produces the generated events to `topic`, keyed by user, and waits for
@@ -654,9 +660,10 @@ impl LatencyPhase<'_> {
         let e2e = &end_to_end.latencies_us;
         writeln!(
             out,
-            "  {:<16} {rate} events/s for {}s: sent at {:.0} events/s, behind schedule p50 {:.1} ms, p99 {:.1} ms{}",
+            "  {:<16} {rate} events/s for {}s (began {} ms after the planned start): sent at {:.0} events/s, behind schedule p50 {:.1} ms, p99 {:.1} ms{}",
             if args.latency_rate.is_some() { "latency phase" } else { "half load" },
             args.latency_seconds,
+            end_to_end.late_start_ms,
             end_to_end.sent_rate,
             ms(percentile(&end_to_end.slip_us, 0.50)),
             ms(percentile(&end_to_end.slip_us, 0.99)),
