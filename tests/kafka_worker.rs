@@ -698,3 +698,27 @@ fn a_session_timeout_the_broker_refuses_stops_the_worker_with_a_clear_error() {
         "last line: {last}\n{log}"
     );
 }
+
+/// `vigil bench --kafka` on Apache Kafka: a small run prints saturation and, at one rate, the
+/// end-to-end latency, the broker's own one hop and vigil's own share side by side.
+#[test]
+fn the_kafka_benchmark_runs_on_apache_kafka_and_reports_latency_side_by_side() {
+    let broker = Broker::shared();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["bench", "--rules", "rules", "--kafka", &broker.bootstrap()])
+        .args(["--events", "4000", "--users", "200", "--partitions", "2", "--latency-seconds", "2", "--latency-rate", "500"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    eprintln!("{stdout}");
+    for wanted in ["saturation", "side by side", "end to end", "broker one hop", "vigil's own"] {
+        assert!(stdout.contains(wanted), "no {wanted:?} in:\n{stdout}");
+    }
+    // Every latency figure of the side-by-side table is a number of milliseconds.
+    let table: Vec<&str> = stdout.lines().skip_while(|l| !l.contains("side by side")).skip(1).take_while(|l| l.starts_with("     ")).collect();
+    assert!(table.len() >= 3, "{stdout}");
+    for line in &table {
+        assert!(line.split_whitespace().any(|w| w.trim_end_matches(',').parse::<f64>().is_ok()), "no figure in {line:?}\n{stdout}");
+    }
+}
