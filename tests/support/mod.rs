@@ -146,6 +146,17 @@ impl RedisServer {
         self.child = spawn_redis(self.port, &self.extra).expect("restart redis-server on its port");
     }
 
+    /// Kills the server (SIGKILL) for good, and waits for it to be gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether this server is still running (not killed).
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
     pub fn pause(&self) {
         signal(self.child.id(), "STOP");
@@ -173,14 +184,18 @@ pub fn signal(pid: u32, signal: &str) {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        // Only the process this test started, by its PID (resumed first if a test paused it).
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+        // Only the process this test started, by its PID (resumed first if a test paused it;
+        // not if a test killed it already).
+        if self.alive() {
+            let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// A Redis Cluster of three masters, each a `redis-server` this test started; all killed on drop.
+/// A Redis Cluster of three masters (and, from `start_with_replicas`, one replica each), each a
+/// `redis-server` this test started; all killed on drop.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
     _dir: tempfile::TempDir,
@@ -188,9 +203,16 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        RedisCluster::start_with_replicas(0)
+    }
+
+    /// Three masters with `replicas` replicas each (`cluster-node-timeout 2000`: a master gone for
+    /// two seconds is failed over), once every node says `cluster_state:ok` and every replica is
+    /// in sync with its master.
+    pub fn start_with_replicas(replicas: usize) -> RedisCluster {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_str().unwrap().to_owned();
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(|port| {
                     [
@@ -207,17 +229,19 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .expect("redis-cli not found: run scripts/test.sh, which installs it");
         assert!(status.success(), "redis-cli --cluster create failed");
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(30);
         for node in &nodes {
             loop {
                 let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut node.connection()).unwrap();
-                if info.contains("cluster_state:ok") {
+                let replication: String = redis::cmd("INFO").arg("replication").query(&mut node.connection()).unwrap();
+                let synced = !replication.contains("role:slave") || replication.contains("master_link_status:up");
+                if info.contains("cluster_state:ok") && synced {
                     break;
                 }
                 assert!(Instant::now() < deadline, "cluster did not become ok");
@@ -225,6 +249,46 @@ impl RedisCluster {
             }
         }
         RedisCluster { nodes, _dir: dir }
+    }
+
+    /// The indexes of the nodes alive that are masters now.
+    pub fn masters(&mut self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].alive() && {
+                    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut self.nodes[i].connection()).unwrap();
+                    matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master")
+                }
+            })
+            .collect()
+    }
+
+    /// Waits until every live node says `cluster_state:ok` (after a failover); how long it took.
+    pub fn wait_ok(&mut self, timeout: Duration) -> Duration {
+        let start = Instant::now();
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].alive() {
+                continue;
+            }
+            loop {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.nodes[i].connection()).unwrap();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(start.elapsed() < timeout, "cluster did not become ok again within {timeout:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        start.elapsed()
+    }
+
+    /// The counters of every live master (`redis_totals` over the whole cluster).
+    pub fn totals(&mut self) -> BTreeMap<String, (i128, usize)> {
+        let mut totals = BTreeMap::new();
+        for i in self.masters() {
+            totals.extend(redis_totals(&mut self.nodes[i].connection()));
+        }
+        totals
     }
 
     /// The URL of one node: the store finds the rest.
