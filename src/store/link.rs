@@ -1,13 +1,16 @@
 //! Connections to Redis for the store: one server or a Redis Cluster (calls pipelined per master
-//! by the slot map, MOVED/ASK followed through the cluster client), with connect and response
-//! timeouts on every call, reconnects, exponential backoff within a bounded number of attempts,
-//! and reloading the script on NOSCRIPT.
+//! by the slot map, MOVED/ASK followed through the cluster client; on a lost connection,
+//! CLUSTERDOWN or TRYAGAIN the slot map is read again from any node seen, so a failover is
+//! followed to the promoted replica, and counted for the store's data-loss check), with connect
+//! and response timeouts on every call, reconnects, exponential backoff within a bounded number
+//! of attempts, and reloading the script on NOSCRIPT.
 //!
 //! A call that fails in a way that leaves the connection in an unknown state (a timeout, a reset)
 //! drops the connection; the next attempt opens a new one. Which calls of a pipeline ran is then
 //! unknown, so they are sent again: every call the store makes is idempotent (script calls skip
 //! the deltas whose input position a key has recorded, writes check the key's version).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Value;
@@ -51,11 +54,32 @@ impl Op {
 }
 
 /// Where the store connects: one Redis, or a Redis Cluster (found from the URL's node, whose
-/// client also gives the credentials and TLS settings for direct connections to each master).
+/// client also gives the credentials and TLS settings for direct connections to every node).
 #[derive(Clone)]
 pub(super) enum Target {
     Single(redis::Client),
-    Cluster { seed: redis::Client, cluster: Box<redis::cluster::ClusterClient> },
+    Cluster { seed: redis::Client, topology: Arc<Mutex<Topology>> },
+}
+
+/// What every link of one store has learnt of a cluster's layout, shared so that the node the
+/// URL names can die without taking the store's way into the cluster with it.
+#[derive(Default)]
+pub(super) struct Topology {
+    /// Every node any slot map named (masters and replicas), the URL's node first: slot maps are
+    /// asked of them in turn, and the cluster client is seeded with them.
+    nodes: Vec<(String, u16)>,
+    /// The node IDs of the masters of the last slot map read.
+    masters: Vec<String>,
+    /// How many slot maps named a master the map before did not (a replica promoted by a
+    /// failover): replication is asynchronous, so the new master may lack writes the old one
+    /// acknowledged, and the store checks for that as for a restart.
+    promotions: u64,
+}
+
+impl Topology {
+    pub(super) fn new(host: String, port: u16) -> Topology {
+        Topology { nodes: vec![(host, port)], ..Topology::default() }
+    }
 }
 
 enum Conn {
@@ -73,21 +97,66 @@ fn open_single(client: &redis::Client, timeouts: Timeouts) -> redis::RedisResult
 
 /// A Redis Cluster: calls are pipelined per master on direct connections, by the slot map; a call
 /// answered with MOVED/ASK (the map changed) is sent again through the cluster client, which
-/// follows redirects, and the map is read anew.
+/// follows redirects, and the map is read anew. A call that meets a lost connection, CLUSTERDOWN
+/// or TRYAGAIN stays pending: the map is read again (from any node seen, so a dead master or a
+/// dead URL node costs one refused connection) and the call goes to the slot's owner then.
 struct ClusterConn {
-    cluster: redis::cluster::ClusterConnection,
+    /// Opened when first needed (a redirect), from every node seen then; dropped when it fails
+    /// other than by a server's error reply, so the next one starts from live nodes (redis-rs'
+    /// sync cluster client reconnects only through the nodes it was built with, and refreshes
+    /// its map only through connections it holds).
+    cluster: Option<redis::cluster::ClusterConnection>,
     seed: redis::Client,
+    topology: Arc<Mutex<Topology>>,
     timeouts: Timeouts,
     /// Master index per hash slot.
     slot_owner: Vec<usize>,
     masters: Vec<(String, u16, Option<redis::Connection>)>,
 }
 
+/// One slot range of `CLUSTER SLOTS`: first and last slot, the master (host, port, node ID) and
+/// the replicas' addresses.
+type SlotRange = (u16, u16, (String, u16, String), Vec<(String, u16)>);
+
+fn parse_slots(reply: Vec<Value>) -> Vec<SlotRange> {
+    let node = |value: &Value| -> Option<(String, u16, String)> {
+        let Value::Array(node) = value else { return None };
+        let host: String = redis::from_redis_value(node.first()?.clone()).ok()?;
+        let port: u16 = redis::from_redis_value(node.get(1)?.clone()).ok()?;
+        let id: String = node.get(2).and_then(|id| redis::from_redis_value(id.clone()).ok()).unwrap_or_default();
+        Some((host, port, id))
+    };
+    reply
+        .into_iter()
+        .filter_map(|range| {
+            let Value::Array(items) = range else { return None };
+            let start: u16 = redis::from_redis_value(items.first()?.clone()).ok()?;
+            let end: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
+            let master = node(items.get(2)?)?;
+            let replicas = items[3..].iter().filter_map(node).map(|(h, p, _)| (h, p)).collect();
+            Some((start, end, master, replicas))
+        })
+        .collect()
+}
+
+/// The seed's connection settings (credentials, TLS) for another node.
+fn node_info(seed: &redis::Client, host: &str, port: u16) -> redis::ConnectionInfo {
+    let info = seed.get_connection_info().clone();
+    let addr = match info.addr() {
+        redis::ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
+            redis::ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure: *insecure, tls_params: tls_params.clone() }
+        }
+        _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+    };
+    info.set_addr(addr)
+}
+
 impl ClusterConn {
-    fn open(seed: &redis::Client, cluster: &redis::cluster::ClusterClient, timeouts: Timeouts) -> redis::RedisResult<ClusterConn> {
+    fn open(seed: &redis::Client, topology: &Arc<Mutex<Topology>>, timeouts: Timeouts) -> redis::RedisResult<ClusterConn> {
         let mut conn = ClusterConn {
-            cluster: cluster.get_connection()?,
+            cluster: None,
             seed: seed.clone(),
+            topology: topology.clone(),
             timeouts,
             slot_owner: vec![0; 16384],
             masters: Vec::new(),
@@ -96,24 +165,66 @@ impl ClusterConn {
         Ok(conn)
     }
 
-    /// `CLUSTER SLOTS`: each range's master.
+    /// The cluster client's connection, opened from every node seen if there is none.
+    fn cluster(&mut self) -> redis::RedisResult<&mut redis::cluster::ClusterConnection> {
+        if self.cluster.is_none() {
+            let nodes: Vec<redis::ConnectionInfo> = {
+                let topology = self.topology.lock().expect("topology lock");
+                topology.nodes.iter().map(|(host, port)| node_info(&self.seed, host, *port)).collect()
+            };
+            // Its own retries stay few: the store's attempts, backoff and breaker are the ones
+            // that bound how long a flush waits on a cluster that is down.
+            let client = redis::cluster::ClusterClientBuilder::new(nodes)
+                .connection_timeout(self.timeouts.connect)
+                .response_timeout(self.timeouts.response)
+                .retries(2)
+                .build()?;
+            self.cluster = Some(client.get_connection()?);
+        }
+        Ok(self.cluster.as_mut().expect("opened above"))
+    }
+
+    /// `CLUSTER SLOTS` from the first node seen that answers: each range's master. Every node
+    /// named is remembered, and a master the last map did not name counts as a promotion.
     fn read_slot_map(&mut self) -> redis::RedisResult<()> {
-        let mut any = open_single(&self.seed, self.timeouts)?;
-        let ranges: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query::<Vec<Value>>(&mut any)?
-            .into_iter()
-            .filter_map(|range| {
-                let Value::Array(items) = range else { return None };
-                let start: u16 = redis::from_redis_value(items.first()?.clone()).ok()?;
-                let end: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
-                let Value::Array(master) = items.get(2)? else { return None };
-                let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
-                let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
-                Some((start, end, (host, port)))
-            })
-            .collect();
-        for (start, end, (host, port)) in ranges {
+        let nodes = self.topology.lock().expect("topology lock").nodes.clone();
+        let mut first_error = None;
+        let mut ranges = None;
+        for (host, port) in nodes {
+            let reply = redis::Client::open(node_info(&self.seed, &host, port))
+                .and_then(|client| open_single(&client, self.timeouts))
+                .and_then(|mut conn| redis::cmd("CLUSTER").arg("SLOTS").query::<Vec<Value>>(&mut conn));
+            match reply {
+                Ok(reply) if !reply.is_empty() => {
+                    ranges = Some(parse_slots(reply));
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let Some(ranges) = ranges else {
+            return Err(first_error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "no node knows the slot map"))));
+        };
+        {
+            let mut topology = self.topology.lock().expect("topology lock");
+            let masters: Vec<String> = ranges.iter().map(|(_, _, (_, _, id), _)| id.clone()).collect();
+            if !topology.masters.is_empty() && masters.iter().any(|id| !topology.masters.contains(id)) {
+                topology.promotions += 1;
+                tracing::warn!("the Redis Cluster has a new master (a failover): checking for writes it lacks");
+            }
+            topology.masters = masters;
+            for (_, _, (host, port, _), replicas) in &ranges {
+                for node in std::iter::once((host.clone(), *port)).chain(replicas.iter().cloned()) {
+                    if !topology.nodes.contains(&node) {
+                        topology.nodes.push(node);
+                    }
+                }
+            }
+        }
+        for (start, end, (host, port, _), _) in ranges {
             let index = match self.masters.iter().position(|(h, p, _)| *h == host && *p == port) {
                 Some(index) => index,
                 None => {
@@ -133,19 +244,23 @@ impl ClusterConn {
         let timeouts = self.timeouts;
         let (host, port, conn) = &mut self.masters[index];
         if conn.is_none() {
-            let info = self.seed.get_connection_info().clone();
-            let addr = match info.addr() {
-                redis::ConnectionAddr::TcpTls { insecure, tls_params, .. } => redis::ConnectionAddr::TcpTls {
-                    host: host.clone(),
-                    port: *port,
-                    insecure: *insecure,
-                    tls_params: tls_params.clone(),
-                },
-                _ => redis::ConnectionAddr::Tcp(host.clone(), *port),
-            };
-            *conn = Some(open_single(&redis::Client::open(info.set_addr(addr))?, timeouts)?);
+            *conn = Some(open_single(&redis::Client::open(node_info(&self.seed, host, *port))?, timeouts)?);
         }
         Ok(conn.as_mut().expect("opened above"))
+    }
+
+    /// SCRIPT LOAD on every master of the slot map, on the direct connections (a master the
+    /// cluster client's stale map still names may be dead).
+    fn load_on_all_masters(&mut self) -> redis::RedisResult<()> {
+        let serving: std::collections::BTreeSet<usize> = self.slot_owner.iter().copied().collect();
+        for index in serving {
+            let loaded = self.master(index).and_then(load_scripts);
+            if loaded.is_err() {
+                self.masters[index].2 = None;
+            }
+            loaded?;
+        }
+        Ok(())
     }
 
     /// Runs every call, grouped per master, keeping each call's result across attempts: only
@@ -214,8 +329,16 @@ impl ClusterConn {
                         reload = true;
                         redirected.push(call);
                     }
-                    // MOVED/ASK: the call did not run on this node.
-                    Err(e) if e.is_cluster_error() => redirected.push(call),
+                    // MOVED/ASK: the call did not run on this node; the cluster client follows the
+                    // redirect.
+                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)) => {
+                        redirected.push(call)
+                    }
+                    // CLUSTERDOWN, TRYAGAIN: the call did not run; it waits for the next attempt,
+                    // after the backoff and a fresh slot map (a failover under way).
+                    Err(e) if e.is_cluster_error() => {
+                        first_error.get_or_insert(e);
+                    }
                     Err(e) => {
                         first_error.get_or_insert(e);
                     }
@@ -224,14 +347,17 @@ impl ClusterConn {
         }
         if reload {
             // Once for every call that met NOSCRIPT.
-            load_on_all_masters(&mut self.cluster)?;
+            self.load_on_all_masters()?;
         }
         let redirects = redirected.len() as u64;
         if !redirected.is_empty() {
             for call in redirected {
-                match batch.calls[call].cmd().query::<Value>(&mut self.cluster) {
+                match self.cluster().and_then(|cluster| batch.calls[call].cmd().query::<Value>(cluster)) {
                     Ok(reply) => results[call] = Some(reply),
                     Err(e) => {
+                        if !matches!(e.kind(), redis::ErrorKind::Server(_)) {
+                            self.cluster = None;
+                        }
                         first_error.get_or_insert(e);
                     }
                 }
@@ -246,7 +372,7 @@ impl Target {
     fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<Conn> {
         match self {
             Target::Single(client) => open_single(client, timeouts).map(Conn::Single),
-            Target::Cluster { seed, cluster } => ClusterConn::open(seed, cluster, timeouts).map(|c| Conn::Cluster(Box::new(c))),
+            Target::Cluster { seed, topology } => ClusterConn::open(seed, topology, timeouts).map(|c| Conn::Cluster(Box::new(c))),
         }
     }
 }
@@ -289,6 +415,15 @@ impl Link {
         let mut conn = target.connect(timeouts).map_err(unavailable)?;
         load_script(&mut conn).map_err(unavailable)?;
         Ok(Link { target, conn: Some(conn), timeouts, backoff })
+    }
+
+    /// How many failovers (promoted replicas) the slot maps read so far showed, by any link of
+    /// this store; always 0 for one Redis.
+    pub(super) fn promotions(&self) -> u64 {
+        match &self.target {
+            Target::Single(_) => 0,
+            Target::Cluster { topology, .. } => topology.lock().expect("topology lock").promotions,
+        }
     }
 
     /// Runs `batch` in at most `attempts` attempts; also returns how many failed attempts were
@@ -400,7 +535,7 @@ impl Link {
 fn load_script(conn: &mut Conn) -> redis::RedisResult<()> {
     match conn {
         Conn::Single(single) => load_scripts(single),
-        Conn::Cluster(cluster) => load_on_all_masters(&mut cluster.cluster),
+        Conn::Cluster(cluster) => cluster.load_on_all_masters(),
     }
 }
 
@@ -415,20 +550,6 @@ fn load_scripts(conn: &mut redis::Connection) -> redis::RedisResult<()> {
 /// The script cache no longer holds the script (Redis restarted, or `SCRIPT FLUSH`).
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-}
-
-/// Every master needs the scripts: SCRIPT LOAD routed to all of them.
-fn load_on_all_masters(conn: &mut redis::cluster::ClusterConnection) -> redis::RedisResult<()> {
-    for source in SOURCES {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(source);
-        let route = redis::cluster_routing::RoutingInfo::MultiNode((
-            redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
-            None,
-        ));
-        conn.route_command(&load, route)?;
-    }
-    Ok(())
 }
 
 /// The Redis Cluster hash slot of a key (CRC16/XMODEM mod 16384) of a key without a hash tag.
@@ -457,7 +578,25 @@ pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use redis::Value;
+
+    use super::{parse_slots, slot};
+
+    #[test]
+    fn slot_maps_name_masters_with_their_ids_and_replicas() {
+        let node = |port: i64, id: &str| {
+            Value::Array(vec![Value::BulkString(b"127.0.0.1".to_vec()), Value::Int(port), Value::BulkString(id.as_bytes().to_vec())])
+        };
+        let reply = vec![
+            Value::Array(vec![Value::Int(0), Value::Int(5460), node(7000, "a"), node(7003, "d")]),
+            Value::Array(vec![Value::Int(5461), Value::Int(16383), node(7001, "b")]),
+        ];
+        let ranges = parse_slots(reply);
+        assert_eq!(ranges.len(), 2);
+        assert_eq!(ranges[0], (0, 5460, ("127.0.0.1".to_owned(), 7000, "a".to_owned()), vec![("127.0.0.1".to_owned(), 7003)]));
+        assert_eq!(ranges[1].2 .2, "b");
+        assert!(ranges[1].3.is_empty());
+    }
 
     #[test]
     fn slots_follow_the_cluster_spec() {

@@ -80,7 +80,8 @@ pub struct RedisStats {
     pub outages: u64,
     /// Observations counted on local state only, while Redis was unavailable.
     pub degraded_observations: u64,
-    /// Times Redis was found to have lost its data (its epoch key vanished or changed).
+    /// Times Redis was found to have lost its data (its epoch key vanished or changed) or may
+    /// have (a cluster failover).
     pub data_losses: u64,
     /// Keys gone from Redis at a version this process knew (lost or expired), written again.
     pub lost_keys: u64,

@@ -1,6 +1,8 @@
 //! Data-loss detection: Redis holds an epoch key (per master on a cluster) that flushes check;
-//! when it vanished or changed (a restart without persistence, FLUSHALL, a failover to a stale
-//! replica), every key this process holds a view of is written again from that view.
+//! when it vanished or changed (a restart without persistence, FLUSHALL), or a cluster's slot map
+//! named a new master (a failover: the promoted replica holds the epoch key, but replication is
+//! asynchronous and the last writes the old master acknowledged may be missing), every key this
+//! process holds a view of is written again from that view.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +21,9 @@ use crate::store::counter_store::StoreError;
 pub(super) struct Epochs {
     pub(super) keys: Vec<String>,
     pub(super) known: Vec<Option<Vec<u8>>>,
+    /// The cluster failovers taken in so far (a promoted replica may lack acknowledged writes
+    /// even though it holds the epoch key: it counts as a change of epoch).
+    pub(super) promotions: u64,
     /// What this process writes into an absent epoch key.
     candidate: Vec<u8>,
     /// When a flush last checked the epoch keys.
@@ -36,6 +41,7 @@ impl Epochs {
         Epochs {
             known: vec![None; keys.len()],
             keys,
+            promotions: 0,
             candidate: {
                 let mut text = String::new();
                 push_hex(&mut text, &rand::random::<[u8; 16]>());
@@ -114,7 +120,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.stats.reseeded_keys += count as u64;
         tracing::error!(
             keys = count,
-            "Redis lost its data (its epoch key vanished or changed): writing every counter this worker holds again from its local view"
+            "Redis lost its data (its epoch key vanished or changed, or a failover promoted a replica): writing every counter this worker holds again from its local view"
         );
     }
 }

@@ -34,6 +34,8 @@ pub(super) struct FlushJob {
     first: Batch,
     epochs: usize,
     known: Vec<Option<Vec<u8>>>,
+    /// The failovers the store has taken in (`Link::promotions`).
+    promotions: u64,
     scripts: Batch,
     attempts: u32,
 }
@@ -43,6 +45,8 @@ struct FlushDone {
     /// The replies of the first phase, and of the scripts (`None`: not run, data loss seen).
     result: Result<(Vec<Value>, Option<Vec<Value>>), StoreError>,
     retries: u64,
+    /// The failovers the link had seen when the flush ended.
+    promotions: u64,
 }
 
 /// The flush in flight: its keys, its batch's reply order, its observation count and when it
@@ -74,14 +78,23 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<Fl
                 (Value::Nil, Some(_)) => true,
                 (reply, Some(known)) => redis::from_redis_value::<Vec<u8>>(reply.clone()).ok().as_ref() != Some(known),
             });
+            // A failover seen before the scripts (the epoch keys were replicated, the last
+            // writes may not have been): handled like a changed epoch.
+            let lost = lost || link.promotions() != job.promotions;
             if lost || job.scripts.is_empty() {
                 return Ok((first, if lost { None } else { Some(Vec::new()) }));
             }
             let (scripts, more) = link.query(&job.scripts, job.attempts);
             retries += more;
+            // A failover seen while the scripts ran: some may have answered from a promoted
+            // replica that lacks earlier writes, so their windows are not taken in; the views
+            // are written again instead (a rewrite replaces what those scripts wrote).
+            if link.promotions() != job.promotions {
+                return scripts.map(|_| (first, None));
+            }
             scripts.map(|scripts| (first, Some(scripts)))
         });
-        if done.send(FlushDone { result, retries }).is_err() {
+        if done.send(FlushDone { result, retries, promotions: link.promotions() }).is_err() {
             return;
         }
     }
@@ -321,7 +334,14 @@ impl<C: MonotonicClock> RedisStore<C> {
         let epochs = if check_epochs { self.epochs.keys.len() } else { 0 };
         // Hold raises go with the epoch checks: one round trip before the scripts.
         let holds = self.send_holds(&mut first);
-        let job = FlushJob { first, epochs, known: self.epochs.known.clone(), scripts, attempts: self.config.attempts };
+        let job = FlushJob {
+            first,
+            epochs,
+            known: self.epochs.known.clone(),
+            promotions: self.epochs.promotions,
+            scripts,
+            attempts: self.config.attempts,
+        };
         let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
         let (sent, sent_stamp) = (Instant::now(), self.clock.now());
@@ -343,7 +363,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         let inflight = self.flushing.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         match done.result {
-            Ok((first, scripts)) => self.flush_answered(inflight, &first, scripts),
+            Ok((first, scripts)) => {
+                // Taken in with this answer: a failover it met made it report a loss (`scripts`
+                // is `None`), and the views are written again.
+                self.epochs.promotions = done.promotions;
+                self.flush_answered(inflight, &first, scripts)
+            }
             Err(e) => Err(self.flush_failed(&inflight, e)),
         }
     }

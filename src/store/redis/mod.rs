@@ -28,10 +28,11 @@
 //! never evicted, and the caller is told when they outgrow `max_local_keys`.
 //!
 //! Data loss: Redis holds an epoch key (per master on a cluster). Every flush first checks it;
-//! when it has vanished or changed (a restart without persistence, FLUSHALL, a failover to a stale
-//! replica) the flush writes nothing and every key this process holds a view of is written again
-//! from that view. A key written at a version this process knew that is gone is written again
-//! from the view too (the script answers `?`).
+//! when it has vanished or changed (a restart without persistence, FLUSHALL), or the cluster's
+//! slot map named a new master (a failover: the promoted replica may lack the last writes the
+//! old master acknowledged), the flush's scripts are not taken in and every key this process
+//! holds a view of is written again from that view. A key written at a version this process
+//! knew that is gone is written again from the view too (the script answers `?`).
 //!
 //! Files, by role: `config` (tuning and stats), `view` (the merged per-key view and counting on
 //! it), `holds` (hold views), `epochs` (data-loss detection), `reader` (the reader thread),
@@ -51,7 +52,7 @@ use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 
-use super::link::{unavailable, Batch, Link, Target, Timeouts};
+use super::link::{unavailable, Batch, Link, Target, Timeouts, Topology};
 use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, StoreError, WindowId, Windows};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
@@ -139,12 +140,14 @@ pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Targe
         })
         .collect();
     first_slots.sort_unstable();
-    let cluster = redis::cluster::ClusterClientBuilder::new(vec![url])
-        .connection_timeout(config.connect_timeout)
-        .response_timeout(config.response_timeout)
-        .build()
-        .map_err(unavailable)?;
-    Ok((Target::Cluster { seed: client, cluster: Box::new(cluster) }, true, first_slots))
+    // The URL's node is where the store first asks for the slot map; every node a map names is
+    // added as it is read (`link`), so the URL's node may die later.
+    let (host, port) = match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+        other => return Err(StoreError::Unavailable(format!("a Redis Cluster needs a TCP address, not {other}"))),
+    };
+    let topology = std::sync::Arc::new(std::sync::Mutex::new(Topology::new(host, port)));
+    Ok((Target::Cluster { seed: client, topology }, true, first_slots))
 }
 
 impl RedisStore {
