@@ -285,6 +285,22 @@ fn evalsha_calls(node: &mut redis::Connection) -> u64 {
 
 #[test]
 fn a_cluster_master_killed_mid_replay_fails_over_and_ends_exact() {
+    master_killed_mid_replay(false);
+}
+
+/// Known gap: the promotion is detected ("lost its data 1 times") and every view written again,
+/// yet 488 to 1 253 of 18 368 counters ended wrong in each of seven runs (distinct counters,
+/// `login-devices-user-24h`, short of values). A `WAIT 1` after each master's flush pipeline did
+/// not close it (keys then also missing on the promoted replica); not kept.
+#[test]
+#[ignore = "known gap: writes the dead master acknowledged and its replica never got are not all restored"]
+fn a_cluster_master_killed_with_unreplicated_writes_ends_exact() {
+    master_killed_mid_replay(true);
+}
+
+/// A replay through the cluster whose URL's master is SIGKILLed mid-run; with `lose_writes`, its
+/// replica is first cut off so that writes the master acknowledged are surely missing on it.
+fn master_killed_mid_replay(lose_writes: bool) {
     let dir = tempfile::tempdir().unwrap();
     let lines = events(40_000, 26);
     let want = reference_totals(dir.path(), &lines);
@@ -298,8 +314,32 @@ fn a_cluster_master_killed_mid_replay_fails_over_and_ends_exact() {
     let mut replay = StreamingReplay::start(&url);
     replay.feed(&lines[..20_000]);
     assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first half is decided");
+    let mut unreplicated = 0;
+    if lose_writes {
+        // The replica misses the master's last writes (replication is asynchronous; made sure
+        // of here): frozen, its replication link cut by the master (what the master sent before
+        // sits in the replica's socket buffer, so freezing alone loses nothing), the master
+        // acknowledges flushes the replica never gets, then dies.
+        cluster.nodes[replica].pause();
+        let paused = Instant::now();
+        let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut cluster.nodes[victim].connection()).unwrap();
+        assert_eq!(cut, 1, "the master's link to its replica is cut");
+        let before = evalsha_calls(&mut cluster.nodes[victim].connection());
+        replay.feed(&lines[20_000..24_000]);
+        while evalsha_calls(&mut cluster.nodes[victim].connection()) == before && paused.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        unreplicated = evalsha_calls(&mut cluster.nodes[victim].connection()) - before;
+        assert!(unreplicated > 0, "the master acknowledged flushes while its replica was frozen");
+    } else {
+        replay.feed(&lines[20_000..24_000]);
+    }
     cluster.nodes[victim].kill();
     let killed = Instant::now();
+    if lose_writes {
+        cluster.nodes[replica].resume();
+    }
     // The first flush the promoted replica serves, seen from outside (its EVALSHA count: as a
     // replica it only receives the scripts' effects).
     let replica_url = cluster.nodes[replica].url();
@@ -321,14 +361,15 @@ fn a_cluster_master_killed_mid_replay_fails_over_and_ends_exact() {
         }
         None
     });
-    replay.feed(&lines[20_000..]);
+    replay.feed(&lines[24_000..]);
     let (ok, stderr, records) = replay.finish();
     let finished = killed.elapsed();
     assert!(ok, "{stderr}");
     let (promoted, first_flush) = first_flush.join().unwrap().expect("the promoted replica served a flush");
     cluster.wait_ok(Duration::from_secs(10));
     eprintln!(
-        "master killed: replica promoted after {:.2} s, first flush on it after {:.2} s, replay done after {:.2} s",
+        "master killed{}: replica promoted after {:.2} s, first flush on it after {:.2} s, replay done after {:.2} s",
+        if lose_writes { format!(" ({unreplicated} script calls it acknowledged never reached its replica)") } else { String::new() },
         promoted.as_secs_f64(),
         first_flush.as_secs_f64(),
         finished.as_secs_f64()

@@ -338,11 +338,12 @@ pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
 /// with the same values; on failure, how many differ, five examples and `context` (a log).
 pub fn assert_totals_equal(got: &BTreeMap<String, (i128, usize)>, want: &BTreeMap<String, (i128, usize)>, context: &str) {
     eprintln!("comparing {} Redis keys with one clean pass", want.len());
-    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
+    let differing: Vec<_> =
+        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).map(|(k, v)| (k, v, got.get(k))).collect();
     let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
     assert!(
         differing.is_empty() && extra == 0,
-        "{} of {} keys differ, {extra} extra, e.g. {differing:?}\n{context}",
+        "{} of {} keys differ, {extra} extra, e.g. (key, want, got) {differing:?}\n{context}",
         want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
         want.len()
     );
