@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::kafka::{Broker, Security, Topics, Worker};
 use support::stream::{keyed, replay_lines, workload_lines};
@@ -45,16 +45,6 @@ commit_interval = "200ms"
         topics.kafka_section(broker),
         ca.display()
     )
-}
-
-/// Starts a worker that should fail and returns its exit code, how long it ran and its log.
-fn failing_worker(dir: &Path, name: &str, config: &str, password: &str) -> (Option<i32>, Duration, String) {
-    let started = Instant::now();
-    let mut worker = Worker::start_with_env(dir, name, config, &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", password)]);
-    let status = worker.wait_exit(Duration::from_secs(30));
-    let log = worker.log_text();
-    assert!(status.is_some(), "the worker still runs after 30 s (it must not retry a refusal forever):\n{log}");
-    (status.unwrap().code(), started.elapsed(), log)
 }
 
 #[test]
@@ -103,7 +93,7 @@ fn a_wrong_password_or_an_untrusted_certificate_stops_the_worker_naming_the_brok
     let named = format!("error: kafka: broker {}: ", broker.bootstrap());
 
     let wrong = "not-the-password";
-    let (code, took, log) = failing_worker(dir.path(), "wrong-password", &config, wrong);
+    let (code, took, log) = Worker::run_until_it_stops(dir.path(), "wrong-password", &config, &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", wrong)]);
     assert_eq!(code, Some(1), "{log}");
     assert!(took < Duration::from_secs(15), "stopped after {took:?}");
     let last = log.lines().last().unwrap_or_default();
@@ -114,7 +104,12 @@ fn a_wrong_password_or_an_untrusted_certificate_stops_the_worker_naming_the_brok
     let other = dir.path().join("other");
     std::fs::create_dir_all(&other).unwrap();
     let other_ca = TestCertificates::make(&other).ca;
-    let (code, took, log) = failing_worker(dir.path(), "wrong-ca", &config.replace(&ca.display().to_string(), &other_ca.display().to_string()), PASSWORD);
+    let (code, took, log) = Worker::run_until_it_stops(
+        dir.path(),
+        "wrong-ca",
+        &config.replace(&ca.display().to_string(), &other_ca.display().to_string()),
+        &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", PASSWORD)],
+    );
     assert_eq!(code, Some(1), "{log}");
     assert!(took < Duration::from_secs(15), "stopped after {took:?}");
     let last = log.lines().last().unwrap_or_default();

@@ -686,12 +686,9 @@ fn a_session_timeout_the_broker_refuses_stops_the_worker_with_a_clear_error() {
     // The test broker's floor is 500 ms (group.min.session.timeout.ms).
     let config = config(&broker, &topics, &redis, Path::new("rules"), "").replace(r#""session.timeout.ms" = 6000"#, r#""session.timeout.ms" = 400"#);
     assert!(config.contains(r#""session.timeout.ms" = 400"#));
-    let started = Instant::now();
-    let mut worker = Worker::start(dir.path(), "w", &config);
-    let status = worker.wait_exit(Duration::from_secs(30)).unwrap_or_else(|| panic!("still running after 30 s:\n{}", worker.log_text()));
-    assert_eq!(status.code(), Some(1), "{}", worker.log_text());
-    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
-    let log = worker.log_text();
+    let (code, took, log) = Worker::run_until_it_stops(dir.path(), "w", &config, &[]);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
     let last = log.lines().last().unwrap_or_default();
     assert!(
         last.starts_with("error: kafka: broker ") && last.contains("the consumer group refused `session.timeout.ms`") && last.contains("Invalid session timeout"),

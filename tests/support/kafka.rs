@@ -637,6 +637,17 @@ impl Worker {
         Worker { child, http_port, log }
     }
 
+    /// Starts a worker that is expected to stop on its own (a refused configuration) and waits up
+    /// to 30 s for it: its exit code, how long it ran and its log. Panics if it still runs.
+    pub fn run_until_it_stops(dir: &Path, name: &str, config: &str, env: &[(&str, &str)]) -> (Option<i32>, Duration, String) {
+        let started = Instant::now();
+        let mut worker = Worker::start_with_env(dir, name, config, env);
+        let status = worker.wait_exit(Duration::from_secs(30));
+        let log = worker.log_text();
+        let status = status.unwrap_or_else(|| panic!("the worker still runs after 30 s (it must not retry a refusal forever):\n{log}"));
+        (status.code(), started.elapsed(), log)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
