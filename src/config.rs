@@ -89,6 +89,14 @@ pub struct RedisConfig {
     /// While Redis is unavailable (counting locally), how often it is tried again.
     #[serde(deserialize_with = "duration")]
     pub probe_interval: Duration,
+    /// How long each flush waits (Redis `WAIT`) for a replica to confirm it has the flush's
+    /// writes, on a master that has replicas. What no replica has confirmed yet is kept locally
+    /// and written again if a failover promotes a replica that lacks it. A flush that is not
+    /// confirmed in time is not held back: the next confirmation covers it. `"off"`: no
+    /// confirmation, and after a failover every local view is written again instead (writes
+    /// the old master had alone may then be lost on keys another worker wrote meanwhile).
+    #[serde(deserialize_with = "bound")]
+    pub replica_ack_timeout: Option<Duration>,
     /// Most keys counted locally and not yet written to Redis; beyond (a long outage) the
     /// partitions pause until Redis takes them.
     pub max_local_keys: usize,
@@ -264,6 +272,7 @@ impl RedisConfig {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             probe_interval: self.probe_interval,
+            replica_ack_timeout: self.replica_ack_timeout,
             max_local_keys: self.max_local_keys,
             cache_capacity: self.cache_capacity,
             cache_time_to_idle: self.cache_time_to_idle,
@@ -489,6 +498,7 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("probe_interval", &self.probe_interval)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
             .field("max_local_keys", &self.max_local_keys)
             .finish()
     }

@@ -120,6 +120,19 @@ fn report_redis(store: &RedisStore) {
             s.outages, s.degraded_observations, s.data_losses, s.reseeded_keys, s.lost_keys
         );
     }
+    if s.failovers > 0 {
+        eprintln!(
+            "redis: followed {} failovers to a promoted replica; {} observations no replica had confirmed were written \
+             again to the new master (each counted once)",
+            s.failovers, s.rewritten_unconfirmed
+        );
+    }
+    if s.unconfirmed_dropped > 0 {
+        eprintln!(
+            "redis: {} observations were not kept for a failover because no replica confirmed them for too long",
+            s.unconfirmed_dropped
+        );
+    }
     if let Some(reason) = store.first_outage() {
         eprintln!("redis: first taken as unavailable because: {reason}");
     }

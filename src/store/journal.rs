@@ -164,7 +164,7 @@ impl JournalWriter {
     /// number their lanes alike.
     pub fn connect(url: &str, config: &RedisStoreConfig, namespace: &str) -> Result<JournalWriter, StoreError> {
         let (target, cluster, _) = open_target(url, config)?;
-        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout };
+        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
         let mut link = Link::open(target, timeouts, config.retry_backoff)?;
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();

@@ -30,11 +30,27 @@ use super::counter_store::StoreError;
 /// 20; 16 shrinking, 0 in 20. `vigil bench --redis --users 1000`: 16 and 64 within the noise.
 const PIPELINE_CALLS: usize = 16;
 
-/// How long a connection attempt and a reply may take.
+/// How long a connection attempt and a reply may take, and how long a batch marked `confirm`
+/// waits for a replica to acknowledge its writes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Timeouts {
     pub(super) connect: Duration,
     pub(super) response: Duration,
+    /// `None`: writes are not confirmed (`WAIT` is never sent).
+    pub(super) replica_ack: Option<Duration>,
+}
+
+/// `WAIT 1 <timeout>`: blocks until one replica has every write this connection made, or the
+/// timeout passes; answers how many replicas have them.
+fn wait_for_replica(timeout: Duration) -> redis::Cmd {
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(1).arg(timeout.as_millis().max(1) as u64);
+    wait
+}
+
+/// Whether a `WAIT 1` reply says a replica has the writes.
+fn confirmed(reply: &redis::RedisResult<Value>) -> bool {
+    matches!(reply, Ok(Value::Int(n)) if *n >= 1)
 }
 
 /// One call of a batch: a script invocation (flushes, built in a flat buffer and turned into a
@@ -53,12 +69,80 @@ impl Op {
     }
 }
 
-/// Where the store connects: one Redis, or a Redis Cluster (found from the URL's node, whose
-/// client also gives the credentials and TLS settings for direct connections to every node).
+/// Where the store connects: one Redis, a master found through Redis Sentinel, or a Redis
+/// Cluster (found from the URL's node, whose client also gives the credentials and TLS settings
+/// for direct connections to every node).
 #[derive(Clone)]
 pub(super) enum Target {
     Single(redis::Client),
+    Sentinel(Arc<SentinelTarget>),
     Cluster { seed: redis::Client, topology: Arc<Mutex<Topology>> },
+}
+
+/// A master/replica set managed by Redis Sentinel: every connection asks the sentinels (in turn,
+/// until one answers) where the master is, and checks that it is one (`ROLE`), so a failover is
+/// followed on the next reconnect.
+pub(super) struct SentinelTarget {
+    /// The sentinels' addresses; connected to with the TLS settings of `seed` and without its
+    /// credentials (those are the data nodes').
+    pub(super) sentinels: Vec<(String, u16)>,
+    /// The name the sentinels monitor the master by.
+    pub(super) service: String,
+    /// Credentials, database and TLS settings for the master (its address is the sentinels').
+    pub(super) seed: redis::Client,
+    /// The master the last connection found, and how many times it changed (failovers).
+    pub(super) master: Mutex<(Option<(String, u16)>, u64)>,
+}
+
+impl SentinelTarget {
+    /// A connection to the master the sentinels name now.
+    pub(super) fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<redis::Connection> {
+        let mut first_error = None;
+        for (host, port) in &self.sentinels {
+            let sentinel = node_info(&self.seed, host, *port).set_redis_settings(redis::RedisConnectionInfo::default());
+            let address = redis::Client::open(sentinel).and_then(|client| open_single(&client, timeouts)).and_then(|mut conn| {
+                redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&self.service).query::<Option<(String, u16)>>(&mut conn)
+            });
+            let (master_host, master_port) = match address {
+                Ok(Some(address)) => address,
+                Ok(None) => {
+                    first_error.get_or_insert_with(|| {
+                        redis::RedisError::from((redis::ErrorKind::Io, "the sentinels do not monitor this master name"))
+                    });
+                    continue;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            let mut conn = match redis::Client::open(node_info(&self.seed, &master_host, master_port))
+                .and_then(|client| open_single(&client, timeouts))
+            {
+                Ok(conn) => conn,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            // A sentinel that has not yet seen the failover names the old master, which may be
+            // back as a replica: never write there.
+            let role: Vec<Value> = redis::cmd("ROLE").query(&mut conn)?;
+            if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+                first_error.get_or_insert_with(|| redis::RedisError::from((redis::ErrorKind::Io, "the node a sentinel named is not a master")));
+                continue;
+            }
+            let mut master = self.master.lock().expect("sentinel lock");
+            let found = Some((master_host, master_port));
+            if master.0.is_some() && master.0 != found {
+                master.1 += 1;
+                tracing::warn!("Redis Sentinel names a new master (a failover): checking for writes it lacks");
+            }
+            master.0 = found;
+            return Ok(conn);
+        }
+        Err(first_error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "no sentinel given"))))
+    }
 }
 
 /// What every link of one store has learnt of a cluster's layout, shared so that the node the
@@ -83,8 +167,35 @@ impl Topology {
 }
 
 enum Conn {
-    Single(redis::Connection),
+    Single(Box<SingleConn>),
     Cluster(Box<ClusterConn>),
+}
+
+/// A connection to one server (alone or a Sentinel's master), with its replicas as `ROLE` last
+/// named them.
+struct SingleConn {
+    conn: redis::Connection,
+    replicas: usize,
+    role_read: std::time::Instant,
+}
+
+/// How often a single server's replicas are counted again (a replica attached later).
+const ROLE_INTERVAL: Duration = Duration::from_secs(5);
+
+impl SingleConn {
+    fn new(mut conn: redis::Connection) -> redis::RedisResult<SingleConn> {
+        let replicas = replica_count(&mut conn)?;
+        Ok(SingleConn { conn, replicas, role_read: std::time::Instant::now() })
+    }
+}
+
+/// How many replicas a server has (`ROLE`: a master lists them; anything else has none).
+fn replica_count(conn: &mut redis::Connection) -> redis::RedisResult<usize> {
+    let role: Vec<Value> = redis::cmd("ROLE").query(conn)?;
+    Ok(match (role.first(), role.get(2)) {
+        (Some(Value::BulkString(r)), Some(Value::Array(replicas))) if r == b"master" => replicas.len(),
+        _ => 0,
+    })
 }
 
 /// Opens a connection to one server with the timeouts set.
@@ -111,7 +222,24 @@ struct ClusterConn {
     timeouts: Timeouts,
     /// Master index per hash slot.
     slot_owner: Vec<usize>,
-    masters: Vec<(String, u16, Option<redis::Connection>)>,
+    masters: Vec<Master>,
+    /// When the slot map was last read: it is read again every `SLOT_MAP_INTERVAL` even when
+    /// nothing fails, so that replicas added (or first listed) later are asked to confirm.
+    map_read: std::time::Instant,
+}
+
+/// How often a cluster's slot map is read again while every call succeeds.
+const SLOT_MAP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A master of the slot map, with a direct connection opened when first needed.
+struct Master {
+    host: String,
+    port: u16,
+    conn: Option<redis::Connection>,
+    /// How many replicas the last slot map named for it.
+    replicas: usize,
+    /// It took writes of a batch marked `confirm` that no replica has confirmed yet.
+    unconfirmed: bool,
 }
 
 /// One slot range of `CLUSTER SLOTS`: first and last slot, the master (host, port, node ID) and
@@ -160,6 +288,7 @@ impl ClusterConn {
             timeouts,
             slot_owner: vec![0; 16384],
             masters: Vec::new(),
+            map_read: std::time::Instant::now(),
         };
         conn.read_slot_map()?;
         Ok(conn)
@@ -208,6 +337,7 @@ impl ClusterConn {
         let Some(ranges) = ranges else {
             return Err(first_error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "no node knows the slot map"))));
         };
+        self.map_read = std::time::Instant::now();
         {
             let mut topology = self.topology.lock().expect("topology lock");
             let masters: Vec<String> = ranges.iter().map(|(_, _, (_, _, id), _)| id.clone()).collect();
@@ -224,14 +354,15 @@ impl ClusterConn {
                 }
             }
         }
-        for (start, end, (host, port, _), _) in ranges {
-            let index = match self.masters.iter().position(|(h, p, _)| *h == host && *p == port) {
+        for (start, end, (host, port, _), replicas) in ranges {
+            let index = match self.masters.iter().position(|m| m.host == host && m.port == port) {
                 Some(index) => index,
                 None => {
-                    self.masters.push((host, port, None));
+                    self.masters.push(Master { host, port, conn: None, replicas: 0, unconfirmed: false });
                     self.masters.len() - 1
                 }
             };
+            self.masters[index].replicas = replicas.len();
             for slot in start..=end.min(16383) {
                 self.slot_owner[usize::from(slot)] = index;
             }
@@ -242,11 +373,18 @@ impl ClusterConn {
     /// A direct connection to a master, with the seed's credentials and TLS settings.
     fn master(&mut self, index: usize) -> redis::RedisResult<&mut redis::Connection> {
         let timeouts = self.timeouts;
-        let (host, port, conn) = &mut self.masters[index];
-        if conn.is_none() {
-            *conn = Some(open_single(&redis::Client::open(node_info(&self.seed, host, *port))?, timeouts)?);
+        let master = &mut self.masters[index];
+        if master.conn.is_none() {
+            master.conn = Some(open_single(&redis::Client::open(node_info(&self.seed, &master.host, master.port))?, timeouts)?);
         }
-        Ok(conn.as_mut().expect("opened above"))
+        Ok(master.conn.as_mut().expect("opened above"))
+    }
+
+    /// Whether a replica has confirmed every confirmed-batch write sent to the masters that
+    /// serve slots now (a master with no replica has nothing to confirm).
+    fn replicated(&self) -> bool {
+        let serving: std::collections::BTreeSet<usize> = self.slot_owner.iter().copied().collect();
+        serving.into_iter().all(|index| !self.masters[index].unconfirmed)
     }
 
     /// SCRIPT LOAD on every master of the slot map, on the direct connections (a master the
@@ -256,7 +394,7 @@ impl ClusterConn {
         for index in serving {
             let loaded = self.master(index).and_then(load_scripts);
             if loaded.is_err() {
-                self.masters[index].2 = None;
+                self.masters[index].conn = None;
             }
             loaded?;
         }
@@ -267,6 +405,11 @@ impl ClusterConn {
     /// calls that have not run are sent again (after a reconnect or a fresh slot map), so no call
     /// is applied twice because another master failed.
     fn run(&mut self, batch: &Batch, attempts: u32, backoff: Duration) -> (redis::RedisResult<Vec<Value>>, u64) {
+        if self.map_read.elapsed() >= SLOT_MAP_INTERVAL {
+            // A failure here changes nothing: the map in hand still routes, and a call that meets
+            // a moved slot reads it again.
+            let _ = self.read_slot_map();
+        }
         let mut results: Vec<Option<Value>> = vec![None; batch.calls.len()];
         let mut delay = backoff;
         let mut retries = 0;
@@ -311,17 +454,33 @@ impl ClusterConn {
             for &call in &calls {
                 pipe.add_command(batch.calls[call].cmd());
             }
+            // The replica's confirmation rides in the same round trip, after the writes.
+            let confirm = match self.timeouts.replica_ack {
+                Some(timeout) if batch.confirm && self.masters[master].replicas > 0 => {
+                    pipe.add_command(wait_for_replica(timeout));
+                    self.masters[master].unconfirmed = true;
+                    true
+                }
+                _ => false,
+            };
             let replies: redis::RedisResult<Vec<redis::RedisResult<Value>>> =
                 self.master(master).and_then(|conn| pipe.query(conn));
-            let replies = match replies {
+            let mut replies = match replies {
                 Ok(replies) => replies,
                 Err(e) => {
                     // This master's calls stay pending; a new connection is opened next pass.
-                    self.masters[master].2 = None;
+                    self.masters[master].conn = None;
                     first_error.get_or_insert(e);
                     continue;
                 }
             };
+            if confirm {
+                // Confirms this pipeline's writes and every earlier one on this master.
+                let wait = replies.pop().unwrap_or(Ok(Value::Nil));
+                if confirmed(&wait) {
+                    self.masters[master].unconfirmed = false;
+                }
+            }
             for (call, reply) in calls.into_iter().zip(replies) {
                 match reply {
                     Ok(reply) => results[call] = Some(reply),
@@ -350,6 +509,13 @@ impl ClusterConn {
             self.load_on_all_masters()?;
         }
         let redirects = redirected.len() as u64;
+        if !redirected.is_empty() && batch.confirm {
+            // Run through the cluster client, on a master this connection cannot ask to confirm:
+            // every master waits for a confirmation of later writes.
+            for master in &mut self.masters {
+                master.unconfirmed = master.replicas > 0;
+            }
+        }
         if !redirected.is_empty() {
             for call in redirected {
                 match self.cluster().and_then(|cluster| batch.calls[call].cmd().query::<Value>(cluster)) {
@@ -371,7 +537,8 @@ impl ClusterConn {
 impl Target {
     fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<Conn> {
         match self {
-            Target::Single(client) => open_single(client, timeouts).map(Conn::Single),
+            Target::Single(client) => SingleConn::new(open_single(client, timeouts)?).map(|c| Conn::Single(Box::new(c))),
+            Target::Sentinel(sentinel) => SingleConn::new(sentinel.connect(timeouts)?).map(|c| Conn::Single(Box::new(c))),
             Target::Cluster { seed, topology } => ClusterConn::open(seed, topology, timeouts).map(|c| Conn::Cluster(Box::new(c))),
         }
     }
@@ -384,6 +551,8 @@ pub(super) struct Batch {
     pub(super) calls: Vec<Op>,
     pub(super) slots: Vec<u16>,
     pub(super) order: Vec<usize>,
+    /// Ask a replica of each master written to confirm the writes (see `Link::replicated`).
+    pub(super) confirm: bool,
 }
 
 impl Batch {
@@ -406,6 +575,9 @@ pub(super) struct Link {
     conn: Option<Conn>,
     timeouts: Timeouts,
     backoff: Duration,
+    /// One server: it took writes of a batch marked `confirm` that no replica has confirmed yet
+    /// (kept across reconnects: a confirmation covers every earlier write on the server).
+    unconfirmed: bool,
 }
 
 impl Link {
@@ -414,15 +586,30 @@ impl Link {
     pub(super) fn open(target: Target, timeouts: Timeouts, backoff: Duration) -> Result<Link, StoreError> {
         let mut conn = target.connect(timeouts).map_err(unavailable)?;
         load_script(&mut conn).map_err(unavailable)?;
-        Ok(Link { target, conn: Some(conn), timeouts, backoff })
+        Ok(Link { target, conn: Some(conn), timeouts, backoff, unconfirmed: false })
     }
 
-    /// How many failovers (promoted replicas) the slot maps read so far showed, by any link of
-    /// this store; always 0 for one Redis.
+    /// How many failovers (promoted replicas) this store has seen, by any of its links: new
+    /// masters in a cluster's slot maps, or a new master named by the sentinels; always 0 for
+    /// one Redis.
     pub(super) fn promotions(&self) -> u64 {
         match &self.target {
             Target::Single(_) => 0,
+            Target::Sentinel(sentinel) => sentinel.master.lock().expect("sentinel lock").1,
             Target::Cluster { topology, .. } => topology.lock().expect("topology lock").promotions,
+        }
+    }
+
+    /// Whether a replica has confirmed every write of the batches marked `confirm` so far, on
+    /// every master that has replicas and serves data now. Without `replica_ack`, never.
+    pub(super) fn replicated(&self) -> bool {
+        if self.timeouts.replica_ack.is_none() {
+            return false;
+        }
+        match &self.conn {
+            Some(Conn::Cluster(cluster)) => cluster.replicated(),
+            Some(Conn::Single(_)) => !self.unconfirmed,
+            None => !self.unconfirmed && matches!(self.target, Target::Single(_) | Target::Sentinel(_)),
         }
     }
 
@@ -474,7 +661,7 @@ impl Link {
             self.conn = Some(conn);
         }
         let conn = self.conn.as_mut().expect("connected above");
-        let conn = match conn {
+        let single = match conn {
             Conn::Cluster(cluster) => {
                 let (result, retries) = cluster.run(batch, attempts, self.backoff);
                 let replies = result?;
@@ -483,8 +670,25 @@ impl Link {
                 }
                 return Ok(retries);
             }
-            Conn::Single(conn) => conn,
+            Conn::Single(single) => single,
         };
+        if single.role_read.elapsed() >= ROLE_INTERVAL {
+            match replica_count(&mut single.conn) {
+                Ok(replicas) => {
+                    single.replicas = replicas;
+                    single.role_read = std::time::Instant::now();
+                }
+                Err(e) => {
+                    self.conn = None;
+                    return Err(e);
+                }
+            }
+        }
+        let confirm = batch.confirm && self.timeouts.replica_ack.is_some() && single.replicas > 0;
+        if confirm {
+            self.unconfirmed = true;
+        }
+        let conn = &mut single.conn;
         // Each call's result is kept across attempts, so a call that ran is never sent again
         // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say). The calls go in
         // pipelines of at most `pipeline` calls: a connection lost in the middle of a long batch
@@ -523,6 +727,13 @@ impl Link {
                 return Err(e);
             }
             if !reload {
+                if confirm {
+                    let timeout = self.timeouts.replica_ack.expect("checked above");
+                    // A lost connection here loses only the confirmation: the writes are in.
+                    if confirmed(&wait_for_replica(timeout).query::<Value>(conn)) {
+                        self.unconfirmed = false;
+                    }
+                }
                 return Ok(redone);
             }
             load_scripts(conn)?;
@@ -534,7 +745,7 @@ impl Link {
 
 fn load_script(conn: &mut Conn) -> redis::RedisResult<()> {
     match conn {
-        Conn::Single(single) => load_scripts(single),
+        Conn::Single(single) => load_scripts(&mut single.conn),
         Conn::Cluster(cluster) => cluster.load_on_all_masters(),
     }
 }

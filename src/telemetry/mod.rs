@@ -178,6 +178,10 @@ pub struct Metrics {
     pub redis_data_losses: Counter,
     /// Keys written again from this worker's views after Redis lost data.
     pub reseeded_keys: Counter,
+    /// Failovers followed (a Redis Cluster or Sentinel promoted a replica).
+    pub redis_failovers: Counter,
+    /// Observations written again after a failover because no replica had confirmed them.
+    pub rewritten_unconfirmed: Counter,
     /// Keys found gone from Redis at a version this worker knew (lost or expired), written again.
     pub lost_keys: Counter,
     /// Decision records written to the decision journal.
@@ -233,6 +237,8 @@ impl Metrics {
             degraded_hits: Family::default(),
             redis_data_losses: Counter::default(),
             reseeded_keys: Counter::default(),
+            redis_failovers: Counter::default(),
+            rewritten_unconfirmed: Counter::default(),
             lost_keys: Counter::default(),
             journaled_decisions: Counter::default(),
             redelivered_decisions: Counter::default(),
@@ -309,6 +315,12 @@ impl Metrics {
         );
         registry.register("redis_data_losses", "Times Redis was found to have lost its data", self.redis_data_losses.clone());
         registry.register("redis_reseeded_keys", "Keys written again from local views after a Redis data loss", self.reseeded_keys.clone());
+        registry.register("redis_failovers", "Redis failovers followed (a promoted replica became the master)", self.redis_failovers.clone());
+        registry.register(
+            "redis_rewritten_unconfirmed",
+            "Observations written again after a Redis failover because no replica had confirmed them",
+            self.rewritten_unconfirmed.clone(),
+        );
         registry.register("redis_lost_keys", "Keys found gone from Redis at a known version, written again", self.lost_keys.clone());
         registry.register("store_saturated", "1 while local state waiting for Redis is full", self.store_saturated.clone());
     }

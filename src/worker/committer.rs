@@ -112,6 +112,8 @@ impl Worker {
             self.metrics.degraded_observations.inc_by(stats.degraded_observations.saturating_sub(exported.degraded_observations));
             self.metrics.redis_data_losses.inc_by(stats.data_losses.saturating_sub(exported.data_losses));
             self.metrics.reseeded_keys.inc_by(stats.reseeded_keys.saturating_sub(exported.reseeded_keys));
+            self.metrics.redis_failovers.inc_by(stats.failovers.saturating_sub(exported.failovers));
+            self.metrics.rewritten_unconfirmed.inc_by(stats.rewritten_unconfirmed.saturating_sub(exported.rewritten_unconfirmed));
             self.metrics.lost_keys.inc_by(stats.lost_keys.saturating_sub(exported.lost_keys));
             self.metrics.redis_available.set(i64::from(redis.available()));
             *exported = stats;

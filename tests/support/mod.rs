@@ -207,8 +207,8 @@ impl RedisCluster {
     }
 
     /// Three masters with `replicas` replicas each (`cluster-node-timeout 2000`: a master gone for
-    /// two seconds is failed over), once every node says `cluster_state:ok` and every replica is
-    /// in sync with its master.
+    /// two seconds is failed over), once every node says `cluster_state:ok`, every replica is
+    /// in sync with its master and every node's slot map names every replica.
     pub fn start_with_replicas(replicas: usize) -> RedisCluster {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_str().unwrap().to_owned();
@@ -241,7 +241,11 @@ impl RedisCluster {
                 let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut node.connection()).unwrap();
                 let replication: String = redis::cmd("INFO").arg("replication").query(&mut node.connection()).unwrap();
                 let synced = !replication.contains("role:slave") || replication.contains("master_link_status:up");
-                if info.contains("cluster_state:ok") && synced {
+                // Every node's slot map names every replica (a client learns them from it).
+                let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut node.connection()).unwrap();
+                let listed = slots.len() == 3
+                    && slots.iter().all(|range| matches!(range, redis::Value::Array(items) if items.len() == 3 + replicas));
+                if info.contains("cluster_state:ok") && synced && listed {
                     break;
                 }
                 assert!(Instant::now() < deadline, "cluster did not become ok");

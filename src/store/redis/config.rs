@@ -21,6 +21,9 @@ pub struct RedisStoreConfig {
     pub response_timeout: Duration,
     /// While Redis is unavailable, how often the flusher tries it again.
     pub probe_interval: Duration,
+    /// How long a flush waits for a replica to confirm its writes (`WAIT 1`), on a master with
+    /// replicas; `None`: not asked (a failover then writes every local view again).
+    pub replica_ack_timeout: Option<Duration>,
     /// Most keys with deltas Redis has not acknowledged; beyond, [`CounterStore::saturated`]
     /// asks the caller to stop feeding events until Redis takes them.
     ///
@@ -48,6 +51,7 @@ impl Default for RedisStoreConfig {
             connect_timeout: Duration::from_millis(500),
             response_timeout: Duration::from_secs(2),
             probe_interval: Duration::from_secs(1),
+            replica_ack_timeout: Some(Duration::from_millis(20)),
             max_local_keys: 1_000_000,
             cache_capacity: 1_000_000,
             cache_time_to_idle: Duration::from_secs(600),
@@ -87,6 +91,12 @@ pub struct RedisStats {
     pub lost_keys: u64,
     /// Keys written again from this process's view after Redis lost its data.
     pub reseeded_keys: u64,
+    /// Failovers followed (a promoted replica became a master).
+    pub failovers: u64,
+    /// Observations written again after a failover because no replica had confirmed them.
+    pub rewritten_unconfirmed: u64,
+    /// Unconfirmed observations no longer kept for a failover (a replica was away too long).
+    pub unconfirmed_dropped: u64,
 }
 
 /// One acknowledged flush, for the flush size and latency metrics.

@@ -4,10 +4,10 @@
 //! asynchronous and the last writes the old master acknowledged may be missing), every key this
 //! process holds a view of is written again from that view.
 //!
-//! Not yet enough for a failover: a view written again replaces a key only where it is gone; a
-//! key the promoted replica holds at an older version is taken as re-created by another writer
-//! and stands, so writes it lacks stay lost (`redis_faults`,
-//! `a_cluster_master_killed_with_unreplicated_writes_ends_exact`, ignored).
+//! A failover is followed by `failover` instead, which writes again exactly what no replica
+//! confirmed; writing every view again is its fallback when that was not kept (a view written
+//! again replaces a key only where it is gone: a key the promoted replica holds at an older
+//! version is taken as re-created by another writer, and stands).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -115,6 +115,17 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.views.dirty.insert(key, dirty);
             count += 1;
         }
+        self.raise_holds_again();
+        self.stats.reseeded_keys += count as u64;
+        tracing::error!(
+            keys = count,
+            "Redis lost its data (its epoch key vanished or changed, or a failover promoted a replica): writing every counter this worker holds again from its local view"
+        );
+    }
+
+    /// Every hold this process knows is raised again (a hold raise is idempotent: the later
+    /// time stands).
+    pub(super) fn raise_holds_again(&mut self) {
         let index = self.counted + 1;
         for view in self.holds.views.values_mut() {
             if let (Some(until), None, None) = (view.until, view.pending, view.inflight) {
@@ -122,10 +133,5 @@ impl<C: MonotonicClock> RedisStore<C> {
                 self.holds.pending += 1;
             }
         }
-        self.stats.reseeded_keys += count as u64;
-        tracing::error!(
-            keys = count,
-            "Redis lost its data (its epoch key vanished or changed, or a failover promoted a replica): writing every counter this worker holds again from its local view"
-        );
     }
 }

@@ -47,6 +47,8 @@ struct FlushDone {
     retries: u64,
     /// The failovers the link had seen when the flush ended.
     promotions: u64,
+    /// A replica of every master confirmed every write so far (`Link::replicated`).
+    replicated: bool,
 }
 
 /// The flush in flight: its keys, its batch's reply order, its observation count and when it
@@ -94,7 +96,8 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<Fl
             }
             scripts.map(|scripts| (first, Some(scripts)))
         });
-        if done.send(FlushDone { result, retries, promotions: link.promotions() }).is_err() {
+        let replicated = link.replicated();
+        if done.send(FlushDone { result, retries, promotions: link.promotions(), replicated }).is_err() {
             return;
         }
     }
@@ -300,8 +303,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             .take(MAX_FLUSH_KEYS)
             .collect();
         if keys.is_empty() && self.pending == 0 && self.holds.pending == 0 {
-            // Nothing pending and nothing in flight: everything counted is in Redis.
-            self.durable = self.counted;
+            // Nothing pending and nothing in flight: everything counted is in Redis (and durable
+            // once a replica has confirmed it).
+            self.update_durable();
             // Idle: the epoch is still checked, but only once per probe interval.
             if !self.epochs.due && self.epochs.last_check.elapsed() < self.config.probe_interval {
                 return Ok(());
@@ -318,7 +322,8 @@ impl<C: MonotonicClock> RedisStore<C> {
             dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
         }
         let observations = keys.iter().map(|k| self.views.dirty[k].inflight.len()).sum();
-        let scripts = self.batch(&keys);
+        let mut scripts = self.batch(&keys);
+        scripts.confirm = true;
         let order = scripts.order.clone();
         // The epoch is checked once per probe interval (and on every flush while Redis is away):
         // a round trip before the scripts. In between, a key lost at a version this process knew
@@ -365,9 +370,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         match done.result {
             Ok((first, scripts)) => {
                 // Taken in with this answer: a failover it met made it report a loss (`scripts`
-                // is `None`), and the views are written again.
+                // is `None`), and what no replica confirmed is written again.
                 self.epochs.promotions = done.promotions;
-                self.flush_answered(inflight, &first, scripts)
+                self.flush_answered(inflight, &first, scripts, done.replicated)
             }
             Err(e) => Err(self.flush_failed(&inflight, e)),
         }
@@ -410,11 +415,11 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// The success path: Redis answered. First the epoch checks (after a data loss nothing of
     /// the flush was written: every view is written again), then the hold raises, then each key.
-    fn flush_answered(&mut self, inflight: Inflight, first: &[Value], scripts: Option<Vec<Value>>) -> Result<(), StoreError> {
+    fn flush_answered(&mut self, inflight: Inflight, first: &[Value], scripts: Option<Vec<Value>>, replicated: bool) -> Result<(), StoreError> {
         let Inflight { keys, order, observations, sent, sent_stamp, epochs, holds } = inflight;
         self.recovered();
         let lost = match self.epochs.check(&first[..epochs.min(first.len())]) {
-            Ok(lost) => lost || scripts.is_none(),
+            Ok(lost) => lost,
             Err(e) => {
                 self.unsent_holds(&holds);
                 self.unsent(&keys);
@@ -431,7 +436,14 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.reseed();
             return Ok(());
         }
-        let replies = match self.replies(scripts.unwrap_or_default(), &order) {
+        let Some(scripts) = scripts else {
+            // A failover: this flush's deltas go again (what of them the old master applied is
+            // skipped by their positions), with whatever no replica had confirmed.
+            self.unsent(&keys);
+            self.follow_failover();
+            return Ok(());
+        };
+        let replies = match self.replies(scripts, &order) {
             Ok(replies) => replies,
             Err(e) => {
                 // Not applied (or not known to be): the deltas go back in front of what was
@@ -445,11 +457,29 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.record_flush(FlushSample { keys: keys.len(), observations, elapsed: sent.elapsed() });
         // Redis ran every call: each key's in-flight deltas are done unless its writes were
         // refused as stale or the key was gone. A reply we cannot read only costs the cached copy.
+        // Until a replica confirms them, the deltas Redis took in are kept for a failover.
+        let keep = !replicated && self.config.replica_ack_timeout.is_some();
         let mut first_error = None;
         for (key, reply) in keys.into_iter().zip(replies) {
-            if let Err(e) = self.take_in_reply(key, &reply, sent_stamp) {
-                first_error.get_or_insert(e);
+            let written = keep.then(|| {
+                let dirty = &self.views.dirty[&key];
+                (key.clone(), dirty.inflight.clone(), dirty.inflight_oldest)
+            });
+            match self.take_in_reply(key, &reply, sent_stamp) {
+                // Written again with the next flush (and kept when that one is taken in).
+                Ok(false) => {}
+                result => {
+                    if let Some((key, observations, oldest)) = written {
+                        self.keep_unconfirmed(key, observations, oldest);
+                    }
+                    if let Err(e) = result {
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
+        }
+        if replicated {
+            self.confirmed();
         }
         self.update_durable();
         first_error.map_or(Ok(()), Err)
@@ -467,9 +497,9 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Takes in Redis' reply for one key of the flush (sent at `sent` by the store's clock). The
     /// key's state becomes the window Redis now holds plus what was counted since; a key whose
-    /// writes met another writer, or that was gone, goes again. An unreadable reply keeps the
-    /// view, with no known version, and is returned.
-    fn take_in_reply(&mut self, key: StoredKey, reply: &codec::KeyReply, sent: Instant) -> Result<(), StoreError> {
+    /// writes met another writer, or that was gone, goes again (`Ok(false)`: its deltas were not
+    /// written). An unreadable reply keeps the view, with no known version, and is returned.
+    fn take_in_reply(&mut self, key: StoredKey, reply: &codec::KeyReply, sent: Instant) -> Result<bool, StoreError> {
         let spec = self.windows.spec(key.window);
         let parsed = codec::parse_reply(&spec, reply);
         if let Ok((_, counts)) = &parsed {
@@ -479,11 +509,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         match parsed {
             Ok((Reply::Stale, _)) => {
                 self.write_stale_again(&key);
-                return Ok(());
+                return Ok(false);
             }
             Ok((Reply::Missing, _)) => {
                 self.write_missing_again(&key);
-                return Ok(());
+                return Ok(false);
             }
             _ => {}
         }
@@ -529,7 +559,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             again.pending_oldest = dirty.pending_oldest;
             self.views.dirty.insert(key, again);
         }
-        result
+        result.map(|()| true)
     }
 
     /// The key's writes met a version another writer had moved on.
@@ -562,7 +592,15 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Durable: everything counted before the oldest observation Redis has not acknowledged.
     pub(super) fn update_durable(&mut self) {
         let holds = self.holds.views.values().filter_map(|h| h.inflight.into_iter().chain(h.pending).map(|(_, index)| index).min());
-        let oldest = self.views.dirty.values().filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min()).chain(holds).min();
+        // What no replica has confirmed is not durable yet: a failover would need it again.
+        let oldest = self
+            .views
+            .dirty
+            .values()
+            .filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min())
+            .chain(holds)
+            .chain(self.unconfirmed.oldest)
+            .min();
         self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);
     }
 

@@ -41,6 +41,7 @@
 
 mod config;
 mod epochs;
+mod failover;
 mod flusher;
 mod holds;
 mod reader;
@@ -52,7 +53,7 @@ use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 
-use super::link::{unavailable, Batch, Link, Target, Timeouts, Topology};
+use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
 use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, StoreError, WindowId, Windows};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
@@ -90,6 +91,8 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     reads: Reads,
     /// The epoch keys, and when a flush last checked them.
     epochs: Epochs,
+    /// Deltas Redis acknowledged that no replica has confirmed: written again after a failover.
+    unconfirmed: failover::Unconfirmed,
     breaker: Breaker,
     clock: C,
 }
@@ -111,20 +114,26 @@ impl Breaker {
 }
 
 
-/// Where `url` points: one server or a Redis Cluster (found from a node with cluster mode on), and
+/// Where `url` points: one server, a master found through Redis Sentinel (`redis+sentinel://`),
+/// or a Redis Cluster (found from a node with cluster mode on), and
 /// for a cluster the first slot each master serves.
 pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Target, bool, Vec<u16>), StoreError> {
     // rustls needs a process-wide crypto provider; a second install attempt is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = match &config.tls_ca_file {
-        Some(path) => {
-            let root_cert = std::fs::read(path)
-                .map_err(|e| StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display())))?;
-            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
-            redis::Client::build_with_tls(url, certs).map_err(unavailable)?
-        }
-        None => redis::Client::open(url).map_err(unavailable)?,
-    };
+    if let Some(sentinel) = SentinelUrl::parse(url)? {
+        let seed = client_for(&sentinel.seed_url, config)?;
+        let target = SentinelTarget {
+            sentinels: sentinel.sentinels,
+            service: sentinel.service,
+            seed,
+            master: std::sync::Mutex::new((None, 0)),
+        };
+        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
+        // Fails here, naming the reason, when no sentinel answers or none names a master.
+        target.connect(timeouts).map_err(unavailable)?;
+        return Ok((Target::Sentinel(std::sync::Arc::new(target)), false, Vec::new()));
+    }
+    let client = client_for(url, config)?;
     let mut probe = client.get_connection_with_timeout(config.connect_timeout).map_err(unavailable)?;
     probe.set_read_timeout(Some(config.response_timeout)).map_err(unavailable)?;
     let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(unavailable)?;
@@ -150,6 +159,96 @@ pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Targe
     Ok((Target::Cluster { seed: client, topology }, true, first_slots))
 }
 
+/// A `redis+sentinel://` URL: the sentinels, the master's name, and a plain URL with the data
+/// nodes' credentials, database and TLS choice (at the first sentinel's address: the master's
+/// is asked of the sentinels on every connection).
+#[derive(Debug, PartialEq)]
+struct SentinelUrl {
+    sentinels: Vec<(String, u16)>,
+    service: String,
+    seed_url: String,
+}
+
+impl SentinelUrl {
+    /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/master-name[/db]`
+    /// (`rediss+sentinel://` for TLS to the sentinels and the master; port 26379 by default).
+    /// `None`: not a Sentinel URL.
+    fn parse(url: &str) -> Result<Option<SentinelUrl>, StoreError> {
+        let (scheme, rest) = match url.split_once("://") {
+            Some(("redis+sentinel", rest)) => ("redis", rest),
+            Some(("rediss+sentinel", rest)) => ("rediss", rest),
+            _ => return Ok(None),
+        };
+        let bad = |why: &str| StoreError::Unavailable(format!("invalid Sentinel URL ({why}): expected {scheme}+sentinel://[user:password@]host[:port][,host[:port]...]/master-name[/db]"));
+        let (authority, path) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let mut sentinels = Vec::new();
+        for host in hosts.split(',') {
+            let (name, port) = match host.rsplit_once(':') {
+                Some((name, port)) => (name, port.parse::<u16>().map_err(|_| bad("a port is not a number"))?),
+                None => (host, 26379),
+            };
+            if name.is_empty() {
+                return Err(bad("a sentinel has no host"));
+            }
+            sentinels.push((name.to_owned(), port));
+        }
+        let mut segments = path.trim_end_matches('/').split('/');
+        let service = segments.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("no master name"))?.to_owned();
+        let db = match segments.next() {
+            Some(db) => db.parse::<i64>().map_err(|_| bad("the database is not a number"))?,
+            None => 0,
+        };
+        if segments.next().is_some() {
+            return Err(bad("more path than master name and database"));
+        }
+        let (host, port) = &sentinels[0];
+        let credentials = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        let seed_url = format!("{scheme}://{credentials}{host}:{port}/{db}");
+        Ok(Some(SentinelUrl { sentinels, service, seed_url }))
+    }
+}
+
+/// A client for a plain `redis://` or `rediss://` URL, trusting `tls_ca_file` if set.
+fn client_for(url: &str, config: &RedisStoreConfig) -> Result<redis::Client, StoreError> {
+    match &config.tls_ca_file {
+        Some(path) => {
+            let root_cert = std::fs::read(path)
+                .map_err(|e| StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display())))?;
+            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
+            redis::Client::build_with_tls(url, certs).map_err(unavailable)
+        }
+        None => redis::Client::open(url).map_err(unavailable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SentinelUrl;
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_the_master_and_the_data_nodes_credentials() {
+        let url = SentinelUrl::parse("redis+sentinel://app:s3cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/risk/2").unwrap().unwrap();
+        assert_eq!(
+            url.sentinels,
+            vec![("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26379), ("[::1]".to_owned(), 26380)]
+        );
+        assert_eq!(url.service, "risk");
+        assert_eq!(url.seed_url, "redis://app:s3cret@10.0.0.1:26379/2");
+        let tls = SentinelUrl::parse("rediss+sentinel://h:1/m").unwrap().unwrap();
+        assert_eq!(tls.seed_url, "rediss://h:1/0");
+        assert!(SentinelUrl::parse("redis://h:6379").unwrap().is_none());
+        for bad in ["redis+sentinel://h:1", "redis+sentinel://h:1/", "redis+sentinel://h:x/m", "redis+sentinel://:1/m", "redis+sentinel://h/m/x"] {
+            let error = SentinelUrl::parse(bad).unwrap_err().to_string();
+            assert!(error.contains("invalid Sentinel URL") && error.contains("master-name"), "{bad}: {error}");
+        }
+    }
+}
+
+
 impl RedisStore {
     /// Connects to `url` (`redis://`, `redis://user:pass@host`, `rediss://`).
     pub fn connect(url: &str, config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
@@ -161,7 +260,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Connects to `url` with `clock` telling when hold views and TTL refreshes grow stale.
     pub fn connect_with_clock(url: &str, config: RedisStoreConfig, clock: C) -> Result<RedisStore<C>, StoreError> {
         let (target, cluster, first_slots) = open_target(url, &config)?;
-        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout };
+        let timeouts =
+            Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: config.replica_ack_timeout };
         let mut link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
         let flusher_link = Link::open(target, timeouts, config.retry_backoff)?;
         let mut epochs = Epochs::new(cluster, first_slots);
@@ -187,6 +287,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             flushing,
             reads,
             epochs,
+            unconfirmed: failover::Unconfirmed::default(),
             breaker: Breaker::default(),
             clock,
             config,
