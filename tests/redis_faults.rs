@@ -279,30 +279,83 @@ fn evalsha_calls(node: &mut redis::Connection) -> u64 {
 
 #[test]
 fn a_cluster_master_killed_mid_replay_fails_over_and_ends_exact() {
-    master_killed_mid_replay(false);
+    master_killed_mid_replay(HighAvailability::cluster(), false);
 }
 
 /// The lost-write case: writes the dying master acknowledged never reached the replica that
 /// replaces it. No replica confirmed them, so they were kept, and are written again.
 #[test]
 fn a_cluster_master_killed_with_unreplicated_writes_ends_exact() {
-    master_killed_mid_replay(true);
+    master_killed_mid_replay(HighAvailability::cluster(), true);
 }
 
-/// A replay through the cluster whose URL's master is SIGKILLed mid-run; with `lose_writes`, its
-/// replica is first cut off so that writes the master acknowledged are surely missing on it.
-fn master_killed_mid_replay(lose_writes: bool) {
+/// The same on a master and replica managed by Redis Sentinel, reached by `redis+sentinel://`.
+#[test]
+fn a_sentinel_managed_master_killed_with_unreplicated_writes_ends_exact() {
+    master_killed_mid_replay(HighAvailability::Sentinel(support::RedisSentinels::start()), true);
+}
+
+/// Redis with a replica to fail over to: a 3+3 Cluster (the victim: the master the URL names)
+/// or a Sentinel-managed pair.
+enum HighAvailability {
+    Cluster { cluster: support::RedisCluster, victim: usize, replica: usize },
+    Sentinel(support::RedisSentinels),
+}
+
+impl HighAvailability {
+    fn cluster() -> HighAvailability {
+        let mut cluster = support::RedisCluster::start_with_replicas(1);
+        let victim = cluster.masters()[0];
+        let replica = replica_of(&cluster, cluster.nodes[victim].port);
+        HighAvailability::Cluster { cluster, victim, replica }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            // The master the replay's URL names dies: the store must find the cluster through
+            // the other nodes it has seen.
+            HighAvailability::Cluster { cluster, victim, .. } => cluster.nodes[*victim].url(),
+            HighAvailability::Sentinel(sentinels) => sentinels.url(),
+        }
+    }
+
+    fn victim(&mut self) -> &mut support::RedisServer {
+        match self {
+            HighAvailability::Cluster { cluster, victim, .. } => &mut cluster.nodes[*victim],
+            HighAvailability::Sentinel(sentinels) => &mut sentinels.master,
+        }
+    }
+
+    fn replica(&mut self) -> &mut support::RedisServer {
+        match self {
+            HighAvailability::Cluster { cluster, replica, .. } => &mut cluster.nodes[*replica],
+            HighAvailability::Sentinel(sentinels) => &mut sentinels.replica,
+        }
+    }
+
+    /// Once the failover is over: every counter in Redis.
+    fn totals(&mut self) -> std::collections::BTreeMap<String, (i128, usize)> {
+        match self {
+            HighAvailability::Cluster { cluster, .. } => {
+                cluster.wait_ok(Duration::from_secs(10));
+                cluster.totals()
+            }
+            HighAvailability::Sentinel(sentinels) => {
+                assert_eq!(sentinels.master_port(), sentinels.replica.port, "the sentinels promoted the replica");
+                support::redis_totals(&mut sentinels.replica.connection())
+            }
+        }
+    }
+}
+
+/// A replay whose master is SIGKILLed mid-run; with `lose_writes`, its replica is first cut
+/// off so that writes the master acknowledged are surely missing on it.
+fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     let dir = tempfile::tempdir().unwrap();
     let lines = events(40_000, 26);
     let want = reference_totals(dir.path(), &lines);
     let exact = memory_records(dir.path(), &lines);
-    let mut cluster = support::RedisCluster::start_with_replicas(1);
-    // The master the replay's URL names dies: the store must find the cluster through the
-    // other nodes it has seen.
-    let victim = cluster.masters()[0];
-    let replica = replica_of(&cluster, cluster.nodes[victim].port);
-    let url = cluster.nodes[victim].url();
-    let mut replay = StreamingReplay::start(&url);
+    let mut replay = StreamingReplay::start(&redis.url());
     replay.feed(&lines[..20_000]);
     assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first half is decided");
     let mut unreplicated = 0;
@@ -311,44 +364,56 @@ fn master_killed_mid_replay(lose_writes: bool) {
         // of here): frozen, its replication link cut by the master (what the master sent before
         // sits in the replica's socket buffer, so freezing alone loses nothing), the master
         // acknowledges flushes the replica never gets, then dies.
-        cluster.nodes[replica].pause();
+        redis.replica().pause();
         let paused = Instant::now();
-        let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut cluster.nodes[victim].connection()).unwrap();
+        let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut redis.victim().connection()).unwrap();
         assert_eq!(cut, 1, "the master's link to its replica is cut");
-        let before = evalsha_calls(&mut cluster.nodes[victim].connection());
+        let before = evalsha_calls(&mut redis.victim().connection());
         replay.feed(&lines[20_000..24_000]);
-        while evalsha_calls(&mut cluster.nodes[victim].connection()) == before && paused.elapsed() < Duration::from_secs(1) {
+        while evalsha_calls(&mut redis.victim().connection()) == before && paused.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_millis(200));
-        unreplicated = evalsha_calls(&mut cluster.nodes[victim].connection()) - before;
+        unreplicated = evalsha_calls(&mut redis.victim().connection()) - before;
         assert!(unreplicated > 0, "the master acknowledged flushes while its replica was frozen");
     } else {
         replay.feed(&lines[20_000..24_000]);
     }
-    cluster.nodes[victim].kill();
+    redis.victim().kill();
     let killed = Instant::now();
     if lose_writes {
-        cluster.nodes[replica].resume();
+        redis.replica().resume();
     }
     // The first flush the promoted replica serves, seen from outside (its EVALSHA count: as a
     // replica it only receives the scripts' effects).
-    let replica_url = cluster.nodes[replica].url();
-    // Also when it became a master: what the cluster's failover took, before vigil can do a thing.
+    let replica_url = redis.replica().url();
+    // Also when it became a master: what the failover took, before vigil can do a thing.
     let first_flush = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(replica_url).unwrap().get_connection().unwrap();
+        let client = redis::Client::open(replica_url).unwrap();
+        let mut conn = None;
         let mut promoted = None;
         while killed.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(20));
+            // Sentinel closes the promoted node's client connections: open another.
+            if conn.is_none() {
+                conn = client.get_connection().ok();
+            }
+            let Some(node) = conn.as_mut() else { continue };
             if promoted.is_none() {
-                let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).unwrap();
-                if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
-                    promoted = Some(killed.elapsed());
+                match redis::cmd("ROLE").query::<Vec<redis::Value>>(node) {
+                    Ok(role) if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") => {
+                        promoted = Some(killed.elapsed())
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        conn = None;
+                        continue;
+                    }
                 }
             }
-            if evalsha_calls(&mut conn) > 0 {
+            if evalsha_calls(node) > 0 {
                 return Some((promoted.unwrap_or_else(|| killed.elapsed()), killed.elapsed()));
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
         None
     });
@@ -357,7 +422,6 @@ fn master_killed_mid_replay(lose_writes: bool) {
     let finished = killed.elapsed();
     assert!(ok, "{stderr}");
     let (promoted, first_flush) = first_flush.join().unwrap().expect("the promoted replica served a flush");
-    cluster.wait_ok(Duration::from_secs(10));
     eprintln!(
         "master killed{}: replica promoted after {:.2} s, first flush on it after {:.2} s, replay done after {:.2} s",
         if lose_writes { format!(" ({unreplicated} script calls it acknowledged never reached its replica)") } else { String::new() },
@@ -370,7 +434,7 @@ fn master_killed_mid_replay(lose_writes: bool) {
     // Writes the dead master acknowledged may be missing on the replica: what no replica
     // confirmed is written again to the new master.
     assert!(stderr.contains("followed 1 failovers"), "the failover is followed: {stderr}");
-    assert_totals_equal(&cluster.totals(), &want, &stderr);
+    assert_totals_equal(&redis.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
 }
 

@@ -59,7 +59,13 @@ pub fn free_port() -> u16 {
 /// child lost the port.
 fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
     let tls = extra.iter().any(|a| a == "--tls-port");
-    let mut args: Vec<String> = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from).to_vec();
+    // A configuration file must come first (a sentinel's: Sentinel rewrites it as it learns).
+    let (config, extra) = match extra.first() {
+        Some(file) if file.ends_with(".conf") => (vec![file.clone()], &extra[1..]),
+        _ => (Vec::new(), extra),
+    };
+    let mut args: Vec<String> = config;
+    args.extend(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from));
     args.extend(["--port".to_owned(), if tls { "0".to_owned() } else { port.to_string() }]);
     args.extend(extra.iter().cloned());
     let mut child = Command::new("redis-server")
@@ -180,6 +186,78 @@ impl RedisServer {
 pub fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill").args([format!("-{signal}"), pid.to_string()]).status().expect("kill");
     assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// A master and one replica managed by three Redis Sentinels (quorum 2, a master unreachable for
+/// one second is down), all on free loopback ports, ready once every sentinel knows the replica
+/// and the other sentinels.
+pub struct RedisSentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<RedisServer>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisSentinels {
+    /// The name the sentinels monitor the master by.
+    pub const SERVICE: &'static str = "vigil-test";
+
+    pub fn start() -> RedisSentinels {
+        let dir = tempfile::tempdir().unwrap();
+        let master = RedisServer::start();
+        let master_port = master.port.to_string();
+        let replica = RedisServer::start_with(|_| vec!["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.clone()]);
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(|port| {
+                    let config = dir.path().join(format!("sentinel-{port}.conf"));
+                    let text = format!(
+                        "sentinel monitor {service} 127.0.0.1 {master_port} 2\n\
+                         sentinel down-after-milliseconds {service} 1000\n\
+                         sentinel failover-timeout {service} 10000\n\
+                         sentinel parallel-syncs {service} 1\n",
+                        service = RedisSentinels::SERVICE
+                    );
+                    std::fs::write(&config, text).unwrap();
+                    vec![config.to_str().unwrap().to_owned(), "--sentinel".to_owned(), "--dir".to_owned(), dir.path().to_str().unwrap().to_owned()]
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let replication: String = redis::cmd("INFO").arg("replication").query(&mut replica.connection()).unwrap();
+            let known = sentinels.iter().all(|sentinel| {
+                let mut conn = sentinel.connection();
+                let replicas: Vec<redis::Value> =
+                    redis::cmd("SENTINEL").arg("REPLICAS").arg(RedisSentinels::SERVICE).query(&mut conn).unwrap_or_default();
+                let others: Vec<redis::Value> =
+                    redis::cmd("SENTINEL").arg("SENTINELS").arg(RedisSentinels::SERVICE).query(&mut conn).unwrap_or_default();
+                replicas.len() == 1 && others.len() == 2
+            });
+            if replication.contains("master_link_status:up") && known {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the sentinels did not learn the replica and each other");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        RedisSentinels { master, replica, sentinels, _dir: dir }
+    }
+
+    /// `redis+sentinel://` naming every sentinel.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        format!("redis+sentinel://{}/{}", hosts.join(","), RedisSentinels::SERVICE)
+    }
+
+    /// The port the sentinels name as the master now.
+    pub fn master_port(&self) -> u16 {
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(RedisSentinels::SERVICE)
+            .query(&mut self.sentinels[0].connection())
+            .unwrap();
+        port
+    }
 }
 
 impl Drop for RedisServer {
