@@ -449,3 +449,58 @@ fn assert_hits_exact_unless_degraded(records: &[String], exact: &str) {
         .collect();
     assert!(wrong.is_empty(), "records differ from the exact decisions: {wrong:?}");
 }
+
+/// `redis-cli --cluster reshard` moves a third of the slots from one master to another (keys
+/// migrated in small pipelines: while it runs, calls meet MOVED, ASK and TRYAGAIN) while a
+/// replay counts into them: nothing lost, nothing doubled.
+#[test]
+fn a_live_reshard_mid_replay_loses_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(60_000, 27);
+    let want = reference_totals(dir.path(), &lines);
+    let exact = memory_records(dir.path(), &lines);
+    let mut cluster = support::RedisCluster::start();
+    let mut replay = StreamingReplay::start(&cluster.url());
+    replay.feed(&lines[..20_000]);
+    assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first part is decided");
+    let masters = cluster.masters();
+    let from = support::RedisCluster::node_id(&cluster.nodes[masters[0]]);
+    let to = support::RedisCluster::node_id(&cluster.nodes[masters[1]]);
+    let keys_before: i64 = redis::cmd("DBSIZE").query(&mut cluster.nodes[masters[0]].connection()).unwrap();
+    let seed = format!("127.0.0.1:{}", cluster.nodes[masters[0]].port);
+    let started = Instant::now();
+    let reshard = std::thread::spawn(move || {
+        Command::new("redis-cli")
+            .args(["--cluster", "reshard", &seed, "--cluster-from", &from, "--cluster-to", &to])
+            .args(["--cluster-slots", "5000", "--cluster-pipeline", "10", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .output()
+            .expect("redis-cli")
+    });
+    // The rest goes in while the slots move.
+    for chunk in lines[20_000..].chunks(1_000) {
+        replay.feed(chunk);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = reshard.join().unwrap();
+    let resharded = started.elapsed();
+    assert!(output.status.success(), "redis-cli --cluster reshard failed: {}", String::from_utf8_lossy(&output.stderr));
+    let (ok, stderr, records) = replay.finish();
+    assert!(ok, "{stderr}");
+    let keys_after: i64 = redis::cmd("DBSIZE").query(&mut cluster.nodes[masters[0]].connection()).unwrap();
+    eprintln!(
+        "reshard of 5000 slots took {:.2} s (the source master held {keys_before} keys before, {keys_after} after)",
+        resharded.as_secs_f64()
+    );
+    eprintln!("{}", stderr.lines().filter(|l| l.contains("redis:")).collect::<Vec<_>>().join("\n"));
+    assert_eq!(records.len(), lines.len(), "a record per event");
+    // The replay met the moving slots (redirected or retried calls), and still ends exact.
+    let retries: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("redis: ").and_then(|l| l.split("), ").nth(1)).and_then(|l| l.split(' ').next()))
+        .and_then(|n| n.parse().ok())
+        .expect("the replay's Redis summary");
+    assert!(retries > 0, "the replay ran while slots moved: {stderr}");
+    assert_totals_equal(&cluster.totals(), &want, &stderr);
+    assert_hits_exact_unless_degraded(&records, &exact);
+}

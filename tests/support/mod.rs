@@ -378,7 +378,7 @@ impl RedisCluster {
         self.nodes[0].url()
     }
 
-    fn node_id(node: &RedisServer) -> String {
+    pub fn node_id(node: &RedisServer) -> String {
         redis::cmd("CLUSTER").arg("MYID").query(&mut node.connection()).unwrap()
     }
 
