@@ -348,6 +348,65 @@ fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
     assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
 }
 
+/// A Redis Cluster master SIGKILLed under a running worker, after writes its replica never got
+/// (the replica frozen and its replication link cut first): the worker follows the failover,
+/// writes again what no replica confirmed, and ends with exact decisions (those it made on local
+/// counts during the failover are marked degraded) and exact counters.
+#[test]
+fn a_cluster_master_killed_under_a_running_worker_ends_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::shared();
+    let mut cluster = support::RedisCluster::start_with_replicas(1);
+    let victim = cluster.masters()[0];
+    let replica = cluster.replica_of(cluster.nodes[victim].port);
+    // One partition: a key spanning partitions would differ from the single-order reference
+    // by the partitions' interleaving alone.
+    let topics = broker.topics("cluster-failover", 1);
+    let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 36);
+    let reference = reference_records(&lines);
+    // The URL names the master that dies.
+    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &cluster.nodes[victim].url(), 6_000));
+    worker.wait_ready(LONG);
+    let third = lines.len() / 3;
+    broker.produce(&topics.events, &keyed(&lines[..third]), Some(0));
+    broker.read(&topics.decisions, 1, |r| r.len() >= third / 2, Duration::ZERO, LONG);
+
+    cluster.nodes[replica].pause();
+    let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut cluster.nodes[victim].connection()).unwrap();
+    assert_eq!(cut, 1, "the master's link to its replica is cut");
+    let before = support::evalsha_calls(&mut cluster.nodes[victim].connection());
+    broker.produce(&topics.events, &keyed(&lines[third..2 * third]), Some(0));
+    let paused = Instant::now();
+    while support::evalsha_calls(&mut cluster.nodes[victim].connection()) == before && paused.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let unreplicated = support::evalsha_calls(&mut cluster.nodes[victim].connection()) - before;
+    assert!(unreplicated > 0, "the master acknowledged flushes while its replica was frozen");
+    cluster.nodes[victim].kill();
+    let killed = Instant::now();
+    cluster.nodes[replica].resume();
+    let first_flush = support::first_flush_on(cluster.nodes[replica].url(), killed);
+
+    broker.produce(&topics.events, &keyed(&lines[2 * third..]), Some(0));
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
+    let (promoted, first_flush) = first_flush.join().unwrap().expect("the promoted replica served a flush");
+    eprintln!(
+        "master killed under a worker ({unreplicated} script calls it acknowledged never reached its replica): replica \
+         promoted after {:.2} s, first flush on it after {:.2} s",
+        promoted.as_secs_f64(),
+        first_flush.as_secs_f64()
+    );
+    let wrong = wrong_decisions(&delivered, &reference);
+    assert!(wrong.is_empty(), "{} decisions not marked degraded differ, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
+    assert!(worker.metric("vigil_redis_failovers_total").unwrap_or(0.0) >= 1.0, "{}", worker.log_text());
+    assert!(worker.metric("vigil_redis_rewritten_unconfirmed_total").unwrap_or(0.0) >= 1.0, "{}", worker.log_text());
+    worker.signal("TERM");
+    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    cluster.wait_ok(Duration::from_secs(10));
+    assert_totals_equal(&cluster.totals(), &reference_totals(dir.path(), &lines), &worker.log_text());
+}
+
 #[test]
 fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -254,29 +254,6 @@ fn redis_restarted_empty_or_flushed_mid_replay_is_written_again_from_local_views
     }
 }
 
-/// The replica of the master on `port`, by index in `cluster.nodes`.
-fn replica_of(cluster: &support::RedisCluster, port: u16) -> usize {
-    cluster
-        .nodes
-        .iter()
-        .position(|n| {
-            let info: String = redis::cmd("INFO").arg("replication").query(&mut n.connection()).unwrap();
-            info.lines().any(|l| l.trim() == format!("master_port:{port}"))
-        })
-        .expect("every master has a replica")
-}
-
-/// How many EVALSHA calls (vigil's flushes) a node has served.
-fn evalsha_calls(node: &mut redis::Connection) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(node).unwrap_or_default();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_cluster_master_killed_mid_replay_fails_over_and_ends_exact() {
     master_killed_mid_replay(HighAvailability::cluster(), false);
@@ -306,7 +283,7 @@ impl HighAvailability {
     fn cluster() -> HighAvailability {
         let mut cluster = support::RedisCluster::start_with_replicas(1);
         let victim = cluster.masters()[0];
-        let replica = replica_of(&cluster, cluster.nodes[victim].port);
+        let replica = cluster.replica_of(cluster.nodes[victim].port);
         HighAvailability::Cluster { cluster, victim, replica }
     }
 
@@ -368,13 +345,13 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
         let paused = Instant::now();
         let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut redis.victim().connection()).unwrap();
         assert_eq!(cut, 1, "the master's link to its replica is cut");
-        let before = evalsha_calls(&mut redis.victim().connection());
+        let before = support::evalsha_calls(&mut redis.victim().connection());
         replay.feed(&lines[20_000..24_000]);
-        while evalsha_calls(&mut redis.victim().connection()) == before && paused.elapsed() < Duration::from_secs(1) {
+        while support::evalsha_calls(&mut redis.victim().connection()) == before && paused.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_millis(200));
-        unreplicated = evalsha_calls(&mut redis.victim().connection()) - before;
+        unreplicated = support::evalsha_calls(&mut redis.victim().connection()) - before;
         assert!(unreplicated > 0, "the master acknowledged flushes while its replica was frozen");
     } else {
         replay.feed(&lines[20_000..24_000]);
@@ -384,39 +361,7 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     if lose_writes {
         redis.replica().resume();
     }
-    // The first flush the promoted replica serves, seen from outside (its EVALSHA count: as a
-    // replica it only receives the scripts' effects).
-    let replica_url = redis.replica().url();
-    // Also when it became a master: what the failover took, before vigil can do a thing.
-    let first_flush = std::thread::spawn(move || {
-        let client = redis::Client::open(replica_url).unwrap();
-        let mut conn = None;
-        let mut promoted = None;
-        while killed.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(20));
-            // Sentinel closes the promoted node's client connections: open another.
-            if conn.is_none() {
-                conn = client.get_connection().ok();
-            }
-            let Some(node) = conn.as_mut() else { continue };
-            if promoted.is_none() {
-                match redis::cmd("ROLE").query::<Vec<redis::Value>>(node) {
-                    Ok(role) if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") => {
-                        promoted = Some(killed.elapsed())
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        conn = None;
-                        continue;
-                    }
-                }
-            }
-            if evalsha_calls(node) > 0 {
-                return Some((promoted.unwrap_or_else(|| killed.elapsed()), killed.elapsed()));
-            }
-        }
-        None
-    });
+    let first_flush = support::first_flush_on(redis.replica().url(), killed);
     replay.feed(&lines[24_000..]);
     let (ok, stderr, records) = replay.finish();
     let finished = killed.elapsed();

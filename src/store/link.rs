@@ -535,6 +535,15 @@ impl ClusterConn {
 }
 
 impl Target {
+    /// How many failovers the links to this target have seen (shared by all of them).
+    pub(super) fn promotions(&self) -> u64 {
+        match self {
+            Target::Single(_) => 0,
+            Target::Sentinel(sentinel) => sentinel.master.lock().expect("sentinel lock").1,
+            Target::Cluster { topology, .. } => topology.lock().expect("topology lock").promotions,
+        }
+    }
+
     fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<Conn> {
         match self {
             Target::Single(client) => SingleConn::new(open_single(client, timeouts)?).map(|c| Conn::Single(Box::new(c))),
@@ -593,11 +602,7 @@ impl Link {
     /// masters in a cluster's slot maps, or a new master named by the sentinels; always 0 for
     /// one Redis.
     pub(super) fn promotions(&self) -> u64 {
-        match &self.target {
-            Target::Single(_) => 0,
-            Target::Sentinel(sentinel) => sentinel.master.lock().expect("sentinel lock").1,
-            Target::Cluster { topology, .. } => topology.lock().expect("topology lock").promotions,
-        }
+        self.target.promotions()
     }
 
     /// Whether a replica has confirmed every write of the batches marked `confirm` so far, on

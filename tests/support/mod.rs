@@ -378,6 +378,17 @@ impl RedisCluster {
         self.nodes[0].url()
     }
 
+    /// The replica of the master on `port`, by index in `nodes`.
+    pub fn replica_of(&self, port: u16) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| {
+                let info: String = redis::cmd("INFO").arg("replication").query(&mut n.connection()).unwrap();
+                info.lines().any(|l| l.trim() == format!("master_port:{port}"))
+            })
+            .expect("every master has a replica")
+    }
+
     pub fn node_id(node: &RedisServer) -> String {
         redis::cmd("CLUSTER").arg("MYID").query(&mut node.connection()).unwrap()
     }
@@ -448,4 +459,51 @@ pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usi
             (key, (total, distinct))
         })
         .collect()
+}
+
+/// How many EVALSHA calls (vigil's flushes) a node has served.
+pub fn evalsha_calls(node: &mut redis::Connection) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(node).unwrap_or_default();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Watches the replica at `url` after its master was killed at `killed`: when it became a master
+/// (what the failover itself took, before vigil can do a thing) and when it served its first
+/// flush (its EVALSHA count: as a replica it only receives the scripts' effects), both counted
+/// from the kill; `None` if no flush came within a minute.
+pub fn first_flush_on(url: String, killed: Instant) -> std::thread::JoinHandle<Option<(Duration, Duration)>> {
+    std::thread::spawn(move || {
+        let client = redis::Client::open(url).unwrap();
+        let mut conn = None;
+        let mut promoted = None;
+        while killed.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(20));
+            // Sentinel closes the promoted node's client connections: open another.
+            if conn.is_none() {
+                conn = client.get_connection().ok();
+            }
+            let Some(node) = conn.as_mut() else { continue };
+            if promoted.is_none() {
+                match redis::cmd("ROLE").query::<Vec<redis::Value>>(node) {
+                    Ok(role) if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") => {
+                        promoted = Some(killed.elapsed())
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        conn = None;
+                        continue;
+                    }
+                }
+            }
+            if evalsha_calls(node) > 0 {
+                return Some((promoted.unwrap_or_else(|| killed.elapsed()), killed.elapsed()));
+            }
+        }
+        None
+    })
 }

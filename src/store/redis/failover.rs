@@ -60,6 +60,16 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.unconfirmed = Unconfirmed::default();
     }
 
+    /// Follows a failover another link of this store has seen (a read that met the promoted
+    /// replica) before anything read from it is used.
+    pub(super) fn catch_up_failover(&mut self) {
+        let seen = self.target.promotions();
+        if seen > self.epochs.promotions {
+            self.epochs.promotions = seen;
+            self.follow_failover();
+        }
+    }
+
     /// A failover was seen: the deltas no replica confirmed go again, exactly once by their
     /// input positions, over views whose versions are forgotten (the promoted replica's
     /// versions are not the old master's). Falls back to writing every view again when the

@@ -66,6 +66,8 @@ struct Inflight {
     epochs: usize,
     /// The holds raised by this flush: their calls follow the epoch checks.
     holds: Vec<StoredKey>,
+    /// The failovers the store had followed when it was sent.
+    promotions: u64,
 }
 
 /// The write-behind task: runs flushes on its own connection while the caller goes on.
@@ -350,7 +352,8 @@ impl<C: MonotonicClock> RedisStore<C> {
         let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
         let (sent, sent_stamp) = (Instant::now(), self.clock.now());
-        self.flushing.inflight = Some(Inflight { keys, order, observations, sent, sent_stamp, epochs, holds });
+        let promotions = self.epochs.promotions;
+        self.flushing.inflight = Some(Inflight { keys, order, observations, sent, sent_stamp, epochs, holds, promotions });
         Ok(())
     }
 
@@ -368,11 +371,17 @@ impl<C: MonotonicClock> RedisStore<C> {
         let inflight = self.flushing.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         match done.result {
-            Ok((first, scripts)) => {
-                // Taken in with this answer: a failover it met made it report a loss (`scripts`
-                // is `None`), and what no replica confirmed is written again.
-                self.epochs.promotions = done.promotions;
-                self.flush_answered(inflight, &first, scripts, done.replicated)
+            Ok((first, mut scripts)) => {
+                // A flush that crossed a failover (met one, or was sent before the store followed
+                // one) is not taken in: its deltas go again, to the master there is now.
+                if done.promotions != inflight.promotions || inflight.promotions != self.epochs.promotions {
+                    scripts = None;
+                }
+                let follow = done.promotions > self.epochs.promotions;
+                if follow {
+                    self.epochs.promotions = done.promotions;
+                }
+                self.flush_answered(inflight, &first, scripts, done.replicated, follow)
             }
             Err(e) => Err(self.flush_failed(&inflight, e)),
         }
@@ -415,8 +424,15 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// The success path: Redis answered. First the epoch checks (after a data loss nothing of
     /// the flush was written: every view is written again), then the hold raises, then each key.
-    fn flush_answered(&mut self, inflight: Inflight, first: &[Value], scripts: Option<Vec<Value>>, replicated: bool) -> Result<(), StoreError> {
-        let Inflight { keys, order, observations, sent, sent_stamp, epochs, holds } = inflight;
+    fn flush_answered(
+        &mut self,
+        inflight: Inflight,
+        first: &[Value],
+        scripts: Option<Vec<Value>>,
+        replicated: bool,
+        follow: bool,
+    ) -> Result<(), StoreError> {
+        let Inflight { keys, order, observations, sent, sent_stamp, epochs, holds, .. } = inflight;
         self.recovered();
         let lost = match self.epochs.check(&first[..epochs.min(first.len())]) {
             Ok(lost) => lost,
@@ -440,7 +456,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             // A failover: this flush's deltas go again (what of them the old master applied is
             // skipped by their positions), with whatever no replica had confirmed.
             self.unsent(&keys);
-            self.follow_failover();
+            if follow {
+                self.follow_failover();
+            }
             return Ok(());
         };
         let replies = match self.replies(scripts, &order) {

@@ -93,6 +93,8 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     epochs: Epochs,
     /// Deltas Redis acknowledged that no replica has confirmed: written again after a failover.
     unconfirmed: failover::Unconfirmed,
+    /// Where the links connect: tells the failovers any of them has seen.
+    target: Target,
     breaker: Breaker,
     clock: C,
 }
@@ -263,7 +265,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let timeouts =
             Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: config.replica_ack_timeout };
         let mut link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
-        let flusher_link = Link::open(target, timeouts, config.retry_backoff)?;
+        let flusher_link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
         let mut epochs = Epochs::new(cluster, first_slots);
         let mut batch = Batch::default();
         epochs.add_checks(&mut batch, cluster);
@@ -288,6 +290,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             reads,
             epochs,
             unconfirmed: failover::Unconfirmed::default(),
+            target,
             breaker: Breaker::default(),
             clock,
             config,

@@ -75,6 +75,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         // Every attempt (a dropped connection fails at once and is worth another), but within
         // two read deadlines: the counting path does not wait out a long outage.
         let replies = self.query_read(batch, self.config.attempts)?;
+        // These replies may come from a promoted replica the flusher has not met yet: what it
+        // lacks is put back in the views first, so the replies never stand in for it.
+        self.catch_up_failover();
         if replies.len() != names.len() {
             return Err(StoreError::Protocol(format!("{} replies for {} {command} reads", replies.len(), names.len())));
         }
