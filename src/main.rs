@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use vigil::config::{InputConfig, MemoryConfig, RulesConfig, WorkerConfig};
+use vigil::config::{InputConfig, MemoryConfig, RedisConfig, RulesConfig, WorkerConfig};
 #[cfg(feature = "harness")]
 use vigil::harness::workload::WorkloadSpec;
 use vigil::pipeline::ReplayOptions;
@@ -39,7 +39,9 @@ enum Command {
         /// Also print a record (action "allow", no hits) for events that hit nothing.
         #[arg(long)]
         emit_allow: bool,
-        /// Count in Redis (redis://[user:pass@]host:port[/db] or rediss://) instead of in process.
+        /// Count in Redis instead of in process: redis://[user:pass@]host:port[/db], rediss://
+        /// (TLS), any node of a Redis Cluster, or
+        /// redis+sentinel://[user:pass@]host[:port][,host[:port]...]/master-name[/db].
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
         /// CA certificate (PEM) that signed a rediss:// server's certificate.
@@ -54,6 +56,11 @@ enum Command {
         /// counted locally meanwhile (exit 1 if it does not).
         #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration, requires = "redis")]
         redis_wait: std::time::Duration,
+        /// With --redis: how long each flush waits for a replica to confirm its writes (kept
+        /// until then, and written again if a failover promotes a replica that lacks them); off:
+        /// not confirmed (the worker's `redis.replica_ack_timeout`).
+        #[arg(long, value_name = "DURATION|off", default_value_t = Bound(RedisConfig::default().replica_ack_timeout), value_parser = parse_bound, requires = "redis")]
+        replica_ack_timeout: Bound,
         /// Longer input lines are bad lines (`too_large`), skipped without being held in memory
         /// (the worker's `worker.max_event_bytes`).
         #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes)]
@@ -225,8 +232,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path } => cli::check(&path),
-        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, max_event_bytes, bounds } => {
-            let redis = redis.map(|url| cli::ReplayRedis { url, tls_ca_file: redis_ca, input_id });
+        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, replica_ack_timeout, max_event_bytes, bounds } => {
+            let redis = redis.map(|url| cli::ReplayRedis { url, tls_ca_file: redis_ca, input_id, replica_ack_timeout: replica_ack_timeout.0 });
             let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait };
             cli::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys)
         }

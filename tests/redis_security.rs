@@ -15,7 +15,14 @@ use vigil::store::{MemoryStore, RedisStore, RedisStoreConfig};
 fn acl_users_and_redacted_passwords() {
     let redis = RedisServer::start();
     let mut admin = redis.connection();
-    let _: () = redis::cmd("ACL").arg("SETUSER").arg("vigil").arg("on").arg(">s3cret").arg("~vg:*").arg("+@all").query(&mut admin).unwrap();
+    // The ACL the operations guide tells operators to create, word for word.
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    let acl = guide.lines().find(|l| l.starts_with("ACL SETUSER vigil ")).expect("the guide's ACL line");
+    let mut setuser = redis::cmd("ACL");
+    for word in acl.split_whitespace().skip(1) {
+        setuser.arg(if word == ">PASSWORD" { ">s3cret" } else { word });
+    }
+    let _: () = setuser.query(&mut admin).unwrap();
     let url = |password: &str| format!("redis://vigil:{password}@127.0.0.1:{}/", redis.port);
     let events = "{\"ts\":1,\"type\":\"login\",\"result\":\"fail\",\"user_id\":\"u\"}\n";
     let run = |url: &str| {

@@ -23,6 +23,8 @@ pub struct ReplayRedis {
     pub tls_ca_file: Option<PathBuf>,
     /// The input's identity for exactly-once counting (`--input-id`).
     pub input_id: Option<String>,
+    /// `--replica-ack-timeout` (`None`: off).
+    pub replica_ack_timeout: Option<std::time::Duration>,
 }
 
 /// Replays `input` through the rules at `rules_path`, counting in Redis if `redis` is given.
@@ -37,7 +39,8 @@ pub fn replay(
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
     let mut setup = StoreSetup { max_keys, max_lateness_ms: bounds.max_lateness_ms, ..StoreSetup::default() };
-    if let Some(ReplayRedis { url, tls_ca_file, input_id }) = redis {
+    if let Some(ReplayRedis { url, tls_ca_file, input_id, replica_ack_timeout }) = redis {
+        setup.redis.replica_ack_timeout = replica_ack_timeout;
         options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
         setup.redis.url = Some(url);
         setup.redis.tls_ca_file = tls_ca_file;

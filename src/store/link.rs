@@ -189,9 +189,20 @@ impl SingleConn {
     }
 }
 
-/// How many replicas a server has (`ROLE`: a master lists them; anything else has none).
+/// How many replicas a server has (`ROLE`: a master lists them; anything else has none). A user
+/// the ACL does not let run `ROLE` gets 0, with a warning: its writes are not confirmed.
 fn replica_count(conn: &mut redis::Connection) -> redis::RedisResult<usize> {
-    let role: Vec<Value> = redis::cmd("ROLE").query(conn)?;
+    let role: Vec<Value> = match redis::cmd("ROLE").query(conn) {
+        Ok(role) => role,
+        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(error = %e, "cannot ask Redis for its replicas (grant the user +role +wait): writes are not confirmed by a replica, and a failover may lose the last ones");
+            });
+            return Ok(0);
+        }
+        Err(e) => return Err(e),
+    };
     Ok(match (role.first(), role.get(2)) {
         (Some(Value::BulkString(r)), Some(Value::Array(replicas))) if r == b"master" => replicas.len(),
         _ => 0,
