@@ -394,15 +394,18 @@ impl ClusterConn {
     /// Whether a replica has confirmed every confirmed-batch write sent to the masters that
     /// serve slots now (a master with no replica has nothing to confirm).
     fn replicated(&self) -> bool {
-        let serving: std::collections::BTreeSet<usize> = self.slot_owner.iter().copied().collect();
-        serving.into_iter().all(|index| !self.masters[index].unconfirmed)
+        self.serving().into_iter().all(|index| !self.masters[index].unconfirmed)
+    }
+
+    /// The masters that own slots in the map now (a failed-over master stays in `masters`).
+    fn serving(&self) -> std::collections::BTreeSet<usize> {
+        self.slot_owner.iter().copied().collect()
     }
 
     /// SCRIPT LOAD on every master of the slot map, on the direct connections (a master the
     /// cluster client's stale map still names may be dead).
     fn load_on_all_masters(&mut self) -> redis::RedisResult<()> {
-        let serving: std::collections::BTreeSet<usize> = self.slot_owner.iter().copied().collect();
-        for index in serving {
+        for index in self.serving() {
             let loaded = self.master(index).and_then(load_scripts);
             if loaded.is_err() {
                 self.masters[index].conn = None;

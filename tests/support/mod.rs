@@ -204,9 +204,19 @@ impl RedisSentinels {
 
     pub fn start() -> RedisSentinels {
         let dir = tempfile::tempdir().unwrap();
-        let master = RedisServer::start();
+        // In the temporary directory: a replica's full sync writes the master's snapshot there.
+        let data = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(&path).unwrap();
+            vec!["--dir".to_owned(), path.to_str().unwrap().to_owned()]
+        };
+        let master = RedisServer::start_with(|_| data("master"));
         let master_port = master.port.to_string();
-        let replica = RedisServer::start_with(|_| vec!["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.clone()]);
+        let replica = RedisServer::start_with(|_| {
+            let mut args = data("replica");
+            args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.clone()]);
+            args
+        });
         let sentinels: Vec<RedisServer> = (0..3)
             .map(|_| {
                 RedisServer::start_with(|port| {
