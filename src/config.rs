@@ -137,6 +137,15 @@ pub struct InputConfig {
     /// late for every counter. Also how long Redis keeps a key beyond its window.
     #[serde(deserialize_with = "bound")]
     pub max_lateness: Option<Duration>,
+    /// No partition is processed more than this far ahead in event time of the slowest active
+    /// partition of the consumer group (it waits, and is paused in the consumer): a counter whose
+    /// key spans partitions then never sees one partition's events made late by another running
+    /// ahead (after a restart, a rebalance or any backlog). `"off"` disables it.
+    #[serde(deserialize_with = "bound")]
+    pub max_partition_skew: Option<Duration>,
+    /// A partition whose event time has not moved for this long (no events) holds nobody back.
+    #[serde(deserialize_with = "duration")]
+    pub partition_idle_timeout: Duration,
 }
 
 impl InputConfig {

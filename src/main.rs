@@ -27,6 +27,10 @@ enum Command {
     Check {
         /// A rule file or a directory of *.toml rule files.
         path: PathBuf,
+        /// The workers' `input.max_partition_skew`: a counter whose window is not longer is
+        /// warned about (partitions that far apart can make each other's events late for it).
+        #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_partition_skew), value_parser = parse_bound)]
+        max_partition_skew: Bound,
     },
     /// Run rules over JSON-lines events (no Kafka; in-process counters unless --redis): decisions to stdout.
     Replay {
@@ -193,7 +197,7 @@ impl std::fmt::Display for Bound {
 
 impl BoundArgs {
     fn time_bounds(&self) -> vigil::event::TimeBounds {
-        vigil::config::InputConfig { max_future_skew: self.max_future_skew.0, max_lateness: self.max_lateness.0 }.time_bounds()
+        vigil::config::InputConfig { max_future_skew: self.max_future_skew.0, max_lateness: self.max_lateness.0, ..Default::default() }.time_bounds()
     }
 }
 
@@ -231,7 +235,7 @@ impl WorkloadArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { path } => cli::check(&path),
+        Command::Check { path, max_partition_skew } => cli::check(&path, max_partition_skew.0),
         Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, replica_ack_timeout, max_event_bytes, bounds } => {
             let redis = redis.map(|url| cli::ReplayRedis { url, tls_ca_file: redis_ca, input_id, replica_ack_timeout: replica_ack_timeout.0 });
             let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait };

@@ -463,3 +463,66 @@ fn a_broker_restart_mid_stream_loses_nothing() {
     assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
     assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
 }
+
+/// Hits per rule over the first delivery of each event.
+fn hits_per_rule<'a>(records: impl Iterator<Item = &'a Value>) -> std::collections::BTreeMap<String, u64> {
+    let mut hits = std::collections::BTreeMap::new();
+    for record in records {
+        for hit in record["hits"].as_array().into_iter().flatten() {
+            *hits.entry(hit["rule_id"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+        }
+    }
+    hits
+}
+
+/// A backlog on four partitions (events keyed by user, so per-IP and per-card counters span
+/// partitions) read by two workers: the partitions are kept within `max_partition_skew` of
+/// each other in event time. Rules on per-user counters stay exact; the per-IP distinct rule
+/// `login-users-ip-shadow` came within 3.9–5.3 % of a single-order run (25 % off with
+/// `max_partition_skew = "off"`), what the other worker had counted within the skew and not yet
+/// flushed or been read; the goal of 1 % is not reached yet.
+#[test]
+fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("backlog-in-step", 4);
+    // About an hour of event time: 30 000 events at 8 per second.
+    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 8, late: 0.005, out_of_order: 0.05, seed: 37, ..WorkloadSpec::default() };
+    let lines = workload_lines(&spec);
+    let reference = reference_records(&lines);
+    // The backlog is there before any worker starts.
+    broker.produce(&topics.events, &keyed(&lines), None);
+    let config = config(&broker, &topics, &redis.url(), 6_000);
+    let mut first = Worker::start(dir.path(), "w1", &config);
+    let mut second = Worker::start(dir.path(), "w2", &config);
+    first.wait_ready(LONG);
+    second.wait_ready(LONG);
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
+    assert_eq!(delivered.first.len(), good_events(&lines), "every event decided");
+    let want = hits_per_rule(reference.values());
+    let got = hits_per_rule(delivered.first.values());
+    let waited: f64 = [&first, &second].iter().map(|w| w.metric("vigil_partition_wait_seconds_total").unwrap_or(0.0)).sum();
+    eprintln!("partition loops waited {waited:.1} s in all for slower partitions");
+    for worker in [&first, &second] {
+        let metrics = worker.get("/metrics").map(|(_, body)| body).unwrap_or_default();
+        for line in metrics.lines().filter(|l| l.starts_with("vigil_late_events_total") || l.starts_with("vigil_partition_skew")) {
+            eprintln!("{line}");
+        }
+    }
+    let mut off = Vec::new();
+    for (rule, &expected) in &want {
+        let actual = got.get(rule).copied().unwrap_or(0);
+        eprintln!("{rule}: {actual} hits, single-order run {expected}");
+        if actual.abs_diff(expected) * 100 > expected * 6 {
+            off.push(format!("{rule}: {actual} vs {expected}"));
+        }
+        if USER_KEYED.contains(&rule.as_str()) {
+            assert_eq!(actual, expected, "{rule} counts per user, within one partition: exact");
+        }
+    }
+    assert!(off.is_empty(), "rules more than 6 % off the single-order run: {off:?}");
+    for worker in [&mut first, &mut second] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    }
+}

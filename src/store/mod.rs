@@ -5,10 +5,12 @@
 //!   exactly-once offsets, circuit breaker, data-loss detection). `link`: its connections (single
 //!   server or cluster, timeouts, retries). `codec`: windows as Redis holds them and as flushes
 //!   write them. `scripts`: the Lua script and the calls to it. `journal`: the decision journal
-//!   that makes duplicates after a crash identical. `keys`: exact key identities, and how keys
+//!   that makes duplicates after a crash identical. `board`: where each partition of a group
+//!   stands in event time, shared by its workers. `keys`: exact key identities, and how keys
 //!   are named in Redis.
 
 pub mod any;
+pub mod board;
 mod codec;
 mod counter_store;
 pub mod journal;

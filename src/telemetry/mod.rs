@@ -166,6 +166,14 @@ pub struct Metrics {
     pub evicted_keys: Family<KindLabels, Counter>,
     /// Partitions this worker owns.
     pub assigned_partitions: Gauge,
+    /// How far apart in event time the group's active partitions are (newest − slowest), in
+    /// seconds, as this worker sees them.
+    pub partition_skew_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Time this worker's partition loops spent waiting for slower partitions, in seconds.
+    pub partition_wait_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Partitions paused in the consumer because their loop's queue is full (waiting for slower
+    /// partitions, or for Redis).
+    pub paused_partitions: Gauge,
     /// 1 while Redis answers, 0 while it is unavailable and the worker counts locally.
     pub redis_available: Gauge,
     /// Times Redis became unavailable (the circuit breaker opened).
@@ -231,6 +239,9 @@ impl Metrics {
             state_bytes: Gauge::default(),
             evicted_keys: Family::default(),
             assigned_partitions: Gauge::default(),
+            partition_skew_seconds: Gauge::default(),
+            partition_wait_seconds: Counter::default(),
+            paused_partitions: Gauge::default(),
             redis_available: Gauge::default(),
             redis_outages: Counter::default(),
             degraded_observations: Counter::default(),
@@ -345,6 +356,17 @@ impl Metrics {
             self.processing_latency.clone(),
         );
         registry.register("assigned_partitions", "Partitions owned by this worker", self.assigned_partitions.clone());
+        registry.register(
+            "partition_skew_seconds",
+            "Event time between the newest and the slowest active partition of the group",
+            self.partition_skew_seconds.clone(),
+        );
+        registry.register(
+            "partition_wait_seconds",
+            "Time partition loops waited for slower partitions (input.max_partition_skew)",
+            self.partition_wait_seconds.clone(),
+        );
+        registry.register("paused_partitions", "Partitions paused in the consumer while their loop's queue is full", self.paused_partitions.clone());
         registry.register("journaled_decisions", "Decision records written to the decision journal", self.journaled_decisions.clone());
         registry.register(
             "redelivered_decisions",

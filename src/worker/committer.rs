@@ -155,6 +155,7 @@ impl Worker {
         for (key, _) in &progress {
             let lane = self.lane(&key.0, key.1);
             self.lock_engine().close_lane(lane);
+            self.alignment.revoke(lane);
             self.with_journal(|journal| journal.release(lane));
             self.metrics.assigned_partitions.dec();
             self.metrics.consumer_lag.remove(&PartitionLabels { topic: key.0.clone(), partition: key.1 });

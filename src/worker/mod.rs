@@ -10,12 +10,15 @@
 //! - a committer: lets the store write behind while idle, stores the offsets that are decided,
 //!   delivered and durable, produces failed records again, and exports store metrics
 //!   (`committer.rs`);
-//! - a rule watcher: validates changed rule files and swaps them in atomically (`watcher.rs`).
+//! - a rule watcher: validates changed rule files and swaps them in atomically (`watcher.rs`);
+//! - an aligner: keeps the group's partitions in step in event time, sharing where this worker's
+//!   partitions stand through Redis (`alignment.rs`).
 //!
 //! What they share is in `shared.rs`. On revocation and on shutdown: stop the partition loops,
 //! flush the store, wait for deliveries, commit — within `worker.shutdown_timeout`. A broker
 //! failure retrying cannot fix (`crate::broker`) shuts it down the same way, then is its error.
 
+mod alignment;
 mod committer;
 mod context;
 mod error;
@@ -66,6 +69,7 @@ pub fn run(
     let helpers_done = Shutdown::new();
     let committer = worker.spawn_committer(&consumer, &helpers_done)?;
     let watcher = worker.spawn_watcher(&helpers_done)?;
+    let aligner = worker.spawn_aligner(&helpers_done)?;
 
     health.set_ready(true);
     worker.poll_until(&consumer, &health, &shutdown);
@@ -79,6 +83,7 @@ pub fn run(
     helpers_done.trigger();
     let _ = committer.join();
     let _ = watcher.join();
+    let _ = aligner.join();
     // Leaving the group: the revocation callback finds nothing left to do.
     drop(consumer);
     let failure = fatal.first();

@@ -28,6 +28,9 @@ const QUEUE_DEPTH: usize = 8;
 enum Failure {
     /// The counter store failed; the rest of the batch is tried again.
     Store(StoreError),
+    /// The next event (at this event time) is too far ahead of the slowest partition: the rest
+    /// of the batch waits for it.
+    Ahead(i64),
     /// Another worker owns the partition now: the loop stops.
     Fenced,
 }
@@ -62,6 +65,9 @@ struct Judged<'m> {
     processed: usize,
     /// The store failure that stopped the batch, if one did.
     failure: Option<StoreError>,
+    /// The event time of the event the batch stopped at because it is too far ahead of the
+    /// slowest partition (`input.max_partition_skew`).
+    ahead: Option<i64>,
     /// The records to journal, with the batch's end and watermark.
     journaled: JournalBatch,
     decided: u64,
@@ -93,6 +99,7 @@ impl Worker {
             }
         };
         self.metrics.assigned_partitions.inc();
+        self.alignment.assign(self.lane(&key.0, key.1), Instant::now());
         let previous = self
             .lock_partitions()
             .insert(key, PartitionLoop { sender: Some(sender), gathered: Polled::default(), stop, thread: Some(thread), progress });
@@ -159,6 +166,12 @@ impl Worker {
                     stop.store(true, Ordering::Release);
                     return;
                 }
+                Err((done, Failure::Ahead(event_ms))) => {
+                    start += done;
+                    if !self.wait_for_slower_partitions(key, event_ms, stop) {
+                        return;
+                    }
+                }
                 Err((done, Failure::Store(error))) => {
                     start += done;
                     self.metrics.redis_errors.get_or_create(&CodeLabels { code: "read_failed" }).inc();
@@ -170,6 +183,32 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Waits until the slowest other partition of the group is within `max_partition_skew` of
+    /// `event_ms` (the next event's time), or goes idle. False if the loop was stopped meanwhile.
+    fn wait_for_slower_partitions(&self, key: &PartitionKey, event_ms: i64, stop: &AtomicBool) -> bool {
+        let lane = self.lane(&key.0, key.1);
+        let started = Instant::now();
+        // Its position is the event it waits for: a slower partition waiting for it cannot be.
+        self.alignment.advance(lane, event_ms, started);
+        let mut waited = started;
+        let allowed = loop {
+            let now = Instant::now();
+            self.metrics.partition_wait_seconds.inc_by(now.duration_since(waited).as_secs_f64());
+            waited = now;
+            if self.alignment.limit(lane, now, super::alignment::wall_ms()).is_none_or(|limit| event_ms <= limit) {
+                break true;
+            }
+            if self.shutdown.wait(Duration::from_millis(5)) || stop.load(Ordering::Acquire) {
+                break false;
+            }
+        };
+        let waited_ms = started.elapsed().as_millis() as u64;
+        if waited_ms >= 1_000 {
+            tracing::debug!(partition = key.1, waited_ms, "waited for slower partitions");
+        }
+        allowed
     }
 
     /// While the local counts waiting for Redis are at their bound (a long outage), the partition
@@ -217,9 +256,10 @@ impl Worker {
         if judged.processed > 0 {
             progress.processed(messages[judged.processed - 1].offset(), mark);
         }
-        match judged.failure {
-            None => Ok(()),
-            Some(e) => Err((judged.processed, Failure::Store(e))),
+        match (judged.failure, judged.ahead) {
+            (Some(e), _) => Err((judged.processed, Failure::Store(e))),
+            (None, Some(event_ms)) => Err((judged.processed, Failure::Ahead(event_ms))),
+            (None, None) => Ok(()),
         }
     }
 
@@ -247,7 +287,11 @@ impl Worker {
         };
         // Nothing the batch counts is sent before its records are journaled (below).
         engine.store_mut().begin_batch();
-        let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events);
+        let limit = self.alignment.limit(batch.lane, Instant::now(), super::alignment::wall_ms());
+        let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events, limit);
+        if let Some(newest) = engine.newest(batch.lane) {
+            self.alignment.advance(batch.lane, newest, Instant::now());
+        }
         // Offsets are committed at batch ends: a next owner resumes after one, with the
         // watermark recorded there.
         if let Some(last) = judged.processed.checked_sub(1).map(|i| messages[i].offset()) {
@@ -268,7 +312,8 @@ impl Worker {
     }
 
     /// Counts and judges the batch's events in order, dead-lettering those that did not decode;
-    /// stops at the first store failure.
+    /// stops at the first store failure, or at the first event later than `limit` (more than
+    /// `max_partition_skew` ahead of the slowest partition).
     fn judge_batch<'m>(
         &self,
         engine: &mut Engine<AnyStore>,
@@ -276,11 +321,17 @@ impl Worker {
         messages: &'m [OwnedMessage],
         polled_at: &[Instant],
         events: &Events<'_>,
+        limit: Option<i64>,
     ) -> Judged<'m> {
         let mut judged = Judged { record: Vec::with_capacity(512), ..Judged::default() };
         for ((message, event), &polled_at) in messages.iter().zip(events).zip(polled_at) {
             match event {
                 Err(rejection) => self.dead_letter(batch, message, polled_at, rejection, &mut judged),
+                Ok(event) if limit.is_some_and(|limit| event.ts > limit) => {
+                    // Too far ahead of the slowest partition: it and the rest wait.
+                    judged.ahead = Some(event.ts);
+                    break;
+                }
                 Ok(event) => {
                     if let Err(e) = self.judge_one(engine, batch, message, polled_at, event, &mut judged) {
                         judged.failure = Some(e);

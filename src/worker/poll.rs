@@ -1,14 +1,15 @@
 //! The polling thread (the caller's): polls the consumer, which also runs the rebalance
 //! callbacks, gathers the messages per partition and hands them to the partition loops.
 
-use std::collections::HashMap;
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::TrySendError;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::TopicPartitionList;
 
-use super::shared::{Polled, Worker};
+use super::shared::{PartitionKey, Worker};
 use crate::shutdown::Shutdown;
 use crate::telemetry::http::Health;
 
@@ -16,12 +17,19 @@ use crate::telemetry::http::Health;
 /// over earlier as soon as the consumer has nothing more ready).
 const GATHER: usize = 2048;
 
+/// A partition whose loop does not take its messages (its queue is full: it waits for slower
+/// partitions, or for Redis) is paused in the consumer once this many are held for it, and
+/// resumed once they are handed over. The consumer then fetches for the partitions that can go
+/// on, and no partition's backlog waits behind another's.
+const PAUSE_AT: usize = 4 * GATHER;
+
 impl Worker {
     /// Polls until `shutdown` fires. Messages are gathered while the consumer has more ready,
     /// then handed over per partition: under load a partition loop takes whole batches per
     /// engine lock; when idle each message goes on at once.
     pub(super) fn poll_until<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, health: &Health, shutdown: &Shutdown) {
         let mut gathered = 0;
+        let mut paused: HashSet<PartitionKey> = HashSet::new();
         // While the brokers are away every poll reports the same errors: log each once per 30 s.
         let mut logged: HashMap<String, Instant> = HashMap::new();
         while !shutdown.is_triggered() {
@@ -38,6 +46,7 @@ impl Worker {
                     if gathered >= GATHER {
                         self.hand_over();
                         gathered = 0;
+                        self.pause_or_resume(consumer, &mut paused);
                     }
                 }
                 None => {
@@ -45,6 +54,11 @@ impl Worker {
                         self.hand_over();
                         gathered = 0;
                     }
+                    // Also when nothing came: held messages go as soon as their loop has room.
+                    if !paused.is_empty() {
+                        self.hand_over();
+                    }
+                    self.pause_or_resume(consumer, &mut paused);
                 }
                 Some(Err(e)) => {
                     let text = e.to_string();
@@ -70,27 +84,51 @@ impl Worker {
         }
     }
 
-    /// Hands every gathered message to its partition's loop, waiting while a loop's queue is full.
+    /// Hands every gathered message to its partition's loop; a loop whose queue is full keeps
+    /// them gathered (never waited for: it may be waiting for another partition, whose messages
+    /// this thread must go on fetching).
     fn hand_over(&self) {
-        let batches: Vec<(SyncSender<Polled>, Polled)> = self
-            .lock_partitions()
-            .values_mut()
-            .filter(|state| !state.gathered.is_empty())
-            .filter_map(|state| Some((state.sender.clone()?, std::mem::take(&mut state.gathered))))
-            .collect();
-        for (sender, batch) in batches {
-            let mut batch = batch;
-            loop {
-                match sender.try_send(batch) {
-                    Ok(()) | Err(TrySendError::Disconnected(_)) => break,
-                    Err(TrySendError::Full(back)) => {
-                        if self.shutdown.wait(Duration::from_millis(1)) {
-                            return;
-                        }
-                        batch = back;
-                    }
+        let mut partitions = self.lock_partitions();
+        for state in partitions.values_mut() {
+            if state.gathered.is_empty() {
+                continue;
+            }
+            let Some(sender) = &state.sender else { continue };
+            match sender.try_send(std::mem::take(&mut state.gathered)) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                Err(TrySendError::Full(back)) => state.gathered = back,
+            }
+        }
+    }
+
+    /// Pauses in the consumer the partitions holding `PAUSE_AT` messages their loops did not
+    /// take, and resumes those whose messages all went. A paused partition is fetched again from
+    /// the message after the last one polled.
+    fn pause_or_resume<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, paused: &mut HashSet<PartitionKey>) {
+        let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
+        {
+            let partitions = self.lock_partitions();
+            // Revoked partitions are no longer paused (nor ours).
+            paused.retain(|key| partitions.contains_key(key));
+            for (key, state) in partitions.iter() {
+                let held = state.gathered.len();
+                if held >= PAUSE_AT && paused.insert(key.clone()) {
+                    pause.add_partition(&key.0, key.1);
+                } else if held == 0 && paused.remove(key) {
+                    resume.add_partition(&key.0, key.1);
                 }
             }
         }
+        if pause.count() > 0 {
+            if let Err(e) = consumer.pause(&pause) {
+                tracing::warn!(error = %e, "cannot pause partitions whose loops are full");
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(e) = consumer.resume(&resume) {
+                tracing::warn!(error = %e, "cannot resume partitions");
+            }
+        }
+        self.metrics.paused_partitions.set(paused.len() as i64);
     }
 }

@@ -20,6 +20,7 @@ use crate::sink::Sink;
 use crate::source::Progress;
 use crate::store::{AnyStore, JournalWriter, RedisStats, StateStats};
 use crate::telemetry::Metrics;
+use super::alignment::Alignment;
 
 /// A partition, as the consumer names it: (topic, partition).
 pub(super) type PartitionKey = (String, i32);
@@ -80,6 +81,8 @@ pub(super) struct Worker {
     /// The decision journal (with Redis; none with the in-process store, which a restart loses
     /// anyway).
     pub(super) journal: Option<Mutex<JournalWriter>>,
+    /// Where the group's partitions stand in event time: keeps them in step.
+    pub(super) alignment: Alignment,
 }
 
 impl Worker {
@@ -101,6 +104,7 @@ impl Worker {
             exported: Mutex::new(RedisStats::default()),
             exported_state: Mutex::new((StateStats::default(), None)),
             journal: journal.map(Mutex::new),
+            alignment: Alignment::new(config.input.max_partition_skew, config.input.partition_idle_timeout),
             config,
         }
     }
