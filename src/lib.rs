@@ -32,11 +32,14 @@
 //!   rules; `counter_store.rs`), the in-process [`store::MemoryStore`] (drops a key only once the
 //!   watermark passed it; one entry per key holds every counter's window over it; bounded), and
 //!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views,
-//!   `holds` hold views, `epochs` data-loss detection, `reader` the reader thread, `flusher` the
-//!   write-behind, `config` its settings and stats) over `link` (connections, cluster, retries),
-//!   `codec` (windows as Redis holds them), `scripts` (`lua/`), `keys` (key identities and
-//!   names). [`store::JournalWriter`]: each partition's decision journal, written before records
-//!   go out, fenced per owner. [`store::AnyStore`]: the store a command was configured with.
+//!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
+//!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
+//!   `config` its settings and stats) over `link` (connections: one server, Sentinel, cluster;
+//!   retries, replica confirmations), `codec` (windows as Redis holds them), `scripts` (`lua/`),
+//!   `keys` (key identities and names). [`store::JournalWriter`]: each partition's decision
+//!   journal, written before records go out, fenced per owner. [`store::board`]: where each
+//!   partition of a group stands in event time, shared by its workers. [`store::AnyStore`]: the
+//!   store a command was configured with.
 //! - [`clock`]: the injected clocks (wall clock for the future bound, monotonic for freshness).
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage. `engine`: [`pipeline::Engine`] runs
@@ -54,8 +57,10 @@
 //!   certificate), which stop the worker instead of leaving it retrying forever.
 //! - [`worker`]: `vigil run`, one file per thread — `poll` (the consumer loop), `context`
 //!   (rdkafka callbacks, rebalances), `partition` (one ordered loop per partition over the shared
-//!   engine), `committer` (write-behind, durable marks, commits, metric export), `watcher`
-//!   (rule hot reload); `shared` holds what they share.
+//!   engine; it waits while more than `input.max_partition_skew` ahead of the slowest partition),
+//!   `committer` (write-behind, durable marks, commits, metric export), `watcher` (rule hot
+//!   reload), `alignment` (partitions in step: positions, the board exchange); `shared` holds
+//!   what they share.
 //! - [`telemetry`]: the one [`telemetry::Metrics`] struct, `/metrics` `/healthz` `/readyz`, logs.
 //! - [`shutdown`]: the shutdown signal every loop waits on.
 //! - `harness` (cargo feature `harness`, on by default; off the product path): `workload`
@@ -74,7 +79,8 @@
 //!              did not feed are read (store.read, no state change) on first reference
 //!           ─► rules::decide (allow override, severity, on_store_error) ─► rules::record
 //!
-//! vigil run:  consumer poll ─► partition loop (ordered) ─► the same engine, under one lock
+//! vigil run:  consumer poll ─► partition loop (ordered; waits while ahead of the slowest
+//!             partition of the group) ─► the same engine, under one lock
 //!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead
 //!                letter, ticket → source::Progress)
 //!             committer: store write-behind ─► durable mark ─► offsets stored at batch ends
