@@ -50,14 +50,10 @@ impl Worker {
                     }
                 }
                 None => {
-                    if gathered > 0 {
-                        self.hand_over();
-                        gathered = 0;
-                    }
-                    // Also when nothing came: held messages go as soon as their loop has room.
-                    if !paused.is_empty() {
-                        self.hand_over();
-                    }
+                    // Also when nothing came: messages a full loop did not take go as soon as
+                    // it has room (at the end of a backlog nothing else would hand them over).
+                    self.hand_over();
+                    gathered = 0;
                     self.pause_or_resume(consumer, &mut paused);
                 }
                 Some(Err(e)) => {
