@@ -96,7 +96,7 @@ pub(super) struct SentinelTarget {
 
 impl SentinelTarget {
     /// A connection to the master the sentinels name now.
-    pub(super) fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<redis::Connection> {
+    pub(super) fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<SingleConn> {
         let mut first_error = None;
         for (host, port) in &self.sentinels {
             let sentinel = node_info(&self.seed, host, *port).set_redis_settings(redis::RedisConnectionInfo::default());
@@ -116,10 +116,11 @@ impl SentinelTarget {
                     continue;
                 }
             };
-            let mut conn = match redis::Client::open(node_info(&self.seed, &master_host, master_port))
+            let single = match redis::Client::open(node_info(&self.seed, &master_host, master_port))
                 .and_then(|client| open_single(&client, timeouts))
+                .and_then(SingleConn::new)
             {
-                Ok(conn) => conn,
+                Ok(single) => single,
                 Err(e) => {
                     first_error.get_or_insert(e);
                     continue;
@@ -127,9 +128,8 @@ impl SentinelTarget {
             };
             // A sentinel that has not yet seen the failover names the old master, which may be
             // back as a replica: never write there.
-            let role: Vec<Value> = redis::cmd("ROLE").query(&mut conn)?;
-            if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
-                first_error.get_or_insert_with(|| redis::RedisError::from((redis::ErrorKind::Io, "the node a sentinel named is not a master")));
+            if single.master != Some(true) {
+                first_error.get_or_insert_with(|| redis::RedisError::from((redis::ErrorKind::Io, "the node a sentinel named is not known to be a master")));
                 continue;
             }
             let mut master = self.master.lock().expect("sentinel lock");
@@ -139,7 +139,7 @@ impl SentinelTarget {
                 tracing::warn!("Redis Sentinel names a new master (a failover): checking for writes it lacks");
             }
             master.0 = found;
-            return Ok(conn);
+            return Ok(single);
         }
         Err(first_error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "no sentinel given"))))
     }
@@ -173,8 +173,10 @@ enum Conn {
 
 /// A connection to one server (alone or a Sentinel's master), with its replicas as `ROLE` last
 /// named them.
-struct SingleConn {
+pub(super) struct SingleConn {
     conn: redis::Connection,
+    /// Whether `ROLE` said master (`None`: the user may not run it).
+    master: Option<bool>,
     replicas: usize,
     role_read: std::time::Instant,
 }
@@ -184,14 +186,16 @@ const ROLE_INTERVAL: Duration = Duration::from_secs(5);
 
 impl SingleConn {
     fn new(mut conn: redis::Connection) -> redis::RedisResult<SingleConn> {
-        let replicas = replica_count(&mut conn)?;
-        Ok(SingleConn { conn, replicas, role_read: std::time::Instant::now() })
+        let role = role(&mut conn)?;
+        let (master, replicas) = (role.map(|(master, _)| master), role.map_or(0, |(_, replicas)| replicas));
+        Ok(SingleConn { conn, master, replicas, role_read: std::time::Instant::now() })
     }
 }
 
-/// How many replicas a server has (`ROLE`: a master lists them; anything else has none). A user
-/// the ACL does not let run `ROLE` gets 0, with a warning: its writes are not confirmed.
-fn replica_count(conn: &mut redis::Connection) -> redis::RedisResult<usize> {
+/// What `ROLE` says of a server: whether it is a master, and how many replicas it lists (a
+/// master lists them; anything else has none). `None` for a user the ACL does not let run
+/// `ROLE`, with a warning: its writes are not confirmed.
+fn role(conn: &mut redis::Connection) -> redis::RedisResult<Option<(bool, usize)>> {
     let role: Vec<Value> = match redis::cmd("ROLE").query(conn) {
         Ok(role) => role,
         Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
@@ -199,14 +203,14 @@ fn replica_count(conn: &mut redis::Connection) -> redis::RedisResult<usize> {
             WARNED.call_once(|| {
                 tracing::warn!(error = %e, "cannot ask Redis for its replicas (grant the user +role +wait): writes are not confirmed by a replica, and a failover may lose the last ones");
             });
-            return Ok(0);
+            return Ok(None);
         }
         Err(e) => return Err(e),
     };
-    Ok(match (role.first(), role.get(2)) {
-        (Some(Value::BulkString(r)), Some(Value::Array(replicas))) if r == b"master" => replicas.len(),
-        _ => 0,
-    })
+    Ok(Some(match (role.first(), role.get(2)) {
+        (Some(Value::BulkString(r)), Some(Value::Array(replicas))) if r == b"master" => (true, replicas.len()),
+        _ => (false, 0),
+    }))
 }
 
 /// Opens a connection to one server with the timeouts set.
@@ -561,7 +565,7 @@ impl Target {
     fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<Conn> {
         match self {
             Target::Single(client) => SingleConn::new(open_single(client, timeouts)?).map(|c| Conn::Single(Box::new(c))),
-            Target::Sentinel(sentinel) => SingleConn::new(sentinel.connect(timeouts)?).map(|c| Conn::Single(Box::new(c))),
+            Target::Sentinel(sentinel) => sentinel.connect(timeouts).map(|c| Conn::Single(Box::new(c))),
             Target::Cluster { seed, topology } => ClusterConn::open(seed, topology, timeouts).map(|c| Conn::Cluster(Box::new(c))),
         }
     }
@@ -692,9 +696,9 @@ impl Link {
             Conn::Single(single) => single,
         };
         if single.role_read.elapsed() >= ROLE_INTERVAL {
-            match replica_count(&mut single.conn) {
-                Ok(replicas) => {
-                    single.replicas = replicas;
+            match role(&mut single.conn) {
+                Ok(role) => {
+                    single.replicas = role.map_or(0, |(_, replicas)| replicas);
                     single.role_read = std::time::Instant::now();
                 }
                 Err(e) => {

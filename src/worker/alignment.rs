@@ -16,10 +16,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use super::shared::Worker;
 use super::WorkerError;
+use crate::clock::{Clock, SystemClock};
 use crate::shutdown::Shutdown;
 use crate::store::board::{LanePosition, ProgressBoard};
 
@@ -202,7 +203,7 @@ impl Worker {
 
 /// The wall clock in ms since the Unix epoch (the board's time).
 pub(super) fn wall_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    SystemClock.now_ms()
 }
 
 #[cfg(test)]
