@@ -19,7 +19,8 @@
 --            "partition" is any short name of an ordered input (vigil: the Kafka partition, or a
 --            replayed input)
 --            the version the caller's view is based on ("0": the key held nothing), or "" if
---            it has none
+--            it has none, or "<" to have the window as it was before these deltas back (the
+--            caller counts a batch ahead on it; no writes then)
 --            how many ARGV entries of deltas follow (a multiple of the stride; 0 to just read)
 --            how many ARGV entries of writes follow the deltas (0: none)
 --          deltas in the order they were counted: count → value is an integer increment;
@@ -53,7 +54,10 @@
 -- lost (a restart without persistence, FLUSHALL, a failover to a stale replica) or it expired:
 -- nothing is written and {"?"} comes back, and the caller writes its whole view again.
 --
--- Returns one reply per key: {head, late, skipped, version, "="} when the caller's view is current,
+-- Returns one reply per key: {head, late, skipped, version, "<", field, value, …} for "<": the
+-- window (head "" if the key held nothing) and recorded offsets as they were before the deltas,
+-- with the version after them; otherwise
+-- {head, late, skipped, version, "="} when the caller's view is current,
 -- else {head, late, skipped, version, "*", field, value, …} with the live window as "b<bucket>" →
 -- count/sum and "d<digest>" → latest bucket (absolute indices) and the recorded offsets
 -- "o:<partition>" → offset; {} for a key that holds nothing; {"!"} when the caller sent writes
@@ -121,7 +125,7 @@ local function invalid()
     end
     if not is_int(ttl) or tonumber(ttl) < 1 or tonumber(ttl) > MAX_TTL then return bad('bad TTL') end
     if stride ~= '2' and stride ~= '4' then return bad('bad stride') end
-    if expected ~= '' and not is_int(expected) then return bad('bad version') end
+    if expected ~= '' and expected ~= '<' and not is_int(expected) then return bad('bad version') end
     if not is_int(ARGV[at + 6]) or not is_int(ARGV[at + 7]) then return bad('bad counts') end
     local deltas, writes = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
     stride = tonumber(stride)
@@ -138,6 +142,7 @@ local function invalid()
       if kind == 'd' and #value ~= 16 then return bad('bad digest') end
       if stride == 4 and (ARGV[i + 2] == '' or not is_int(ARGV[i + 3])) then return bad('bad position') end
     end
+    if writes > 0 and expected == '<' then return bad('writes with "<"') end
     if writes > 0 then
       local refresh, sets = ARGV[deltas_end + 1], ARGV[deltas_end + 2]
       if (refresh ~= '0' and refresh ~= '1') or not is_int(sets) then return bad('bad writes') end
@@ -173,7 +178,8 @@ end
 
 local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writes_last)
   local has_writes = writes_last > last
-  if expected ~= '' then
+  local before = expected == '<'
+  if expected ~= '' and not before then
     local version = tonumber(redis.call('HGET', key, 'v')) or 0
     if version == tonumber(expected) and has_writes then
       -- The caller's view is current: its writes are exactly what the key becomes.
@@ -222,6 +228,25 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
     end
   end
   local touched_buckets, touched_values = {}, {}
+  -- "<": the window before the deltas, in the reply's form.
+  local prior
+  if before then
+    prior = {head and string.format('%.0f', head) or ''}
+    for bucket, value in pairs(buckets) do
+      prior[#prior + 1] = 'b' .. string.format('%.0f', bucket)
+      prior[#prior + 1] = kind == 's' and limbs_text(value) or string.format('%.0f', value)
+    end
+    for digest, bucket in pairs(latest) do
+      prior[#prior + 1] = 'd' .. digest
+      prior[#prior + 1] = string.format('%.0f', bucket)
+    end
+    for field, value in pairs(stored) do
+      if string.sub(field, 1, 2) == 'o:' then
+        prior[#prior + 1] = field
+        prior[#prior + 1] = value
+      end
+    end
+  end
 
   local late, skipped = 0, 0
   local recorded, newest = {}, {}
@@ -298,6 +323,11 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   if changed then version = next_version(version) end
   local version_text = string.format('%.0f', version)
   local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
+  if before then
+    out = {prior[1], tostring(late), tostring(skipped), version_text, '<'}
+    for j = 2, #prior do out[#out + 1] = prior[j] end
+    current = true
+  end
   local function text(value)
     if kind == 's' then return limbs_text(value) end
     return string.format('%.0f', value)

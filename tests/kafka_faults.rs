@@ -298,6 +298,9 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
         .map(|(id, r)| format!("{id}:\n  delivered {}\n  reference {}", Value::Array(hits(r)), Value::Array(hits(&reference[id]))))
         .collect();
     assert!(wrong.is_empty(), "user-keyed hits differ, e.g.\n{}", wrong.join("\n"));
+    // Rules on per-IP counters (keys spanning partitions) through both rebalances.
+    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
+    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
     for worker in [&mut first, &mut second] {
         worker.signal("TERM");
         assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success());
@@ -475,19 +478,85 @@ fn hits_per_rule<'a>(records: impl Iterator<Item = &'a Value>) -> std::collectio
     hits
 }
 
-/// A backlog on four partitions (events keyed by user, so per-IP and per-card counters span
-/// partitions) read by two workers: the partitions are kept within `max_partition_skew` of
-/// each other in event time. Rules on per-user counters stay exact; the per-IP distinct rule
-/// `login-users-ip-shadow` came within 3.9–5.3 % of a single-order run (25 % off with
-/// `max_partition_skew = "off"`), what the other worker had counted within the skew and not yet
-/// flushed or been read; the goal of 1 % is not reached yet.
+/// Prints each rule's hits beside a single-order run's and returns the rules more than 1 % off.
+fn rules_off_by_more_than_one_percent(delivered: &Delivered, reference: &HashMap<String, Value>) -> Vec<String> {
+    let want = hits_per_rule(reference.values());
+    let got = hits_per_rule(delivered.first.values());
+    let mut off = Vec::new();
+    for (rule, &expected) in &want {
+        let actual = got.get(rule).copied().unwrap_or(0);
+        eprintln!("{rule}: {actual} hits, single-order run {expected}");
+        if actual.abs_diff(expected) * 100 > expected {
+            off.push(format!("{rule}: {actual} vs {expected}"));
+        }
+    }
+    off
+}
+
+/// Live: events produced as they happen (event time = wall time, 500 per second, with
+/// credential-stuffing bursts) on four partitions keyed by user, two workers with Redis. Every
+/// rule within 1 % of a single-order run (those on per-user counters exact), every counter exact.
+#[test]
+fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("live-in-step", 4);
+    let config = config(&broker, &topics, &redis.url(), 6_000);
+    let mut first = Worker::start(dir.path(), "w1", &config);
+    let mut second = Worker::start(dir.path(), "w2", &config);
+    first.wait_ready(LONG);
+    second.wait_ready(LONG);
+    let (events, rate) = if long_mode() { (30_000, 500) } else { (12_000, 500) };
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let spec = WorkloadSpec {
+        events,
+        users: 2_000,
+        ips: 800,
+        rate_per_sec: rate,
+        start_ms: now_ms,
+        late: 0.005,
+        out_of_order: 0.05,
+        fraud: 0.03,
+        seed: 41,
+        ..WorkloadSpec::default()
+    };
+    let lines = workload_lines(&spec);
+    let reference = reference_records(&lines);
+    produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_millis(events * 1000 / rate), None);
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
+    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
+    let wrong: Vec<&str> = wrong_decisions(&delivered, &reference);
+    eprintln!("{} of {} records differ from the single-order run", wrong.len(), delivered.first.len());
+    for worker in [&first, &second] {
+        eprintln!("counted ahead: {:?}", worker.metric("vigil_redis_counted_ahead_total"));
+    }
+    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
+    let user_keyed = |record: &Value| -> Vec<Value> {
+        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
+    };
+    assert!(delivered.first.iter().all(|(id, r)| user_keyed(r) == user_keyed(&reference[id])), "user-keyed hits are exact");
+    for worker in [&mut first, &mut second] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    }
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &first.log_text());
+}
+
+/// A backlog on four partitions (events keyed by user, so per-IP counters span partitions) read
+/// by two workers, with credential-stuffing bursts (30 failed logins from one IP over as many
+/// accounts in under 4 s). The partitions are kept within `max_partition_skew` of each other in
+/// event time, and per-IP keys are counted ahead (in Redis before each batch is judged): every
+/// rule within 1 % of a single-order run, per-user rules exact, every counter exact. Measured
+/// before counting ahead: `login-stuffing-ip` 16 hits for 180, `login-users-ip-shadow` 467 for
+/// 625 (views of per-IP keys were re-read only when this worker wrote them; a backlog's batch
+/// spans minutes of event time).
 #[test]
 fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("backlog-in-step", 4);
     // About an hour of event time: 30 000 events at 8 per second.
-    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 8, late: 0.005, out_of_order: 0.05, seed: 37, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 8, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed: 37, ..WorkloadSpec::default() };
     let lines = workload_lines(&spec);
     let reference = reference_records(&lines);
     // The backlog is there before any worker starts.
@@ -499,30 +568,24 @@ fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
     second.wait_ready(LONG);
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
     assert_eq!(delivered.first.len(), good_events(&lines), "every event decided");
-    let want = hits_per_rule(reference.values());
-    let got = hits_per_rule(delivered.first.values());
     let waited: f64 = [&first, &second].iter().map(|w| w.metric("vigil_partition_wait_seconds_total").unwrap_or(0.0)).sum();
     eprintln!("partition loops waited {waited:.1} s in all for slower partitions");
     for worker in [&first, &second] {
         let metrics = worker.get("/metrics").map(|(_, body)| body).unwrap_or_default();
-        for line in metrics.lines().filter(|l| l.starts_with("vigil_late_events_total") || l.starts_with("vigil_partition_skew")) {
+        let shown = ["vigil_late_events_total", "vigil_partition_skew", "vigil_redis_counted_ahead_total"];
+        for line in metrics.lines().filter(|l| shown.iter().any(|s| l.starts_with(s))) {
             eprintln!("{line}");
         }
     }
-    let mut off = Vec::new();
-    for (rule, &expected) in &want {
-        let actual = got.get(rule).copied().unwrap_or(0);
-        eprintln!("{rule}: {actual} hits, single-order run {expected}");
-        if actual.abs_diff(expected) * 100 > expected * 6 {
-            off.push(format!("{rule}: {actual} vs {expected}"));
-        }
-        if USER_KEYED.contains(&rule.as_str()) {
-            assert_eq!(actual, expected, "{rule} counts per user, within one partition: exact");
-        }
+    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
+    let (want, got) = (hits_per_rule(reference.values()), hits_per_rule(delivered.first.values()));
+    for rule in USER_KEYED.iter().filter(|rule| want.contains_key(**rule)) {
+        assert_eq!(got.get(*rule), want.get(*rule), "{rule} counts per user, within one partition: exact");
     }
-    assert!(off.is_empty(), "rules more than 6 % off the single-order run: {off:?}");
+    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
     for worker in [&mut first, &mut second] {
         worker.signal("TERM");
         assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
     }
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &first.log_text());
 }

@@ -222,6 +222,50 @@ fn script_skips_deltas_at_or_below_the_recorded_offset() {
     assert_eq!(recorded, ["102", "7"]);
 }
 
+/// Counting ahead ("<" instead of a version): the deltas are merged as ever, and the window as
+/// it stood before them comes back, with the version after them.
+#[test]
+fn counting_ahead_returns_the_window_as_it_was_before_the_deltas() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let script = script();
+    let ahead = |conn: &mut redis::Connection, kind: &str, args: &[&str]| -> Vec<String> {
+        let mut inv = script.key("vg:t:ahead");
+        inv.arg(kind).arg(3).arg(0).arg(60_000).arg(4).arg("<").arg(args.len()).arg(0);
+        for a in args {
+            inv.arg(*a);
+        }
+        let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
+        replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+    };
+    // A key that held nothing: no head before.
+    let out = ahead(&mut conn, "c", &["10", "1", "0", "5", "11", "1", "0", "6"]);
+    assert_eq!([&out[..3], &out[4..]].concat(), ["", "0", "0", "<"]);
+    let created: u64 = out[3].parse().unwrap();
+    // Another worker's step: it sees the first one's window, and the key gets both.
+    let out = ahead(&mut conn, "c", &["11", "1", "1", "40", "13", "1", "1", "41"]);
+    assert_eq!(out[..5], ["11", "0", "0", &(created + 1).to_string(), "<"]);
+    let before: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    assert_eq!(
+        before,
+        BTreeMap::from([("b10".into(), "1".into()), ("b11".into(), "1".into()), ("o:0".into(), "6".into())]),
+        "the window and offsets before this step"
+    );
+    // A step replayed (the same offsets) skips what it applied and a late delta is refused:
+    // nothing changes (the version neither), and what comes back is the window before it.
+    let out = ahead(&mut conn, "c", &["11", "1", "1", "40", "9", "1", "1", "42"]);
+    assert_eq!(out[..5], ["13", "1", "1", &(created + 1).to_string(), "<"]);
+    let stored: BTreeMap<String, String> = redis::cmd("HGETALL").arg("vg:t:ahead").query(&mut conn).unwrap();
+    assert_eq!(stored["h"], "13");
+    assert_eq!((stored["2"].as_str(), stored["1"].as_str()), ("2", "1"), "buckets 11 (one of each step) and 13; 10 slid out");
+    assert_eq!((stored["o:0"].as_str(), stored["o:1"].as_str()), ("6", "41"));
+    // Writes with "<" are refused before anything is written.
+    let mut inv = script.key("vg:t:ahead");
+    inv.arg("c").arg(3).arg(0).arg(60_000).arg(4).arg("<").arg(0).arg(6).arg(1).arg(4).arg("v").arg(9).arg("h").arg(13);
+    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
+    assert!(error.to_string().contains("writes with"), "{error}");
+}
+
 #[test]
 fn the_script_checks_every_argument_before_its_first_write() {
     let redis = RedisServer::start();

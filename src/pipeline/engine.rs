@@ -10,7 +10,7 @@ use crate::clock::{Clock, SystemClock};
 use super::judge::{Judge, Outcome};
 use crate::event::{BadEvent, Event, TimeBounds};
 use crate::rules::{Decision, Form, Plan, RuleSet, Scope, ScopeMemo, SkipReason};
-use crate::store::{CounterStore, HoldSpace, InputPosition, StoreError, WindowId};
+use crate::store::{CounterStore, HoldSpace, InputPosition, Planned, StoreError, WindowId};
 use crate::window::Applied;
 
 /// Per-evaluation counts, for the replay summary and metrics.
@@ -331,6 +331,29 @@ impl<S: CounterStore> Engine<S> {
             };
             if wanted {
                 out.push((self.windows[position], key.clone()));
+            }
+        }
+    }
+
+    /// Appends the `apply` calls `evaluate` will make for `events` of `lane` (each with its
+    /// offset), evaluated in this order and before anything else: the events behind the lane's
+    /// watermark count nowhere, the others into every counter they feed, in file order (for
+    /// [`CounterStore::count_ahead`]). Changes nothing.
+    pub fn plan_counts<'e>(&mut self, lane: u64, events: impl IntoIterator<Item = (&'e Event<'e>, i64)>, out: &mut Vec<Planned>) {
+        let mut newest = self.newest(lane);
+        for (event, offset) in events {
+            // As `behind_watermark` will find, event by event.
+            match newest {
+                Some(n) if self.bounds.watermark(n).is_some_and(|watermark| event.ts < watermark) => continue,
+                Some(n) => newest = Some(n.max(event.ts)),
+                None => newest = Some(event.ts),
+            }
+            self.memo.reset();
+            for position in 0..self.rules.active_len() {
+                if let Plan::Observe(delta) = self.rules.plan(position, event, &mut self.keys[position], &mut self.memo) {
+                    let origin = InputPosition { lane, offset };
+                    out.push(Planned { window: self.windows[position], key: self.keys[position].clone(), ts_ms: event.ts, delta, origin });
+                }
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The store a command was configured with, in process or Redis, behind one type.
 
-use super::counter_store::{CounterStore, HoldSpace, InputPosition, Observed, StateStats, StoreError, WindowId};
+use super::counter_store::{CounterStore, HoldSpace, InputPosition, Observed, Planned, StateStats, StoreError, WindowId};
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use crate::window::{Delta, WindowSpec};
@@ -44,6 +44,12 @@ impl CounterStore for AnyStore {
     }
     fn set_origin(&mut self, origin: Option<InputPosition>) {
         delegate!(self, s => s.set_origin(origin))
+    }
+    fn set_shared(&mut self, shared: bool) {
+        delegate!(self, s => s.set_shared(shared))
+    }
+    fn count_ahead(&mut self, planned: &[Planned]) -> Result<(), StoreError> {
+        delegate!(self, s => s.count_ahead(planned))
     }
     fn set_horizon(&mut self, horizon_ms: i64) {
         delegate!(self, s => s.set_horizon(horizon_ms))

@@ -69,6 +69,9 @@ pub(super) enum Reply {
     Current { version: u64 },
     /// Redis' window (`*`), other writers' deltas included.
     Window(Stored),
+    /// Counting ahead (`<`): the window and offsets as they were before the deltas, with the
+    /// version after them.
+    Before(Stored),
     /// Writes for a stale version, not made (`!`): the deltas are sent again.
     Stale,
     /// The caller knew the key at a version and it is gone (`?`): nothing was written; the caller
@@ -110,15 +113,17 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
     if reply.len() < 5 || reply.len() % 2 == 0 {
         return Err(bad("wrong length"));
     }
-    let head = number(&reply[0])?;
-    if !valid_head(spec, head) {
+    let before = reply[4].as_slice() == b"<";
+    // Before a key's first deltas there is no head.
+    let head = if before && reply[0].is_empty() { None } else { Some(number(&reply[0])?) };
+    if head.is_some_and(|head| !valid_head(spec, head)) {
         return Err(bad("a head no event time can have"));
     }
     let counts = ReplyCounts { late: number(&reply[1])? as u64, skipped: number(&reply[2])? as u64 };
     let version = number(&reply[3])? as u64;
     match reply[4].as_slice() {
         b"=" => return Ok((Reply::Current { version }, counts)),
-        b"*" => {}
+        b"*" | b"<" => {}
         _ => return Err(bad("unknown marker")),
     }
     let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
@@ -140,8 +145,13 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
             _ => return Err(bad("unknown field")),
         }
     }
-    let state = WindowState::from_window(spec, head, buckets, values);
-    Ok((Reply::Window(Stored { state, version, offsets }), counts))
+    let state = match head {
+        Some(head) => WindowState::from_window(spec, head, buckets, values),
+        None if buckets.is_empty() && values.is_empty() => WindowState::new(spec.aggregate),
+        None => return Err(bad("a window without a head")),
+    };
+    let stored = Stored { state, version, offsets };
+    Ok((if before { Reply::Before(stored) } else { Reply::Window(stored) }, counts))
 }
 
 /// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
@@ -227,6 +237,9 @@ pub(super) struct KeyFlush<'a> {
     pub(super) deltas: &'a [Observation],
     /// Write the whole view, not only what the deltas touched (the key was lost).
     pub(super) full: bool,
+    /// Counting ahead: no view, no writes; the deltas are merged and the window as it was
+    /// before them comes back (`Reply::Before`).
+    pub(super) before: bool,
 }
 
 /// Appends one key to a script call: the key, its header, and either the writes to make if
@@ -249,12 +262,13 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
     call.int(key.ttl_ms);
     call.int(if tagged { 4 } else { 2 });
     match key.version {
+        _ if key.before => call.arg(b"<"),
         Some(version) => call.int(version as i64),
         None => call.arg(b""),
     }
     let deltas_count = call.placeholder();
     let writes_count = call.placeholder();
-    if !key.full {
+    if !key.full && !key.before {
         if let Some(version) = key.version {
             let mark = call.mark();
             if add_writes(call, key, version) {

@@ -73,6 +73,17 @@ pub struct InputPosition {
     pub offset: i64,
 }
 
+/// An observation a batch is about to count (`CounterStore::count_ahead`): what `apply` will
+/// be called with, and from where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub window: WindowId,
+    pub key: Vec<u8>,
+    pub ts_ms: i64,
+    pub delta: Delta,
+    pub origin: InputPosition,
+}
+
 /// The size of a store's local state and what its bound made it drop.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateStats {
@@ -160,6 +171,22 @@ pub trait CounterStore {
     /// was counted before (an input replayed after a crash): it is judged against the window but
     /// not counted again.
     fn set_origin(&mut self, _origin: Option<InputPosition>) {}
+
+    /// Whether other processes count into the same keys now (other workers of the group own
+    /// partitions). A store keeping views of a shared store then reads a view another writer
+    /// touched again once it is a flush interval old, so a value lacks about one flush interval
+    /// of the others' counts, not whatever they counted while the view stayed cached.
+    fn set_shared(&mut self, _shared: bool) {}
+
+    /// The `apply` calls the next batch will make, in order (none other may come before
+    /// `end_batch`). A store shared with other writers may apply at once, in one atomic step per
+    /// key, those on keys the others count too, and have `apply` count them on the window as it
+    /// stood just before that step: then no value misses what another writer counted before
+    /// it, however long this process held the key's view or its batch. Whatever it did not
+    /// take goes the usual way.
+    fn count_ahead(&mut self, _planned: &[Planned]) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// A promise from the caller: no observation older than `horizon_ms` will be applied or read
     /// from now on (they are late for every window). A store may then drop the keys

@@ -190,6 +190,9 @@ pub struct Metrics {
     pub redis_failovers: Counter,
     /// Observations written again after a failover because no replica had confirmed them.
     pub rewritten_unconfirmed: Counter,
+    /// Observations on keys other workers count too, applied in Redis before their batch was
+    /// judged (counted ahead).
+    pub counted_ahead: Counter,
     /// Keys found gone from Redis at a version this worker knew (lost or expired), written again.
     pub lost_keys: Counter,
     /// Decision records written to the decision journal.
@@ -250,6 +253,7 @@ impl Metrics {
             reseeded_keys: Counter::default(),
             redis_failovers: Counter::default(),
             rewritten_unconfirmed: Counter::default(),
+            counted_ahead: Counter::default(),
             lost_keys: Counter::default(),
             journaled_decisions: Counter::default(),
             redelivered_decisions: Counter::default(),
@@ -331,6 +335,11 @@ impl Metrics {
             "redis_rewritten_unconfirmed",
             "Observations written again after a Redis failover because no replica had confirmed them",
             self.rewritten_unconfirmed.clone(),
+        );
+        registry.register(
+            "redis_counted_ahead",
+            "Observations on keys other workers count too, applied in Redis before their batch was judged",
+            self.counted_ahead.clone(),
         );
         registry.register("redis_lost_keys", "Keys found gone from Redis at a known version, written again", self.lost_keys.clone());
         registry.register("store_saturated", "1 while local state waiting for Redis is full", self.store_saturated.clone());

@@ -50,6 +50,8 @@ struct Lanes {
     local: HashMap<u64, (Option<i64>, Instant)>,
     /// Other workers' lanes, from the board.
     remote: Vec<LanePosition>,
+    /// When this worker was last assigned a partition.
+    assigned: Option<Instant>,
 }
 
 impl Alignment {
@@ -64,7 +66,9 @@ impl Alignment {
 
     /// The worker took `lane` over (at `now`).
     pub(super) fn assign(&self, lane: u64, now: Instant) {
-        self.lock().local.entry(lane).or_insert((None, now));
+        let mut lanes = self.lock();
+        lanes.local.entry(lane).or_insert((None, now));
+        lanes.assigned = Some(now);
     }
 
     /// The worker gave `lane` up. Its entry stays on the board, where it stood, until the next
@@ -118,24 +122,30 @@ impl Alignment {
                     _ => None,
                 }
             });
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
         let remote = lanes
             .remote
             .iter()
             .filter(|entry| Some(entry.lane) != except && !lanes.local.contains_key(&entry.lane))
-            .filter(|entry| wall_ms.saturating_sub(entry.moved_wall_ms) < idle_ms)
+            .filter(|entry| {
+                // Just assigned, no position yet: holds the others back for the grace only.
+                let within = if entry.event_ms == i64::MIN { grace_ms } else { idle_ms };
+                wall_ms.saturating_sub(entry.moved_wall_ms) < within
+            })
             .map(|entry| entry.event_ms);
         local.chain(remote).collect::<Vec<_>>().into_iter()
     }
 
-    /// What to write to the board: this worker's lanes with a position, each with when it last
-    /// moved by the wall clock.
+    /// What to write to the board: this worker's lanes with their positions (`i64::MIN` for one
+    /// just assigned: the others wait for its first events as this worker's own lanes do, and
+    /// know at once that it counts too), each with when it last moved by the wall clock.
     pub(super) fn outgoing(&self, now: Instant, wall_ms: i64) -> Vec<LanePosition> {
         self.lock()
             .local
             .iter()
-            .filter_map(|(&lane, &(position, moved))| {
+            .map(|(&lane, &(position, moved))| {
                 let ago = i64::try_from(now.saturating_duration_since(moved).as_millis()).unwrap_or(i64::MAX);
-                Some(LanePosition { lane, event_ms: position?, moved_wall_ms: wall_ms.saturating_sub(ago) })
+                LanePosition { lane, event_ms: position.unwrap_or(i64::MIN), moved_wall_ms: wall_ms.saturating_sub(ago) }
             })
             .collect()
     }
@@ -145,10 +155,19 @@ impl Alignment {
         self.lock().remote = board;
     }
 
-    /// Whether alignment is on.
-    pub(super) fn enabled(&self) -> bool {
-        self.skew_ms.is_some()
+    /// Whether other workers may count into the same keys: another worker's partition is
+    /// active (its board entry moved within the idle timeout), or this worker was assigned a
+    /// partition so recently that the others' entries may not have reached it yet.
+    pub(super) fn others_active(&self, now: Instant, wall_ms: i64) -> bool {
+        let lanes = self.lock();
+        let idle_ms = i64::try_from(self.idle.as_millis()).unwrap_or(i64::MAX);
+        lanes.assigned.is_some_and(|at| now.saturating_duration_since(at) < START_GRACE)
+            || lanes
+                .remote
+                .iter()
+                .any(|entry| !lanes.local.contains_key(&entry.lane) && wall_ms.saturating_sub(entry.moved_wall_ms) < idle_ms)
     }
+
 }
 
 impl Worker {
@@ -165,7 +184,9 @@ impl Worker {
     }
 
     fn align_loop(&self, done: &Shutdown) {
-        let url = self.config.redis.url.clone().filter(|_| self.alignment.enabled());
+        // The board is exchanged even with alignment off: it tells whether other workers count
+        // into the same keys (see `Alignment::others_active`).
+        let url = self.config.redis.url.clone();
         let mut board: Option<ProgressBoard> = None;
         let mut failed_at: Option<Instant> = None;
         // The board outlives a worker briefly: long enough for its entries to go idle.
@@ -299,6 +320,43 @@ mod tests {
         alignment.advance(1, 100_000, now);
         alignment.advance(2, 0, now);
         assert_eq!(alignment.limit(1, now, 0), None);
-        assert!(!alignment.enabled());
+    }
+
+    #[test]
+    fn a_just_assigned_partition_of_another_worker_holds_for_the_grace_only() {
+        let alignment = Alignment::new(Some(SKEW), IDLE);
+        let now = Instant::now();
+        alignment.assign(1, now);
+        alignment.assign(2, now);
+        let wall = 1_800_000_000_000;
+        assert_eq!(
+            alignment.outgoing(now, wall).len(),
+            2,
+            "lanes without a position are on the board too, so the others wait for their first events"
+        );
+        alignment.advance(1, 100_000, now);
+        let grace = i64::try_from(START_GRACE.as_millis()).unwrap();
+        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - 1_000 }]);
+        alignment.advance(2, 100_000, now);
+        assert_eq!(alignment.limit(1, now, wall), Some(i64::MIN + 5_000), "lane 7 was just assigned to another worker");
+        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - grace }]);
+        assert_eq!(alignment.limit(1, now, wall), Some(105_000), "past the grace, lane 7 holds nobody back");
+    }
+
+    #[test]
+    fn other_workers_count_too_while_the_board_shows_their_partitions_or_just_after_an_assignment() {
+        let alignment = Alignment::new(Some(SKEW), IDLE);
+        let now = Instant::now();
+        let wall = 1_800_000_000_000;
+        assert!(!alignment.others_active(now, wall), "nothing assigned, nobody on the board");
+        alignment.assign(1, now);
+        assert!(alignment.others_active(now, wall), "just assigned: the others may not be on the board yet");
+        let later = now + START_GRACE;
+        assert!(!alignment.others_active(later, wall), "alone");
+        alignment.incoming(vec![LanePosition { lane: 1, event_ms: 5, moved_wall_ms: wall }]);
+        assert!(!alignment.others_active(later, wall), "its own lane on the board is not another worker");
+        alignment.incoming(vec![LanePosition { lane: 2, event_ms: 5, moved_wall_ms: wall - 1_000 }]);
+        assert!(alignment.others_active(later, wall));
+        assert!(!alignment.others_active(later, wall + 30_000), "its lane went idle");
     }
 }

@@ -115,6 +115,7 @@ impl Worker {
             self.metrics.redis_failovers.inc_by(stats.failovers.saturating_sub(exported.failovers));
             self.metrics.rewritten_unconfirmed.inc_by(stats.rewritten_unconfirmed.saturating_sub(exported.rewritten_unconfirmed));
             self.metrics.lost_keys.inc_by(stats.lost_keys.saturating_sub(exported.lost_keys));
+            self.metrics.counted_ahead.inc_by(stats.counted_ahead.saturating_sub(exported.counted_ahead));
             self.metrics.redis_available.set(i64::from(redis.available()));
             *exported = stats;
         }

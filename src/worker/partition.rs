@@ -275,6 +275,8 @@ impl Worker {
     ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
         let mut engine = self.lock_engine();
         let events = decode_batch(&engine, messages, self.config.worker.max_event_bytes);
+        let shared = self.alignment.others_active(Instant::now(), super::alignment::wall_ms());
+        engine.store_mut().set_shared(shared);
         if engine.store().prefetches() {
             prefetch(&mut engine, &events).map_err(|e| (0, Failure::Store(e)))?;
         }
@@ -285,9 +287,14 @@ impl Worker {
             journal,
             emit_allow: self.config.worker.emit_allow,
         };
-        // Nothing the batch counts is sent before its records are journaled (below).
-        engine.store_mut().begin_batch();
         let limit = self.alignment.limit(batch.lane, Instant::now(), super::alignment::wall_ms());
+        if shared {
+            // Keys other workers count too are counted ahead: in Redis first, so that the
+            // batch sees everything they counted before it.
+            count_ahead(&mut engine, batch.lane, messages, &events, limit).map_err(|e| (0, Failure::Store(e)))?;
+        }
+        // Nothing else the batch counts is sent before its records are journaled (below).
+        engine.store_mut().begin_batch();
         let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events, limit);
         if let Some(newest) = engine.newest(batch.lane) {
             self.alignment.advance(batch.lane, newest, Instant::now());
@@ -519,6 +526,25 @@ fn decode_batch<'m>(engine: &Engine<AnyStore>, messages: &'m [OwnedMessage], lim
             Ok::<_, Rejection>(event)
         })
         .collect()
+}
+
+/// Hands the store what the batch will count (the events `judge_batch` evaluates: those that
+/// decoded, up to the first past `limit`), to count ahead where others count too.
+fn count_ahead(
+    engine: &mut Engine<AnyStore>,
+    lane: u64,
+    messages: &[OwnedMessage],
+    events: &Events<'_>,
+    limit: Option<i64>,
+) -> Result<(), StoreError> {
+    let evaluated = messages
+        .iter()
+        .zip(events)
+        .filter_map(|(message, event)| event.as_ref().ok().map(|event| (event, message.offset())))
+        .take_while(|(event, _)| limit.is_none_or(|limit| event.ts <= limit));
+    let mut planned = Vec::new();
+    engine.plan_counts(lane, evaluated, &mut planned);
+    engine.store_mut().count_ahead(&planned)
 }
 
 /// Loads the windows and holds the batch's events touch, in one round trip each.

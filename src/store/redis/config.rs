@@ -76,6 +76,9 @@ pub struct RedisStats {
     /// Observations judged but not counted again: their offset was at or below the one recorded
     /// for their key (input replayed after a crash or a rebalance, or a flush sent again).
     pub skipped_applied: u64,
+    /// Observations applied in Redis before their batch was judged, on keys other workers
+    /// count too (see `ahead.rs`).
+    pub counted_ahead: u64,
     /// Keys whose writes met a version another writer had moved on; their deltas went again.
     pub stale_writes: u64,
     /// Flushes that failed after every retry (their deltas were kept and sent again).

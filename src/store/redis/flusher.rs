@@ -119,6 +119,9 @@ pub(super) struct Flushing {
     pub(super) samples: Vec<FlushSample>,
     /// The last flush failure not yet reported.
     pub(super) last_error: Option<StoreError>,
+    /// Replies still to come for steps counted ahead that were given up on (they come before
+    /// any later flush's).
+    stray: u32,
 }
 
 impl Flushing {
@@ -138,6 +141,7 @@ impl Flushing {
             last_flush: Instant::now(),
             samples: Vec::new(),
             last_error: None,
+            stray: 0,
         })
     }
 }
@@ -259,6 +263,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 offsets: &dirty.offsets,
                 deltas: &dirty.inflight,
                 full: dirty.full,
+                before: false,
             };
             codec::add_key(&mut groups[group].2, &name, &flush);
             groups[group].1.push(index);
@@ -274,8 +279,50 @@ impl<C: MonotonicClock> RedisStore<C> {
         batch
     }
 
+    /// Runs `scripts` on the flusher's link now, with no flush in flight, and waits for them
+    /// (at most `flush_deadline`): their replies and whether a replica confirmed every write so
+    /// far; `None` if a failover crossed them (what they wrote may be lost).
+    pub(super) fn run_on_flusher(&mut self, scripts: Batch) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
+        debug_assert!(self.flushing.inflight.is_none());
+        while self.flushing.stray > 0 {
+            match self.flushing.done.try_recv() {
+                Ok(_) => self.flushing.stray -= 1,
+                Err(mpsc::TryRecvError::Empty) => {
+                    return Err(StoreError::Unavailable("an earlier step counted ahead is still waiting for Redis".into()))
+                }
+                Err(mpsc::TryRecvError::Disconnected) => return Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+            }
+        }
+        let promotions = self.epochs.promotions;
+        let job = FlushJob { first: Batch::default(), epochs: 0, known: Vec::new(), promotions, scripts, attempts: self.config.attempts };
+        let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
+        jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        let done = match self.flushing.done.recv_timeout(self.flush_deadline()) {
+            Ok(done) => done,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Its reply is taken as a flush's would be: the next `complete` must not take
+                // it for its own. Until it comes, Redis is taken as unavailable.
+                let error = StoreError::Unavailable(format!("counting ahead got no reply within {:?}", self.flush_deadline()));
+                self.flushing.stray += 1;
+                return Err(error);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+        };
+        self.stats.retries += done.retries;
+        let follow = done.promotions > self.epochs.promotions;
+        if follow {
+            self.epochs.promotions = done.promotions;
+            self.follow_failover();
+        }
+        match done.result {
+            Ok((_, Some(scripts))) if !follow && done.promotions == promotions => Ok(Some((scripts, done.replicated))),
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Flattens per-call replies back into the order the keys were given.
-    fn replies(&mut self, calls: Vec<Value>, order: &[usize]) -> Result<Vec<codec::KeyReply>, StoreError> {
+    pub(super) fn replies(&mut self, calls: Vec<Value>, order: &[usize]) -> Result<Vec<codec::KeyReply>, StoreError> {
         self.stats.script_calls += calls.len() as u64;
         let mut flat = Vec::with_capacity(order.len());
         for call in calls {
@@ -393,6 +440,19 @@ impl<C: MonotonicClock> RedisStore<C> {
         if self.flushing.inflight.is_none() {
             return Ok(None);
         }
+        loop {
+            let done = self.receive_done(wait)?;
+            if done.is_some() && self.flushing.stray > 0 {
+                // The late reply of a step counted ahead that was given up on.
+                self.flushing.stray -= 1;
+                continue;
+            }
+            return Ok(done);
+        }
+    }
+
+    /// The next reply of the flusher thread, waited for if `wait` (see `receive_flush`).
+    fn receive_done(&mut self, wait: bool) -> Result<Option<FlushDone>, StoreError> {
         if wait {
             match self.flushing.done.recv_timeout(self.flush_deadline()) {
                 Ok(done) => Ok(Some(done)),
@@ -562,6 +622,12 @@ impl<C: MonotonicClock> RedisStore<C> {
                 (state, Some(version), base_head, offsets)
             }
             Ok((Reply::Stale | Reply::Missing, _)) => unreachable!("handled above"),
+            Ok((Reply::Before(_), _)) => {
+                // Only a call counting ahead asks for it: keep our own merged view, as for a
+                // reply we cannot read.
+                result = Err(StoreError::Protocol("apply_window reply: a prior window for a flush".into()));
+                (dirty.state, None, None, dirty.offsets)
+            }
             Err(e) => {
                 // Keep our own merged view, which already holds every delta; with no known
                 // version the next flush asks for the whole window.
@@ -569,8 +635,9 @@ impl<C: MonotonicClock> RedisStore<C> {
                 (dirty.state, None, None, dirty.offsets)
             }
         };
+        self.views.learn(key.window, &offsets);
         if dirty.pending.is_empty() {
-            self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
+            self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets, read_at: sent }));
         } else {
             let mut again = Dirty::new(state, version, base_head, refreshed, offsets);
             again.pending = dirty.pending;

@@ -39,6 +39,7 @@
 //! `flusher` (the flusher thread: batching, sending, completing, durable marks). This file holds
 //! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
 
+mod ahead;
 mod config;
 mod epochs;
 mod failover;
@@ -54,7 +55,7 @@ use redis::Value;
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
-use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, StoreError, WindowId, Windows};
+use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, Planned, StoreError, WindowId, Windows};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
 use epochs::Epochs;
@@ -378,7 +379,18 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     }
 
     fn set_origin(&mut self, origin: Option<InputPosition>) {
+        if let Some(origin) = origin {
+            self.views.own_lane(origin.lane);
+        }
         self.origin = origin;
+    }
+
+    fn set_shared(&mut self, shared: bool) {
+        self.views.shared = shared;
+    }
+
+    fn count_ahead(&mut self, planned: &[Planned]) -> Result<(), StoreError> {
+        self.count_planned_ahead(planned)
     }
 
     fn prefetches(&self) -> bool {
@@ -420,7 +432,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     }
 
     fn forget_cached(&mut self) {
-        self.views.cache.invalidate_all();
+        self.views.forget_cached();
         // Hold views are read again too: another worker may have raised them meanwhile.
         self.forget_hold_reads();
     }
@@ -430,6 +442,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     }
 
     fn end_batch(&mut self) {
+        self.settle_ahead();
         self.holds.batch = None;
     }
 
@@ -438,6 +451,11 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         // (before the flush in flight is taken in: a restored view still carries that flush's
         // raise). Then the window deltas, and the rest is flushed.
         self.restore_holds_before_batch();
+        // What the batch counted ahead is in Redis already (a next owner skips it by its
+        // offsets); the views of those keys are read again.
+        for key in std::mem::take(&mut self.views.ahead).into_keys() {
+            self.views.cache.invalidate(&key);
+        }
         self.take_back_batch(lane, since)
     }
 }

@@ -22,6 +22,15 @@ pub(super) struct Views {
     pub(super) dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
     /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
     pub(super) cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// Keys the batch being counted counts ahead (see `ahead.rs`).
+    pub(super) ahead: HashMap<StoredKey, super::ahead::Ahead, foldhash::fast::RandomState>,
+    /// Other processes count into the same keys now (`CounterStore::set_shared`).
+    pub(super) shared: bool,
+    /// By window: what its keys' recorded offsets told of whether they span partitions.
+    locality: Vec<Locality>,
+    /// The lanes this process counted since its views were last forgotten: a key only they
+    /// wrote changes in Redis only through this process.
+    own_lanes: Vec<u64>,
 }
 
 impl Views {
@@ -32,7 +41,78 @@ impl Views {
                 .max_capacity(capacity)
                 .time_to_idle(time_to_idle)
                 .build_with_hasher(foldhash::fast::RandomState::default()),
+            ahead: HashMap::default(),
+            shared: false,
+            locality: Vec::new(),
+            own_lanes: Vec::new(),
         }
+    }
+
+    /// Notes that this process counts `lane`'s events.
+    #[inline]
+    pub(super) fn own_lane(&mut self, lane: u64) {
+        if self.own_lanes.last() != Some(&lane) && !self.own_lanes.contains(&lane) {
+            self.own_lanes.push(lane);
+        }
+    }
+
+    /// Drops every clean view and what this process knows of its lanes (it may lose some).
+    pub(super) fn forget_cached(&mut self) {
+        self.ahead.clear();
+        self.cache.invalidate_all();
+        self.own_lanes.clear();
+    }
+
+    /// Whether a clean view read at `cached.read_at` must be read again before it is used at
+    /// `now`: while other processes count into the same keys, a view another writer touched (or
+    /// nobody yet) is trusted for `fresh_for` only, so what it lacks of their counts is about
+    /// one flush interval of theirs, however long the view stays cached.
+    pub(super) fn stale(&self, window: u32, cached: &Cached, now: Instant, fresh_for: Duration) -> bool {
+        now.saturating_duration_since(cached.read_at) >= fresh_for && self.shared_key(window, &cached.offsets)
+    }
+
+    /// Whether, while other processes count into the same keys, a key of `window` with these
+    /// recorded offsets may change in Redis without this process: its window's keys span
+    /// partitions, or a lane this process does not count wrote it.
+    pub(super) fn shared_key(&self, window: u32, offsets: &Offsets) -> bool {
+        self.shared
+            && (self.locality.get(window as usize).is_none_or(Locality::spanning)
+                || offsets.iter().any(|(lane, _)| !self.own_lanes.contains(lane)))
+    }
+
+    /// Learns from a key's recorded offsets whether its window's keys span partitions.
+    #[inline]
+    pub(super) fn learn(&mut self, window: u32, offsets: &Offsets) {
+        let window = window as usize;
+        if self.locality.len() <= window {
+            self.locality.resize(window + 1, Locality::default());
+        }
+        let locality = &mut self.locality[window];
+        match offsets.len() {
+            0 => {}
+            1 => locality.one_lane = locality.one_lane.saturating_add(1),
+            _ => locality.two_lanes = true,
+        }
+    }
+}
+
+/// Whether a window's keys span partitions, as far as their recorded offsets tell: once one
+/// key was written from two lanes, yes for good (a per-IP counter when events are keyed by
+/// user; a per-card one the first time a card is used from two accounts); until then, yes
+/// until enough keys were seen written from one lane only (a per-user counter).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Locality {
+    two_lanes: bool,
+    one_lane: u32,
+}
+
+impl Locality {
+    /// Keys seen written from one lane only, with none from two, before a window is taken as
+    /// partition-local.
+    const LOCAL_AFTER: u32 = 1_000;
+
+    fn spanning(&self) -> bool {
+        self.two_lanes || self.one_lane < Self::LOCAL_AFTER
     }
 }
 
@@ -123,6 +203,9 @@ pub(super) struct Cached {
     /// When this process last had Redis refresh the key's TTL.
     pub(super) refreshed: Option<Instant>,
     pub(super) offsets: Offsets,
+    /// When Redis held this window, by the store's clock (at the latest: when the read or the
+    /// write that returned it was sent).
+    pub(super) read_at: Instant,
 }
 
 /// A key's TTL is at least this many windows. Every write that may create or re-create a key sets
@@ -169,6 +252,11 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn count(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
+        if !self.views.ahead.is_empty() {
+            if let Some(observed) = self.count_on_ahead(window, key, bucket, delta) {
+                return Ok(observed);
+            }
+        }
         let lookup = KeyRef { window: window.0, key };
         let observation = Observation { bucket, delta, origin: self.origin };
         let index = self.counted + 1;
@@ -236,6 +324,11 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn observe(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
+        if !self.views.ahead.is_empty() {
+            if let Some(applied) = self.read_ahead(window, key, bucket) {
+                return Ok(Observed { applied, degraded: false });
+            }
+        }
         let lookup = KeyRef { window: window.0, key };
         if let Some(dirty) = self.views.dirty.get(&lookup) {
             let degraded = dirty.base_unknown || self.breaker.is_open();
@@ -257,9 +350,14 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        let now = self.clock.now();
         for (window, key) in keys {
             let lookup = KeyRef { window: window.0, key };
-            if self.views.dirty.contains_key(&lookup) || self.views.cache.contains_key(&lookup) {
+            if self.views.dirty.contains_key(&lookup) {
+                continue;
+            }
+            let fresh = |cached: &Arc<Cached>| !self.views.stale(window.0, cached, now, Duration::ZERO);
+            if self.views.cache.get(&lookup).is_some_and(|cached| fresh(&cached)) {
                 continue;
             }
             if seen.insert(KeyRef { window: window.0, key }) {
@@ -278,12 +376,14 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
         let names: Vec<String> = keys.iter().map(|&(window, key)| self.redis_key(window, key)).collect();
+        let read_at = self.clock.now();
         let replies = self.read_each("HGETALL", &names)?;
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
             let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
-            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
+            self.views.learn(window.0, &offsets);
+            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets, read_at });
             self.views.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
         }

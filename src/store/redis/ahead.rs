@@ -1,0 +1,234 @@
+//! Counting ahead: while other workers count into the same keys (a per-IP counter fed by
+//! partitions several workers own), a batch's observations on those keys are applied in Redis
+//! before the batch is judged, one atomic script step per key, and the script sends back the
+//! window as it stood just before. The batch then counts on that window: each shared key sees
+//! the batch as one step of its history, so no value misses what another worker counted
+//! before it — however far the worker's batch reaches in event time (a backlog's batch spans
+//! minutes) and however long its view was cached. Keys only this worker writes keep writing
+//! behind.
+//!
+//! Exactly once as ever: each delta carries its lane and offset, so what the script applied
+//! here is skipped by any later flush or by a next owner re-reading the events. A batch that
+//! does not count everything planned (it stopped early) leaves a view short of what Redis holds:
+//! that view is dropped and read again.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hashbrown::HashMap;
+
+use super::view::{ttl_ms, Cached};
+use super::RedisStore;
+use crate::clock::MonotonicClock;
+use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
+use crate::store::counter_store::{Observed, Planned, StoreError, WindowId};
+use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
+use crate::store::link::{slot, Batch, Op};
+use crate::store::scripts::ScriptCall;
+use crate::window::{Applied, Delta, WindowState};
+
+/// Keys served by one script call (as a flush's).
+const KEYS_PER_CALL: usize = 256;
+
+/// A key the batch counts ahead: the window as Redis held it just before the batch's step, with
+/// the batch's observations applied as `apply` counts them.
+pub(super) struct Ahead {
+    pub(super) state: WindowState,
+    /// The offsets Redis had recorded before the step: an observation at or below them was
+    /// skipped by the script, and is judged, not counted, here too.
+    prior_offsets: Offsets,
+    /// Redis' version and offsets after the step.
+    version: u64,
+    offsets: Offsets,
+    /// Planned observations `apply` has not counted yet.
+    remaining: usize,
+    read_at: Instant,
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// `CounterStore::count_ahead`: applies the planned observations on shared keys (a clean
+    /// view another writer touched) in Redis, through the flusher (after the flush in flight, so
+    /// what this process counted before lands first), and keeps each key's prior window for
+    /// `apply`. On any failure nothing is kept: the batch counts the usual way and its deltas
+    /// go with a later flush, skipped where this step applied them.
+    pub(super) fn count_planned_ahead(&mut self, planned: &[Planned]) -> Result<(), StoreError> {
+        self.settle_ahead();
+        if !self.views.shared || self.breaker.is_open() || planned.is_empty() {
+            return Ok(());
+        }
+        // The flush in flight first: its keys may turn clean (and shared) with it.
+        match self.complete(true) {
+            Ok(()) => {}
+            Err(StoreError::Unavailable(m)) if m == super::flusher::FLUSHER_STOPPED => return Err(StoreError::Unavailable(m)),
+            Err(e) => {
+                self.flushing.last_error = Some(e);
+                return Ok(());
+            }
+        }
+        let mut keys: Vec<(StoredKey, Vec<Observation>)> = Vec::new();
+        let mut index: HashMap<StoredKey, usize, foldhash::fast::RandomState> = HashMap::default();
+        for p in planned {
+            let lookup = KeyRef { window: p.window.0, key: &p.key };
+            let at = match index.get(&lookup) {
+                Some(&at) => at,
+                None => {
+                    if self.views.dirty.contains_key(&lookup) {
+                        continue;
+                    }
+                    match self.views.cache.get(&lookup) {
+                        Some(cached) if self.views.shared_key(p.window.0, &cached.offsets) => {}
+                        _ => continue,
+                    }
+                    let stored = StoredKey { window: p.window.0, key: KeyBytes::new(&p.key) };
+                    index.insert(stored.clone(), keys.len());
+                    keys.push((stored, Vec::new()));
+                    keys.len() - 1
+                }
+            };
+            let bucket = self.windows.spec(p.window.0).bucket_of(p.ts_ms);
+            keys[at].1.push(Observation { bucket, delta: p.delta, origin: Some(p.origin) });
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let read_at = self.clock.now();
+        let replies = match self.run_ahead(&keys) {
+            Ok(Some(replies)) => replies,
+            // A failover crossed the step: whatever it wrote goes again with the batch's flush.
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.fail(&e, "counting ahead");
+                return Ok(());
+            }
+        };
+        // The step's observations are counted now, and durable once a replica has them.
+        let oldest = self.counted + 1;
+        let observations: usize = keys.iter().map(|(_, o)| o.len()).sum();
+        self.counted += observations as u64;
+        self.stats.counted_ahead += observations as u64;
+        let (replies, replicated) = replies;
+        let keep = !replicated && self.config.replica_ack_timeout.is_some();
+        for ((key, observed), reply) in keys.into_iter().zip(replies) {
+            let spec = self.windows.spec(key.window);
+            let prior = match codec::parse_reply(&spec, &reply) {
+                Ok((Reply::Before(stored), counts)) => {
+                    self.stats.refused_late += counts.late;
+                    self.stats.skipped_applied += counts.skipped;
+                    Some(stored)
+                }
+                _ => None,
+            };
+            let Some(Stored { state, version, offsets: prior_offsets }) = prior else {
+                // Not what was asked: Redis has the deltas or not; a flush will tell.
+                self.views.cache.invalidate(&key);
+                if keep {
+                    self.keep_unconfirmed(key, observed, Some(oldest));
+                }
+                continue;
+            };
+            let mut offsets = prior_offsets.clone();
+            for origin in observed.iter().filter_map(|o| o.origin) {
+                codec::raise(&mut offsets, origin.lane, origin.offset);
+            }
+            self.views.learn(key.window, &offsets);
+            let remaining = observed.len();
+            self.views.cache.invalidate(&key);
+            if keep {
+                self.keep_unconfirmed(key.clone(), observed, Some(oldest));
+            }
+            self.views.ahead.insert(key, Ahead { state, prior_offsets, version, offsets, remaining, read_at });
+        }
+        self.update_durable();
+        Ok(())
+    }
+
+    /// Sends the step on the flusher's link (one job, waited for): the flattened per-key
+    /// replies and whether a replica confirmed them; `None` if a failover crossed it.
+    #[allow(clippy::type_complexity)]
+    fn run_ahead(&mut self, keys: &[(StoredKey, Vec<Observation>)]) -> Result<Option<(Vec<codec::KeyReply>, bool)>, StoreError> {
+        let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
+        let mut open: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+        let empty = Offsets::new();
+        for (at, (key, observations)) in keys.iter().enumerate() {
+            let name = self.redis_key(WindowId(key.window), key.key.as_slice());
+            let group_slot = if self.cluster { slot(&name) } else { 0 };
+            let group = *open.entry(group_slot).or_insert_with(|| {
+                groups.push((group_slot, Vec::new(), ScriptCall::default()));
+                groups.len() - 1
+            });
+            let spec = self.windows.spec(key.window);
+            let unused = WindowState::new(spec.aggregate);
+            let flush = KeyFlush {
+                spec: &spec,
+                ttl_ms: ttl_ms(&spec, self.config.max_lateness),
+                version: None,
+                refresh: true,
+                state: &unused,
+                base_head: None,
+                offsets: &empty,
+                deltas: observations,
+                full: false,
+                before: true,
+            };
+            codec::add_key(&mut groups[group].2, &name, &flush);
+            groups[group].1.push(at);
+            if groups[group].1.len() == KEYS_PER_CALL {
+                open.remove(&group_slot);
+            }
+        }
+        let mut batch = Batch::default();
+        for (group_slot, members, call) in groups {
+            batch.order.extend(members);
+            batch.calls.push(Op::Script(call));
+            batch.slots.push(group_slot);
+        }
+        batch.confirm = true;
+        let order = batch.order.clone();
+        let Some((calls, replicated)) = self.run_on_flusher(batch)? else { return Ok(None) };
+        let replies = self.replies(calls, &order)?;
+        Ok(Some((replies, replicated)))
+    }
+
+    /// The view `apply` counts a key on while the batch counts it ahead.
+    #[inline]
+    pub(super) fn count_on_ahead(&mut self, window: WindowId, key: &[u8], bucket: i64, delta: Delta) -> Option<Observed> {
+        let ahead = self.views.ahead.get_mut(&KeyRef { window: window.0, key })?;
+        let spec = self.windows.spec(window.0);
+        let origin = self.origin;
+        let applied = if codec::replayed(&ahead.prior_offsets, origin) {
+            self.stats.skipped_applied += 1;
+            super::view::judge(&ahead.state, &spec, bucket)
+        } else {
+            ahead.state.apply(&spec, bucket, delta)
+        };
+        ahead.remaining = ahead.remaining.saturating_sub(1);
+        Some(Observed { applied, degraded: false })
+    }
+
+    /// A read of a key the batch counts ahead.
+    #[inline]
+    pub(super) fn read_ahead(&self, window: WindowId, key: &[u8], bucket: i64) -> Option<Applied> {
+        let ahead = self.views.ahead.get(&KeyRef { window: window.0, key })?;
+        Some(ahead.state.read(&self.windows.spec(window.0), bucket))
+    }
+
+    /// At a batch's end (or before the next): a key that counted everything planned holds what
+    /// Redis holds, and is cached as such; any other is read again when needed.
+    pub(super) fn settle_ahead(&mut self) {
+        for (key, ahead) in std::mem::take(&mut self.views.ahead) {
+            if ahead.remaining == 0 {
+                let cached = Cached {
+                    state: ahead.state,
+                    version: Some(ahead.version),
+                    // The step refreshed the TTL only if it wrote: leave the next write to.
+                    refreshed: None,
+                    offsets: ahead.offsets,
+                    read_at: ahead.read_at,
+                };
+                self.views.cache.insert(key, Arc::new(cached));
+            } else {
+                self.views.cache.invalidate(&key);
+            }
+        }
+    }
+}
