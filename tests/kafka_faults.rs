@@ -542,6 +542,49 @@ fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent
     assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &first.log_text());
 }
 
+/// A worker that stalls (SIGSTOP) longer than the group's session timeout while events stream
+/// in: the broker gives its partitions to the other worker; when it runs again (SIGCONT) it
+/// finds them taken over, drops the batch it was judging and rejoins. Rules on per-user counters
+/// stay exact, the others within 1 % of a single-order run, every counter exact.
+#[test]
+fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("stalled-worker", 4);
+    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed: 43, ..WorkloadSpec::default() };
+    let lines = workload_lines(&spec);
+    let reference = reference_records(&lines);
+    let config = config(&broker, &topics, &redis.url(), 6_000);
+    let (mut first, mut second) = std::thread::scope(|scope| {
+        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(24), None));
+        let mut first = Worker::start(dir.path(), "w1", &config);
+        let mut second = Worker::start(dir.path(), "w2", &config);
+        first.wait_ready(LONG);
+        second.wait_ready(LONG);
+        std::thread::sleep(Duration::from_secs(6));
+        second.signal("STOP");
+        std::thread::sleep(Duration::from_secs(10));
+        second.signal("CONT");
+        (first, second)
+    });
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
+    let fenced = second.log_text().matches("taken over by another worker").count();
+    eprintln!("batches the stalled worker found taken over: {fenced}");
+    let assignments = first.log_text().matches("partitions assigned").count();
+    assert!(assignments >= 2, "the other worker took the stalled one's partitions over:\n{}", first.log_text());
+    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
+    let user_keyed = |record: &Value| -> Vec<Value> {
+        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
+    };
+    assert!(delivered.first.iter().all(|(id, r)| user_keyed(r) == user_keyed(&reference[id])), "user-keyed hits are exact");
+    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
+    for worker in [&mut first, &mut second] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    }
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &second.log_text());
+}
+
 /// A backlog on four partitions (events keyed by user, so per-IP counters span partitions) read
 /// by two workers, with credential-stuffing bursts (30 failed logins from one IP over as many
 /// accounts in under 4 s). The partitions are kept within `max_partition_skew` of each other in
