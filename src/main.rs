@@ -140,10 +140,11 @@ enum Command {
         /// with --kafka, count in this Redis.
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
-        /// Benchmark one worker end to end on this Kafka cluster (creates fresh bench-* topics):
-        /// saturation throughput, then at half that load (or --latency-rate) side by side: event
-        /// produced → decision consumed, vigil's own share (vigil_processing_latency_seconds) and
-        /// the broker's own one hop.
+        /// Benchmark one worker (or --workers) end to end on this Kafka cluster (creates fresh
+        /// bench-* topics): saturation throughput, then at half that load (or --latency-rate) side
+        /// by side: event produced → decision consumed, vigil's own share
+        /// (vigil_processing_latency_seconds) and the broker's own one hop; then how the
+        /// decisions of both phases differ from a single-order run of their events.
         #[arg(long, value_name = "BROKERS")]
         kafka: Option<String>,
         /// Partitions of the --kafka events topic.
@@ -156,6 +157,13 @@ enum Command {
         /// (latency at a lighter or heavier load).
         #[arg(long, value_name = "EVENTS_PER_SEC", requires = "kafka")]
         latency_rate: Option<u64>,
+        /// Workers of the --kafka benchmark, in one consumer group (above 1 needs --redis).
+        #[arg(long, default_value_t = 1, requires = "kafka", value_parser = clap::value_parser!(u16).range(1..=64))]
+        workers: u16,
+        /// Share of the --kafka benchmark's events in injected fraud bursts (credential stuffing
+        /// from one IP over many accounts, card testing, account takeover), 0..1.
+        #[arg(long, default_value_t = 0.0, requires = "kafka")]
+        fraud: f64,
         #[command(flatten)]
         workload: WorkloadArgs,
     },
@@ -253,16 +261,17 @@ fn main() -> ExitCode {
             cli::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys)
         }
         #[cfg(feature = "harness")]
-        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, latency_rate, workload, .. } => {
+        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, latency_rate, workers, fraud, workload, .. } => {
             cli::bench_kafka(vigil::harness::kafka_bench::KafkaBenchArgs {
                 brokers,
                 redis,
                 rules_path: rules,
                 input,
-                workload: workload.spec(),
+                workload: WorkloadSpec { fraud: fraud.clamp(0.0, 1.0), ..workload.spec() },
                 partitions,
                 latency_seconds,
                 latency_rate,
+                workers: usize::from(workers),
             })
         }
         #[cfg(feature = "harness")]

@@ -718,4 +718,45 @@ fn the_kafka_benchmark_runs_on_apache_kafka_and_reports_latency_side_by_side() {
     for line in &table {
         assert!(line.split_whitespace().any(|w| w.trim_end_matches(',').parse::<f64>().is_ok()), "no figure in {line:?}\n{stdout}");
     }
+    for phase in ["after the backlog", "live"] {
+        assert!(stdout.contains(&format!("divergence       {phase}:")), "no divergence {phase:?} in:\n{stdout}");
+    }
+}
+
+/// The worst rule's distance from a single-order run, in percent, in each divergence line.
+fn worst_rules(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter(|l| l.contains("divergence"))
+        .filter_map(|l| l.split("worst rule ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// Two workers in one group counting in Redis, on events with credential-stuffing bursts whose
+/// per-IP keys span the partitions: the benchmark reports how their decisions differ from a
+/// single-order run, after the backlog and live, and every rule's hits are within 1 % of it.
+#[test]
+fn the_kafka_benchmark_reports_the_divergence_of_two_workers_from_a_single_order_run() {
+    let broker = Broker::shared();
+    let redis = RedisServer::start();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["bench", "--rules", "rules", "--kafka", &broker.bootstrap(), "--redis", &redis.url(), "--workers", "2"])
+        .args(["--events", "20000", "--users", "2000", "--fraud", "0.03", "--partitions", "4", "--latency-seconds", "4", "--latency-rate", "1000"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    eprintln!("{stdout}");
+    assert!(stdout.contains("(2 workers, 4 partitions"), "{stdout}");
+    let worst = worst_rules(&stdout);
+    assert_eq!(worst.len(), 2, "after the backlog and live:\n{stdout}");
+    assert!(worst.iter().all(|&w| w <= 1.0), "a rule more than 1 % off a single-order run:\n{stdout}");
+    assert!(stdout.contains("login-stuffing-ip "), "the bursts fired the per-IP rule:\n{stdout}");
+    // Without Redis, workers would each count alone: refused.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["bench", "--rules", "rules", "--kafka", &broker.bootstrap(), "--workers", "2"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--workers above 1 needs --redis"), "{}", String::from_utf8_lossy(&refused.stderr));
 }

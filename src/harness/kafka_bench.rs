@@ -28,6 +28,7 @@ use crate::shutdown::Shutdown;
 use crate::{sink, source};
 use crate::telemetry::http::Health;
 use crate::telemetry::Metrics;
+use super::divergence::{self, Divergence, Records};
 use super::workload::{generate, WorkloadSpec};
 
 /// librdkafka properties, as `kafka.properties` holds them.
@@ -46,6 +47,8 @@ pub struct KafkaBenchArgs {
     pub latency_seconds: u64,
     /// The latency phases' rate (events/s); `None`: half the measured saturation.
     pub latency_rate: Option<u64>,
+    /// Workers in the group (above 1 needs `redis`).
+    pub workers: usize,
 }
 
 fn now_ms() -> i64 {
@@ -307,6 +310,9 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 /// workload) produced to fresh topics, the bare consumer's rate, the worker's saturation, then
 /// latency at half that load and the broker's own one-hop latency.
 pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Result<(), String> {
+    if args.workers > 1 && args.redis.is_none() {
+        return Err("--workers above 1 needs --redis: workers without it would each count alone".into());
+    }
     // Read first: a bad --input fails before anything is created on the cluster.
     let backlog = backlog(args)?;
     let topics = Topics::fresh();
@@ -323,7 +329,8 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
     let producer = bench_producer(&config.kafka)?;
     let produce_secs = produce_backlog(&producer, &topics.events, &backlog)?;
     let from = args.input.as_ref().map(|p| format!(" from {}", p.display())).unwrap_or_default();
-    writeln!(out, "vigil bench --kafka (one worker, {} partitions, {} active rules)", args.partitions, rules.active().len())
+    let workers = if args.workers == 1 { "one worker".to_owned() } else { format!("{} workers", args.workers) };
+    writeln!(out, "vigil bench --kafka ({workers}, {} partitions, {} active rules)", args.partitions, rules.active().len())
         .map_err(|e| e.to_string())?;
     writeln!(out, "  client settings  {}", client_settings(&config)).map_err(|e| e.to_string())?;
     writeln!(out, "  backlog          {} events{from} produced in {produce_secs:.1}s ({:.0} events/s)", backlog.len(), backlog.len() as f64 / produce_secs)
@@ -331,8 +338,8 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
 
     let bare_rate = bare_consumer_rate(args, &topics, backlog.len() as u64, &properties, out)?;
 
-    // The worker, in this process.
-    let worker = BenchWorker::start(worker_config(args, &topics, config_env)?, rules)?;
+    // The workers, in this process, in one consumer group.
+    let worker = BenchWorker::start(args.workers.max(1), &worker_config(args, &topics, config_env)?, &rules)?;
     let total = backlog.len() as u64;
     let saturation = worker.saturation(total, bare_rate, out)?;
 
@@ -343,7 +350,44 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
     let through = phase.through_worker(&worker, total, saturation, out)?;
     let echo = phase.broker_alone(&through, out)?;
     side_by_side(&through, &echo, out)?;
+    // Both phases' decisions against single-order runs of their events.
+    let (after_backlog, live) = read_decisions(&args.brokers, &topics, &properties, through.spec.start_ms)?;
+    Divergence::between(&after_backlog, &divergence::single_order(&rules, &backlog)?)
+        .write("after the backlog", out)
+        .map_err(|e| e.to_string())?;
+    Divergence::between(&live, &divergence::single_order(&rules, &through.lines)?).write("live", out).map_err(|e| e.to_string())?;
     worker.stop()
+}
+
+/// Every decision on the decisions topic, the first copy of each event's: those of events
+/// before `live_start` (the backlog) and the others (the latency phase).
+fn read_decisions(brokers: &str, topics: &Topics, properties: &Properties, live_start: i64) -> Result<(Records, Records), String> {
+    let reader = reader(brokers, &format!("bench-{}-divergence", topics.run_id), properties)?;
+    let (_, high) = reader.fetch_watermarks(&topics.decisions, 0, Duration::from_secs(10)).map_err(|e| format!("watermarks: {e}"))?;
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(&topics.decisions, 0, Offset::Beginning).map_err(|e| e.to_string())?;
+    reader.assign(&list).map_err(|e| e.to_string())?;
+    let (mut backlog, mut live) = (Records::new(), Records::new());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut next = 0;
+    while next < high {
+        if Instant::now() > deadline {
+            return Err(format!("read {next} of {high} decisions"));
+        }
+        match reader.poll(Duration::from_millis(200)) {
+            Some(Ok(message)) => {
+                next = message.offset() + 1;
+                let Some(record) = message.payload().and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok()) else {
+                    continue;
+                };
+                let into = if record["ts"].as_i64().is_some_and(|ts| ts >= live_start) { &mut live } else { &mut backlog };
+                divergence::keep_first(into, record);
+            }
+            Some(Err(e)) => return Err(format!("reading decisions: {e}")),
+            None => {}
+        }
+    }
+    Ok((backlog, live))
 }
 
 /// The client settings latency depends on, as every client of the run has them (the worker's
@@ -527,34 +571,58 @@ fn worker_config(args: &KafkaBenchArgs, topics: &Topics, env: Vec<(String, Strin
     Config::parse("bench", &text, env).map_err(|e| e.to_string())
 }
 
-/// One worker (`worker::run`, the code `vigil run` runs) on a thread of this process.
+/// The workers (`worker::run`, the code `vigil run` runs), each on a thread of this process with
+/// its own store and metrics, in one consumer group.
 struct BenchWorker {
-    metrics: Arc<Metrics>,
+    metrics: Vec<Arc<Metrics>>,
     shutdown: Shutdown,
-    thread: std::thread::JoinHandle<Result<(), String>>,
+    threads: Vec<std::thread::JoinHandle<Result<(), String>>>,
 }
 
 impl BenchWorker {
-    /// Opens the configured store (and journal) as `vigil run` does, and starts the worker.
-    fn start(config: Config, rules: RuleSet) -> Result<BenchWorker, String> {
-        let (store, journal) = config.store_setup().open().map_err(|e| e.to_string())?;
-        let metrics = Arc::new(Metrics::new());
+    /// Opens the configured store (and journal) as `vigil run` does, and starts `count` workers.
+    fn start(count: usize, config: &Config, rules: &RuleSet) -> Result<BenchWorker, String> {
         let shutdown = Shutdown::new();
-        let thread = {
-            let (metrics, shutdown) = (Arc::clone(&metrics), shutdown.clone());
-            std::thread::spawn(move || {
-                worker::run(config, rules, store, journal, metrics, Arc::new(Health::default()), shutdown).map_err(|e| e.to_string())
-            })
-        };
-        Ok(BenchWorker { metrics, shutdown, thread })
+        let mut group = BenchWorker { metrics: Vec::new(), shutdown: shutdown.clone(), threads: Vec::new() };
+        for _ in 0..count {
+            let (store, journal) = match config.store_setup().open() {
+                Ok(opened) => opened,
+                Err(e) => {
+                    let _ = group.stop();
+                    return Err(e.to_string());
+                }
+            };
+            let metrics = Arc::new(Metrics::new());
+            let (config, rules) = (config.clone(), rules.clone());
+            let thread = {
+                let (metrics, shutdown) = (Arc::clone(&metrics), shutdown.clone());
+                std::thread::spawn(move || {
+                    worker::run(config, rules, store, journal, metrics, Arc::new(Health::default()), shutdown).map_err(|e| e.to_string())
+                })
+            };
+            group.metrics.push(metrics);
+            group.threads.push(thread);
+        }
+        Ok(group)
     }
 
-    /// Events the worker is done with: decided, allowed or dead-lettered.
+    /// Events the workers are done with: decided, allowed or dead-lettered.
     fn processed(&self) -> u64 {
-        ["decided", "allowed", "dead_lettered"]
+        let outcomes = ["decided", "allowed", "dead_lettered"];
+        self.metrics
             .iter()
-            .map(|o| self.metrics.events.get_or_create(&crate::telemetry::OutcomeLabels { outcome: o }).get())
+            .flat_map(|m| outcomes.iter().map(move |o| m.events.get_or_create(&crate::telemetry::OutcomeLabels { outcome: o }).get()))
             .sum()
+    }
+
+    /// Whether a worker stopped.
+    fn any_finished(&self) -> bool {
+        self.threads.iter().any(std::thread::JoinHandle::is_finished)
+    }
+
+    /// Every worker's metrics text.
+    fn encode(&self) -> Vec<String> {
+        self.metrics.iter().map(|m| m.encode()).collect()
     }
 
     /// Waits until the backlog of `total` events is drained; writes the rate after the first
@@ -562,7 +630,7 @@ impl BenchWorker {
     fn saturation(&self, total: u64, bare_rate: f64, out: &mut impl Write) -> Result<f64, String> {
         let deadline = Instant::now() + Duration::from_secs(1800);
         while self.processed() == 0 {
-            if Instant::now() > deadline || self.thread.is_finished() {
+            if Instant::now() > deadline || self.any_finished() {
                 self.shutdown.trigger();
                 return Err("the worker processed nothing".into());
             }
@@ -570,7 +638,7 @@ impl BenchWorker {
         }
         let (t0, c0, cpu) = (Instant::now(), self.processed(), CpuTicks::now());
         while self.processed() < total {
-            if Instant::now() > deadline || self.thread.is_finished() {
+            if Instant::now() > deadline || self.any_finished() {
                 self.shutdown.trigger();
                 return Err(format!("the worker stopped after {} of {total} events", self.processed()));
             }
@@ -590,14 +658,19 @@ impl BenchWorker {
         Ok(saturation)
     }
 
-    /// Stops the worker and says how it ended.
+    /// Stops the workers and says how the first that failed ended.
     fn stop(self) -> Result<(), String> {
         self.shutdown.trigger();
-        match self.thread.join() {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("worker: {e}")),
-            Err(_) => Err("the worker panicked".into()),
+        let mut result = Ok(());
+        for thread in self.threads {
+            let ended = match thread.join() {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("worker: {e}")),
+                Err(_) => Err("a worker panicked".into()),
+            };
+            result = result.and(ended);
         }
+        result
     }
 }
 
@@ -615,6 +688,8 @@ struct LatencyPhase<'a> {
 struct ThroughWorker {
     rate: u64,
     spec: WorkloadSpec,
+    /// The phase's events, in the order they were produced.
+    lines: Vec<Vec<u8>>,
     end_to_end: Paced,
     /// `vigil_processing_latency_seconds{until="produced"}` over this phase only.
     own_produced: Buckets,
@@ -649,12 +724,15 @@ impl LatencyPhase<'_> {
         let pace = Pace { lines: &live, rate, start: live_start };
         // vigil's own latency is read from its metric, as an operator would, over this phase:
         // the worker is idle between the snapshots and the phase.
-        let before = worker.metrics.encode();
+        let before = worker.encode();
         let end_to_end = paced(self.producer, &self.topics.events, &reader, &self.topics.decisions, &pace, &|| worker.processed() >= backlog + count)?;
-        let after = worker.metrics.encode();
+        let after = worker.encode();
         let own = |until: &str| {
             let label = format!("until=\"{until}\"");
-            Buckets::read(&after, OWN_LATENCY, &label).since(&Buckets::read(&before, OWN_LATENCY, &label))
+            let phase = |(after, before): (&String, &String)| {
+                Buckets::read(after, OWN_LATENCY, &label).since(&Buckets::read(before, OWN_LATENCY, &label))
+            };
+            after.iter().zip(&before).map(phase).reduce(|a, b| a.plus(&b)).unwrap_or_default()
         };
         let (own_produced, own_acknowledged) = (own("produced"), own("acknowledged"));
         let e2e = &end_to_end.latencies_us;
@@ -691,7 +769,7 @@ impl LatencyPhase<'_> {
         )
         .map_err(|e| e.to_string())?;
         writeln!(out, "  vs target        p99 {:.1} ms of 10 ms", ms(percentile(e2e, 0.99))).map_err(|e| e.to_string())?;
-        Ok(ThroughWorker { rate, spec, end_to_end, own_produced, own_acknowledged })
+        Ok(ThroughWorker { rate, spec, lines: live, end_to_end, own_produced, own_acknowledged })
     }
 
     /// One hop through the broker alone at the same rate: its share of the worker's two hops.
@@ -774,6 +852,11 @@ impl Buckets {
         self.0.last().map_or(0, |b| b.1)
     }
 
+    /// Both histograms' observations (same bounds): several workers' together.
+    fn plus(&self, other: &Buckets) -> Buckets {
+        Buckets(self.0.iter().map(|&(le, n)| (le, n + other.0.iter().find(|o| o.0 == le).map_or(0, |o| o.1))).collect())
+    }
+
     /// The `q` quantile in seconds, interpolated within its bucket as Prometheus'
     /// `histogram_quantile` does (so within a bucket's width of the truth); the largest finite
     /// bound if it falls in `+Inf`; `None` if nothing was observed.
@@ -821,6 +904,7 @@ mod tests {
             partitions: 1,
             latency_seconds: 1,
             latency_rate: None,
+            workers: 1,
         }
     }
 

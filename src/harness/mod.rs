@@ -3,6 +3,7 @@
 //! benchmarks behind `vigil bench` (in process, Redis, Kafka). The product's modules never import
 //! from here.
 
+pub mod divergence;
 pub mod fuzzing;
 pub mod kafka_bench;
 pub mod redis_bench;

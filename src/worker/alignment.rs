@@ -35,6 +35,11 @@ pub(super) const BOARD_INTERVAL: Duration = Duration::from_millis(20);
 /// partition to get its messages would run far ahead of the others before they even start.
 const START_GRACE: Duration = Duration::from_secs(5);
 
+/// After an assignment, how long the board must have answered for before its having no other
+/// worker's partition means this worker is alone: the others post theirs within one
+/// `BOARD_INTERVAL` of the same rebalance.
+const BOARD_SETTLE: Duration = Duration::from_millis(100);
+
 /// Where this worker's partitions stand, and the others' as the board last told.
 pub(super) struct Alignment {
     /// `None`: alignment off.
@@ -52,6 +57,8 @@ struct Lanes {
     remote: Vec<LanePosition>,
     /// When this worker was last assigned a partition.
     assigned: Option<Instant>,
+    /// When the board last answered.
+    exchanged: Option<Instant>,
 }
 
 impl Alignment {
@@ -150,18 +157,24 @@ impl Alignment {
             .collect()
     }
 
-    /// What the board holds now (this worker's own lanes are taken from itself).
-    pub(super) fn incoming(&self, board: Vec<LanePosition>) {
-        self.lock().remote = board;
+    /// What the board holds at `now` (this worker's own lanes are taken from itself).
+    pub(super) fn incoming(&self, board: Vec<LanePosition>, now: Instant) {
+        let mut lanes = self.lock();
+        lanes.remote = board;
+        lanes.exchanged = Some(now);
     }
 
     /// Whether other workers may count into the same keys: another worker's partition is
     /// active (its board entry moved within the idle timeout), or this worker was assigned a
-    /// partition so recently that the others' entries may not have reached it yet.
+    /// partition so recently that the others' entries may not have reached it yet (the board
+    /// has not answered `BOARD_SETTLE` after the assignment; never, without a board).
     pub(super) fn others_active(&self, now: Instant, wall_ms: i64) -> bool {
         let lanes = self.lock();
         let idle_ms = i64::try_from(self.idle.as_millis()).unwrap_or(i64::MAX);
-        lanes.assigned.is_some_and(|at| now.saturating_duration_since(at) < START_GRACE)
+        let unsettled = lanes.assigned.is_some_and(|at| {
+            now.saturating_duration_since(at) < START_GRACE && lanes.exchanged.is_none_or(|e| e < at + BOARD_SETTLE)
+        });
+        unsettled
             || lanes
                 .remote
                 .iter()
@@ -207,7 +220,7 @@ impl Worker {
                 if let Some(connected) = board.as_mut() {
                     let mine = self.alignment.outgoing(Instant::now(), wall_ms());
                     match connected.exchange(&mine, ttl) {
-                        Ok(entries) => self.alignment.incoming(entries),
+                        Ok(entries) => self.alignment.incoming(entries, Instant::now()),
                         Err(e) => {
                             tracing::debug!(error = %e, "partition alignment: the group's board in Redis is unavailable");
                             board = None;
@@ -302,12 +315,15 @@ mod tests {
         alignment.assign(1, now);
         alignment.advance(1, 100_000, now);
         let wall = 1_800_000_000_000;
-        alignment.incoming(vec![
-            LanePosition { lane: 2, event_ms: 50_000, moved_wall_ms: wall - 1_000 },
-            LanePosition { lane: 3, event_ms: 10_000, moved_wall_ms: wall - 31_000 },
-            // This worker's own lane, as the board had it before: its own record wins.
-            LanePosition { lane: 1, event_ms: 1_000, moved_wall_ms: wall },
-        ]);
+        alignment.incoming(
+            vec![
+                LanePosition { lane: 2, event_ms: 50_000, moved_wall_ms: wall - 1_000 },
+                LanePosition { lane: 3, event_ms: 10_000, moved_wall_ms: wall - 31_000 },
+                // This worker's own lane, as the board had it before: its own record wins.
+                LanePosition { lane: 1, event_ms: 1_000, moved_wall_ms: wall },
+            ],
+            now,
+        );
         assert_eq!(alignment.limit(1, now, wall), Some(55_000), "lane 3 is idle, lane 1's old entry ignored");
         let mine = alignment.outgoing(now, wall);
         assert_eq!(mine, vec![LanePosition { lane: 1, event_ms: 100_000, moved_wall_ms: wall }]);
@@ -336,10 +352,10 @@ mod tests {
         );
         alignment.advance(1, 100_000, now);
         let grace = i64::try_from(START_GRACE.as_millis()).unwrap();
-        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - 1_000 }]);
+        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - 1_000 }], now);
         alignment.advance(2, 100_000, now);
         assert_eq!(alignment.limit(1, now, wall), Some(i64::MIN + 5_000), "lane 7 was just assigned to another worker");
-        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - grace }]);
+        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - grace }], now);
         assert_eq!(alignment.limit(1, now, wall), Some(105_000), "past the grace, lane 7 holds nobody back");
     }
 
@@ -351,12 +367,15 @@ mod tests {
         assert!(!alignment.others_active(now, wall), "nothing assigned, nobody on the board");
         alignment.assign(1, now);
         assert!(alignment.others_active(now, wall), "just assigned: the others may not be on the board yet");
-        let later = now + START_GRACE;
-        assert!(!alignment.others_active(later, wall), "alone");
-        alignment.incoming(vec![LanePosition { lane: 1, event_ms: 5, moved_wall_ms: wall }]);
-        assert!(!alignment.others_active(later, wall), "its own lane on the board is not another worker");
-        alignment.incoming(vec![LanePosition { lane: 2, event_ms: 5, moved_wall_ms: wall - 1_000 }]);
-        assert!(alignment.others_active(later, wall));
-        assert!(!alignment.others_active(later, wall + 30_000), "its lane went idle");
+        alignment.incoming(vec![LanePosition { lane: 1, event_ms: 5, moved_wall_ms: wall }], now + BOARD_SETTLE / 2);
+        assert!(alignment.others_active(now + BOARD_SETTLE, wall), "the board answered too soon to tell");
+        let settled = now + BOARD_SETTLE;
+        alignment.incoming(vec![LanePosition { lane: 1, event_ms: 5, moved_wall_ms: wall }], settled);
+        assert!(!alignment.others_active(settled, wall), "alone: its own lane on the board is not another worker");
+        alignment.assign(2, now);
+        assert!(!alignment.others_active(now + START_GRACE, wall), "the board answered after this assignment too: alone");
+        alignment.incoming(vec![LanePosition { lane: 3, event_ms: 5, moved_wall_ms: wall - 1_000 }], settled);
+        assert!(alignment.others_active(settled, wall));
+        assert!(!alignment.others_active(settled, wall + 30_000), "its lane went idle");
     }
 }

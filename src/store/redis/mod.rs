@@ -228,30 +228,6 @@ fn client_for(url: &str, config: &RedisStoreConfig) -> Result<redis::Client, Sto
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::SentinelUrl;
-
-    #[test]
-    fn sentinel_urls_name_the_sentinels_the_master_and_the_data_nodes_credentials() {
-        let url = SentinelUrl::parse("redis+sentinel://app:s3cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/risk/2").unwrap().unwrap();
-        assert_eq!(
-            url.sentinels,
-            vec![("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26379), ("[::1]".to_owned(), 26380)]
-        );
-        assert_eq!(url.service, "risk");
-        assert_eq!(url.seed_url, "redis://app:s3cret@10.0.0.1:26379/2");
-        let tls = SentinelUrl::parse("rediss+sentinel://h:1/m").unwrap().unwrap();
-        assert_eq!(tls.seed_url, "rediss://h:1/0");
-        assert!(SentinelUrl::parse("redis://h:6379").unwrap().is_none());
-        for bad in ["redis+sentinel://h:1", "redis+sentinel://h:1/", "redis+sentinel://h:x/m", "redis+sentinel://:1/m", "redis+sentinel://h/m/x"] {
-            let error = SentinelUrl::parse(bad).unwrap_err().to_string();
-            assert!(error.contains("invalid Sentinel URL") && error.contains("master-name"), "{bad}: {error}");
-        }
-    }
-}
-
-
 impl RedisStore {
     /// Connects to `url` (`redis://`, `redis://user:pass@host`, `rediss://`).
     pub fn connect(url: &str, config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
@@ -471,5 +447,28 @@ impl<C: MonotonicClock> Drop for RedisStore<C> {
         self.reads.jobs = None;
         drop(self.flushing.thread.take());
         drop(self.reads.thread.take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SentinelUrl;
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_the_master_and_the_data_nodes_credentials() {
+        let url = SentinelUrl::parse("redis+sentinel://app:s3cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/risk/2").unwrap().unwrap();
+        assert_eq!(
+            url.sentinels,
+            vec![("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26379), ("[::1]".to_owned(), 26380)]
+        );
+        assert_eq!(url.service, "risk");
+        assert_eq!(url.seed_url, "redis://app:s3cret@10.0.0.1:26379/2");
+        let tls = SentinelUrl::parse("rediss+sentinel://h:1/m").unwrap().unwrap();
+        assert_eq!(tls.seed_url, "rediss://h:1/0");
+        assert!(SentinelUrl::parse("redis://h:6379").unwrap().is_none());
+        for bad in ["redis+sentinel://h:1", "redis+sentinel://h:1/", "redis+sentinel://h:x/m", "redis+sentinel://:1/m", "redis+sentinel://h/m/x"] {
+            let error = SentinelUrl::parse(bad).unwrap_err().to_string();
+            assert!(error.contains("invalid Sentinel URL") && error.contains("master-name"), "{bad}: {error}");
+        }
     }
 }
