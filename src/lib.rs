@@ -34,7 +34,8 @@
 //!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views,
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
-//!   `config` its settings and stats) over `link` (connections: one server, Sentinel, cluster;
+//!   `ahead` a batch's observations on keys other workers count too, applied in Redis before
+//!   the batch is judged, `config` its settings and stats) over `link` (connections: one server, Sentinel, cluster;
 //!   retries, replica confirmations), `codec` (windows as Redis holds them), `scripts` (`lua/`),
 //!   `keys` (key identities and names). [`store::JournalWriter`]: each partition's decision
 //!   journal, written before records go out, fenced per owner. [`store::board`]: where each
@@ -65,7 +66,8 @@
 //! - [`shutdown`]: the shutdown signal every loop waits on.
 //! - `harness` (cargo feature `harness`, on by default; off the product path): `workload`
 //!   (deterministic synthetic events), `fuzzing` (the fuzz targets' bodies, also run bounded in
-//!   the suite), `replay_bench`, `redis_bench`, `kafka_bench` (`vigil bench`).
+//!   the suite), `replay_bench`, `redis_bench`, `kafka_bench` (`vigil bench`), `divergence`
+//!   (decisions against a single-order run).
 //! - The binary: `main.rs` (clap) and `cli/`, one file per command (`check`, `replay`,
 //!   `backtest`, `run`, `gen`, `bench`) — the only users of `anyhow`.
 //!
@@ -80,7 +82,9 @@
 //!           ─► rules::decide (allow override, severity, on_store_error) ─► rules::record
 //!
 //! vigil run:  consumer poll ─► partition loop (ordered; waits while ahead of the slowest
-//!             partition of the group) ─► the same engine, under one lock
+//!             partition of the group) ─► the same engine, under one lock: while other workers
+//!             count too, the batch's observations on keys spanning partitions are counted
+//!             ahead (Engine::plan_counts ─► store.count_ahead), then count and judge as above
 //!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead
 //!                letter, ticket → source::Progress)
 //!             committer: store write-behind ─► durable mark ─► offsets stored at batch ends

@@ -5,14 +5,15 @@
 //! - the caller's thread polls the consumer (which also runs the rebalance callbacks of
 //!   `context.rs`) and routes each message to its partition's loop (`poll.rs`);
 //! - one ordered loop per assigned partition: decode → plan → count → decide a batch under the
-//!   engine lock, then hand records to the producer with a ticket back to the partition's
+//!   engine lock (while other workers count too, keys spanning partitions are counted ahead
+//!   first, in Redis), then hand records to the producer with a ticket back to the partition's
 //!   [`Progress`](crate::source::Progress) (`partition.rs`);
 //! - a committer: lets the store write behind while idle, stores the offsets that are decided,
 //!   delivered and durable, produces failed records again, and exports store metrics
 //!   (`committer.rs`);
 //! - a rule watcher: validates changed rule files and swaps them in atomically (`watcher.rs`);
 //! - an aligner: keeps the group's partitions in step in event time, sharing where this worker's
-//!   partitions stand through Redis (`alignment.rs`).
+//!   partitions stand through Redis, which also tells whether other workers count (`alignment.rs`).
 //!
 //! What they share is in `shared.rs`. On revocation and on shutdown: stop the partition loops,
 //! flush the store, wait for deliveries, commit — within `worker.shutdown_timeout`. A broker
