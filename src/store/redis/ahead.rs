@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
-use super::view::{ttl_ms, Cached};
+use super::view::{ttl_ms, Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
@@ -43,6 +43,10 @@ pub(super) struct Ahead {
     /// Planned observations `apply` has not counted yet.
     remaining: usize,
     read_at: Instant,
+    /// Redis lost its data while the batch ran: the view is written again in full.
+    pub(super) lost: bool,
+    /// The prior offsets raised by what `apply` counted here: what a rewrite may claim.
+    counted: Offsets,
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
@@ -66,25 +70,29 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
         }
         let mut keys: Vec<(StoredKey, Vec<Observation>)> = Vec::new();
-        let mut index: HashMap<StoredKey, usize, foldhash::fast::RandomState> = HashMap::default();
+        // Decided once per key: all of a key's observations go ahead, or none (the cache may
+        // evict a view between two of them).
+        let mut index: HashMap<StoredKey, Option<usize>, foldhash::fast::RandomState> = HashMap::default();
         for p in planned {
             let lookup = KeyRef { window: p.window.0, key: &p.key };
             let at = match index.get(&lookup) {
-                Some(&at) => at,
+                Some(&decided) => decided,
                 None => {
-                    if self.views.dirty.contains_key(&lookup) {
-                        continue;
-                    }
-                    match self.views.cache.get(&lookup) {
-                        Some(cached) if self.views.shared_key(p.window.0, &cached.offsets) => {}
-                        _ => continue,
-                    }
+                    let ahead = !self.views.dirty.contains_key(&lookup)
+                        && match self.views.cache.get(&lookup) {
+                            Some(cached) => self.views.shared_key(p.window.0, &cached.offsets),
+                            None => false,
+                        };
                     let stored = StoredKey { window: p.window.0, key: KeyBytes::new(&p.key) };
-                    index.insert(stored.clone(), keys.len());
-                    keys.push((stored, Vec::new()));
-                    keys.len() - 1
+                    let decided = ahead.then_some(keys.len());
+                    if ahead {
+                        keys.push((stored.clone(), Vec::new()));
+                    }
+                    index.insert(stored, decided);
+                    decided
                 }
             };
+            let Some(at) = at else { continue };
             let bucket = self.windows.spec(p.window.0).bucket_of(p.ts_ms);
             keys[at].1.push(Observation { bucket, delta: p.delta, origin: Some(p.origin) });
         }
@@ -130,13 +138,15 @@ impl<C: MonotonicClock> RedisStore<C> {
             for origin in observed.iter().filter_map(|o| o.origin) {
                 codec::raise(&mut offsets, origin.lane, origin.offset);
             }
-            self.views.learn(key.window, &offsets);
+            let several = observed.len() >= 2 || super::view::several_observations(&spec, &state);
+            self.views.learn(key.window, &offsets, several);
             let remaining = observed.len();
             self.views.cache.invalidate(&key);
             if keep {
                 self.keep_unconfirmed(key.clone(), observed, Some(oldest));
             }
-            self.views.ahead.insert(key, Ahead { state, prior_offsets, version, offsets, remaining, read_at });
+            let counted = prior_offsets.clone();
+            self.views.ahead.insert(key, Ahead { state, prior_offsets, version, offsets, remaining, read_at, lost: false, counted });
         }
         self.update_durable();
         Ok(())
@@ -199,6 +209,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.stats.skipped_applied += 1;
             super::view::judge(&ahead.state, &spec, bucket)
         } else {
+            if let Some(origin) = origin {
+                codec::raise(&mut ahead.counted, origin.lane, origin.offset);
+            }
             ahead.state.apply(&spec, bucket, delta)
         };
         ahead.remaining = ahead.remaining.saturating_sub(1);
@@ -216,7 +229,12 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Redis holds, and is cached as such; any other is read again when needed.
     pub(super) fn settle_ahead(&mut self) {
         for (key, ahead) in std::mem::take(&mut self.views.ahead) {
-            if ahead.remaining == 0 {
+            if ahead.lost {
+                // Written again in full with the next flush, as `reseed` does for every view.
+                let mut dirty = Dirty::new(ahead.state, Some(0), None, None, ahead.counted);
+                dirty.rewrite();
+                self.views.dirty.insert(key, dirty);
+            } else if ahead.remaining == 0 {
                 let cached = Cached {
                     state: ahead.state,
                     version: Some(ahead.version),

@@ -105,6 +105,10 @@ impl<C: MonotonicClock> RedisStore<C> {
         for dirty in self.views.dirty.values_mut() {
             dirty.rewrite();
         }
+        // Keys the batch counts ahead are written again once it has counted them all.
+        for ahead in self.views.ahead.values_mut() {
+            ahead.lost = true;
+        }
         for (key, cached) in cached {
             let key = (*key).clone();
             if self.views.dirty.contains_key(&key) || cached.state.head().is_none() {

@@ -280,7 +280,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// Runs `scripts` on the flusher's link now, with no flush in flight, and waits for them
-    /// (at most `flush_deadline`): their replies and whether a replica confirmed every write so
+    /// (at most two read deadlines): their replies and whether a replica confirmed every write so
     /// far; `None` if a failover crossed them (what they wrote may be lost).
     pub(super) fn run_on_flusher(&mut self, scripts: Batch) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
         debug_assert!(self.flushing.inflight.is_none());
@@ -297,12 +297,14 @@ impl<C: MonotonicClock> RedisStore<C> {
         let job = FlushJob { first: Batch::default(), epochs: 0, known: Vec::new(), promotions, scripts, attempts: self.config.attempts };
         let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
         jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
-        let done = match self.flushing.done.recv_timeout(self.flush_deadline()) {
+        // On the counting path: waited for no longer than a read (two attempts).
+        let deadline = self.read_deadline().saturating_mul(2);
+        let done = match self.flushing.done.recv_timeout(deadline) {
             Ok(done) => done,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                // Its reply is taken as a flush's would be: the next `complete` must not take
-                // it for its own. Until it comes, Redis is taken as unavailable.
-                let error = StoreError::Unavailable(format!("counting ahead got no reply within {:?}", self.flush_deadline()));
+                // Its reply is skipped when it comes: the next `complete` must not take it for
+                // its own. Meanwhile Redis is taken as unavailable.
+                let error = StoreError::Unavailable(format!("counting ahead got no reply within {deadline:?}"));
                 self.flushing.stray += 1;
                 return Err(error);
             }
@@ -635,7 +637,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 (dirty.state, None, None, dirty.offsets)
             }
         };
-        self.views.learn(key.window, &offsets);
+        self.views.learn(key.window, &offsets, super::view::several_observations(&spec, &state));
         if dirty.pending.is_empty() {
             self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets, read_at: sent }));
         } else {

@@ -85,7 +85,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// The longest the counting path waits for Redis: a connection and a reply.
-    fn read_deadline(&self) -> Duration {
+    pub(super) fn read_deadline(&self) -> Duration {
         self.config.connect_timeout + self.config.response_timeout
     }
 

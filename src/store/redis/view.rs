@@ -13,7 +13,7 @@ use crate::clock::MonotonicClock;
 use crate::store::codec::{self, Observation, Offsets, Stored};
 use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
 use crate::store::counter_store::{Observed, StoreError, WindowId};
-use crate::window::{Applied, Delta, WindowSpec, WindowState};
+use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
 /// This process's views of windows.
 pub(super) struct Views {
@@ -80,9 +80,11 @@ impl Views {
                 || offsets.iter().any(|(lane, _)| !self.own_lanes.contains(lane)))
     }
 
-    /// Learns from a key's recorded offsets whether its window's keys span partitions.
+    /// Learns from a key's recorded offsets whether its window's keys span partitions. A key
+    /// written from one partition tells something only if it holds `several` observations (a
+    /// key seen once is on one partition whatever its counter).
     #[inline]
-    pub(super) fn learn(&mut self, window: u32, offsets: &Offsets) {
+    pub(super) fn learn(&mut self, window: u32, offsets: &Offsets, several: bool) {
         let window = window as usize;
         if self.locality.len() <= window {
             self.locality.resize(window + 1, Locality::default());
@@ -90,9 +92,18 @@ impl Views {
         let locality = &mut self.locality[window];
         match offsets.len() {
             0 => {}
-            1 => locality.one_lane = locality.one_lane.saturating_add(1),
+            1 if several => locality.one_lane = locality.one_lane.saturating_add(1),
+            1 => {}
             _ => locality.two_lanes = true,
         }
+    }
+}
+
+/// Whether `state` holds at least two observations (for a sum: in two buckets at least).
+pub(super) fn several_observations(spec: &WindowSpec, state: &WindowState) -> bool {
+    match (spec.aggregate, state) {
+        (Aggregate::Sum, WindowState::Series(series)) => series.buckets().nth(1).is_some(),
+        _ => state.value() >= 2,
     }
 }
 
@@ -353,7 +364,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let now = self.clock.now();
         for (window, key) in keys {
             let lookup = KeyRef { window: window.0, key };
-            if self.views.dirty.contains_key(&lookup) {
+            if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
             let fresh = |cached: &Arc<Cached>| !self.views.stale(window.0, cached, now, Duration::ZERO);
@@ -382,7 +393,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
             let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
-            self.views.learn(window.0, &offsets);
+            self.views.learn(window.0, &offsets, several_observations(&self.windows.spec(window.0), &state));
             let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets, read_at });
             self.views.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
