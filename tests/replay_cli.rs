@@ -245,7 +245,7 @@ fn overlong_lines_are_bad_lines_and_never_held_whole() {
 
     let endless = "{".repeat(3_000_000);
     let out = vigil(&["replay", "--rules", "rules", "--input", "-", "--max-event-bytes", "65536"], Some(&endless));
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(1), "its one line is bad: nothing could be decoded");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 1: bad event (too_large): line of 3000000 bytes"), "{stderr}");
 }
@@ -323,4 +323,65 @@ fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
     assert!(summary.contains("holds evicted at the bound"), "{summary}");
     assert!(stderr.contains("the counter state is at its bound of keys (--max-keys)"), "{stderr}");
     eprintln!("{summary}");
+}
+
+/// An input of which no line decodes is refused (exit 1, saying so), whatever `--max-bad-ratio`;
+/// more bad lines than `--max-bad-ratio` allows also exits 1, after every record is out; an
+/// empty input is not an error.
+#[test]
+fn an_input_with_no_usable_line_or_too_many_bad_ones_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some("not json\n[1]\n{\"no\":\"ts\"}\n"));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("replay: no input line could be decoded (3 bad lines; the reasons are above)"), "{stderr}");
+    let out = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "1"], Some("not json\n"));
+    assert_eq!(out.status.code(), Some(1), "none decoded: refused whatever the ratio");
+
+    // INPUT: 8 events decode, 5 lines are bad (of 13 non-blank).
+    let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(INPUT));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let strict = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "0.3"], Some(INPUT));
+    assert_eq!(strict.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert!(stderr.contains("replay: 5 of 13 lines were bad (38.5 %), more than --max-bad-ratio 0.3"), "{stderr}");
+    assert_eq!(strict.stdout, out.stdout, "every record is still written");
+    let lenient = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "0.4"], Some(INPUT));
+    assert_eq!(lenient.status.code(), Some(0));
+
+    let empty = vigil(&["replay", "--rules", &rules, "--input", "-"], Some("\n\n"));
+    assert_eq!(empty.status.code(), Some(0), "nothing to decode is not a bad input");
+    let bad_ratio = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "2"], None);
+    assert_eq!(bad_ratio.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad_ratio.stderr).contains("\"2\" is not a share between 0 and 1"), "{}", String::from_utf8_lossy(&bad_ratio.stderr));
+}
+
+/// `--input -` on a pipe is a live sidecar: each record comes out as soon as its line is read,
+/// while the pipe stays open.
+#[test]
+fn a_piped_stdin_gets_each_record_as_soon_as_its_line_is_written() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["replay", "--rules", &rules, "--input", "-", "--emit-allow"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    for n in 1..=3 {
+        writeln!(stdin, r#"{{"event_id":"live-{n}","ts":{},"type":"login","result":"fail","user_id":"u1"}}"#, 100_000 + n).unwrap();
+        stdin.flush().unwrap();
+        // Read back before writing the next line (the pipe is still open): a record held for a
+        // batch to fill would block here until the test's timeout.
+        let mut record = String::new();
+        stdout.read_line(&mut record).unwrap();
+        assert!(record.contains(&format!("\"event_id\":\"live-{n}\"")), "{record}");
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
 }

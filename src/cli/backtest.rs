@@ -17,7 +17,14 @@ use vigil::store::MemoryStore;
 use super::{load_rules, open_input};
 
 /// Replay plus the per-rule report.
-pub fn backtest(rules_path: &Path, input: &Path, json: bool, bounds: TimeBounds, max_keys: usize) -> anyhow::Result<ExitCode> {
+pub fn backtest(
+    rules_path: &Path,
+    input: &Path,
+    json: bool,
+    bounds: TimeBounds,
+    max_keys: usize,
+    max_bad_ratio: f64,
+) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
@@ -46,5 +53,5 @@ pub fn backtest(rules_path: &Path, input: &Path, json: bool, bounds: TimeBounds,
     } else {
         pipeline::backtest::write_table(&report, &mut out)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(super::refuse_bad_input("backtest", report.events, report.bad_lines, max_bad_ratio).unwrap_or(ExitCode::SUCCESS))
 }

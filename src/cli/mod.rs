@@ -14,6 +14,7 @@ mod run;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
+use std::process::ExitCode;
 
 use vigil::rule_files::{self, LoadError};
 use vigil::rules::RuleSet;
@@ -48,6 +49,36 @@ fn load_rules_with(path: &Path, allow_empty: bool) -> Option<RuleSet> {
             eprintln!("error: {other}");
             None
         }
+    }
+}
+
+/// Whether an input was usable: `events` decoded and `bad` refused among its non-blank lines.
+/// Exit 1 (after saying why on stderr) when lines were given and none decoded, or when more than
+/// `max_bad_ratio` of them were bad; `None`: fine.
+fn refuse_bad_input(command: &str, events: u64, bad: u64, max_bad_ratio: f64) -> Option<ExitCode> {
+    let lines = events + bad;
+    if lines == 0 {
+        return None;
+    }
+    let ratio = bad as f64 / lines as f64;
+    if events == 0 {
+        eprintln!("{command}: no input line could be decoded ({bad} bad lines; the reasons are above)");
+    } else if ratio > max_bad_ratio {
+        eprintln!(
+            "{command}: {bad} of {lines} lines were bad ({:.1} %), more than --max-bad-ratio {max_bad_ratio}",
+            ratio * 100.0
+        );
+    } else {
+        return None;
+    }
+    Some(ExitCode::from(1))
+}
+
+/// A share of bad lines, 0 to 1 (`--max-bad-ratio`).
+pub fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{text:?} is not a share between 0 and 1 (e.g. 0.01)")),
     }
 }
 

@@ -35,9 +35,12 @@ pub fn replay(
     mut options: ReplayOptions,
     bounds: TimeBounds,
     max_keys: usize,
+    max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
     let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
+    // A pipe is a live stream: each record goes out as soon as its line is judged.
+    options.live = input == Path::new("-") && !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.is_file());
     let mut setup = StoreSetup { max_keys, max_lateness_ms: bounds.max_lateness_ms, ..StoreSetup::default() };
     if let Some(ReplayRedis { url, tls_ca_file, input_id, replica_ack_timeout }) = redis {
         setup.redis.replica_ack_timeout = replica_ack_timeout;
@@ -55,8 +58,10 @@ pub fn replay(
     let clock = Arc::new(SystemClock);
     // Each store its own monomorphised engine: no dispatch on the counting path.
     match store {
-        AnyStore::Memory(store) => run_replay(Engine::new(rules, store).with_time(bounds, clock), reader, options, |_| {}),
-        AnyStore::Redis(store) => run_replay(Engine::new(rules, *store).with_time(bounds, clock), reader, options, report_redis),
+        AnyStore::Memory(store) => run_replay(Engine::new(rules, store).with_time(bounds, clock), reader, options, max_bad_ratio, |_| {}),
+        AnyStore::Redis(store) => {
+            run_replay(Engine::new(rules, *store).with_time(bounds, clock), reader, options, max_bad_ratio, report_redis)
+        }
     }
 }
 
@@ -85,6 +90,7 @@ fn run_replay<S: CounterStore>(
     mut engine: Engine<S>,
     reader: Box<dyn BufRead>,
     options: ReplayOptions,
+    max_bad_ratio: f64,
     report_store: impl Fn(&S),
 ) -> anyhow::Result<ExitCode> {
     let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
@@ -93,7 +99,7 @@ fn run_replay<S: CounterStore>(
         Ok(summary) => {
             eprintln!("{summary}");
             report_store(engine.store());
-            Ok(ExitCode::SUCCESS)
+            Ok(super::refuse_bad_input("replay", summary.counts.events, summary.bad_lines, max_bad_ratio).unwrap_or(ExitCode::SUCCESS))
         }
         // A closed stdout (`vigil replay ... | head`) is a normal way to stop reading.
         Err(pipeline::ReplayError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),

@@ -27,11 +27,14 @@ pub struct ReplayOptions {
     /// At the end, how long to keep trying a shared store that is unavailable, so that what was
     /// counted locally meanwhile reaches it.
     pub store_wait: Duration,
+    /// The input is a live stream (a pipe): each line is judged as soon as it is read and its
+    /// record written out at once, instead of waiting for a batch of lines to fill.
+    pub live: bool,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { max_event_bytes: DEFAULT_MAX_EVENT_BYTES, emit_allow: false, lane: 0, store_wait: Duration::ZERO }
+        ReplayOptions { max_event_bytes: DEFAULT_MAX_EVENT_BYTES, emit_allow: false, lane: 0, store_wait: Duration::ZERO, live: false }
     }
 }
 
@@ -215,7 +218,7 @@ pub fn replay<S: CounterStore>(
     let mut record = Vec::with_capacity(1024);
     loop {
         wait_while_saturated(engine.store_mut())?;
-        read_batch(&mut input, &mut batch, &mut ends, options.max_event_bytes)?;
+        read_batch(&mut input, &mut batch, &mut ends, options.max_event_bytes, if options.live { 1 } else { REPLAY_BATCH })?;
         if ends.is_empty() {
             break;
         }
@@ -254,6 +257,9 @@ pub fn replay<S: CounterStore>(
         summary.peak_live_keys = summary.peak_live_keys.max(engine.store().live_keys());
         summary.peak_state_bytes = summary.peak_state_bytes.max(engine.store().state_stats().bytes);
         warn_on_evictions(&mut diagnostics, engine.store().state_stats(), &mut summary.state, &mut evictions_said)?;
+        if options.live {
+            output.flush()?;
+        }
     }
     output.flush()?;
     flush_within(engine.store_mut(), options.store_wait)?;
@@ -273,12 +279,18 @@ type LineEnds = Vec<Result<usize, usize>>;
 type Lines<'b> = Vec<Option<Result<Event<'b>, Rejected>>>;
 
 /// Reads the next batch of lines into `batch` (their ends into `ends`). A batch ends at
-/// REPLAY_BATCH lines or REPLAY_BATCH_BYTES bytes, whichever comes first: with lines of up to
+/// `max_lines` lines or REPLAY_BATCH_BYTES bytes, whichever comes first: with lines of up to
 /// `max_event_bytes`, memory per batch stays bounded.
-fn read_batch(input: &mut impl BufRead, batch: &mut Vec<u8>, ends: &mut LineEnds, max_event_bytes: usize) -> io::Result<()> {
+fn read_batch(
+    input: &mut impl BufRead,
+    batch: &mut Vec<u8>,
+    ends: &mut LineEnds,
+    max_event_bytes: usize,
+    max_lines: usize,
+) -> io::Result<()> {
     batch.clear();
     ends.clear();
-    while ends.len() < REPLAY_BATCH && batch.len() < REPLAY_BATCH_BYTES {
+    while ends.len() < max_lines && batch.len() < REPLAY_BATCH_BYTES {
         match read_line_bounded(input, batch, max_event_bytes)? {
             LineRead::End => break,
             LineRead::Line => ends.push(Ok(batch.len())),

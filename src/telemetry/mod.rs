@@ -473,7 +473,10 @@ pub fn init_logging(config: &LogConfig) -> Result<(), String> {
         _ => EnvFilter::try_new(&config.level),
     }
     .map_err(|e| format!("log.level: {e}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal (and not under NO_COLOR): log files and
+    // collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let result = match config.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
