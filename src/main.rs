@@ -322,9 +322,19 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // A reader that stopped reading (`vigil … | head`) is a normal way to end.
+        Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Whether `error` comes from writing to a closed pipe.
+fn broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause.downcast_ref::<serde_json::Error>().is_some_and(|e| e.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+    })
 }

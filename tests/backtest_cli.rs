@@ -129,3 +129,31 @@ fn gen_validates_its_arguments_and_documents_its_events() {
         assert!(help.contains(wanted), "{wanted} not in:\n{help}");
     }
 }
+
+/// A reader that stops reading (`vigil … | head -1`) ends the command quietly, exit 0.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let generated = Command::new(env!("CARGO_BIN_EXE_vigil")).args(["gen", "--events", "20000"]).output().unwrap();
+    std::fs::write(&events, &generated.stdout).unwrap();
+    for args in [
+        &["backtest", "--rules", "rules", "--input", events.to_str().unwrap()][..],
+        &["backtest", "--rules", "rules", "--input", events.to_str().unwrap(), "--json"][..],
+        &["check", "rules"][..],
+        &["replay", "--rules", "rules", "--input", events.to_str().unwrap(), "--emit-allow"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before anything is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("Broken pipe") && !stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
