@@ -287,9 +287,7 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     }
     // Rules keyed by the Kafka key (the user) see each user's events in order, whoever owns the
     // partition: their hits are exact.
-    let hits = |record: &Value| -> Vec<Value> {
-        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
-    };
+    let hits = user_keyed_hits;
     let wrong: Vec<String> = delivered
         .first
         .iter()
@@ -493,6 +491,37 @@ fn rules_off_by_more_than_one_percent(delivered: &Delivered, reference: &HashMap
     off
 }
 
+/// The hits of `record` by rules that count per user (the Kafka key).
+fn user_keyed_hits(record: &Value) -> Vec<Value> {
+    record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
+}
+
+/// Partitions in step: every event's hits by per-user rules equal the single-order run's, and
+/// every rule's hit count is within 1 % of it.
+fn assert_in_step(delivered: &Delivered, reference: &HashMap<String, Value>) {
+    let off = rules_off_by_more_than_one_percent(delivered, reference);
+    assert!(delivered.first.iter().all(|(id, r)| user_keyed_hits(r) == user_keyed_hits(&reference[id])), "user-keyed hits are exact");
+    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
+}
+
+/// Stops `workers` (SIGTERM: each flushes and commits) and checks every counter in `redis`
+/// against one clean pass over `lines`.
+fn stop_and_compare_counters(workers: [&mut Worker; 2], redis: &RedisServer, dir: &Path, lines: &[Vec<u8>]) {
+    let mut logs = String::new();
+    for worker in workers {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+        logs.push_str(&worker.log_text());
+    }
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir, lines), &logs);
+}
+
+/// 30 000 events at 300 per second of event time, with fraud bursts, for a stream that two
+/// workers read while one of them is disturbed.
+fn stream_with_bursts(seed: u64) -> WorkloadSpec {
+    WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed, ..WorkloadSpec::default() }
+}
+
 /// Live: events produced as they happen (event time = wall time, 500 per second, with
 /// credential-stuffing bursts) on four partitions keyed by user, two workers with Redis. Every
 /// rule within 1 % of a single-order run (those on per-user counters exact), every counter exact.
@@ -524,22 +553,13 @@ fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent
     let reference = reference_records(&lines);
     produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_millis(events * 1000 / rate), None);
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
     let wrong: Vec<&str> = wrong_decisions(&delivered, &reference);
     eprintln!("{} of {} records differ from the single-order run", wrong.len(), delivered.first.len());
     for worker in [&first, &second] {
         eprintln!("counted ahead: {:?}", worker.metric("vigil_redis_counted_ahead_total"));
     }
-    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
-    let user_keyed = |record: &Value| -> Vec<Value> {
-        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
-    };
-    assert!(delivered.first.iter().all(|(id, r)| user_keyed(r) == user_keyed(&reference[id])), "user-keyed hits are exact");
-    for worker in [&mut first, &mut second] {
-        worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    }
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &first.log_text());
+    assert_in_step(&delivered, &reference);
+    stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }
 
 /// A worker that stalls (SIGSTOP) longer than the group's session timeout while events stream
@@ -551,8 +571,7 @@ fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("stalled-worker", 4);
-    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed: 43, ..WorkloadSpec::default() };
-    let lines = workload_lines(&spec);
+    let lines = workload_lines(&stream_with_bursts(43));
     let reference = reference_records(&lines);
     let config = config(&broker, &topics, &redis.url(), 6_000);
     let (mut first, mut second) = std::thread::scope(|scope| {
@@ -572,17 +591,8 @@ fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
     eprintln!("batches the stalled worker found taken over: {fenced}");
     let assignments = first.log_text().matches("partitions assigned").count();
     assert!(assignments >= 2, "the other worker took the stalled one's partitions over:\n{}", first.log_text());
-    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
-    let user_keyed = |record: &Value| -> Vec<Value> {
-        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
-    };
-    assert!(delivered.first.iter().all(|(id, r)| user_keyed(r) == user_keyed(&reference[id])), "user-keyed hits are exact");
-    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
-    for worker in [&mut first, &mut second] {
-        worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    }
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &second.log_text());
+    assert_in_step(&delivered, &reference);
+    stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }
 
 /// A worker SIGKILLed while events stream in, and started again: its partitions' events after
@@ -596,8 +606,7 @@ fn a_worker_killed_and_restarted_mid_stream_keeps_cross_partition_rules_within_o
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("killed-worker", 4);
-    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed: 47, ..WorkloadSpec::default() };
-    let lines = workload_lines(&spec);
+    let lines = workload_lines(&stream_with_bursts(47));
     let reference = reference_records(&lines);
     let config = config(&broker, &topics, &redis.url(), 6_000);
     let (mut first, mut restarted) = std::thread::scope(|scope| {
@@ -619,17 +628,8 @@ fn a_worker_killed_and_restarted_mid_stream_keeps_cross_partition_rules_within_o
     });
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
     eprintln!("events delivered more than once (identical copies): {}", delivered.duplicated);
-    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
-    let user_keyed = |record: &Value| -> Vec<Value> {
-        record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
-    };
-    assert!(delivered.first.iter().all(|(id, r)| user_keyed(r) == user_keyed(&reference[id])), "user-keyed hits are exact");
-    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
-    for worker in [&mut first, &mut restarted] {
-        worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    }
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &first.log_text());
+    assert_in_step(&delivered, &reference);
+    stop_and_compare_counters([&mut first, &mut restarted], &redis, dir.path(), &lines);
 }
 
 /// A backlog on four partitions (events keyed by user, so per-IP counters span partitions) read
@@ -667,15 +667,6 @@ fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
             eprintln!("{line}");
         }
     }
-    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
-    let (want, got) = (hits_per_rule(reference.values()), hits_per_rule(delivered.first.values()));
-    for rule in USER_KEYED.iter().filter(|rule| want.contains_key(**rule)) {
-        assert_eq!(got.get(*rule), want.get(*rule), "{rule} counts per user, within one partition: exact");
-    }
-    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
-    for worker in [&mut first, &mut second] {
-        worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    }
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &first.log_text());
+    assert_in_step(&delivered, &reference);
+    stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }

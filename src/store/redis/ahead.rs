@@ -13,7 +13,6 @@
 //! that view is dropped and read again.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use hashbrown::HashMap;
 
@@ -23,12 +22,7 @@ use crate::clock::MonotonicClock;
 use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
 use crate::store::counter_store::{Observed, Planned, StoreError, WindowId};
 use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
-use crate::store::link::{slot, Batch, Op};
-use crate::store::scripts::ScriptCall;
 use crate::window::{Applied, Delta, WindowState};
-
-/// Keys served by one script call (as a flush's).
-const KEYS_PER_CALL: usize = 256;
 
 /// A key the batch counts ahead: the window as Redis held it just before the batch's step, with
 /// the batch's observations applied as `apply` counts them.
@@ -42,7 +36,6 @@ pub(super) struct Ahead {
     offsets: Offsets,
     /// Planned observations `apply` has not counted yet.
     remaining: usize,
-    read_at: Instant,
     /// Redis lost its data while the batch ran: the view is written again in full.
     pub(super) lost: bool,
     /// The prior offsets raised by what `apply` counted here: what a rewrite may claim.
@@ -99,7 +92,6 @@ impl<C: MonotonicClock> RedisStore<C> {
         if keys.is_empty() {
             return Ok(());
         }
-        let read_at = self.clock.now();
         let replies = match self.run_ahead(&keys) {
             Ok(Some(replies)) => replies,
             // A failover crossed the step: whatever it wrote goes again with the batch's flush.
@@ -146,7 +138,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 self.keep_unconfirmed(key.clone(), observed, Some(oldest));
             }
             let counted = prior_offsets.clone();
-            self.views.ahead.insert(key, Ahead { state, prior_offsets, version, offsets, remaining, read_at, lost: false, counted });
+            self.views.ahead.insert(key, Ahead { state, prior_offsets, version, offsets, remaining, lost: false, counted });
         }
         self.update_durable();
         Ok(())
@@ -156,16 +148,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// replies and whether a replica confirmed them; `None` if a failover crossed it.
     #[allow(clippy::type_complexity)]
     fn run_ahead(&mut self, keys: &[(StoredKey, Vec<Observation>)]) -> Result<Option<(Vec<codec::KeyReply>, bool)>, StoreError> {
-        let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
-        let mut open: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
         let empty = Offsets::new();
-        for (at, (key, observations)) in keys.iter().enumerate() {
-            let name = self.redis_key(WindowId(key.window), key.key.as_slice());
-            let group_slot = if self.cluster { slot(&name) } else { 0 };
-            let group = *open.entry(group_slot).or_insert_with(|| {
-                groups.push((group_slot, Vec::new(), ScriptCall::default()));
-                groups.len() - 1
-            });
+        let mut batch = self.script_batch(keys, |(key, _)| key, |(key, observations), call, name| {
             let spec = self.windows.spec(key.window);
             let unused = WindowState::new(spec.aggregate);
             let flush = KeyFlush {
@@ -180,18 +164,8 @@ impl<C: MonotonicClock> RedisStore<C> {
                 full: false,
                 before: true,
             };
-            codec::add_key(&mut groups[group].2, &name, &flush);
-            groups[group].1.push(at);
-            if groups[group].1.len() == KEYS_PER_CALL {
-                open.remove(&group_slot);
-            }
-        }
-        let mut batch = Batch::default();
-        for (group_slot, members, call) in groups {
-            batch.order.extend(members);
-            batch.calls.push(Op::Script(call));
-            batch.slots.push(group_slot);
-        }
+            codec::add_key(call, name, &flush);
+        });
         batch.confirm = true;
         let order = batch.order.clone();
         let Some((calls, replicated)) = self.run_on_flusher(batch)? else { return Ok(None) };
@@ -241,7 +215,6 @@ impl<C: MonotonicClock> RedisStore<C> {
                     // The step refreshed the TTL only if it wrote: leave the next write to.
                     refreshed: None,
                     offsets: ahead.offsets,
-                    read_at: ahead.read_at,
                 };
                 self.views.cache.insert(key, Arc::new(cached));
             } else {

@@ -236,21 +236,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Script calls covering the in-flight deltas of `keys`, up to `KEYS_PER_CALL` keys per
     /// call; in cluster mode each call holds keys of one hash slot.
     fn batch(&self, keys: &[StoredKey]) -> Batch {
-        let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
-        let mut open: HashMap<u16, usize> = HashMap::new();
-        let mut batch = Batch::default();
-        for (index, key) in keys.iter().enumerate() {
-            let window = WindowId(key.window);
-            let name = self.redis_key(window, key.key.as_slice());
-            let group_slot = if self.cluster { slot(&name) } else { 0 };
-            let group = match open.get(&group_slot) {
-                Some(&g) => g,
-                None => {
-                    groups.push((group_slot, Vec::new(), ScriptCall::default()));
-                    open.insert(group_slot, groups.len() - 1);
-                    groups.len() - 1
-                }
-            };
+        self.script_batch(keys, |key| key, |key, call, name| {
             let dirty = &self.views.dirty[key];
             let spec = self.windows.spec(key.window);
             let flush = KeyFlush {
@@ -265,7 +251,31 @@ impl<C: MonotonicClock> RedisStore<C> {
                 full: dirty.full,
                 before: false,
             };
-            codec::add_key(&mut groups[group].2, &name, &flush);
+            codec::add_key(call, name, &flush);
+        })
+    }
+
+    /// Script calls covering `keys` (each naming its key through `stored`, added to its call by
+    /// `add`), up to `KEYS_PER_CALL` keys per call; in cluster mode each call holds keys of one
+    /// hash slot. The batch's order maps the calls' replies back to `keys`.
+    pub(super) fn script_batch<K>(
+        &self,
+        keys: &[K],
+        stored: impl Fn(&K) -> &StoredKey,
+        mut add: impl FnMut(&K, &mut ScriptCall, &str),
+    ) -> Batch {
+        let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
+        let mut open: HashMap<u16, usize> = HashMap::new();
+        let mut batch = Batch::default();
+        for (index, key) in keys.iter().enumerate() {
+            let stored = stored(key);
+            let name = self.redis_key(WindowId(stored.window), stored.key.as_slice());
+            let group_slot = if self.cluster { slot(&name) } else { 0 };
+            let group = *open.entry(group_slot).or_insert_with(|| {
+                groups.push((group_slot, Vec::new(), ScriptCall::default()));
+                groups.len() - 1
+            });
+            add(key, &mut groups[group].2, &name);
             groups[group].1.push(index);
             if groups[group].1.len() == KEYS_PER_CALL {
                 open.remove(&group_slot);
@@ -639,7 +649,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         };
         self.views.learn(key.window, &offsets, super::view::several_observations(&spec, &state));
         if dirty.pending.is_empty() {
-            self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets, read_at: sent }));
+            self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
         } else {
             let mut again = Dirty::new(state, version, base_head, refreshed, offsets);
             again.pending = dirty.pending;

@@ -63,17 +63,11 @@ impl Views {
         self.own_lanes.clear();
     }
 
-    /// Whether a clean view read at `cached.read_at` must be read again before it is used at
-    /// `now`: while other processes count into the same keys, a view another writer touched (or
-    /// nobody yet) is trusted for `fresh_for` only, so what it lacks of their counts is about
-    /// one flush interval of theirs, however long the view stays cached.
-    pub(super) fn stale(&self, window: u32, cached: &Cached, now: Instant, fresh_for: Duration) -> bool {
-        now.saturating_duration_since(cached.read_at) >= fresh_for && self.shared_key(window, &cached.offsets)
-    }
-
     /// Whether, while other processes count into the same keys, a key of `window` with these
     /// recorded offsets may change in Redis without this process: its window's keys span
-    /// partitions, or a lane this process does not count wrote it.
+    /// partitions, or a lane this process does not count wrote it. Such a key's clean view is
+    /// read again for every batch (and counted ahead where the batch counts it), so it never
+    /// misses what the others wrote while it stayed cached.
     pub(super) fn shared_key(&self, window: u32, offsets: &Offsets) -> bool {
         self.shared
             && (self.locality.get(window as usize).is_none_or(Locality::spanning)
@@ -214,9 +208,6 @@ pub(super) struct Cached {
     /// When this process last had Redis refresh the key's TTL.
     pub(super) refreshed: Option<Instant>,
     pub(super) offsets: Offsets,
-    /// When Redis held this window, by the store's clock (at the latest: when the read or the
-    /// write that returned it was sent).
-    pub(super) read_at: Instant,
 }
 
 /// A key's TTL is at least this many windows. Every write that may create or re-create a key sets
@@ -361,13 +352,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
-        let now = self.clock.now();
         for (window, key) in keys {
             let lookup = KeyRef { window: window.0, key };
             if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
-            let fresh = |cached: &Arc<Cached>| !self.views.stale(window.0, cached, now, Duration::ZERO);
+            let fresh = |cached: &Arc<Cached>| !self.views.shared_key(window.0, &cached.offsets);
             if self.views.cache.get(&lookup).is_some_and(|cached| fresh(&cached)) {
                 continue;
             }
@@ -387,14 +377,13 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
         let names: Vec<String> = keys.iter().map(|&(window, key)| self.redis_key(window, key)).collect();
-        let read_at = self.clock.now();
         let replies = self.read_each("HGETALL", &names)?;
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
             let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
             self.views.learn(window.0, &offsets, several_observations(&self.windows.spec(window.0), &state));
-            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets, read_at });
+            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
             self.views.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
         }
