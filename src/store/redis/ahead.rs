@@ -130,8 +130,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             for origin in observed.iter().filter_map(|o| o.origin) {
                 codec::raise(&mut offsets, origin.lane, origin.offset);
             }
-            let several = observed.len() >= 2 || super::view::several_observations(&spec, &state);
-            self.views.learn(key.window, &offsets, several);
+            self.views.learn(key.window, &offsets, || observed.len() >= 2 || super::view::several_observations(&spec, &state));
             let remaining = observed.len();
             self.views.cache.invalidate(&key);
             if keep {

@@ -647,7 +647,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 (dirty.state, None, None, dirty.offsets)
             }
         };
-        self.views.learn(key.window, &offsets, super::view::several_observations(&spec, &state));
+        self.views.learn(key.window, &offsets, || super::view::several_observations(&spec, &state));
         if dirty.pending.is_empty() {
             self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
         } else {

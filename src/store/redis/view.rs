@@ -78,15 +78,19 @@ impl Views {
     /// written from one partition tells something only if it holds `several` observations (a
     /// key seen once is on one partition whatever its counter).
     #[inline]
-    pub(super) fn learn(&mut self, window: u32, offsets: &Offsets, several: bool) {
+    pub(super) fn learn(&mut self, window: u32, offsets: &Offsets, several: impl FnOnce() -> bool) {
         let window = window as usize;
         if self.locality.len() <= window {
             self.locality.resize(window + 1, Locality::default());
         }
         let locality = &mut self.locality[window];
+        if locality.two_lanes {
+            return;
+        }
         match offsets.len() {
             0 => {}
-            1 if several => locality.one_lane = locality.one_lane.saturating_add(1),
+            // Only while it can still change the answer: counting observations is not free.
+            1 if locality.one_lane < Locality::LOCAL_AFTER && several() => locality.one_lane += 1,
             1 => {}
             _ => locality.two_lanes = true,
         }
@@ -357,8 +361,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
-            let fresh = |cached: &Arc<Cached>| !self.views.shared_key(window.0, &cached.offsets);
-            if self.views.cache.get(&lookup).is_some_and(|cached| fresh(&cached)) {
+            // Alone, any cached view will do (and `contains_key` costs less than a `get`).
+            let fresh = match self.views.shared {
+                false => self.views.cache.contains_key(&lookup),
+                true => self.views.cache.get(&lookup).is_some_and(|cached| !self.views.shared_key(window.0, &cached.offsets)),
+            };
+            if fresh {
                 continue;
             }
             if seen.insert(KeyRef { window: window.0, key }) {
@@ -382,7 +390,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
             let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
-            self.views.learn(window.0, &offsets, several_observations(&self.windows.spec(window.0), &state));
+            self.views.learn(window.0, &offsets, || several_observations(&self.windows.spec(window.0), &state));
             let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
             self.views.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
