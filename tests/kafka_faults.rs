@@ -562,16 +562,21 @@ fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent
     stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }
 
-/// A worker that stalls (SIGSTOP) longer than the group's session timeout while events stream
-/// in: the broker gives its partitions to the other worker; when it runs again (SIGCONT) it
-/// finds them taken over, drops the batch it was judging and rejoins. Rules on per-user counters
-/// stay exact, the others within 1 % of a single-order run, every counter exact.
-#[test]
-fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
+/// Two workers read `stream_with_bursts(seed)` on four partitions while it is produced over
+/// 24 s; `disturb` acts on them meanwhile (it gets the run's directory and config, to start
+/// another) and returns the two left running, and `check` looks at the run once every event has
+/// its decision. Then: partitions in step (per-user hits exact, every rule within 1 %) and every
+/// counter exact.
+fn two_workers_through_a_disturbance(
+    name: &str,
+    seed: u64,
+    disturb: impl FnOnce(&Path, &str, Worker, Worker) -> (Worker, Worker) + Send,
+    check: impl FnOnce(&Delivered, &Worker, &Worker),
+) {
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
-    let topics = broker.topics("stalled-worker", 4);
-    let lines = workload_lines(&stream_with_bursts(43));
+    let topics = broker.topics(name, 4);
+    let lines = workload_lines(&stream_with_bursts(seed));
     let reference = reference_records(&lines);
     let config = config(&broker, &topics, &redis.url(), 6_000);
     let (mut first, mut second) = std::thread::scope(|scope| {
@@ -580,19 +585,33 @@ fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
         let mut second = Worker::start(dir.path(), "w2", &config);
         first.wait_ready(LONG);
         second.wait_ready(LONG);
+        disturb(dir.path(), &config, first, second)
+    });
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
+    check(&delivered, &first, &second);
+    assert_in_step(&delivered, &reference);
+    stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
+}
+
+/// A worker that stalls (SIGSTOP) longer than the group's session timeout while events stream
+/// in: the broker gives its partitions to the other worker; when it runs again (SIGCONT) it
+/// finds them taken over, drops the batch it was judging and rejoins. Rules on per-user counters
+/// stay exact, the others within 1 % of a single-order run, every counter exact.
+#[test]
+fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
+    let stall = |_: &Path, _: &str, first: Worker, second: Worker| {
         std::thread::sleep(Duration::from_secs(6));
         second.signal("STOP");
         std::thread::sleep(Duration::from_secs(10));
         second.signal("CONT");
         (first, second)
+    };
+    two_workers_through_a_disturbance("stalled-worker", 43, stall, |_, first, second| {
+        let fenced = second.log_text().matches("taken over by another worker").count();
+        eprintln!("batches the stalled worker found taken over: {fenced}");
+        let assignments = first.log_text().matches("partitions assigned").count();
+        assert!(assignments >= 2, "the other worker took the stalled one's partitions over:\n{}", first.log_text());
     });
-    let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    let fenced = second.log_text().matches("taken over by another worker").count();
-    eprintln!("batches the stalled worker found taken over: {fenced}");
-    let assignments = first.log_text().matches("partitions assigned").count();
-    assert!(assignments >= 2, "the other worker took the stalled one's partitions over:\n{}", first.log_text());
-    assert_in_step(&delivered, &reference);
-    stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }
 
 /// A worker SIGKILLed while events stream in, and started again: its partitions' events after
@@ -603,18 +622,7 @@ fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
 /// RELIABILITY.md, "The exception: keys counted ahead".)
 #[test]
 fn a_worker_killed_and_restarted_mid_stream_keeps_cross_partition_rules_within_one_percent() {
-    let dir = tempfile::tempdir().unwrap();
-    let (broker, redis) = (Broker::shared(), RedisServer::start());
-    let topics = broker.topics("killed-worker", 4);
-    let lines = workload_lines(&stream_with_bursts(47));
-    let reference = reference_records(&lines);
-    let config = config(&broker, &topics, &redis.url(), 6_000);
-    let (mut first, mut restarted) = std::thread::scope(|scope| {
-        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(24), None));
-        let mut first = Worker::start(dir.path(), "w1", &config);
-        let mut second = Worker::start(dir.path(), "w2", &config);
-        first.wait_ready(LONG);
-        second.wait_ready(LONG);
+    let kill_and_restart = |dir: &Path, config: &str, first: Worker, mut second: Worker| {
         std::thread::sleep(Duration::from_secs(8));
         let owned = second.metric("vigil_assigned_partitions").unwrap_or(0.0);
         let decided = second.metric("vigil_journaled_decisions_total").unwrap_or(0.0);
@@ -622,14 +630,13 @@ fn a_worker_killed_and_restarted_mid_stream_keeps_cross_partition_rules_within_o
         let _ = second.wait_exit(Duration::from_secs(10));
         assert!(owned > 0.0 && decided > 0.0, "the killed worker was deciding: {owned} partitions, {decided} records journaled");
         std::thread::sleep(Duration::from_secs(2));
-        let mut restarted = Worker::start(dir.path(), "w3", &config);
+        let mut restarted = Worker::start(dir, "w3", config);
         restarted.wait_ready(LONG);
         (first, restarted)
+    };
+    two_workers_through_a_disturbance("killed-worker", 47, kill_and_restart, |delivered, _, _| {
+        eprintln!("events delivered more than once (identical copies): {}", delivered.duplicated);
     });
-    let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    eprintln!("events delivered more than once (identical copies): {}", delivered.duplicated);
-    assert_in_step(&delivered, &reference);
-    stop_and_compare_counters([&mut first, &mut restarted], &redis, dir.path(), &lines);
 }
 
 /// A backlog on four partitions (events keyed by user, so per-IP counters span partitions) read

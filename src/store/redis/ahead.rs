@@ -109,35 +109,24 @@ impl<C: MonotonicClock> RedisStore<C> {
         let (replies, replicated) = replies;
         let keep = !replicated && self.config.replica_ack_timeout.is_some();
         for ((key, observed), reply) in keys.into_iter().zip(replies) {
-            let spec = self.windows.spec(key.window);
-            let prior = match codec::parse_reply(&spec, &reply) {
-                Ok((Reply::Before(stored), counts)) => {
-                    self.stats.refused_late += counts.late;
-                    self.stats.skipped_applied += counts.skipped;
-                    Some(stored)
-                }
-                _ => None,
-            };
-            let Some(Stored { state, version, offsets: prior_offsets }) = prior else {
-                // Not what was asked: Redis has the deltas or not; a flush will tell.
-                self.views.cache.invalidate(&key);
-                if keep {
-                    self.keep_unconfirmed(key, observed, Some(oldest));
-                }
-                continue;
-            };
-            let mut offsets = prior_offsets.clone();
-            for origin in observed.iter().filter_map(|o| o.origin) {
-                codec::raise(&mut offsets, origin.lane, origin.offset);
-            }
-            self.views.learn(key.window, &offsets, || observed.len() >= 2 || super::view::several_observations(&spec, &state));
-            let remaining = observed.len();
+            // Its view is the prior window now, or (a reply not as asked: Redis has the deltas
+            // or not, a flush will tell) read again when needed.
             self.views.cache.invalidate(&key);
-            if keep {
-                self.keep_unconfirmed(key.clone(), observed, Some(oldest));
+            let spec = self.windows.spec(key.window);
+            if let Ok((Reply::Before(Stored { state, version, offsets: prior_offsets }), counts)) = codec::parse_reply(&spec, &reply) {
+                self.stats.refused_late += counts.late;
+                self.stats.skipped_applied += counts.skipped;
+                let mut offsets = prior_offsets.clone();
+                for origin in observed.iter().filter_map(|o| o.origin) {
+                    codec::raise(&mut offsets, origin.lane, origin.offset);
+                }
+                self.views.learn(key.window, &offsets, || observed.len() >= 2 || super::view::several_observations(&spec, &state));
+                let (remaining, counted) = (observed.len(), prior_offsets.clone());
+                self.views.ahead.insert(key.clone(), Ahead { state, prior_offsets, version, offsets, remaining, lost: false, counted });
             }
-            let counted = prior_offsets.clone();
-            self.views.ahead.insert(key, Ahead { state, prior_offsets, version, offsets, remaining, lost: false, counted });
+            if keep {
+                self.keep_unconfirmed(key, observed, Some(oldest));
+            }
         }
         self.update_durable();
         Ok(())
