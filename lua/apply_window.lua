@@ -65,12 +65,29 @@
 -- the caller knew at a version is gone (nothing was written).
 -- Numbers are strings: Lua numbers would be truncated to integers.
 
+-- Globals read once into locals: a global is a table lookup on every use, and the script reads
+-- ARGV and calls these once or more per argument.
+local ARGV, KEYS = ARGV, KEYS
+local tonumber, tostring, type, pairs, unpack = tonumber, tostring, type, pairs, unpack
+local byte, sub, match, format = string.byte, string.sub, string.match, string.format
+local call = redis.call
+
 -- The longest TTL accepted: ten years, far below what PEXPIRE can hold.
 local MAX_TTL = 315360000000
 
--- An integer written in at most 15 digits: Lua's doubles hold it exactly.
+-- An integer written in at most 15 digits: Lua's doubles hold it exactly. For the values written
+-- into the hash as they come ("v", "h"): their text must be what the caller decodes.
 local function is_int(s)
-  return type(s) == 'string' and #s <= 16 and string.match(s, '^%-?%d+$') ~= nil
+  return type(s) == 'string' and #s <= 16 and match(s, '^%-?%d+$') ~= nil
+end
+
+-- An integer as tonumber reads it, within what a double holds exactly. Cheaper than is_int (no
+-- pattern), for the values the script only computes with: a call checks one per argument, so
+-- this check is a large part of the script's time.
+local LIMIT = 2 ^ 53
+local function is_number(s)
+  local n = tonumber(s)
+  return n ~= nil and n % 1 == 0 and n < LIMIT and n > -LIMIT
 end
 
 -- Sums are 64-bit integers of micro-units, beyond what a Lua double holds exactly (2^53), so
@@ -79,15 +96,15 @@ local BASE = 1000000000
 local MAX_HI, MAX_LO = 9223372036, 854775807
 
 local function is_amount(s)
-  return type(s) == 'string' and #s <= 20 and string.match(s, '^%-?%d+$') ~= nil and #string.match(s, '%d+') <= 19
+  return type(s) == 'string' and #s <= 20 and match(s, '^%-?%d+$') ~= nil and #match(s, '%d+') <= 19
 end
 
 local function limbs(s)
-  local negative = string.byte(s, 1) == 45 -- '-'
-  local digits = negative and string.sub(s, 2) or s
+  local negative = byte(s, 1) == 45 -- '-'
+  local digits = negative and sub(s, 2) or s
   local n = #digits
-  local lo = tonumber(string.sub(digits, math.max(1, n - 8)))
-  local hi = n > 9 and tonumber(string.sub(digits, 1, n - 9)) or 0
+  local lo = tonumber(sub(digits, math.max(1, n - 8)))
+  local hi = n > 9 and tonumber(sub(digits, 1, n - 9)) or 0
   if negative then return {-hi, -lo} end
   return {hi, lo}
 end
@@ -106,27 +123,30 @@ end
 
 local function limbs_text(v)
   local hi, lo = v[1], v[2]
-  if hi == 0 then return string.format('%.0f', lo) end
-  if hi < 0 or lo < 0 then return '-' .. string.format('%.0f', -hi) .. string.format('%09.0f', -lo) end
-  return string.format('%.0f', hi) .. string.format('%09.0f', lo)
+  if hi == 0 then return format('%.0f', lo) end
+  if hi < 0 or lo < 0 then return '-' .. format('%.0f', -hi) .. format('%09.0f', -lo) end
+  return format('%.0f', hi) .. format('%09.0f', lo)
 end
 
 -- Every argument of every key, before anything is written; nil if they are well formed.
 local function invalid()
   local at = 1
-  for n = 1, #KEYS do
-    local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
+  local n = 0
+  -- Not a closure per key: building one for each key costs more than its checks.
+  local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
+  for key = 1, #KEYS do
+    n = key
     if at + 7 > #ARGV then return bad('header cut short') end
     local kind, k, cap, ttl, stride, expected = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
     if kind ~= 'c' and kind ~= 's' and kind ~= 'd' then return bad('unknown aggregate') end
-    if not is_int(k) or tonumber(k) < 1 then return bad('bad bucket count') end
-    if not is_int(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
+    if not is_number(k) or tonumber(k) < 1 then return bad('bad bucket count') end
+    if not is_number(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
       return bad('bad distinct bound')
     end
-    if not is_int(ttl) or tonumber(ttl) < 1 or tonumber(ttl) > MAX_TTL then return bad('bad TTL') end
+    if not is_number(ttl) or tonumber(ttl) < 1 or tonumber(ttl) > MAX_TTL then return bad('bad TTL') end
     if stride ~= '2' and stride ~= '4' then return bad('bad stride') end
-    if expected ~= '' and expected ~= '<' and not is_int(expected) then return bad('bad version') end
-    if not is_int(ARGV[at + 6]) or not is_int(ARGV[at + 7]) then return bad('bad counts') end
+    if expected ~= '' and expected ~= '<' and not is_number(expected) then return bad('bad version') end
+    if not is_number(ARGV[at + 6]) or not is_number(ARGV[at + 7]) then return bad('bad counts') end
     local deltas, writes = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
     stride = tonumber(stride)
     if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
@@ -136,16 +156,16 @@ local function invalid()
     if writes_end > #ARGV then return bad('arguments cut short') end
     for i = first, deltas_end, stride do
       local value = ARGV[i + 1]
-      if not is_int(ARGV[i]) then return bad('bad bucket') end
-      if kind == 'c' and not is_int(value) then return bad('bad increment') end
+      if not is_number(ARGV[i]) then return bad('bad bucket') end
+      if kind == 'c' and not is_number(value) then return bad('bad increment') end
       if kind == 's' and not is_amount(value) then return bad('bad amount') end
       if kind == 'd' and #value ~= 16 then return bad('bad digest') end
-      if stride == 4 and (ARGV[i + 2] == '' or not is_int(ARGV[i + 3])) then return bad('bad position') end
+      if stride == 4 and (ARGV[i + 2] == '' or not is_number(ARGV[i + 3])) then return bad('bad position') end
     end
     if writes > 0 and expected == '<' then return bad('writes with "<"') end
     if writes > 0 then
       local refresh, sets = ARGV[deltas_end + 1], ARGV[deltas_end + 2]
-      if (refresh ~= '0' and refresh ~= '1') or not is_int(sets) then return bad('bad writes') end
+      if (refresh ~= '0' and refresh ~= '1') or not is_number(sets) then return bad('bad writes') end
       sets = tonumber(sets)
       if sets < 4 or sets % 2 ~= 0 or deltas_end + 2 + sets > writes_end then return bad('bad writes') end
       if ARGV[deltas_end + 3] ~= 'v' or not is_int(ARGV[deltas_end + 4]) then return bad('bad writes') end
@@ -160,14 +180,14 @@ end
 -- The version after a write to a key at `version` (0: the key is new).
 local function next_version(version)
   if version ~= 0 then return version + 1 end
-  local now = redis.call('TIME')
+  local now = call('TIME')
   return tonumber(now[1]) * 1000000 + tonumber(now[2])
 end
 
 -- Writes in chunks: unpack() of a very long list would overflow Lua's C stack.
 local function write(command, key, list, first, last)
   for j = first, last, 1000 do
-    redis.call(command, key, unpack(list, j, math.min(j + 999, last)))
+    call(command, key, unpack(list, j, math.min(j + 999, last)))
   end
 end
 
@@ -180,14 +200,14 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   local has_writes = writes_last > last
   local before = expected == '<'
   if expected ~= '' and not before then
-    local version = tonumber(redis.call('HGET', key, 'v')) or 0
+    local version = tonumber(call('HGET', key, 'v')) or 0
     if version == tonumber(expected) and has_writes then
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
       local sets_end = w + 1 + tonumber(ARGV[w + 1])
       write('HSET', key, ARGV, w + 2, sets_end)
       write('HDEL', key, ARGV, sets_end + 1, writes_last)
-      if ARGV[w] == '1' then redis.call('PEXPIRE', key, ttl) end
+      if ARGV[w] == '1' then call('PEXPIRE', key, ttl) end
       -- The entries start with "v", the next version, "h", the head.
       return {ARGV[w + 5], '0', '0', ARGV[w + 3], '='}
     end
@@ -199,7 +219,7 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   -- sends its deltas again.
   if last < first and has_writes then return {'!'} end
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
-  local flat = redis.call('HGETALL', key)
+  local flat = call('HGETALL', key)
   local stored = {}
   for j = 1, #flat, 2 do stored[flat[j]] = flat[j + 1] end
   local head = tonumber(stored['h'])
@@ -214,14 +234,14 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
       if slot ~= nil then
         if kind == 's' then
           -- Versions before exact sums stored units as doubles: read them as micro-units.
-          if not is_amount(value) then value = string.format('%.0f', (tonumber(value) or 0) * 1000000) end
+          if not is_amount(value) then value = format('%.0f', (tonumber(value) or 0) * 1000000) end
           buckets[unslot(slot, head, k)] = limbs(value)
         else
           buckets[unslot(slot, head, k)] = tonumber(value)
         end
-      elseif string.byte(field, 1) == 100 then -- 'd'
+      elseif byte(field, 1) == 100 then -- 'd'
         local bucket = unslot(tonumber(value), head, k)
-        latest[string.sub(field, 2)] = bucket
+        latest[sub(field, 2)] = bucket
         per_bucket[bucket] = (per_bucket[bucket] or 0) + 1
         live = live + 1
       end
@@ -231,17 +251,17 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   -- "<": the window before the deltas, in the reply's form.
   local prior
   if before then
-    prior = {head and string.format('%.0f', head) or ''}
+    prior = {head and format('%.0f', head) or ''}
     for bucket, value in pairs(buckets) do
-      prior[#prior + 1] = 'b' .. string.format('%.0f', bucket)
-      prior[#prior + 1] = kind == 's' and limbs_text(value) or string.format('%.0f', value)
+      prior[#prior + 1] = 'b' .. format('%.0f', bucket)
+      prior[#prior + 1] = kind == 's' and limbs_text(value) or format('%.0f', value)
     end
     for digest, bucket in pairs(latest) do
       prior[#prior + 1] = 'd' .. digest
-      prior[#prior + 1] = string.format('%.0f', bucket)
+      prior[#prior + 1] = format('%.0f', bucket)
     end
     for field, value in pairs(stored) do
-      if string.sub(field, 1, 2) == 'o:' then
+      if sub(field, 1, 2) == 'o:' then
         prior[#prior + 1] = field
         prior[#prior + 1] = value
       end
@@ -315,13 +335,13 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   end
 
   -- Encode the live window; collect what differs from what Redis holds.
-  local head_text = string.format('%.0f', head)
+  local head_text = format('%.0f', head)
   local oldest_live = head - k + 1
   local version = tonumber(stored['v']) or 0
   -- A refused or skipped delta means the caller's view counted something Redis did not.
   local current = expected ~= '' and tonumber(expected) == version and late == 0 and skipped == 0
   if changed then version = next_version(version) end
-  local version_text = string.format('%.0f', version)
+  local version_text = format('%.0f', version)
   local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
   if before then
     out = {prior[1], tostring(late), tostring(skipped), version_text, '<'}
@@ -330,30 +350,30 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   end
   local function text(value)
     if kind == 's' then return limbs_text(value) end
-    return string.format('%.0f', value)
+    return format('%.0f', value)
   end
   if not current then
     for bucket, value in pairs(buckets) do
       if bucket >= oldest_live then
-        out[#out + 1] = 'b' .. string.format('%.0f', bucket)
+        out[#out + 1] = 'b' .. format('%.0f', bucket)
         out[#out + 1] = text(value)
       end
     end
     for digest, bucket in pairs(latest) do
       if bucket >= oldest_live then
         out[#out + 1] = 'd' .. digest
-        out[#out + 1] = string.format('%.0f', bucket)
+        out[#out + 1] = format('%.0f', bucket)
       end
     end
     for field, value in pairs(stored) do
-      if string.sub(field, 1, 2) == 'o:' and newest[string.sub(field, 3)] == nil then
+      if sub(field, 1, 2) == 'o:' and newest[sub(field, 3)] == nil then
         out[#out + 1] = field
         out[#out + 1] = value
       end
     end
     for partition, offset in pairs(newest) do
       out[#out + 1] = 'o:' .. partition
-      out[#out + 1] = string.format('%.0f', offset)
+      out[#out + 1] = format('%.0f', offset)
     end
   end
   if not changed then
@@ -371,14 +391,14 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   set('h', head_text)
   set('v', version_text)
   for partition, offset in pairs(newest) do
-    set('o:' .. partition, string.format('%.0f', offset))
+    set('o:' .. partition, format('%.0f', offset))
   end
   for bucket, _ in pairs(touched_buckets) do
-    if bucket >= oldest_live then set(string.format('%.0f', bucket % k), text(buckets[bucket])) end
+    if bucket >= oldest_live then set(format('%.0f', bucket % k), text(buckets[bucket])) end
   end
   for digest, _ in pairs(touched_values) do
     local bucket = latest[digest]
-    if bucket >= oldest_live then set('d' .. digest, string.format('%.0f', bucket % k)) end
+    if bucket >= oldest_live then set('d' .. digest, format('%.0f', bucket % k)) end
   end
   local dead = {}
   if stored_head ~= nil and head > stored_head then
@@ -388,7 +408,7 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
         local slot, bucket = tonumber(field), nil
         if slot ~= nil then
           bucket = unslot(slot, stored_head, k)
-        elseif string.byte(field, 1) == 100 then -- 'd'
+        elseif byte(field, 1) == 100 then -- 'd'
           bucket = unslot(tonumber(value), stored_head, k)
         end
         if bucket ~= nil and bucket < oldest_live then dead[#dead + 1] = field end
@@ -397,7 +417,7 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   end
   write('HSET', key, sets, 1, #sets)
   write('HDEL', key, dead, 1, #dead)
-  redis.call('PEXPIRE', key, ttl)
+  call('PEXPIRE', key, ttl)
   return out
 end
 

@@ -37,8 +37,11 @@ fn a_tiny_read_cache_evicts_and_reloads_without_changing_a_decision() {
     let (from_redis, engine) = replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
     let stats = engine.store().stats();
     assert_eq!(String::from_utf8(from_redis).unwrap(), String::from_utf8(memory).unwrap());
-    // Far more loads than keys: evicted windows were read back from Redis.
-    assert!(engine.store().live_keys() <= 64 + 300 + 64, "{}", engine.store().live_keys());
+    // Far more loads than keys: evicted windows were read back from Redis. Besides the cache and
+    // the pending keys, the store holds the windows read for the last batch (1 024 lines) that
+    // it did not count into.
+    let last_batch = 1024 * engine.rules().counters().len();
+    assert!(engine.store().live_keys() <= 64 + 300 + 64 + last_batch, "{}", engine.store().live_keys());
     assert!(stats.loads > 30_000, "{stats:?}");
 }
 

@@ -27,7 +27,7 @@ use crate::rules::RuleSet;
 use crate::shutdown::Shutdown;
 use crate::{sink, source};
 use crate::telemetry::http::Health;
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, Stages};
 use super::divergence::{self, Divergence, Records};
 use super::workload::{generate, WorkloadSpec};
 
@@ -636,7 +636,7 @@ impl BenchWorker {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        let (t0, c0, cpu) = (Instant::now(), self.processed(), CpuTicks::now());
+        let (t0, c0, cpu, before) = (Instant::now(), self.processed(), CpuTicks::now(), self.encode());
         while self.processed() < total {
             if Instant::now() > deadline || self.any_finished() {
                 self.shutdown.trigger();
@@ -648,6 +648,7 @@ impl BenchWorker {
         let saturation = (total - c0) as f64 / secs;
         writeln!(out, "  saturation       {saturation:.0} events/s ({} events in {secs:.2}s after the first{})", total - c0, cpu_since(cpu))
             .map_err(|e| e.to_string())?;
+        write_stages(&before, &self.encode(), out)?;
         writeln!(
             out,
             "  vs target        {:.2}x of 100 000 events/s; {:.2}x of the bare consumer on this broker",
@@ -735,6 +736,7 @@ impl LatencyPhase<'_> {
             after.iter().zip(&before).map(phase).reduce(|a, b| a.plus(&b)).unwrap_or_default()
         };
         let (own_produced, own_acknowledged) = (own("produced"), own("acknowledged"));
+        write_stages(&before, &after, out)?;
         let e2e = &end_to_end.latencies_us;
         writeln!(
             out,
@@ -750,11 +752,12 @@ impl LatencyPhase<'_> {
         .map_err(|e| e.to_string())?;
         writeln!(
             out,
-            "  end to end       {} decisions, event sent → decision consumed: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            "  end to end       {} decisions, event sent → decision consumed: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms",
             e2e.len(),
             ms(percentile(e2e, 0.50)),
             ms(percentile(e2e, 0.95)),
             ms(percentile(e2e, 0.99)),
+            ms(percentile(e2e, 0.999)),
             ms(e2e.last().copied().unwrap_or(0)),
         )
         .map_err(|e| e.to_string())?;
@@ -812,10 +815,75 @@ fn side_by_side(worker: &ThroughWorker, echo: &Paced, out: &mut impl Write) -> R
         )
     };
     writeln!(out, "  side by side     at {} events/s, ms:", worker.rate).map_err(|e| e.to_string())?;
-    for (name, q) in [("p50", 0.50), ("p95", 0.95), ("p99", 0.99)] {
-        writeln!(out, "                   {name}  {}", quantiles(q)).map_err(|e| e.to_string())?;
+    for (name, q) in [("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999)] {
+        writeln!(out, "                   {name:<5} {}", quantiles(q)).map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+const STAGES: &str = "vigil_processing_stage_seconds";
+
+/// Where the partition batches' time went between two snapshots of the workers' metrics, by
+/// stage (`vigil_processing_stage_seconds`): each stage's share of the batches' time, its mean
+/// and p50 / p99 per batch; and the batches' sizes.
+fn write_stages(before: &[String], after: &[String], out: &mut impl Write) -> Result<(), String> {
+    let phase = |name: &str, label: &str| {
+        let buckets = after
+            .iter()
+            .zip(before)
+            .map(|(after, before)| Buckets::read(after, name, label).since(&Buckets::read(before, name, label)))
+            .reduce(|a, b| a.plus(&b))
+            .unwrap_or_default();
+        let sum: f64 = after.iter().zip(before).map(|(after, before)| read_sum(after, name, label) - read_sum(before, name, label)).sum();
+        (buckets, sum)
+    };
+    let stages: Vec<(&str, Buckets, f64)> = Stages::NAMES
+        .iter()
+        .map(|&stage| {
+            let (buckets, sum) = phase(STAGES, &format!("stage=\"{stage}\""));
+            (stage, buckets, sum)
+        })
+        .collect();
+    let total: f64 = stages.iter().map(|s| s.2).sum();
+    let (sizes, messages) = phase("vigil_batch_messages", "");
+    let batches = sizes.count();
+    if batches == 0 || total <= 0.0 {
+        return writeln!(out, "  batch stages     no batch observed").map_err(|e| e.to_string());
+    }
+    writeln!(
+        out,
+        "  batch stages     {batches} batches of {:.0} messages on average (p50 {:.0}, p99 {:.0}); share of their time, mean / p50 / p99 per batch in ms ({STAGES}):",
+        messages / batches as f64,
+        sizes.quantile(0.5).unwrap_or(0.0),
+        sizes.quantile(0.99).unwrap_or(0.0),
+    )
+    .map_err(|e| e.to_string())?;
+    let cells: Vec<String> = stages
+        .iter()
+        .map(|(stage, buckets, sum)| {
+            let q = |q: f64| buckets.quantile(q).unwrap_or(0.0) * 1000.0;
+            format!("{stage} {:.0} % {:.2}/{:.2}/{:.2}", 100.0 * sum / total, 1000.0 * sum / batches as f64, q(0.5), q(0.99))
+        })
+        .collect();
+    for row in cells.chunks(4) {
+        writeln!(out, "                   {}", row.join(", ")).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The `{name}_sum` of the series of `text` whose labels include `label` (all if empty).
+fn read_sum(text: &str, name: &str, label: &str) -> f64 {
+    let prefix = format!("{name}_sum");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => rest.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            (label.is_empty() || labels.split(',').any(|l| l == label)).then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
 }
 
 /// A histogram's cumulative counts per upper bound (`le`), read from the metrics text the
@@ -824,14 +892,15 @@ fn side_by_side(worker: &ThroughWorker, echo: &Paced, out: &mut impl Write) -> R
 struct Buckets(Vec<(f64, u64)>);
 
 impl Buckets {
-    /// The `{name}_bucket` series of `text` whose labels include `label` (e.g. `until="produced"`).
+    /// The `{name}_bucket` series of `text` whose labels include `label` (e.g. `until="produced"`;
+    /// empty: a histogram without labels).
     fn read(text: &str, name: &str, label: &str) -> Buckets {
         let prefix = format!("{name}_bucket{{");
         let mut buckets = Vec::new();
         for line in text.lines() {
             let Some(rest) = line.strip_prefix(&prefix) else { continue };
             let Some((labels, value)) = rest.split_once("} ") else { continue };
-            if !labels.split(',').any(|l| l == label) {
+            if !label.is_empty() && !labels.split(',').any(|l| l == label) {
                 continue;
             }
             let le = labels.split(',').find_map(|l| l.strip_prefix("le=\"")?.strip_suffix('"'));
@@ -882,7 +951,7 @@ impl Buckets {
 
     /// `p50 x ms, p95 y ms, p99 z ms`, or `none observed`.
     fn summary(&self) -> String {
-        let quantiles: Option<Vec<String>> = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99)]
+        let quantiles: Option<Vec<String>> = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999)]
             .iter()
             .map(|&(name, q)| Some(format!("{name} {:.2} ms", self.quantile(q)? * 1000.0)))
             .collect();
@@ -957,6 +1026,30 @@ mod tests {
         assert_eq!(acked.count(), 1);
         let last = acked.quantile(0.5).unwrap();
         assert!(last > 9.0 && last < 10.0, "{last}");
+    }
+
+    /// The stage breakdown reads only what was observed between the two snapshots.
+    #[test]
+    fn batch_stages_are_read_over_one_phase() {
+        let metrics = Metrics::new();
+        let mut out = Vec::new();
+        write_stages(&[metrics.encode()], &[metrics.encode()], &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "  batch stages     no batch observed\n");
+        metrics.stages.judge.observe(1.0);
+        metrics.batch_messages.observe(1000.0);
+        let before = metrics.encode();
+        for _ in 0..4 {
+            metrics.batch_messages.observe(10.0);
+            metrics.stages.judge.observe(0.003);
+            metrics.stages.journal.observe(0.001);
+        }
+        let mut out = Vec::new();
+        write_stages(&[before], &[metrics.encode()], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("4 batches of 10 messages on average"), "{text}");
+        assert!(text.contains("judge 75 % 3.00/"), "{text}");
+        assert!(text.contains("journal 25 % 1.00/"), "{text}");
+        assert!(text.contains("queued 0 % 0.00/0.00/0.00"), "{text}");
     }
 
     #[test]

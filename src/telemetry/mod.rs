@@ -42,6 +42,55 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// One of [`Stages::NAMES`].
+    pub stage: &'static str,
+}
+
+/// Handles on the `vigil_processing_stage_seconds` series, one per stage of a partition batch,
+/// in the order a batch goes through them (so observing takes no label lookup).
+#[derive(Clone, Debug)]
+pub struct Stages {
+    /// The batch's oldest event, from the consumer's poll to its partition loop taking the batch
+    /// (the loop was busy with earlier batches, or its queue was full).
+    pub queued: Histogram,
+    /// Waiting for the store to have room (`redis.max_local_keys`) or for slower partitions
+    /// (`input.max_partition_skew`), and backing off after a store failure.
+    pub paused: Histogram,
+    /// Waiting for the engine, which the partition loops share.
+    pub lock: Histogram,
+    /// Bytes → events, the future bound.
+    pub decode: Histogram,
+    /// Loading the windows and holds the batch touches that the local view lacks, and counting
+    /// ahead on keys other workers count too: Redis round trips before judging.
+    pub load: Histogram,
+    /// Counting and judging every event, writing the records.
+    pub judge: Histogram,
+    /// Writing the batch's records to the decision journal (a Redis round trip).
+    pub journal: Histogram,
+    /// Handing the records to the producer.
+    pub handover: Histogram,
+}
+
+impl Stages {
+    pub const NAMES: [&'static str; 8] = ["queued", "paused", "lock", "decode", "load", "judge", "journal", "handover"];
+
+    fn new(family: &Family<StageLabels, Histogram, fn() -> Histogram>) -> Stages {
+        let stage = |stage: &'static str| family.get_or_create_owned(&StageLabels { stage });
+        Stages {
+            queued: stage("queued"),
+            paused: stage("paused"),
+            lock: stage("lock"),
+            decode: stage("decode"),
+            load: stage("load"),
+            judge: stage("judge"),
+            journal: stage("journal"),
+            handover: stage("handover"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListLabels {
     pub list: String,
 }
@@ -148,6 +197,14 @@ pub struct Metrics {
     /// The `until="acknowledged"` series: poll returned → the delivery report (the above plus
     /// `linger.ms`, the produce request and the broker's append and acks).
     pub processing_acknowledged: Histogram,
+    /// Where a partition batch's time goes, per batch, by `stage` ([`Stages::NAMES`]): a
+    /// decision's own latency is its batch's stages up to `handover` (its record is handed over
+    /// in the batch's order).
+    pub processing_stage: Family<StageLabels, Histogram, fn() -> Histogram>,
+    /// The series of `processing_stage`.
+    pub stages: Stages,
+    /// Messages per partition batch (one engine lock).
+    pub batch_messages: Histogram,
     /// Rule reloads, by result (`ok`, `error`).
     pub rule_reloads: Family<ResultLabels, Counter>,
     /// Enabled rules in force.
@@ -214,6 +271,8 @@ impl Metrics {
         // series are exported from the start.
         let processing_produced = processing_latency.get_or_create_owned(&UntilLabels { until: "produced" });
         let processing_acknowledged = processing_latency.get_or_create_owned(&UntilLabels { until: "acknowledged" });
+        let processing_stage: Family<StageLabels, Histogram, fn() -> Histogram> = Family::new_with_constructor(stage_buckets);
+        let stages = Stages::new(&processing_stage);
         let metrics = Metrics {
             events: Family::default(),
             decisions: Family::default(),
@@ -234,6 +293,9 @@ impl Metrics {
             processing_latency,
             processing_produced,
             processing_acknowledged,
+            processing_stage,
+            stages,
+            batch_messages: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             rule_reloads: Family::default(),
             rules_active: Gauge::default(),
             list_entries: Family::default(),
@@ -364,6 +426,12 @@ impl Metrics {
             "Poll returned the event to its decision handed to the producer (until=produced) or acknowledged by the broker (until=acknowledged)",
             self.processing_latency.clone(),
         );
+        registry.register(
+            "processing_stage_seconds",
+            "Time a partition batch spent in each stage, per batch, by stage (queued, paused, lock, decode, load, judge, journal, handover)",
+            self.processing_stage.clone(),
+        );
+        registry.register("batch_messages", "Messages per partition batch", self.batch_messages.clone());
         registry.register("assigned_partitions", "Partitions owned by this worker", self.assigned_partitions.clone());
         registry.register(
             "partition_skew_seconds",
@@ -404,6 +472,12 @@ impl Metrics {
 /// a backlog of seconds.
 fn processing_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 1.5, 31))
+}
+
+/// Buckets of `vigil_processing_stage_seconds`: 5 µs to 9.6 s by factors of 1.5 (a stage of
+/// a small batch takes microseconds).
+fn stage_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_005, 1.5, 37))
 }
 
 impl Default for Metrics {
@@ -486,7 +560,24 @@ pub fn init_logging(config: &LogConfig) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::LogLimiter;
+    use super::{LogLimiter, Metrics};
+
+    /// Every exported metric is in the operations guide's table, under the name Prometheus shows.
+    #[test]
+    fn every_metric_is_documented() {
+        let guide = include_str!("../../docs/operations.md");
+        let text = Metrics::new().encode();
+        let mut missing = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            let shown = if kind == "counter" { format!("`{name}_total`") } else { format!("`{name}`") };
+            if !guide.contains(&shown) {
+                missing.push(shown);
+            }
+        }
+        assert!(missing.is_empty(), "not in docs/operations.md: {missing:?}");
+    }
 
     #[test]
     fn repeated_lines_pass_once_per_period() {

@@ -154,13 +154,36 @@ impl Worker {
     /// Processes a batch in order; a store failure is retried with backoff from the first event
     /// not processed, until it succeeds or the loop is stopped (its offsets then stay uncommitted).
     fn process(&self, key: &PartitionKey, batch: &Polled, stop: &AtomicBool, progress: &Arc<Progress>, journal: &Journal) {
+        let entered = Instant::now();
+        if let Some(first) = batch.polled_at.first() {
+            self.metrics.stages.queued.observe(entered.saturating_duration_since(*first).as_secs_f64());
+        }
+        self.metrics.batch_messages.observe(batch.len() as f64);
+        // Time in `process_some` is timed by its stages; the rest of this call is `paused`.
+        let mut working = Duration::ZERO;
+        self.process_retrying(key, batch, stop, progress, journal, &mut working);
+        self.metrics.stages.paused.observe(entered.elapsed().saturating_sub(working).as_secs_f64());
+    }
+
+    fn process_retrying(
+        &self,
+        key: &PartitionKey,
+        batch: &Polled,
+        stop: &AtomicBool,
+        progress: &Arc<Progress>,
+        journal: &Journal,
+        working: &mut Duration,
+    ) {
         if !self.wait_while_saturated(stop) {
             return;
         }
         let mut start = 0;
         let mut backoff = Duration::from_millis(50);
         while start < batch.len() {
-            match self.process_some(key, &batch.messages[start..], &batch.polled_at[start..], progress, journal) {
+            let began = Instant::now();
+            let outcome = self.process_some(key, &batch.messages[start..], &batch.polled_at[start..], progress, journal);
+            *working += began.elapsed();
+            match outcome {
                 Ok(()) => return,
                 Err((_, Failure::Fenced)) => {
                     stop.store(true, Ordering::Release);
@@ -246,13 +269,15 @@ impl Worker {
         progress: &Arc<Progress>,
         journal: &Journal,
     ) -> Result<(), (usize, Failure)> {
-        let (judged, mark) = self.judge_and_journal(key, messages, polled_at, journal)?;
+        let mut stopwatch = Stopwatch::start();
+        let (judged, mark) = self.judge_and_journal(key, messages, polled_at, journal, &mut stopwatch)?;
         self.metrics.inc_events("decided", judged.decided);
         self.metrics.inc_events("allowed", judged.allowed);
         self.metrics.inc_events("dead_lettered", judged.dead);
         self.metrics.redelivered_decisions.inc_by(judged.redelivered);
         // Outside the lock: records go to the producer, each with a ticket back to `progress`.
         self.send_outputs(judged.outputs, progress);
+        stopwatch.lap(&self.metrics.stages.handover);
         if judged.processed > 0 {
             progress.processed(messages[judged.processed - 1].offset(), mark);
         }
@@ -272,9 +297,13 @@ impl Worker {
         messages: &'m [OwnedMessage],
         polled_at: &[Instant],
         journal: &Journal,
+        stopwatch: &mut Stopwatch,
     ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
+        let stages = &self.metrics.stages;
         let mut engine = self.lock_engine();
+        stopwatch.lap(&stages.lock);
         let events = decode_batch(&engine, messages, self.config.worker.max_event_bytes);
+        stopwatch.lap(&stages.decode);
         let shared = self.alignment.others_active(Instant::now(), super::alignment::wall_ms());
         engine.store_mut().set_shared(shared);
         if engine.store().prefetches() {
@@ -293,6 +322,7 @@ impl Worker {
             // batch sees everything they counted before it.
             count_ahead(&mut engine, batch.lane, messages, &events, limit).map_err(|e| (0, Failure::Store(e)))?;
         }
+        stopwatch.lap(&stages.load);
         // Nothing else the batch counts is sent before its records are journaled (below).
         engine.store_mut().begin_batch();
         let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events, limit);
@@ -307,6 +337,7 @@ impl Worker {
         }
         self.export_rule_counts(&mut engine);
         self.export_counter_counts(&mut engine);
+        stopwatch.lap(&stages.judge);
         if judged.processed > 0 {
             self.journal_batch(&mut engine, &batch, messages[0].offset(), &judged.journaled)
                 .map_err(|failure| (judged.processed, failure))?;
@@ -315,6 +346,7 @@ impl Worker {
         if let Err(e) = engine.store_mut().tick() {
             judged.failure.get_or_insert(e);
         }
+        stopwatch.lap(&stages.journal);
         Ok((judged, engine.store().counted_mark()))
     }
 
@@ -513,6 +545,24 @@ impl Worker {
                 self.metrics.processing_produced.observe(output.polled_at.elapsed().as_secs_f64());
             }
         }
+    }
+}
+
+/// Times a batch's consecutive stages (`vigil_processing_stage_seconds`).
+struct Stopwatch {
+    lap: Instant,
+}
+
+impl Stopwatch {
+    fn start() -> Stopwatch {
+        Stopwatch { lap: Instant::now() }
+    }
+
+    /// Observes the time since the previous lap as `stage`.
+    fn lap(&mut self, stage: &prometheus_client::metrics::histogram::Histogram) {
+        let now = Instant::now();
+        stage.observe(now.duration_since(self.lap).as_secs_f64());
+        self.lap = now;
     }
 }
 

@@ -99,8 +99,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// with the deltas Redis has not acknowledged (in case someone re-created the key first).
     pub(super) fn reseed(&mut self) {
         self.stats.data_losses += 1;
-        let cached: Vec<(Arc<StoredKey>, Arc<Cached>)> = self.views.cache.iter().collect();
-        self.views.cache.invalidate_all();
+        let cached: Vec<(StoredKey, Arc<Cached>)> = self.views.cache.drain();
         let mut count = self.views.dirty.len();
         for dirty in self.views.dirty.values_mut() {
             dirty.rewrite();
@@ -110,7 +109,6 @@ impl<C: MonotonicClock> RedisStore<C> {
             ahead.lost = true;
         }
         for (key, cached) in cached {
-            let key = (*key).clone();
             if self.views.dirty.contains_key(&key) || cached.state.head().is_none() {
                 continue;
             }

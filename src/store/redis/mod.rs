@@ -419,6 +419,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
 
     fn end_batch(&mut self) {
         self.settle_ahead();
+        self.views.cache.settle(&self.views.dirty);
         self.holds.batch = None;
     }
 

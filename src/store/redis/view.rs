@@ -21,7 +21,7 @@ pub(super) struct Views {
     /// has acknowledged it.
     pub(super) dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
     /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
-    pub(super) cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    pub(super) cache: CleanViews,
     /// Keys the batch being counted counts ahead (see `ahead.rs`).
     pub(super) ahead: HashMap<StoredKey, super::ahead::Ahead, foldhash::fast::RandomState>,
     /// Other processes count into the same keys now (`CounterStore::set_shared`).
@@ -37,10 +37,13 @@ impl Views {
     pub(super) fn new(capacity: u64, time_to_idle: Duration) -> Views {
         Views {
             dirty: HashMap::default(),
-            cache: moka::sync::Cache::builder()
-                .max_capacity(capacity)
-                .time_to_idle(time_to_idle)
-                .build_with_hasher(foldhash::fast::RandomState::default()),
+            cache: CleanViews {
+                cache: moka::sync::Cache::builder()
+                    .max_capacity(capacity)
+                    .time_to_idle(time_to_idle)
+                    .build_with_hasher(foldhash::fast::RandomState::default()),
+                loaded: HashMap::default(),
+            },
             ahead: HashMap::default(),
             shared: false,
             locality: Vec::new(),
@@ -93,6 +96,87 @@ impl Views {
             1 if locality.one_lane < Locality::LOCAL_AFTER && several() => locality.one_lane += 1,
             1 => {}
             _ => locality.two_lanes = true,
+        }
+    }
+}
+
+/// Clean windows: the bounded moka read cache, and in front of it the windows read for the batch
+/// being counted. Most of those the batch counts into at once (a key first seen), and a counted
+/// key's view is its dirty one until its flush puts the window Redis acknowledged in the cache:
+/// so they never need the cache's insert and lookup, which cost more than the rest of counting
+/// a key (concurrent maps, eviction bookkeeping). [`CleanViews::settle`] moves the others in.
+pub(super) struct CleanViews {
+    cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// Read since the last `settle`, not in `cache`.
+    loaded: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+}
+
+impl CleanViews {
+    pub(super) fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> Option<Arc<Cached>> {
+        match self.loaded.get(key) {
+            Some(loaded) => Some(Arc::clone(loaded)),
+            None => self.cache.get(key),
+        }
+    }
+
+    pub(super) fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
+        self.loaded.contains_key(key) || self.cache.contains_key(key)
+    }
+
+    /// A window as Redis returned it now, to the cache.
+    pub(super) fn insert(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        self.loaded.remove(&key);
+        self.cache.insert(key, cached);
+    }
+
+    /// A window read for the batch being counted.
+    fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        self.loaded.insert(key, cached);
+    }
+
+    /// Whether enough was read since the last `settle` to settle now, whoever forgets to: the
+    /// windows read for one batch stay bounded.
+    fn overfull(&self) -> bool {
+        self.loaded.len() >= Self::MAX_LOADED
+    }
+
+    /// Far above what a batch reads (8 192 messages of a few keys each).
+    const MAX_LOADED: usize = 1 << 17;
+
+    /// Removes a window read for this batch: the batch counts into its key, whose clean view is
+    /// not used again before its flush brings a newer one.
+    fn unload<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&mut self, key: &Q) -> Option<Arc<Cached>> {
+        self.loaded.remove(key)
+    }
+
+    pub(super) fn invalidate<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&mut self, key: &Q) {
+        self.loaded.remove(key);
+        self.cache.invalidate(key);
+    }
+
+    pub(super) fn invalidate_all(&mut self) {
+        self.loaded.clear();
+        self.cache.invalidate_all();
+    }
+
+    /// Every clean view, emptying them all.
+    pub(super) fn drain(&mut self) -> Vec<(StoredKey, Arc<Cached>)> {
+        let mut all: Vec<(StoredKey, Arc<Cached>)> = self.loaded.drain().collect();
+        all.extend(self.cache.iter().map(|(key, cached)| ((*key).clone(), cached)));
+        self.cache.invalidate_all();
+        all
+    }
+
+    pub(super) fn entry_count(&self) -> u64 {
+        self.loaded.len() as u64 + self.cache.entry_count()
+    }
+
+    /// Moves the windows read for the last batch into the cache, but for those it made dirty.
+    pub(super) fn settle(&mut self, dirty: &HashMap<StoredKey, Dirty, foldhash::fast::RandomState>) {
+        for (key, cached) in self.loaded.drain() {
+            if !dirty.contains_key(&key) {
+                self.cache.insert(key, cached);
+            }
         }
     }
 }
@@ -206,6 +290,7 @@ pub(super) fn judge(state: &WindowState, spec: &WindowSpec, bucket: i64) -> Appl
 }
 
 /// A clean window as Redis holds it at `version` (0: Redis held nothing; `None`: unknown).
+#[derive(Clone)]
 pub(super) struct Cached {
     pub(super) state: WindowState,
     pub(super) version: Option<u64>,
@@ -285,15 +370,22 @@ impl<C: MonotonicClock> RedisStore<C> {
                         (judge(&clean.state, &spec, bucket), false, false)
                     }
                     Some(clean) => {
-                        let mut state = clean.state.clone();
+                        // The key turns dirty at once (but for a late observation): a view read
+                        // for this batch is moved into its dirty view rather than copied.
+                        drop(self.views.cache.unload(&lookup));
+                        let Cached { mut state, version, refreshed, offsets } =
+                            Arc::try_unwrap(clean).unwrap_or_else(|shared| Cached::clone(&shared));
+                        let base_head = state.head();
                         let applied = state.apply(&spec, bucket, delta);
                         let counted = applied.is_counted();
+                        let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
                         if counted {
-                            let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
-                            let mut dirty =
-                                Dirty::new(state, clean.version, clean.state.head(), clean.refreshed, clean.offsets.clone());
+                            let mut dirty = Dirty::new(state, version, base_head, refreshed, offsets);
                             dirty.push(observation, index);
                             self.views.dirty.insert(stored, dirty);
+                        } else {
+                            // Late: the window did not change; it stays the clean view.
+                            self.views.cache.load(stored, Arc::new(Cached { state, version, refreshed, offsets }));
                         }
                         (applied, counted, false)
                     }
@@ -354,6 +446,8 @@ impl<C: MonotonicClock> RedisStore<C> {
         if self.breaker.is_open() {
             return;
         }
+        // What the previous batch read and did not count into goes to the cache first.
+        self.views.cache.settle(&self.views.dirty);
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
         for (window, key) in keys {
@@ -386,13 +480,16 @@ impl<C: MonotonicClock> RedisStore<C> {
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
         let names: Vec<String> = keys.iter().map(|&(window, key)| self.redis_key(window, key)).collect();
         let replies = self.read_each("HGETALL", &names)?;
+        if self.views.cache.overfull() {
+            self.views.cache.settle(&self.views.dirty);
+        }
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
             let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
             self.views.learn(window.0, &offsets, || several_observations(&self.windows.spec(window.0), &state));
             let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
-            self.views.cache.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
+            self.views.cache.load(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
             states.push(cached);
         }
         Ok(states)
