@@ -500,7 +500,13 @@ fn user_keyed_hits(record: &Value) -> Vec<Value> {
 /// every rule's hit count is within 1 % of it.
 fn assert_in_step(delivered: &Delivered, reference: &HashMap<String, Value>) {
     let off = rules_off_by_more_than_one_percent(delivered, reference);
-    assert!(delivered.first.iter().all(|(id, r)| user_keyed_hits(r) == user_keyed_hits(&reference[id])), "user-keyed hits are exact");
+    let differing: Vec<_> = delivered
+        .first
+        .iter()
+        .filter(|(id, r)| user_keyed_hits(r) != user_keyed_hits(&reference[*id]))
+        .map(|(id, r)| format!("{id}: {:?} against {:?}", user_keyed_hits(r), user_keyed_hits(&reference[id])))
+        .collect();
+    assert!(differing.is_empty(), "user-keyed hits are exact, but {} events differ, e.g. {:?}", differing.len(), &differing[..differing.len().min(3)]);
     assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
 }
 
