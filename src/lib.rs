@@ -35,7 +35,8 @@
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
 //!   `ahead` a batch's observations on keys other workers count too, applied in Redis before
-//!   the batch is judged, `config` its settings and stats) over `link` (connections: one server, Sentinel, cluster;
+//!   the batch is judged, `early` the windows a batch lacks, read before it takes the engine,
+//!   `config` its settings and stats) over `link` (connections: one server, Sentinel, cluster;
 //!   retries, replica confirmations), `codec` (windows as Redis holds them), `scripts` (`lua/`),
 //!   `keys` (key identities and names). [`store::JournalWriter`]: each partition's decision
 //!   journal, written before records go out, fenced per owner. [`store::board`]: where each
@@ -82,7 +83,9 @@
 //!           ─► rules::decide (allow override, severity, on_store_error) ─► rules::record
 //!
 //! vigil run:  consumer poll ─► partition loop (ordered; waits while ahead of the slowest
-//!             partition of the group) ─► the same engine, under one lock: while other workers
+//!             partition of the group) ─► decode, list the windows the batch lacks, read them
+//!             from Redis with the engine free (store::RedisStore::plan_early_reads)
+//!             ─► the same engine, under one lock: while other workers
 //!             count too, the batch's observations on keys spanning partitions are counted
 //!             ahead (Engine::plan_counts ─► store.count_ahead), then count and judge as above
 //!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead

@@ -390,3 +390,50 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     let totals = redis_totals(&mut redis.connection());
     assert_eq!(totals.values().map(|(total, _)| *total).sum::<i128>(), 7);
 }
+
+/// A worker's partition loop reads the windows its batch lacks before it takes the engine, while
+/// other partitions count. A read that the store's own counting overtook meanwhile is not taken
+/// in: the value stays the store's, never the older window Redis had when it was read.
+#[test]
+fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() {
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
+    let at = 1_000_000;
+    // Another worker counted `shared` once.
+    let mut other = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let window = other.open_window("early", spec);
+    other.apply(window, b"shared", at, Delta::Count).unwrap();
+    other.flush().unwrap();
+
+    let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let window = store.open_window("early", spec);
+    let keys = |names: &[&[u8]]| names.iter().map(|n| (window, n.to_vec())).collect::<Vec<_>>();
+    let mut reads = store.plan_early_reads(&keys(&[b"mine", b"shared", b"untouched"])).unwrap();
+    assert_eq!(reads.len(), 3);
+    let reader = store.early_reader().unwrap();
+    let replies = reader.read(&mut reads);
+    assert!(replies.is_ok(), "{replies:?}");
+    // Meanwhile another partition's batch counted `mine` twice and its flush came back.
+    store.apply(window, b"mine", at, Delta::Count).unwrap();
+    store.apply(window, b"mine", at, Delta::Count).unwrap();
+    store.flush().unwrap();
+    assert_eq!(store.take_early_reads(reads, replies), 2, "`mine` has a newer view: its read stays out");
+    let value = |store: &mut RedisStore, key: &[u8]| store.read(window, key, at).unwrap().applied;
+    assert_eq!(value(&mut store, b"mine"), Applied::Counted(2));
+    assert_eq!(value(&mut store, b"shared"), Applied::Counted(1));
+    assert_eq!(value(&mut store, b"untouched"), Applied::Counted(0));
+    assert_eq!(store.stats().early_loads, 2);
+    // Nothing to read early for keys with views.
+    assert!(store.plan_early_reads(&keys(&[b"mine", b"shared"])).is_none());
+
+    // Every view dropped while reads are out (Redis lost its data, a rebalance): none is taken.
+    let mut reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();
+    let replies = reader.read(&mut reads);
+    store.forget_cached();
+    assert_eq!(store.take_early_reads(reads, replies), 0);
+    // A read that failed is not taken either; the batch's prefetch reads the key.
+    let reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();
+    assert_eq!(store.take_early_reads(reads, Err(vigil::store::StoreError::Unavailable("test".into()))), 0);
+    assert_eq!(value(&mut store, b"later"), Applied::Counted(0));
+}

@@ -100,6 +100,9 @@ pub struct Engine<S> {
     hold_key: Vec<u8>,
     /// `match` results for the event being evaluated (and for prefetching).
     memo: ScopeMemo,
+    /// Grows with every rule set put in force (events decoded for one are decoded again for
+    /// the next: the projection may differ).
+    rules_generation: u64,
 }
 
 /// Longest a shared store keeps a hold: ten years.
@@ -136,6 +139,7 @@ impl<S: CounterStore> Engine<S> {
             hold_spaces: Vec::new(),
             hold_key: Vec::with_capacity(64),
             memo: ScopeMemo::default(),
+            rules_generation: 0,
         };
         engine.replace_rules(rules);
         engine
@@ -267,7 +271,13 @@ impl<S: CounterStore> Engine<S> {
         self.memo = rules.scope_memo();
         let old = std::mem::replace(&mut self.rules, rules);
         self.open_hold_spaces();
+        self.rules_generation += 1;
         old
+    }
+
+    /// Which rule set is in force: it changes whenever one is put in force.
+    pub fn rules_generation(&self) -> u64 {
+        self.rules_generation
     }
 
     /// Per-rule counts since the last call, as (rule index, counts) of the active rules.

@@ -1,6 +1,8 @@
-//! The partition loops: one ordered loop per assigned partition. A batch is decoded, counted and
-//! decided under the engine lock, journaled before anything it counted can reach the store, then
-//! its records go to the producer with a ticket back to the partition's [`Progress`].
+//! The partition loops: one ordered loop per assigned partition. A batch is decoded under the
+//! engine lock; with Redis, the windows it lacks are read with the engine free (other partitions
+//! count meanwhile); then it is counted and decided under the lock, journaled before anything it
+//! counted can reach the store, and its records go to the producer with a ticket back to the
+//! partition's [`Progress`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -16,8 +18,8 @@ use crate::rules::{record, Action, Mode, SkipReason, EventSource};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
-use crate::store::{AnyStore, CounterStore, Journal, JournalError, InputPosition, StoreError};
-use crate::telemetry::{ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels};
+use crate::store::{AnyStore, CounterStore, EarlyReader, EarlyReads, Journal, JournalError, InputPosition, StoreError, WindowId};
+use crate::telemetry::{ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels, Stages};
 
 /// Messages a partition loop takes per engine lock.
 const MAX_BATCH: usize = 1024;
@@ -270,14 +272,22 @@ impl Worker {
         journal: &Journal,
     ) -> Result<(), (usize, Failure)> {
         let mut stopwatch = Stopwatch::start();
-        let (judged, mark) = self.judge_and_journal(key, messages, polled_at, journal, &mut stopwatch)?;
+        let judged = self.judge_and_journal(key, messages, polled_at, journal, &mut stopwatch);
+        let (judged, mark) = match judged {
+            Ok(judged) => judged,
+            Err(stopped) => {
+                stopwatch.observe(&self.metrics.stages);
+                return Err(stopped);
+            }
+        };
         self.metrics.inc_events("decided", judged.decided);
         self.metrics.inc_events("allowed", judged.allowed);
         self.metrics.inc_events("dead_lettered", judged.dead);
         self.metrics.redelivered_decisions.inc_by(judged.redelivered);
         // Outside the lock: records go to the producer, each with a ticket back to `progress`.
         self.send_outputs(judged.outputs, progress);
-        stopwatch.lap(&self.metrics.stages.handover);
+        stopwatch.lap(Stage::Handover);
+        stopwatch.observe(&self.metrics.stages);
         if judged.processed > 0 {
             progress.processed(messages[judged.processed - 1].offset(), mark);
         }
@@ -288,9 +298,10 @@ impl Worker {
         }
     }
 
-    /// Under the engine lock: decodes the batch, prefetches what it touches, counts and judges
-    /// it, exports its per-rule and per-counter counts and journals its records. Returns what it
-    /// produced and the store's counted mark after it.
+    /// Decodes the batch and lists what it touches under the engine lock, reads the windows it
+    /// lacks with the lock released, then under the lock again: prefetches the rest, counts and
+    /// judges it, exports its per-rule and per-counter counts and journals its records. Returns
+    /// what it produced and the store's counted mark after it.
     fn judge_and_journal<'m>(
         &self,
         (topic, partition): &PartitionKey,
@@ -299,15 +310,40 @@ impl Worker {
         journal: &Journal,
         stopwatch: &mut Stopwatch,
     ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
-        let stages = &self.metrics.stages;
+        let max_bytes = self.config.worker.max_event_bytes;
+        // With Redis, the windows the batch lacks are read before it takes the engine for good:
+        // other partitions judge meanwhile.
+        let (mut events, generation, mut touched, early) = {
+            let mut engine = self.lock_engine();
+            stopwatch.lap(Stage::Lock);
+            let events = decode_batch(&engine, messages, max_bytes);
+            stopwatch.lap(Stage::Decode);
+            let shared = self.alignment.others_active(Instant::now(), super::alignment::wall_ms());
+            engine.store_mut().set_shared(shared);
+            let mut touched = Vec::new();
+            let early = plan_early_reads(&mut engine, &events, &mut touched);
+            (events, engine.rules_generation(), touched, early)
+        };
+        let early = early.map(|(mut reads, reader)| {
+            let replies = reader.read(&mut reads);
+            (reads, replies)
+        });
+        stopwatch.lap(Stage::Load);
         let mut engine = self.lock_engine();
-        stopwatch.lap(&stages.lock);
-        let events = decode_batch(&engine, messages, self.config.worker.max_event_bytes);
-        stopwatch.lap(&stages.decode);
+        stopwatch.lap(Stage::Lock);
+        if engine.rules_generation() != generation {
+            // Other rules were put in force meanwhile: the events are decoded for them.
+            events = decode_batch(&engine, messages, max_bytes);
+            touched.clear();
+            stopwatch.lap(Stage::Decode);
+        }
+        if let (Some((reads, replies)), AnyStore::Redis(store)) = (early, engine.store_mut()) {
+            store.take_early_reads(reads, replies);
+        }
         let shared = self.alignment.others_active(Instant::now(), super::alignment::wall_ms());
         engine.store_mut().set_shared(shared);
         if engine.store().prefetches() {
-            prefetch(&mut engine, &events).map_err(|e| (0, Failure::Store(e)))?;
+            prefetch(&mut engine, &events, touched).map_err(|e| (0, Failure::Store(e)))?;
         }
         let batch = PartitionBatch {
             topic,
@@ -322,7 +358,7 @@ impl Worker {
             // batch sees everything they counted before it.
             count_ahead(&mut engine, batch.lane, messages, &events, limit).map_err(|e| (0, Failure::Store(e)))?;
         }
-        stopwatch.lap(&stages.load);
+        stopwatch.lap(Stage::Load);
         // Nothing else the batch counts is sent before its records are journaled (below).
         engine.store_mut().begin_batch();
         let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events, limit);
@@ -337,7 +373,7 @@ impl Worker {
         }
         self.export_rule_counts(&mut engine);
         self.export_counter_counts(&mut engine);
-        stopwatch.lap(&stages.judge);
+        stopwatch.lap(Stage::Judge);
         if judged.processed > 0 {
             self.journal_batch(&mut engine, &batch, messages[0].offset(), &judged.journaled)
                 .map_err(|failure| (judged.processed, failure))?;
@@ -346,7 +382,7 @@ impl Worker {
         if let Err(e) = engine.store_mut().tick() {
             judged.failure.get_or_insert(e);
         }
-        stopwatch.lap(&stages.journal);
+        stopwatch.lap(Stage::Journal);
         Ok((judged, engine.store().counted_mark()))
     }
 
@@ -548,21 +584,41 @@ impl Worker {
     }
 }
 
-/// Times a batch's consecutive stages (`vigil_processing_stage_seconds`).
+/// The stages of a batch a [`Stopwatch`] times (`vigil_processing_stage_seconds`).
+#[derive(Clone, Copy)]
+enum Stage {
+    Lock,
+    Decode,
+    Load,
+    Judge,
+    Journal,
+    Handover,
+}
+
+/// Times a batch's consecutive stages; a stage met twice (the engine is taken twice with
+/// Redis) adds up, and each is observed once per batch.
 struct Stopwatch {
     lap: Instant,
+    spent: [Duration; 6],
 }
 
 impl Stopwatch {
     fn start() -> Stopwatch {
-        Stopwatch { lap: Instant::now() }
+        Stopwatch { lap: Instant::now(), spent: [Duration::ZERO; 6] }
     }
 
-    /// Observes the time since the previous lap as `stage`.
-    fn lap(&mut self, stage: &prometheus_client::metrics::histogram::Histogram) {
+    /// Adds the time since the previous lap to `stage`.
+    fn lap(&mut self, stage: Stage) {
         let now = Instant::now();
-        stage.observe(now.duration_since(self.lap).as_secs_f64());
+        self.spent[stage as usize] += now.duration_since(self.lap);
         self.lap = now;
+    }
+
+    fn observe(&self, stages: &Stages) {
+        let series = [&stages.lock, &stages.decode, &stages.load, &stages.judge, &stages.journal, &stages.handover];
+        for (histogram, spent) in series.into_iter().zip(self.spent) {
+            histogram.observe(spent.as_secs_f64());
+        }
     }
 }
 
@@ -597,11 +653,36 @@ fn count_ahead(
     engine.store_mut().count_ahead(&planned)
 }
 
-/// Loads the windows and holds the batch's events touch, in one round trip each.
-fn prefetch(engine: &mut Engine<AnyStore>, events: &Events<'_>) -> Result<(), StoreError> {
-    let mut touched = Vec::new();
+/// The windows the batch's events touch (into `touched`), and with Redis those of them to read
+/// before the batch takes the engine for good, with the reader to read them.
+fn plan_early_reads(
+    engine: &mut Engine<AnyStore>,
+    events: &Events<'_>,
+    touched: &mut Vec<(WindowId, Vec<u8>)>,
+) -> Option<(EarlyReads, EarlyReader)> {
+    if !matches!(engine.store(), AnyStore::Redis(_)) || !engine.store().prefetches() {
+        return None;
+    }
     for event in events.iter().flatten() {
-        engine.touched_keys(event, &mut touched);
+        engine.touched_keys(event, touched);
+    }
+    let AnyStore::Redis(store) = engine.store_mut() else { return None };
+    let reads = store.plan_early_reads(touched)?;
+    let Some(reader) = store.early_reader() else {
+        // Nothing to read them with: given back, the prefetch reads them.
+        store.take_early_reads(reads, Err(StoreError::Unavailable("no early reader".into())));
+        return None;
+    };
+    Some((reads, reader))
+}
+
+/// Loads the windows and holds the batch's events touch (`touched`, if not empty: listed
+/// already), in one round trip each.
+fn prefetch(engine: &mut Engine<AnyStore>, events: &Events<'_>, mut touched: Vec<(WindowId, Vec<u8>)>) -> Result<(), StoreError> {
+    if touched.is_empty() {
+        for event in events.iter().flatten() {
+            engine.touched_keys(event, &mut touched);
+        }
     }
     engine.store_mut().prefetch(&touched)?;
     let mut touched_holds = Vec::new();

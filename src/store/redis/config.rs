@@ -69,6 +69,8 @@ pub struct RedisStats {
     pub flushes: u64,
     /// Keys read from Redis on a local miss.
     pub loads: u64,
+    /// Of those, keys read before their batch took the engine (see `early.rs`).
+    pub early_loads: u64,
     /// Failed attempts that were retried.
     pub retries: u64,
     /// Deltas the script refused as late (another worker had moved the key's head on).

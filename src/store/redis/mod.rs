@@ -36,11 +36,14 @@
 //!
 //! Files, by role: `config` (tuning and stats), `view` (the merged per-key view and counting on
 //! it), `holds` (hold views), `epochs` (data-loss detection), `reader` (the reader thread),
+//! `early` (reads a partition loop makes before its batch takes the engine), `ahead` (counting
+//! ahead on keys other workers count too), `failover` (writes no replica confirmed),
 //! `flusher` (the flusher thread: batching, sending, completing, durable marks). This file holds
 //! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
 
 mod ahead;
 mod config;
+mod early;
 mod epochs;
 mod failover;
 mod flusher;
@@ -53,6 +56,7 @@ use std::time::Instant;
 use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
+pub use early::{EarlyReader, EarlyReads};
 
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
 use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, Planned, StoreError, WindowId, Windows};
@@ -96,6 +100,8 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     unconfirmed: failover::Unconfirmed,
     /// Where the links connect: tells the failovers any of them has seen.
     target: Target,
+    /// Reads a partition loop makes before its batch takes the engine (opened when first asked).
+    early: Option<EarlyReader>,
     breaker: Breaker,
     clock: C,
 }
@@ -268,6 +274,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             epochs,
             unconfirmed: failover::Unconfirmed::default(),
             target,
+            early: None,
             breaker: Breaker::default(),
             clock,
             config,

@@ -43,6 +43,10 @@ impl Views {
                     .time_to_idle(time_to_idle)
                     .build_with_hasher(foldhash::fast::RandomState::default()),
                 loaded: HashMap::default(),
+                watchers: 0,
+                touched: Default::default(),
+                generation: 0,
+                early_taken: false,
             },
             ahead: HashMap::default(),
             shared: false,
@@ -109,6 +113,15 @@ pub(super) struct CleanViews {
     cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Read since the last `settle`, not in `cache`.
     loaded: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// Early reads out (see `early.rs`): while there are some, `touched` records every key
+    /// whose clean view was replaced or dropped.
+    watchers: u32,
+    touched: hashbrown::HashSet<StoredKey, foldhash::fast::RandomState>,
+    /// Grows when every clean view is dropped at once (or `touched` would grow too large): the
+    /// early reads planned before are not taken in.
+    generation: u64,
+    /// `loaded` holds the early reads of the batch about to be counted.
+    pub(super) early_taken: bool,
 }
 
 impl CleanViews {
@@ -125,12 +138,58 @@ impl CleanViews {
 
     /// A window as Redis returned it now, to the cache.
     pub(super) fn insert(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        self.record(&key);
         self.loaded.remove(&key);
         self.cache.insert(key, cached);
     }
 
+    /// Notes, while early reads are out, that `key`'s clean view changed.
+    fn record(&mut self, key: &StoredKey) {
+        if self.watchers == 0 {
+            return;
+        }
+        if self.touched.len() >= Self::MAX_TOUCHED {
+            self.void_early_reads();
+        } else {
+            self.touched.insert(key.clone());
+        }
+    }
+
+    const MAX_TOUCHED: usize = 1 << 20;
+
+    fn void_early_reads(&mut self) {
+        self.generation += 1;
+        self.touched.clear();
+    }
+
+    /// An early read is planned: from now on, changed views are recorded. Returns the generation
+    /// to hand to `unwatch`.
+    pub(super) fn watch(&mut self) -> u64 {
+        self.watchers += 1;
+        self.generation
+    }
+
+    /// An early read planned at `generation` is back (or given up). Whether nothing voided it.
+    pub(super) fn unwatch(&mut self, generation: u64) -> bool {
+        self.watchers = self.watchers.saturating_sub(1);
+        let current = generation == self.generation;
+        if self.watchers == 0 {
+            self.touched.clear();
+        }
+        current
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether `key`'s clean view changed since the early reads out were planned.
+    pub(super) fn touched(&self, key: &StoredKey) -> bool {
+        self.touched.contains(key)
+    }
+
     /// A window read for the batch being counted.
-    fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
+    pub(super) fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.loaded.insert(key, cached);
     }
 
@@ -149,18 +208,21 @@ impl CleanViews {
         self.loaded.remove(key)
     }
 
-    pub(super) fn invalidate<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&mut self, key: &Q) {
+    pub(super) fn invalidate(&mut self, key: &StoredKey) {
+        self.record(key);
         self.loaded.remove(key);
         self.cache.invalidate(key);
     }
 
     pub(super) fn invalidate_all(&mut self) {
+        self.void_early_reads();
         self.loaded.clear();
         self.cache.invalidate_all();
     }
 
     /// Every clean view, emptying them all.
     pub(super) fn drain(&mut self) -> Vec<(StoredKey, Arc<Cached>)> {
+        self.void_early_reads();
         let mut all: Vec<(StoredKey, Arc<Cached>)> = self.loaded.drain().collect();
         all.extend(self.cache.iter().map(|(key, cached)| ((*key).clone(), cached)));
         self.cache.invalidate_all();
@@ -446,8 +508,22 @@ impl<C: MonotonicClock> RedisStore<C> {
         if self.breaker.is_open() {
             return;
         }
-        // What the previous batch read and did not count into goes to the cache first.
-        self.views.cache.settle(&self.views.dirty);
+        // What the previous batch read and did not count into goes to the cache first (unless
+        // what was read is this batch's: its early reads).
+        if !std::mem::take(&mut self.views.cache.early_taken) {
+            self.views.cache.settle(&self.views.dirty);
+        }
+        let wanted = self.wanted_windows(keys);
+        if !wanted.is_empty() {
+            if let Err(e) = self.read(&wanted) {
+                self.fail(&e, "prefetching windows");
+            }
+        }
+    }
+
+    /// The keys of `keys` (once each) to read before counting: neither dirty nor counted ahead,
+    /// and without a clean view, or (while others count too) with one of a shared key.
+    pub(super) fn wanted_windows<'k>(&self, keys: &'k [(WindowId, Vec<u8>)]) -> Vec<(WindowId, &'k [u8])> {
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
         for (window, key) in keys {
@@ -467,11 +543,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 wanted.push((*window, key));
             }
         }
-        if !wanted.is_empty() {
-            if let Err(e) = self.read(&wanted) {
-                self.fail(&e, "prefetching windows");
-            }
-        }
+        wanted
     }
 
     /// Reads the windows of `keys` from Redis (one pipelined HGETALL per key, grouped per
@@ -525,6 +597,31 @@ mod tests {
     use super::*;
     use crate::clock::ManualMonotonic;
     use crate::window::Aggregate;
+
+    /// While early reads are out, every view taken in from a flush or dropped is recorded (an
+    /// eviction after it cannot hide it); when none are out, nothing is kept.
+    #[test]
+    fn clean_views_record_changes_while_early_reads_are_out() {
+        let mut views = Views::new(1_000, Duration::from_secs(60));
+        let key = |name: &[u8]| StoredKey { window: 0, key: KeyBytes::new(name) };
+        let cached = || Arc::new(Cached { state: WindowState::new(Aggregate::Count), version: Some(1), refreshed: None, offsets: Offsets::new() });
+        views.cache.insert(key(b"before"), cached());
+        let generation = views.cache.watch();
+        assert!(!views.cache.touched(&key(b"before")), "changed before the read was planned");
+        views.cache.insert(key(b"flushed"), cached());
+        views.cache.invalidate(&key(b"dropped"));
+        views.cache.load(key(b"read"), cached());
+        assert!(views.cache.touched(&key(b"flushed")) && views.cache.touched(&key(b"dropped")));
+        assert!(!views.cache.touched(&key(b"read")), "another read is no newer than the views it may replace");
+        assert!(views.cache.unwatch(generation));
+        assert!(!views.cache.touched(&key(b"flushed")), "forgotten once no read is out");
+        views.cache.insert(key(b"unwatched"), cached());
+        assert!(!views.cache.touched(&key(b"unwatched")));
+        // Dropping every view voids the reads out.
+        let generation = views.cache.watch();
+        views.cache.invalidate_all();
+        assert!(!views.cache.unwatch(generation));
+    }
 
     #[test]
     fn a_ttl_refresh_is_due_once_a_window_of_the_injected_clock_passed() {

@@ -1,0 +1,183 @@
+//! Reads made for a batch before it takes the engine. The windows a batch will need and this
+//! process has no view of are listed under the engine ([`RedisStore::plan_early_reads`]), read
+//! from Redis while the engine is free for other partitions ([`EarlyReader::read`]: its own
+//! connection and thread), and taken in under the engine before the batch is counted
+//! ([`RedisStore::take_early_reads`]). A partition loop then waits for Redis without holding
+//! up the others.
+//!
+//! A window read this way may be older than what this process knows by the time it is taken in:
+//! another partition's batch may have counted into the key, and its flush completed, meanwhile.
+//! So a read is taken in only for a key that still has no view at all and whose view did not
+//! come and go since the read was planned: the clean views record every key they take in from a
+//! flush or drop while early reads are out ([`super::view::CleanViews::watch`]). What is
+//! not taken in is read again under the engine by the batch's prefetch, as before; nothing here
+//! decides a value on its own.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use redis::Value;
+
+use super::RedisStore;
+use crate::clock::MonotonicClock;
+use crate::store::codec::{self, Stored};
+use crate::store::counter_store::{StoreError, WindowId};
+use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
+use crate::store::link::{Batch, Link, Timeouts};
+
+/// Windows to read for a batch before it takes the engine.
+pub struct EarlyReads {
+    keys: Vec<StoredKey>,
+    batch: Batch,
+    /// The clean views' generation when planned: all of them dropped since voids the reads.
+    generation: u64,
+}
+
+impl EarlyReads {
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+struct Job {
+    batch: Batch,
+    attempts: u32,
+    reply: mpsc::SyncSender<Result<Vec<Value>, StoreError>>,
+}
+
+/// Reads [`EarlyReads`] on a connection of its own, without the store; any thread may use it.
+#[derive(Clone)]
+pub struct EarlyReader {
+    jobs: mpsc::Sender<Job>,
+    /// The longest a read is waited for (as the store waits for its own reads).
+    deadline: Duration,
+    attempts: u32,
+}
+
+impl EarlyReader {
+    /// The replies, one per key, or why there are none: the batch's prefetch then reads the
+    /// keys itself (and deals with Redis being away).
+    pub fn read(&self, reads: &mut EarlyReads) -> Result<Vec<Value>, StoreError> {
+        let (reply, replies) = mpsc::sync_channel(1);
+        let job = Job { batch: std::mem::take(&mut reads.batch), attempts: self.attempts, reply };
+        self.jobs.send(job).map_err(|_| StoreError::Unavailable("the early reader stopped".into()))?;
+        match replies.recv_timeout(self.deadline) {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!("no early read reply within {:?}", self.deadline))),
+        }
+    }
+}
+
+/// The early reader's thread: one job at a time on its own connection. A job whose caller
+/// stopped waiting is still answered into its dropped channel.
+fn early_reader(mut link: Link, jobs: mpsc::Receiver<Job>) {
+    for job in jobs {
+        let (result, _) = link.query(&job.batch, job.attempts);
+        let _ = job.reply.send(result);
+    }
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// A reader for [`EarlyReads`], on a connection opened at the first call. `None` while Redis
+    /// is unavailable.
+    pub fn early_reader(&mut self) -> Option<EarlyReader> {
+        if self.breaker.is_open() {
+            return None;
+        }
+        if self.early.is_none() {
+            let config = &self.config;
+            let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
+            let link = match Link::open(self.target.clone(), timeouts, self.config.retry_backoff) {
+                Ok(link) => link,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot open the early reader's connection");
+                    return None;
+                }
+            };
+            let (jobs, receiver) = mpsc::channel();
+            let spawned = std::thread::Builder::new().name("vigil-early".into()).spawn(move || early_reader(link, receiver));
+            if let Err(e) = spawned {
+                tracing::debug!(error = %e, "cannot start the early reader");
+                return None;
+            }
+            let deadline = self.read_deadline().saturating_mul(self.config.attempts.clamp(1, 2));
+            self.early = Some(EarlyReader { jobs, deadline, attempts: self.config.attempts });
+        }
+        self.early.clone()
+    }
+
+    /// The windows of `keys` the batch's prefetch would read now, to read before the batch takes
+    /// the engine; `None` if there are none (or Redis is unavailable).
+    pub fn plan_early_reads(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Option<EarlyReads> {
+        if self.breaker.is_open() {
+            return None;
+        }
+        self.views.cache.settle(&self.views.dirty);
+        let wanted = self.wanted_windows(keys);
+        if wanted.is_empty() {
+            return None;
+        }
+        let mut batch = Batch::default();
+        let mut planned = Vec::with_capacity(wanted.len());
+        for (window, key) in wanted {
+            // A shared key's view read again stays with the prefetch, which reads it under the
+            // engine, as late as it can.
+            if self.views.cache.contains_key(&KeyRef { window: window.0, key }) {
+                continue;
+            }
+            let name = self.redis_key(window, key);
+            let mut cmd = redis::cmd("HGETALL");
+            cmd.arg(&name);
+            batch.command(self.cluster, &name, cmd);
+            planned.push(StoredKey { window: window.0, key: KeyBytes::new(key) });
+        }
+        if planned.is_empty() {
+            return None;
+        }
+        let generation = self.views.cache.watch();
+        Some(EarlyReads { keys: planned, batch, generation })
+    }
+
+    /// Takes in what [`EarlyReader::read`] brought back for `reads`: each window whose key still
+    /// has no view, or the same view as when the read was planned. Returns how many were taken.
+    pub fn take_early_reads(&mut self, reads: EarlyReads, replies: Result<Vec<Value>, StoreError>) -> usize {
+        let current = self.views.cache.unwatch(reads.generation);
+        let replies = match replies {
+            Ok(replies) if current && replies.len() == reads.keys.len() => replies,
+            _ => return 0,
+        };
+        // As for any read: what a promoted replica lacks goes back into the views first.
+        self.catch_up_failover();
+        if self.views.cache.generation() != reads.generation {
+            return 0;
+        }
+        let mut taken = 0;
+        for (key, reply) in reads.keys.into_iter().zip(replies) {
+            // Any view of the key now is as recent as the read (another batch read or counted
+            // it meanwhile); one taken in from a flush or dropped since the plan may be more
+            // recent.
+            let changed = self.views.dirty.contains_key(&key)
+                || self.views.ahead.contains_key(&key)
+                || self.views.cache.touched(&key)
+                || self.views.cache.contains_key(&key);
+            if changed {
+                continue;
+            }
+            let spec = self.windows.spec(key.window);
+            let Ok(flat) = codec::flat(reply) else { continue };
+            let Ok(Stored { state, version, offsets }) = codec::decode_hash(&spec, &flat) else { continue };
+            self.views.learn(key.window, &offsets, || super::view::several_observations(&spec, &state));
+            let cached = super::view::Cached { state, version: Some(version), refreshed: None, offsets };
+            self.views.cache.load(key, std::sync::Arc::new(cached));
+            taken += 1;
+        }
+        self.views.cache.early_taken = true;
+        self.stats.loads += taken as u64;
+        self.stats.early_loads += taken as u64;
+        taken
+    }
+}
