@@ -20,7 +20,6 @@ use redis::Value;
 
 use super::RedisStore;
 use crate::clock::MonotonicClock;
-use crate::store::codec::{self, Stored};
 use crate::store::counter_store::{StoreError, WindowId};
 use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
 use crate::store::link::{Batch, Link, Timeouts};
@@ -167,13 +166,10 @@ impl<C: MonotonicClock> RedisStore<C> {
             if changed {
                 continue;
             }
-            let spec = self.windows.spec(key.window);
-            let Ok(flat) = codec::flat(reply) else { continue };
-            let Ok(Stored { state, version, offsets }) = codec::decode_hash(&spec, &flat) else { continue };
-            self.views.learn(key.window, &offsets, || super::view::several_observations(&spec, &state));
-            let cached = super::view::Cached { state, version: Some(version), refreshed: None, offsets };
-            self.views.cache.load(key, std::sync::Arc::new(cached));
-            taken += 1;
+            // A reply that does not decode is left to the prefetch, which says why.
+            if self.take_in_read(key, reply).is_ok() {
+                taken += 1;
+            }
         }
         self.views.cache.early_taken = true;
         self.stats.loads += taken as u64;

@@ -558,13 +558,20 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
-            let Stored { state, version, offsets } = codec::decode_hash(&self.windows.spec(window.0), &codec::flat(reply)?)?;
-            self.views.learn(window.0, &offsets, || several_observations(&self.windows.spec(window.0), &state));
-            let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
-            self.views.cache.load(StoredKey { window: window.0, key: KeyBytes::new(key) }, Arc::clone(&cached));
-            states.push(cached);
+            states.push(self.take_in_read(StoredKey { window: window.0, key: KeyBytes::new(key) }, reply)?);
         }
         Ok(states)
+    }
+
+    /// Takes in a window Redis returned for `key` (an `HGETALL` reply) as its clean view, and
+    /// what its recorded offsets tell of its counter's locality.
+    pub(super) fn take_in_read(&mut self, key: StoredKey, reply: redis::Value) -> Result<Arc<Cached>, StoreError> {
+        let spec = self.windows.spec(key.window);
+        let Stored { state, version, offsets } = codec::decode_hash(&spec, &codec::flat(reply)?)?;
+        self.views.learn(key.window, &offsets, || several_observations(&spec, &state));
+        let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
+        self.views.cache.load(key, Arc::clone(&cached));
+        Ok(cached)
     }
 
     /// The clean view of a key that is not dirty: cached, else read from Redis; `None` while
