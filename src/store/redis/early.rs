@@ -124,8 +124,8 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut planned = Vec::with_capacity(wanted.len());
         for (window, key) in wanted {
             // A shared key's view read again stays with the prefetch, which reads it under the
-            // engine, as late as it can.
-            if self.views.cache.contains_key(&KeyRef { window: window.0, key }) {
+            // engine, as late as it can. (Alone, `wanted_windows` left out every key with a view.)
+            if self.views.shared && self.views.cache.contains_key(&KeyRef { window: window.0, key }) {
                 continue;
             }
             let name = self.redis_key(window, key);
@@ -144,12 +144,13 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Takes in what [`EarlyReader::read`] brought back for `reads`: each window whose key still
     /// has no view, or the same view as when the read was planned. Returns how many were taken.
     pub fn take_early_reads(&mut self, reads: EarlyReads, replies: Result<Vec<Value>, StoreError>) -> usize {
-        let current = self.views.cache.unwatch(reads.generation);
+        self.views.cache.unwatch();
         let replies = match replies {
-            Ok(replies) if current && replies.len() == reads.keys.len() => replies,
+            Ok(replies) if replies.len() == reads.keys.len() => replies,
             _ => return 0,
         };
-        // As for any read: what a promoted replica lacks goes back into the views first.
+        // As for any read: what a promoted replica lacks goes back into the views first (which
+        // may drop them all: the generation, checked once after it, then tells).
         self.catch_up_failover();
         if self.views.cache.generation() != reads.generation {
             return 0;

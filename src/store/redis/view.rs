@@ -163,20 +163,19 @@ impl CleanViews {
     }
 
     /// An early read is planned: from now on, changed views are recorded. Returns the generation
-    /// to hand to `unwatch`.
+    /// the read belongs to (a later one voids it).
     pub(super) fn watch(&mut self) -> u64 {
         self.watchers += 1;
         self.generation
     }
 
-    /// An early read planned at `generation` is back (or given up). Whether nothing voided it.
-    pub(super) fn unwatch(&mut self, generation: u64) -> bool {
+    /// An early read is back (or given up); whether something voided it is `generation`'s to
+    /// tell.
+    pub(super) fn unwatch(&mut self) {
         self.watchers = self.watchers.saturating_sub(1);
-        let current = generation == self.generation;
         if self.watchers == 0 {
             self.touched.clear();
         }
-        current
     }
 
     pub(super) fn generation(&self) -> u64 {
@@ -620,14 +619,16 @@ mod tests {
         views.cache.load(key(b"read"), cached());
         assert!(views.cache.touched(&key(b"flushed")) && views.cache.touched(&key(b"dropped")));
         assert!(!views.cache.touched(&key(b"read")), "another read is no newer than the views it may replace");
-        assert!(views.cache.unwatch(generation));
+        views.cache.unwatch();
+        assert_eq!(views.cache.generation(), generation, "nothing voided the read");
         assert!(!views.cache.touched(&key(b"flushed")), "forgotten once no read is out");
         views.cache.insert(key(b"unwatched"), cached());
         assert!(!views.cache.touched(&key(b"unwatched")));
         // Dropping every view voids the reads out.
         let generation = views.cache.watch();
         views.cache.invalidate_all();
-        assert!(!views.cache.unwatch(generation));
+        views.cache.unwatch();
+        assert_ne!(views.cache.generation(), generation, "dropping every view voids the reads out");
     }
 
     #[test]
