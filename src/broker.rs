@@ -58,7 +58,9 @@ impl BrokerError {
             // lost later is a transport failure.
             RDKafkaErrorCode::SSL => |broker, detail| BrokerError::Tls { broker, detail },
             // Every JoinGroup is refused the same way until the configuration changes.
-            RDKafkaErrorCode::InvalidSessionTimeout => |broker, detail| BrokerError::SessionTimeout { broker, detail },
+            RDKafkaErrorCode::InvalidSessionTimeout => {
+                |broker, detail| BrokerError::SessionTimeout { broker, detail }
+            }
             _ => return None,
         };
         let (broker, detail) = match split_broker(reason) {
@@ -74,7 +76,11 @@ impl BrokerError {
 /// OAUTHBEARER token that could not be fetched).
 fn split_broker(reason: &str) -> Option<(&str, &str)> {
     let (protocol, rest) = reason.split_once("://")?;
-    if protocol.is_empty() || !protocol.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    if protocol.is_empty()
+        || !protocol
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
         return None;
     }
     // The node is `bootstrap` or the broker's id; the address itself has no `/`.
@@ -99,13 +105,19 @@ pub struct Fatal {
 impl Fatal {
     /// `bootstrap` names the broker when librdkafka's reason does not.
     pub fn new(bootstrap: &str, shutdown: Shutdown) -> Fatal {
-        Fatal { first: Arc::default(), bootstrap: bootstrap.into(), shutdown }
+        Fatal {
+            first: Arc::default(),
+            bootstrap: bootstrap.into(),
+            shutdown,
+        }
     }
 
     /// Reports an error from a client's `error` callback; true if it is the first fatal one
     /// (then the shutdown has been triggered and the worker will return it).
     pub fn report(&self, error: &KafkaError, reason: &str) -> bool {
-        let Some(failure) = BrokerError::classify(error, reason, &self.bootstrap) else { return false };
+        let Some(failure) = BrokerError::classify(error, reason, &self.bootstrap) else {
+            return false;
+        };
         let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
         if first.is_some() {
             return false;
@@ -144,15 +156,27 @@ mod tests {
             "broker 127.0.0.1:39092: authentication failed: SASL authentication error: Authentication failed during \
              authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256 (after 312ms in state AUTH_REQ)"
         );
-        assert_eq!(classify(RDKafkaErrorCode::SaslAuthenticationFailed, AUTH), Some(auth));
+        assert_eq!(
+            classify(RDKafkaErrorCode::SaslAuthenticationFailed, AUTH),
+            Some(auth)
+        );
         let tls = classify(RDKafkaErrorCode::SSL, TLS).unwrap();
         assert_eq!(tls.code(), "tls");
-        assert!(tls.to_string().starts_with("broker 127.0.0.1:39092: TLS handshake failed: SSL handshake failed: "), "{tls}");
+        assert!(
+            tls.to_string().starts_with(
+                "broker 127.0.0.1:39092: TLS handshake failed: SSL handshake failed: "
+            ),
+            "{tls}"
+        );
     }
 
     #[test]
     fn a_refused_session_timeout_is_fatal() {
-        let refused = classify(RDKafkaErrorCode::InvalidSessionTimeout, "JoinGroup failed: Broker: Invalid session timeout").unwrap();
+        let refused = classify(
+            RDKafkaErrorCode::InvalidSessionTimeout,
+            "JoinGroup failed: Broker: Invalid session timeout",
+        )
+        .unwrap();
         assert_eq!(refused.code(), "session_timeout");
         assert_eq!(
             refused.to_string(),
@@ -173,13 +197,22 @@ mod tests {
             assert_eq!(classify(code, AUTH), None, "{code:?}");
         }
         // Not a librdkafka code at all.
-        assert_eq!(BrokerError::classify(&KafkaError::Canceled, AUTH, "k"), None);
+        assert_eq!(
+            BrokerError::classify(&KafkaError::Canceled, AUTH, "k"),
+            None
+        );
     }
 
     #[test]
     fn the_broker_is_read_from_the_reason_or_else_the_bootstrap_list() {
-        assert_eq!(split_broker("ssl://[::1]:9093/2: failed"), Some(("[::1]:9093", "failed")));
-        assert_eq!(split_broker("sasl_plaintext://kafka-0.kafka:9092/0: x: y"), Some(("kafka-0.kafka:9092", "x: y")));
+        assert_eq!(
+            split_broker("ssl://[::1]:9093/2: failed"),
+            Some(("[::1]:9093", "failed"))
+        );
+        assert_eq!(
+            split_broker("sasl_plaintext://kafka-0.kafka:9092/0: x: y"),
+            Some(("kafka-0.kafka:9092", "x: y"))
+        );
         for reason in [
             "Failed to acquire SASL OAUTHBEARER token: https://idp/token: 401",
             "GroupCoordinator: SASL authentication error",
@@ -188,7 +221,11 @@ mod tests {
         ] {
             assert_eq!(split_broker(reason), None, "{reason}");
         }
-        let token = classify(RDKafkaErrorCode::Authentication, "Failed to acquire SASL OAUTHBEARER token: 401").unwrap();
+        let token = classify(
+            RDKafkaErrorCode::Authentication,
+            "Failed to acquire SASL OAUTHBEARER token: 401",
+        )
+        .unwrap();
         assert_eq!(token.to_string(), "broker k1:9093,k2:9093: authentication failed: Failed to acquire SASL OAUTHBEARER token: 401");
     }
 
@@ -196,13 +233,18 @@ mod tests {
     fn the_first_fatal_failure_is_kept_and_stops_the_worker() {
         let shutdown = Shutdown::new();
         let fatal = Fatal::new("k:9093", shutdown.clone());
-        assert!(!fatal.report(&KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "1/1 brokers are down"));
+        assert!(!fatal.report(
+            &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down"
+        ));
         assert!(!shutdown.is_triggered());
         assert_eq!(fatal.first(), None);
         assert!(fatal.report(&KafkaError::Global(RDKafkaErrorCode::SSL), TLS));
         assert!(shutdown.is_triggered());
         // The producer's report of the same failure, or any later one, does not replace it.
-        assert!(!fatal.clone().report(&KafkaError::Global(RDKafkaErrorCode::Authentication), AUTH));
+        assert!(!fatal
+            .clone()
+            .report(&KafkaError::Global(RDKafkaErrorCode::Authentication), AUTH));
         assert_eq!(fatal.first().map(|e| e.code()), Some("tls"));
     }
 }

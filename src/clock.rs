@@ -18,7 +18,9 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
     }
 }
 
@@ -67,13 +69,20 @@ pub struct ManualMonotonic {
 
 impl ManualMonotonic {
     pub fn new() -> ManualMonotonic {
-        ManualMonotonic { start: Instant::now(), advanced_ns: AtomicU64::new(0) }
+        ManualMonotonic {
+            start: Instant::now(),
+            advanced_ns: AtomicU64::new(0),
+        }
     }
 
     /// Moves the clock on by `by`.
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        let _ = self.advanced_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_add(by)));
+        let _ = self
+            .advanced_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(now.saturating_add(by))
+            });
     }
 }
 

@@ -151,7 +151,10 @@ pub struct InputConfig {
 impl InputConfig {
     pub fn time_bounds(&self) -> crate::event::TimeBounds {
         let ms = |d: Option<Duration>| d.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        crate::event::TimeBounds { max_future_skew_ms: ms(self.max_future_skew), max_lateness_ms: ms(self.max_lateness) }
+        crate::event::TimeBounds {
+            max_future_skew_ms: ms(self.max_future_skew),
+            max_lateness_ms: ms(self.max_lateness),
+        }
     }
 }
 
@@ -197,13 +200,20 @@ pub struct LogConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     /// Not TOML at all.
     #[error("{location}: {message}")]
     Syntax { location: String, message: String },
     /// A key that is unknown, missing or has a bad value.
     #[error("{location}: `{key}`: {message}")]
-    Invalid { location: String, key: String, message: String },
+    Invalid {
+        location: String,
+        key: String,
+        message: String,
+    },
 }
 
 impl ConfigError {
@@ -220,21 +230,34 @@ impl Config {
     /// Reads `path` and applies the `VIGIL_*` variables of the process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: name.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: name.clone(),
+            source,
+        })?;
         Config::parse(&name, &text, std::env::vars())
     }
 
     /// Parses `text` (called `name` in errors) over the defaults, then applies `env` overrides.
-    pub fn parse(name: &str, text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
-        let mut merged: toml::Table = toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
+    pub fn parse(
+        name: &str,
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut merged: toml::Table =
+            toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
         let defaults = merged.clone();
         let file: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
-            location: e.span().map_or_else(|| name.to_owned(), |s| position(name, text, s.start)),
+            location: e
+                .span()
+                .map_or_else(|| name.to_owned(), |s| position(name, text, s.start)),
             message: e.message().to_owned(),
         })?;
         merge(&mut merged, file);
         let mut from_env: BTreeMap<String, String> = BTreeMap::new();
-        let mut env: Vec<(String, String)> = env.into_iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)).collect();
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .collect();
         env.sort();
         for (var, raw) in env {
             let key = apply_env(&mut merged, &defaults, &var, &raw)?;
@@ -248,13 +271,18 @@ impl Config {
                 .find(|(k, _)| key == **k || key.starts_with(&format!("{k}.")))
                 .map(|(_, var)| var.clone())
                 .unwrap_or_else(|| locate(name, text, &key));
-            ConfigError::Invalid { location, key, message }
+            ConfigError::Invalid {
+                location,
+                key,
+                message,
+            }
         })
     }
 
     /// The Redis store settings of this config.
     pub fn redis_store(&self) -> crate::store::RedisStoreConfig {
-        self.redis.store_config(self.input.time_bounds().max_lateness_ms)
+        self.redis
+            .store_config(self.input.time_bounds().max_lateness_ms)
     }
 
     /// What `vigil run` opens: this config's store and, with Redis, the journal of its consumer
@@ -295,8 +323,11 @@ impl RedisConfig {
 /// (`replay`, `backtest`, `bench`) take their defaults from here, so each default is written once,
 /// in `config_defaults.toml`.
 fn default_section<T: serde::de::DeserializeOwned>(section: &str) -> T {
-    let mut defaults: toml::Table = toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
-    let table = defaults.remove(section).expect("the embedded defaults have every section but kafka's");
+    let mut defaults: toml::Table =
+        toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
+    let table = defaults
+        .remove(section)
+        .expect("the embedded defaults have every section but kafka's");
     table.try_into().expect("the embedded defaults are valid")
 }
 
@@ -345,15 +376,27 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 /// Applies `VIGIL_<SECTION>_<KEY>=raw`; returns the dotted key it set. `VIGIL_KAFKA_PROPERTIES_X_Y`
 /// sets the librdkafka property `x.y`. The value is typed like the key's default: strings stay
 /// strings, lists may be comma-separated, anything else is read as a TOML value.
-fn apply_env(merged: &mut toml::Table, defaults: &toml::Table, var: &str, raw: &str) -> Result<String, ConfigError> {
+fn apply_env(
+    merged: &mut toml::Table,
+    defaults: &toml::Table,
+    var: &str,
+    raw: &str,
+) -> Result<String, ConfigError> {
     let rest = var[ENV_PREFIX.len()..].to_ascii_lowercase();
-    let invalid = |key: &str, message: String| ConfigError::Invalid { location: var.to_owned(), key: key.to_owned(), message };
+    let invalid = |key: &str, message: String| ConfigError::Invalid {
+        location: var.to_owned(),
+        key: key.to_owned(),
+        message,
+    };
     let Some((section, key)) = rest.split_once('_') else {
         return Err(invalid(&rest, "expected VIGIL_<SECTION>_<KEY>".into()));
     };
     let Some(toml::Value::Table(section_defaults)) = defaults.get(section) else {
         let sections: Vec<&str> = defaults.keys().map(String::as_str).collect();
-        return Err(invalid(section, format!("unknown section, expected one of {}", sections.join(", "))));
+        return Err(invalid(
+            section,
+            format!("unknown section, expected one of {}", sections.join(", ")),
+        ));
     };
     let table = match merged.get_mut(section) {
         Some(toml::Value::Table(table)) => table,
@@ -363,7 +406,10 @@ fn apply_env(merged: &mut toml::Table, defaults: &toml::Table, var: &str, raw: &
         if let Some(property) = key.strip_prefix("properties_") {
             let property = property.replace('_', ".");
             let dotted = format!("kafka.properties.{property}");
-            match table.entry("properties").or_insert_with(|| toml::Value::Table(toml::Table::new())) {
+            match table
+                .entry("properties")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            {
                 toml::Value::Table(properties) => {
                     properties.insert(property, toml::Value::String(raw.to_owned()));
                 }
@@ -374,7 +420,11 @@ fn apply_env(merged: &mut toml::Table, defaults: &toml::Table, var: &str, raw: &
     }
     let value = match section_defaults.get(key) {
         Some(toml::Value::Array(_)) if !raw.trim_start().starts_with('[') => toml::Value::Array(
-            raw.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
         ),
         Some(toml::Value::String(_)) | None => toml::Value::String(raw.to_owned()),
         Some(_) => toml::from_str::<toml::Table>(&format!("v = {raw}"))
@@ -401,16 +451,24 @@ fn position(name: &str, text: &str, offset: usize) -> String {
 /// Where `key` (dotted) is written in the file: the key itself, or the deepest table of its
 /// path that the file has; just the file name if the file says nothing about it.
 fn locate(name: &str, text: &str, key: &str) -> String {
-    let Ok(doc) = text.parse::<toml_edit::Document<String>>() else { return name.to_owned() };
+    let Ok(doc) = text.parse::<toml_edit::Document<String>>() else {
+        return name.to_owned();
+    };
     let mut table: &dyn toml_edit::TableLike = doc.as_table();
     let mut found = None;
     for segment in key.split('.') {
-        let Some((k, item)) = table.get_key_value(segment) else { break };
+        let Some((k, item)) = table.get_key_value(segment) else {
+            break;
+        };
         found = k.span().map(|s| s.start).or(found);
         match item.as_table_like() {
             Some(inner) => table = inner,
             None => {
-                found = k.span().map(|s| s.start).or_else(|| item.span().map(|s| s.start)).or(found);
+                found = k
+                    .span()
+                    .map(|s| s.start)
+                    .or_else(|| item.span().map(|s| s.start))
+                    .or(found);
                 break;
             }
         }
@@ -420,8 +478,11 @@ fn locate(name: &str, text: &str, key: &str) -> String {
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
-    humantime::parse_duration(&text)
-        .map_err(|e| D::Error::custom(format!("invalid duration {text:?}: {e} (write e.g. \"50ms\", \"2s\", \"10m\")")))
+    humantime::parse_duration(&text).map_err(|e| {
+        D::Error::custom(format!(
+            "invalid duration {text:?}: {e} (write e.g. \"50ms\", \"2s\", \"10m\")"
+        ))
+    })
 }
 
 /// A time bound: a duration, or `"off"` for none.
@@ -429,9 +490,9 @@ pub fn parse_bound(text: &str) -> Result<Option<Duration>, String> {
     if text == "off" {
         return Ok(None);
     }
-    humantime::parse_duration(text)
-        .map(Some)
-        .map_err(|e| format!("invalid duration {text:?}: {e} (write e.g. \"5m\", \"1h\", or \"off\")"))
+    humantime::parse_duration(text).map(Some).map_err(|e| {
+        format!("invalid duration {text:?}: {e} (write e.g. \"5m\", \"1h\", or \"off\")")
+    })
 }
 
 fn bound<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -448,7 +509,10 @@ fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
             toml::Value::Integer(i) => Ok((k, i.to_string())),
             toml::Value::Boolean(b) => Ok((k, b.to_string())),
             toml::Value::Float(f) => Ok((k, f.to_string())),
-            other => Err(D::Error::custom(format!("property `{k}` must be a string, number or boolean, not {}", other.type_str()))),
+            other => Err(D::Error::custom(format!(
+                "property `{k}` must be a string, number or boolean, not {}",
+                other.type_str()
+            ))),
         })
         .collect()
 }
@@ -457,8 +521,23 @@ fn properties<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String
 /// word in it, or any `sasl.*` name but the few known to hold none, so that a mistyped secret
 /// (`sasl.pasword`) is hidden too.
 fn is_secret(property: &str) -> bool {
-    const SASL_SHOWN: [&str; 4] = ["sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.kerberos.service.name"];
-    ["pass", "secret", "key", "token", "cred", "jaas", "sasl.oauthbearer.config"].iter().any(|s| property.contains(s))
+    const SASL_SHOWN: [&str; 4] = [
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.username",
+        "sasl.kerberos.service.name",
+    ];
+    [
+        "pass",
+        "secret",
+        "key",
+        "token",
+        "cred",
+        "jaas",
+        "sasl.oauthbearer.config",
+    ]
+    .iter()
+    .any(|s| property.contains(s))
         || (property.starts_with("sasl.") && !SASL_SHOWN.contains(&property))
 }
 
@@ -531,8 +610,14 @@ mod tests {
         assert_eq!(config.redis.url, None);
         assert_eq!(config.http.listen, "127.0.0.1:9464".parse().unwrap());
         assert_eq!(config.worker.max_event_bytes, 1 << 20);
-        assert_eq!(config.input.time_bounds(), crate::event::TimeBounds::default());
-        assert_eq!(parse("", &[]).unwrap_err(), "vigil.toml: `kafka`: missing field `brokers`");
+        assert_eq!(
+            config.input.time_bounds(),
+            crate::event::TimeBounds::default()
+        );
+        assert_eq!(
+            parse("", &[]).unwrap_err(),
+            "vigil.toml: `kafka`: missing field `brokers`"
+        );
     }
 
     /// The code's own defaults (for callers without a config: library users, tests) agree with
@@ -542,14 +627,26 @@ mod tests {
         let input = InputConfig::default();
         assert_eq!(input.time_bounds(), crate::event::TimeBounds::default());
         let redis = RedisConfig::default().store_config(input.time_bounds().max_lateness_ms);
-        assert_eq!(format!("{redis:?}"), format!("{:?}", crate::store::RedisStoreConfig::default()));
-        assert_eq!(MemoryConfig::default().max_keys, crate::store::DEFAULT_MAX_KEYS);
+        assert_eq!(
+            format!("{redis:?}"),
+            format!("{:?}", crate::store::RedisStoreConfig::default())
+        );
+        assert_eq!(
+            MemoryConfig::default().max_keys,
+            crate::store::DEFAULT_MAX_KEYS
+        );
         let max_event_bytes = WorkerConfig::default().max_event_bytes;
         assert_eq!(max_event_bytes, crate::pipeline::DEFAULT_MAX_EVENT_BYTES);
-        assert_eq!(crate::pipeline::ReplayOptions::default().max_event_bytes, max_event_bytes);
+        assert_eq!(
+            crate::pipeline::ReplayOptions::default().max_event_bytes,
+            max_event_bytes
+        );
         // A section's defaults are the config's when the file says nothing about it.
         let config = parse("[kafka]\nbrokers = \"k\"\n", &[]).unwrap();
-        assert_eq!(format!("{:?}", config.redis), format!("{:?}", RedisConfig::default()));
+        assert_eq!(
+            format!("{:?}", config.redis),
+            format!("{:?}", RedisConfig::default())
+        );
         assert_eq!(config.rules.path, RulesConfig::default().path);
     }
 
@@ -563,10 +660,27 @@ mod tests {
         );
         let text = "[kafka]\nbrokers = \"k:9092\"\ngroup = \"x\"\n";
         let error = parse(text, &[]).unwrap_err();
-        assert!(error.starts_with("vigil.toml:3:1: `kafka.group`: unknown field `group`, expected one of"), "{error}");
-        let error = parse("[kafka]\nbrokers = \"k\"\n[worker]\nmax_event_bytes = \"big\"\n", &[]).unwrap_err();
-        assert!(error.starts_with("vigil.toml:4:1: `worker.max_event_bytes`: invalid type: string \"big\""), "{error}");
-        assert_eq!(parse("[kafka\n", &[]).unwrap_err().split(": ").next(), Some("vigil.toml:1:7"));
+        assert!(
+            error.starts_with(
+                "vigil.toml:3:1: `kafka.group`: unknown field `group`, expected one of"
+            ),
+            "{error}"
+        );
+        let error = parse(
+            "[kafka]\nbrokers = \"k\"\n[worker]\nmax_event_bytes = \"big\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            error.starts_with(
+                "vigil.toml:4:1: `worker.max_event_bytes`: invalid type: string \"big\""
+            ),
+            "{error}"
+        );
+        assert_eq!(
+            parse("[kafka\n", &[]).unwrap_err().split(": ").next(),
+            Some("vigil.toml:1:7")
+        );
     }
 
     #[test]
@@ -592,19 +706,37 @@ mod tests {
             parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_REDIS_MAX_PENDING", "many")]).unwrap_err(),
             "VIGIL_REDIS_MAX_PENDING: `redis.max_pending`: invalid type: string \"many\", expected usize"
         );
-        assert!(parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_QUEUE_SIZE", "1")])
-            .unwrap_err()
-            .starts_with("VIGIL_QUEUE_SIZE: `queue`: unknown section"));
-        let error = parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_REDIS_FLUSH", "1s")]).unwrap_err();
-        assert!(error.starts_with("VIGIL_REDIS_FLUSH: `redis.flush`: unknown field `flush`"), "{error}");
+        assert!(
+            parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_QUEUE_SIZE", "1")])
+                .unwrap_err()
+                .starts_with("VIGIL_QUEUE_SIZE: `queue`: unknown section")
+        );
+        let error =
+            parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_REDIS_FLUSH", "1s")]).unwrap_err();
+        assert!(
+            error.starts_with("VIGIL_REDIS_FLUSH: `redis.flush`: unknown field `flush`"),
+            "{error}"
+        );
     }
 
     #[test]
     fn time_bounds_take_durations_or_off() {
         let text = "[kafka]\nbrokers = \"k\"\n[input]\nmax_future_skew = \"off\"\nmax_lateness = \"90s\"\n";
         let bounds = parse(text, &[]).unwrap().input.time_bounds();
-        assert_eq!(bounds, crate::event::TimeBounds { max_future_skew_ms: None, max_lateness_ms: Some(90_000) });
-        let bounds = parse("[kafka]\nbrokers = \"k\"\n", &[("VIGIL_INPUT_MAX_LATENESS", "off")]).unwrap().input.time_bounds();
+        assert_eq!(
+            bounds,
+            crate::event::TimeBounds {
+                max_future_skew_ms: None,
+                max_lateness_ms: Some(90_000)
+            }
+        );
+        let bounds = parse(
+            "[kafka]\nbrokers = \"k\"\n",
+            &[("VIGIL_INPUT_MAX_LATENESS", "off")],
+        )
+        .unwrap()
+        .input
+        .time_bounds();
         assert_eq!(bounds.max_lateness_ms, None);
         assert_eq!(
             parse("[kafka]\nbrokers = \"k\"\n[input]\nmax_lateness = \"never\"\n", &[]).unwrap_err(),
@@ -626,9 +758,16 @@ mod tests {
         for secret in ["pw1", "pw2", "pw3", "pw4", "pw5", "pw6"] {
             assert!(!shown.contains(secret), "{shown}");
         }
-        assert!(shown.contains("redis://app:***@r:6379/0") && shown.contains("\"linger.ms\": \"5\""), "{shown}");
+        assert!(
+            shown.contains("redis://app:***@r:6379/0") && shown.contains("\"linger.ms\": \"5\""),
+            "{shown}"
+        );
         // What tells which account and which CA are used stays readable.
-        for shown_value in ["\"sasl.mechanism\": \"SCRAM-SHA-256\"", "\"sasl.username\": \"app\"", "\"ssl.ca.location\": \"/ca.pem\""] {
+        for shown_value in [
+            "\"sasl.mechanism\": \"SCRAM-SHA-256\"",
+            "\"sasl.username\": \"app\"",
+            "\"ssl.ca.location\": \"/ca.pem\"",
+        ] {
             assert!(shown.contains(shown_value), "{shown}");
         }
     }
@@ -636,7 +775,9 @@ mod tests {
     /// Every key of every section, as `section.key`: the defaults plus the keys without one.
     fn every_key() -> Vec<String> {
         let defaults: toml::Table = toml::from_str(DEFAULTS).unwrap();
-        let mut keys: Vec<String> = ["kafka.brokers", "redis.url", "redis.tls_ca_file"].map(String::from).to_vec();
+        let mut keys: Vec<String> = ["kafka.brokers", "redis.url", "redis.tls_ca_file"]
+            .map(String::from)
+            .to_vec();
         for (section, table) in &defaults {
             for key in table.as_table().unwrap().keys() {
                 keys.push(format!("{section}.{key}"));
@@ -651,26 +792,39 @@ mod tests {
         let mut section = "";
         let mut documented = Vec::new();
         for line in doc.lines() {
-            if let Some(name) = line.strip_prefix("## `[").and_then(|l| l.strip_suffix("]`")) {
+            if let Some(name) = line
+                .strip_prefix("## `[")
+                .and_then(|l| l.strip_suffix("]`"))
+            {
                 section = name;
             } else if let Some(key) = line.strip_prefix("| `").and_then(|l| l.split('`').next()) {
                 documented.push(format!("{section}.{key}"));
             }
         }
         for key in every_key() {
-            assert!(documented.contains(&key), "`{key}` is not in docs/configuration.md");
+            assert!(
+                documented.contains(&key),
+                "`{key}` is not in docs/configuration.md"
+            );
         }
         // And every documented key exists: the config accepts it.
         for key in &documented {
-            assert!(every_key().contains(key), "docs/configuration.md documents `{key}`, which is not a config key");
+            assert!(
+                every_key().contains(key),
+                "docs/configuration.md documents `{key}`, which is not a config key"
+            );
         }
     }
 
     #[test]
     fn every_key_without_a_default_is_accepted() {
-        let text = "[kafka]\nbrokers = \"k\"\n[redis]\nurl = \"redis://r/\"\ntls_ca_file = \"/ca.pem\"\n";
+        let text =
+            "[kafka]\nbrokers = \"k\"\n[redis]\nurl = \"redis://r/\"\ntls_ca_file = \"/ca.pem\"\n";
         let config = parse(text, &[]).unwrap();
-        assert_eq!(config.redis.tls_ca_file.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(
+            config.redis.tls_ca_file.as_deref(),
+            Some(Path::new("/ca.pem"))
+        );
     }
 
     #[test]

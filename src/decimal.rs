@@ -38,11 +38,18 @@ const POW10: [u128; 39] = {
 /// Decimal digits of `m` (1 for 0), without dividing.
 fn digits(m: u64) -> u32 {
     let m = u128::from(m);
-    POW10[1..].iter().position(|&p| m < p).map_or(39, |i| i as u32 + 1)
+    POW10[1..]
+        .iter()
+        .position(|&p| m < p)
+        .map_or(39, |i| i as u32 + 1)
 }
 
 impl Decimal {
-    pub const ZERO: Decimal = Decimal { negative: false, mantissa: 0, exp: 0 };
+    pub const ZERO: Decimal = Decimal {
+        negative: false,
+        mantissa: 0,
+        exp: 0,
+    };
 
     fn normalised(negative: bool, mut mantissa: u64, mut exp: i64) -> Decimal {
         if mantissa == 0 {
@@ -54,7 +61,11 @@ impl Decimal {
         }
         // Exponents beyond i32 are far outside anything a value can mean; clamp them.
         let exp = exp.clamp(i32::MIN as i64 / 2, i32::MAX as i64 / 2) as i32;
-        Decimal { negative, mantissa, exp }
+        Decimal {
+            negative,
+            mantissa,
+            exp,
+        }
     }
 
     pub fn from_i64(v: i64) -> Decimal {
@@ -72,7 +83,9 @@ impl Decimal {
         let bytes = text.as_bytes();
         // Fast path: a plain non-negative integer that fits (timestamps, ids, counts).
         if !bytes.is_empty() && bytes.len() <= 19 && bytes.iter().all(u8::is_ascii_digit) {
-            let v = bytes.iter().fold(0u64, |v, &b| v * 10 + u64::from(b - b'0'));
+            let v = bytes
+                .iter()
+                .fold(0u64, |v, &b| v * 10 + u64::from(b - b'0'));
             return Some(Decimal::normalised(false, v, 0));
         }
         let mut i = 0;
@@ -156,12 +169,16 @@ impl Decimal {
         // Exact when the mantissa and the power of ten are both exact doubles: one IEEE
         // operation then rounds correctly (the classic fast path of decimal parsing).
         const EXACT_POW10: [f64; 23] = [
-            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
-            1e21, 1e22,
+            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+            1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
         ];
         if self.mantissa < (1 << 53) && self.exp.unsigned_abs() <= 22 {
             let m = self.mantissa as f64;
-            let v = if self.exp >= 0 { m * EXACT_POW10[self.exp as usize] } else { m / EXACT_POW10[(-self.exp) as usize] };
+            let v = if self.exp >= 0 {
+                m * EXACT_POW10[self.exp as usize]
+            } else {
+                m / EXACT_POW10[(-self.exp) as usize]
+            };
             return if self.negative { -v } else { v };
         }
         self.to_string().parse().unwrap_or(f64::NAN)
@@ -173,7 +190,9 @@ impl Decimal {
         let exp = self.exp as i64 + scale as i64;
         let mantissa = u128::from(self.mantissa);
         let magnitude: Option<u128> = if exp >= 0 {
-            POW10.get(exp as usize).and_then(|p| mantissa.checked_mul(*p))
+            POW10
+                .get(exp as usize)
+                .and_then(|p| mantissa.checked_mul(*p))
         } else {
             Some(POW10.get((-exp) as usize).map_or(0, |p| mantissa / p))
         };
@@ -197,7 +216,6 @@ impl Decimal {
         }
         Decimal::parse(&format!("{x:e}"))
     }
-
 
     pub fn is_negative(self) -> bool {
         self.negative
@@ -248,7 +266,15 @@ impl Decimal {
 
 impl Ord for Decimal {
     fn cmp(&self, other: &Self) -> Ordering {
-        let sign = |d: &Decimal| if d.mantissa == 0 { 0 } else if d.negative { -1 } else { 1 };
+        let sign = |d: &Decimal| {
+            if d.mantissa == 0 {
+                0
+            } else if d.negative {
+                -1
+            } else {
+                1
+            }
+        };
         match sign(self).cmp(&sign(other)) {
             Ordering::Equal => {}
             unequal => return unequal,
@@ -258,14 +284,22 @@ impl Ord for Decimal {
         }
         if self.exp == other.exp {
             let magnitude = self.mantissa.cmp(&other.mantissa);
-            return if self.negative { magnitude.reverse() } else { magnitude };
+            return if self.negative {
+                magnitude.reverse()
+            } else {
+                magnitude
+            };
         }
         // Same sign: compare magnitudes by their leading digit's position, then digit by digit.
         let (da, db) = (digits(self.mantissa), digits(other.mantissa));
         let (ea, eb) = (self.exp as i64 + da as i64, other.exp as i64 + db as i64);
         let magnitude = ea.cmp(&eb).then_with(|| {
             let (a, b) = (u128::from(self.mantissa), u128::from(other.mantissa));
-            let (a, b) = if da < db { (a * POW10[(db - da) as usize], b) } else { (a, b * POW10[(da - db) as usize]) };
+            let (a, b) = if da < db {
+                (a * POW10[(db - da) as usize], b)
+            } else {
+                (a, b * POW10[(da - db) as usize])
+            };
             a.cmp(&b)
         });
         if self.negative {
@@ -283,7 +317,10 @@ impl std::ops::Neg for Decimal {
         if self.mantissa == 0 {
             self
         } else {
-            Decimal { negative: !self.negative, ..self }
+            Decimal {
+                negative: !self.negative,
+                ..self
+            }
         }
     }
 }
@@ -331,7 +368,8 @@ impl serde::Serialize for Decimal {
             return s.serialize_i64(v);
         }
         // The exact text as a JSON number token (serde_json writes a raw value verbatim).
-        let raw = serde_json::value::RawValue::from_string(self.to_string()).map_err(serde::ser::Error::custom)?;
+        let raw = serde_json::value::RawValue::from_string(self.to_string())
+            .map_err(serde::ser::Error::custom)?;
         raw.serialize(s)
     }
 }
@@ -380,7 +418,10 @@ mod tests {
         assert_eq!(format_micros(0), "0");
         assert_eq!(d("1.2345e2").to_string(), "123.45");
         assert_eq!(d("1e400").to_string(), "1e400");
-        assert_eq!(serde_json::to_string(&d("999999999994.499999")).unwrap(), "999999999994.499999");
+        assert_eq!(
+            serde_json::to_string(&d("999999999994.499999")).unwrap(),
+            "999999999994.499999"
+        );
         assert_eq!(serde_json::to_string(&d("6.0")).unwrap(), "6");
     }
 
@@ -412,11 +453,23 @@ mod tests {
 
     #[test]
     fn doubles_round_trip() {
-        for text in ["0.1", "2.5", "1e22", "123456789.125", "-0.3", "1e-300", "9007199254740993", "0.30000000000000004"] {
+        for text in [
+            "0.1",
+            "2.5",
+            "1e22",
+            "123456789.125",
+            "-0.3",
+            "1e-300",
+            "9007199254740993",
+            "0.30000000000000004",
+        ] {
             assert_eq!(d(text).to_f64(), text.parse::<f64>().unwrap(), "{text}");
         }
         assert_eq!(d("0.1").to_f64(), 0.1);
-        assert_eq!(Decimal::from_f64(0.30000000000000004), Some(d("0.30000000000000004")));
+        assert_eq!(
+            Decimal::from_f64(0.30000000000000004),
+            Some(d("0.30000000000000004"))
+        );
         assert_eq!(Decimal::from_f64(f64::NAN), None);
         // Beyond 19 significant digits the rest are dropped (the scale is kept).
         assert_eq!(d("12345678901234567890123"), d("12345678901234567890000"));

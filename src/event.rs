@@ -63,11 +63,17 @@ impl Number {
         let exact = Decimal::parse(text)?;
         // Parsed already: the text is a valid number, so a fraction or exponent is one of these.
         let integer_text = !text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E'));
-        Some(Number { exact, integer_text })
+        Some(Number {
+            exact,
+            integer_text,
+        })
     }
 
     pub fn from_i64(v: i64) -> Number {
-        Number { exact: Decimal::from_i64(v), integer_text: true }
+        Number {
+            exact: Decimal::from_i64(v),
+            integer_text: true,
+        }
     }
 
     /// The nearest double (arithmetic is IEEE-754).
@@ -186,7 +192,9 @@ impl FieldPath {
         if dotted.is_empty() || dotted.split('.').any(str::is_empty) {
             return None;
         }
-        Some(FieldPath { dotted: dotted.to_owned() })
+        Some(FieldPath {
+            dotted: dotted.to_owned(),
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -220,7 +228,10 @@ struct Node {
 
 impl Node {
     fn child(&self, name: &str) -> Option<&Node> {
-        self.children.iter().find(|(n, _)| n == name).map(|(_, c)| c)
+        self.children
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c)
     }
 }
 
@@ -232,7 +243,10 @@ impl Default for Projection {
 
 impl Projection {
     pub fn new() -> Projection {
-        let mut p = Projection { root: Node::default(), slots: 0 };
+        let mut p = Projection {
+            root: Node::default(),
+            slots: 0,
+        };
         let ts = p.slot(&FieldPath::parse("ts").expect("valid path"));
         let id = p.slot(&FieldPath::parse("event_id").expect("valid path"));
         debug_assert_eq!((ts, id), (TS_SLOT, EVENT_ID_SLOT));
@@ -285,13 +299,17 @@ impl<'a> Event<'a> {
 pub fn decode<'a>(input: &'a [u8], projection: &Projection) -> Result<Event<'a>, BadEvent> {
     // JSON text is UTF-8 (RFC 8259). The parser checks only the strings it materialises, so
     // check the whole line once.
-    let text = std::str::from_utf8(input)
-        .map_err(|e| BadEvent::InvalidJson(format!("not valid UTF-8 at byte {}", e.valid_up_to())))?;
+    let text = std::str::from_utf8(input).map_err(|e| {
+        BadEvent::InvalidJson(format!("not valid UTF-8 at byte {}", e.valid_up_to()))
+    })?;
     let mut fields = Vec::with_capacity(projection.slot_count());
     fields.resize_with(projection.slot_count(), || FieldValue::Missing);
     let mut de = serde_json::Deserializer::from_str(text);
     let top = de
-        .deserialize_any(TopVisitor { node: &projection.root, out: &mut fields })
+        .deserialize_any(TopVisitor {
+            node: &projection.root,
+            out: &mut fields,
+        })
         .map_err(|e| BadEvent::InvalidJson(e.to_string()))?;
     de.end().map_err(|e| BadEvent::InvalidJson(e.to_string()))?;
     if let Some(kind) = top {
@@ -327,19 +345,25 @@ pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
 /// `ts` as a JSON integer of epoch milliseconds in `0..=MAX_TS_MS`, or an RFC 3339 string in that
 /// range (fractions finer than a millisecond are truncated).
 pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
-    let out_of_range = |what: String| BadEvent::BadTs(format!("{what} is outside 0..={MAX_TS_MS} (1970 to the end of 9999)"));
+    let out_of_range = |what: String| {
+        BadEvent::BadTs(format!(
+            "{what} is outside 0..={MAX_TS_MS} (1970 to the end of 9999)"
+        ))
+    };
     match value {
         FieldValue::Missing => Err(BadEvent::MissingTs),
-        FieldValue::Number(n) if !n.integer_text => {
-            Err(BadEvent::BadTs(format!("{} is not an integer number of milliseconds", n.exact)))
-        }
+        FieldValue::Number(n) if !n.integer_text => Err(BadEvent::BadTs(format!(
+            "{} is not an integer number of milliseconds",
+            n.exact
+        ))),
         FieldValue::Number(n) => match n.exact.as_i64() {
             Some(ms) if (0..=MAX_TS_MS).contains(&ms) => Ok(ms),
             _ => Err(out_of_range(n.exact.to_string())),
         },
         FieldValue::Str(s) => {
-            let parsed = chrono::DateTime::parse_from_rfc3339(s)
-                .map_err(|e| BadEvent::BadTs(format!("{} is not RFC 3339 ({e})", quote_prefix(s))))?;
+            let parsed = chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {
+                BadEvent::BadTs(format!("{} is not RFC 3339 ({e})", quote_prefix(s)))
+            })?;
             let ms = parsed.timestamp_millis();
             if (0..=MAX_TS_MS).contains(&ms) {
                 Ok(ms)
@@ -366,18 +390,28 @@ pub struct TimeBounds {
 
 impl Default for TimeBounds {
     fn default() -> Self {
-        TimeBounds { max_future_skew_ms: Some(5 * 60_000), max_lateness_ms: Some(3_600_000) }
+        TimeBounds {
+            max_future_skew_ms: Some(5 * 60_000),
+            max_lateness_ms: Some(3_600_000),
+        }
     }
 }
 
 impl TimeBounds {
     /// No bound at all.
-    pub const OFF: TimeBounds = TimeBounds { max_future_skew_ms: None, max_lateness_ms: None };
+    pub const OFF: TimeBounds = TimeBounds {
+        max_future_skew_ms: None,
+        max_lateness_ms: None,
+    };
 
     /// Refuses an event too far ahead of `now_ms` (wall clock, epoch ms).
     pub fn check_future(&self, ts: i64, now_ms: i64) -> Result<(), BadEvent> {
         match self.max_future_skew_ms {
-            Some(skew_ms) if ts > now_ms.saturating_add(skew_ms) => Err(BadEvent::FutureTs { ts, now: now_ms, skew_ms }),
+            Some(skew_ms) if ts > now_ms.saturating_add(skew_ms) => Err(BadEvent::FutureTs {
+                ts,
+                now: now_ms,
+                skew_ms,
+            }),
             _ => Ok(()),
         }
     }
@@ -385,7 +419,8 @@ impl TimeBounds {
     /// The watermark of an input whose newest accepted event time is `newest`: events before it
     /// are late for every counter. `None` without a lateness bound.
     pub fn watermark(&self, newest: i64) -> Option<i64> {
-        self.max_lateness_ms.map(|lateness| newest.saturating_sub(lateness))
+        self.max_lateness_ms
+            .map(|lateness| newest.saturating_sub(lateness))
     }
 }
 
@@ -435,7 +470,10 @@ fn visit_object<'de: 'a, 'a, A: MapAccess<'de>>(
 ) -> Result<(), A::Error> {
     while let Some(key) = map.next_key::<KeyStr<'de>>()? {
         match node.child(key.as_str()) {
-            Some(child) => map.next_value_seed(ValueSeed { node: child, out: &mut *out })?,
+            Some(child) => map.next_value_seed(ValueSeed {
+                node: child,
+                out: &mut *out,
+            })?,
             None => {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -533,13 +571,18 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.set(FieldValue::Number(Number::parse(&v.to_string()).expect("an integer")));
+        self.set(FieldValue::Number(
+            Number::parse(&v.to_string()).expect("an integer"),
+        ));
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
         // Rare (a projected path that is also a parent); the double's shortest text.
         if let Some(exact) = Decimal::from_f64(v) {
-            self.set(FieldValue::Number(Number { exact, integer_text: false }));
+            self.set(FieldValue::Number(Number {
+                exact,
+                integer_text: false,
+            }));
         }
         Ok(())
     }
@@ -595,11 +638,21 @@ fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
         Some(b'{') => FieldValue::Object,
         Some(b'[') => {
             let elements: Vec<&RawValue> = serde_json::from_str(text)?;
-            FieldValue::Array(elements.into_iter().map(|e| interpret_element(e.get())).collect::<Result<_, _>>()?)
+            FieldValue::Array(
+                elements
+                    .into_iter()
+                    .map(|e| interpret_element(e.get()))
+                    .collect::<Result<_, _>>()?,
+            )
         }
         _ => match Number::parse(text) {
             Some(n) => FieldValue::Number(n),
-            None => return Err(de::Error::custom(format!("bad number {}", quote_prefix(text)))),
+            None => {
+                return Err(de::Error::custom(format!(
+                    "bad number {}",
+                    quote_prefix(text)
+                )))
+            }
         },
     })
 }
@@ -610,7 +663,10 @@ mod tests {
 
     fn projection(paths: &[&str]) -> (Projection, Vec<usize>) {
         let mut p = Projection::new();
-        let slots = paths.iter().map(|s| p.slot(&FieldPath::parse(s).unwrap())).collect();
+        let slots = paths
+            .iter()
+            .map(|s| p.slot(&FieldPath::parse(s).unwrap()))
+            .collect();
         (p, slots)
     }
 
@@ -623,7 +679,10 @@ mod tests {
         assert_eq!(e.field(s[0]), &FieldValue::Str("u-1".into()));
         assert_eq!(e.field(s[1]), &FieldValue::Number(Number::from_i64(7)));
         assert_eq!(e.field(s[2]), &FieldValue::Str("ios".into()));
-        assert_eq!(e.field(s[3]), &FieldValue::Number(Number::parse("12.5").unwrap()));
+        assert_eq!(
+            e.field(s[3]),
+            &FieldValue::Number(Number::parse("12.5").unwrap())
+        );
         assert_eq!(e.event_id(), &FieldValue::Missing);
     }
 
@@ -652,9 +711,14 @@ mod tests {
     #[test]
     fn ts_forms() {
         let p = Projection::new();
-        assert_eq!(decode(br#"{"ts":"2023-11-14T22:13:20Z"}"#, &p).unwrap().ts, 1_700_000_000_000);
         assert_eq!(
-            decode(br#"{"ts":"2023-11-15T00:13:20.123+02:00"}"#, &p).unwrap().ts,
+            decode(br#"{"ts":"2023-11-14T22:13:20Z"}"#, &p).unwrap().ts,
+            1_700_000_000_000
+        );
+        assert_eq!(
+            decode(br#"{"ts":"2023-11-15T00:13:20.123+02:00"}"#, &p)
+                .unwrap()
+                .ts,
             1_700_000_000_123
         );
         assert_eq!(decode(br#"{"ts":0}"#, &p).unwrap().ts, 0);
@@ -666,9 +730,22 @@ mod tests {
         assert_eq!(err(br#"{"ts":null}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":"1969-12-31T23:59:59Z"}"#), "bad_ts");
         // The range ends with year 9999; sub-millisecond fractions are truncated.
-        assert_eq!(decode(br#"{"ts":253402300799999}"#, &p).unwrap().ts, MAX_TS_MS);
-        assert_eq!(decode(br#"{"ts":"9999-12-31T23:59:59.9999999Z"}"#, &p).unwrap().ts, MAX_TS_MS);
-        assert_eq!(decode(br#"{"ts":"2023-06-01T00:00:00.0019Z"}"#, &p).unwrap().ts, 1_685_577_600_001);
+        assert_eq!(
+            decode(br#"{"ts":253402300799999}"#, &p).unwrap().ts,
+            MAX_TS_MS
+        );
+        assert_eq!(
+            decode(br#"{"ts":"9999-12-31T23:59:59.9999999Z"}"#, &p)
+                .unwrap()
+                .ts,
+            MAX_TS_MS
+        );
+        assert_eq!(
+            decode(br#"{"ts":"2023-06-01T00:00:00.0019Z"}"#, &p)
+                .unwrap()
+                .ts,
+            1_685_577_600_001
+        );
         assert_eq!(err(br#"{"ts":253402300800000}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":9223372036854775807}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":18446744073709551615}"#), "bad_ts");
@@ -681,11 +758,14 @@ mod tests {
     #[test]
     fn deep_nesting_never_overflows_the_stack() {
         let (p, s) = projection(&["tags", "device.id"]);
-        let deep = |open: &str, close: &str| format!("{}{}", open.repeat(100_000), close.repeat(100_000));
+        let deep =
+            |open: &str, close: &str| format!("{}{}", open.repeat(100_000), close.repeat(100_000));
         let arrays = deep("[", "]");
         let line = format!(r#"{{"ts":1,"tags":[1,{arrays},"a"],"device":{arrays}}}"#);
         let e = decode(line.as_bytes(), &p).unwrap();
-        let FieldValue::Array(items) = e.field(s[0]) else { panic!("tags is an array") };
+        let FieldValue::Array(items) = e.field(s[0]) else {
+            panic!("tags is an array")
+        };
         assert_eq!(items.len(), 3);
         assert_eq!(items[1], FieldValue::Array(Vec::new()));
         assert_eq!(items[2], FieldValue::Str("a".into()));
@@ -716,7 +796,10 @@ mod tests {
         let bounds = TimeBounds::default();
         let now = 1_700_000_000_000;
         assert_eq!(bounds.check_future(now + 300_000, now), Ok(()));
-        assert_eq!(bounds.check_future(now + 300_001, now).unwrap_err().code(), "future_ts");
+        assert_eq!(
+            bounds.check_future(now + 300_001, now).unwrap_err().code(),
+            "future_ts"
+        );
         assert_eq!(TimeBounds::OFF.check_future(MAX_TS_MS, now), Ok(()));
         assert_eq!(bounds.watermark(now), Some(now - 3_600_000));
         assert_eq!(TimeBounds::OFF.watermark(now), None);
@@ -725,11 +808,23 @@ mod tests {
     #[test]
     fn rejects_non_objects_and_invalid_json() {
         let p = Projection::new();
-        assert_eq!(decode(b"[1,2]", &p).unwrap_err(), BadEvent::NotAnObject("array"));
-        assert_eq!(decode(b"\"x\"", &p).unwrap_err(), BadEvent::NotAnObject("string"));
+        assert_eq!(
+            decode(b"[1,2]", &p).unwrap_err(),
+            BadEvent::NotAnObject("array")
+        );
+        assert_eq!(
+            decode(b"\"x\"", &p).unwrap_err(),
+            BadEvent::NotAnObject("string")
+        );
         assert_eq!(decode(b"{\"ts\":1", &p).unwrap_err().code(), "invalid_json");
-        assert_eq!(decode(b"{\"ts\":1} x", &p).unwrap_err().code(), "invalid_json");
-        assert_eq!(decode(b"{\"ts\":1,\"s\":\"\xff\"}", &p).unwrap_err().code(), "invalid_json");
+        assert_eq!(
+            decode(b"{\"ts\":1} x", &p).unwrap_err().code(),
+            "invalid_json"
+        );
+        assert_eq!(
+            decode(b"{\"ts\":1,\"s\":\"\xff\"}", &p).unwrap_err().code(),
+            "invalid_json"
+        );
     }
 
     #[test]
@@ -744,9 +839,18 @@ mod tests {
             s.encode_into(&mut v);
             v
         };
-        assert_ne!(enc(Scalar::Str("17")), enc(Scalar::Number(Decimal::from_i64(17))));
-        assert_eq!(enc(Scalar::Number(n("17.0"))), enc(Scalar::Number(Decimal::from_i64(17))));
-        assert_ne!(enc(Scalar::Number(n("1.0000000000000001"))), enc(Scalar::Number(n("1"))));
+        assert_ne!(
+            enc(Scalar::Str("17")),
+            enc(Scalar::Number(Decimal::from_i64(17)))
+        );
+        assert_eq!(
+            enc(Scalar::Number(n("17.0"))),
+            enc(Scalar::Number(Decimal::from_i64(17)))
+        );
+        assert_ne!(
+            enc(Scalar::Number(n("1.0000000000000001"))),
+            enc(Scalar::Number(n("1")))
+        );
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         let mut ab_c = enc(Scalar::Str("ab"));
         ab_c.extend(enc(Scalar::Str("c")));

@@ -96,8 +96,8 @@
 
 pub mod broker;
 pub mod clock;
-pub mod decimal;
 pub mod config;
+pub mod decimal;
 pub mod event;
 #[cfg(feature = "harness")]
 pub mod harness;

@@ -15,7 +15,11 @@ use vigil::harness::workload::WorkloadSpec;
 use vigil::pipeline::ReplayOptions;
 
 #[derive(Parser)]
-#[command(name = "vigil", version, about = "Risk-control stream processor: exact sliding-window rules over events")]
+#[command(
+    name = "vigil",
+    version,
+    about = "Risk-control stream processor: exact sliding-window rules over events"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -201,7 +205,9 @@ struct BoundArgs {
 fn parse_skew(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(skew) if skew.is_finite() && skew >= 0.0 => Ok(skew),
-        _ => Err(format!("{text:?} is not a zipf exponent (a number, 0 or more, e.g. 0.8)")),
+        _ => Err(format!(
+            "{text:?} is not a zipf exponent (a number, 0 or more, e.g. 0.8)"
+        )),
     }
 }
 
@@ -243,7 +249,12 @@ impl std::fmt::Display for Bound {
 
 impl BoundArgs {
     fn time_bounds(&self) -> vigil::event::TimeBounds {
-        vigil::config::InputConfig { max_future_skew: self.max_future_skew.0, max_lateness: self.max_lateness.0, ..Default::default() }.time_bounds()
+        vigil::config::InputConfig {
+            max_future_skew: self.max_future_skew.0,
+            max_lateness: self.max_lateness.0,
+            ..Default::default()
+        }
+        .time_bounds()
     }
 }
 
@@ -281,44 +292,134 @@ impl WorkloadArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { path, max_partition_skew } => cli::check(&path, max_partition_skew.0),
-        Command::Replay { rules, input, emit_allow, redis, redis_ca, input_id, redis_wait, replica_ack_timeout, max_event_bytes, max_bad_ratio, bounds } => {
-            let redis = redis.map(|url| cli::ReplayRedis { url, tls_ca_file: redis_ca, input_id, replica_ack_timeout: replica_ack_timeout.0 });
-            let options = ReplayOptions { max_event_bytes, emit_allow, lane: 0, store_wait: redis_wait, ..ReplayOptions::default() };
-            cli::replay(&rules, &input, redis, options, bounds.time_bounds(), bounds.max_keys, max_bad_ratio)
+        Command::Check {
+            path,
+            max_partition_skew,
+        } => cli::check(&path, max_partition_skew.0),
+        Command::Replay {
+            rules,
+            input,
+            emit_allow,
+            redis,
+            redis_ca,
+            input_id,
+            redis_wait,
+            replica_ack_timeout,
+            max_event_bytes,
+            max_bad_ratio,
+            bounds,
+        } => {
+            let redis = redis.map(|url| cli::ReplayRedis {
+                url,
+                tls_ca_file: redis_ca,
+                input_id,
+                replica_ack_timeout: replica_ack_timeout.0,
+            });
+            let options = ReplayOptions {
+                max_event_bytes,
+                emit_allow,
+                lane: 0,
+                store_wait: redis_wait,
+                ..ReplayOptions::default()
+            };
+            cli::replay(
+                &rules,
+                &input,
+                redis,
+                options,
+                bounds.time_bounds(),
+                bounds.max_keys,
+                max_bad_ratio,
+            )
         }
         Command::Run { config } => cli::run(&config),
         #[cfg(feature = "harness")]
-        Command::Gen { workload, rate, duration, ips, fraud, kafka, topic } => {
-            let events = duration.map_or(workload.events, |d| (d.as_secs_f64() * rate as f64) as u64);
+        Command::Gen {
+            workload,
+            rate,
+            duration,
+            ips,
+            fraud,
+            kafka,
+            topic,
+        } => {
+            let events =
+                duration.map_or(workload.events, |d| (d.as_secs_f64() * rate as f64) as u64);
             if events == 0 {
-                eprintln!("error: --duration {} at --rate {rate} events/s gives no event", humantime::format_duration(duration.unwrap_or_default()));
+                eprintln!(
+                    "error: --duration {} at --rate {rate} events/s gives no event",
+                    humantime::format_duration(duration.unwrap_or_default())
+                );
                 return ExitCode::from(2);
             }
-            let spec = WorkloadSpec { rate_per_sec: rate, events, ips, fraud, ..workload.spec() };
+            let spec = WorkloadSpec {
+                rate_per_sec: rate,
+                events,
+                ips,
+                fraud,
+                ..workload.spec()
+            };
             cli::gen(spec, kafka.map(|brokers| (brokers, topic)))
         }
-        Command::Backtest { rules, input, json, max_bad_ratio, bounds } => {
-            cli::backtest(&rules, &input, json, bounds.time_bounds(), bounds.max_keys, max_bad_ratio)
-        }
+        Command::Backtest {
+            rules,
+            input,
+            json,
+            max_bad_ratio,
+            bounds,
+        } => cli::backtest(
+            &rules,
+            &input,
+            json,
+            bounds.time_bounds(),
+            bounds.max_keys,
+            max_bad_ratio,
+        ),
         #[cfg(feature = "harness")]
-        Command::Bench { rules, input, redis, kafka: Some(brokers), partitions, latency_seconds, latency_rate, workers, fraud, workload, .. } => {
-            cli::bench_kafka(vigil::harness::kafka_bench::KafkaBenchArgs {
-                brokers,
-                redis,
-                rules_path: rules,
-                input,
-                workload: WorkloadSpec { fraud: fraud.clamp(0.0, 1.0), ..workload.spec() },
-                partitions,
-                latency_seconds,
-                latency_rate,
-                workers: usize::from(workers),
-            })
-        }
+        Command::Bench {
+            rules,
+            input,
+            redis,
+            kafka: Some(brokers),
+            partitions,
+            latency_seconds,
+            latency_rate,
+            workers,
+            fraud,
+            workload,
+            ..
+        } => cli::bench_kafka(vigil::harness::kafka_bench::KafkaBenchArgs {
+            brokers,
+            redis,
+            rules_path: rules,
+            input,
+            workload: WorkloadSpec {
+                fraud: fraud.clamp(0.0, 1.0),
+                ..workload.spec()
+            },
+            partitions,
+            latency_seconds,
+            latency_rate,
+            workers: usize::from(workers),
+        }),
         #[cfg(feature = "harness")]
-        Command::Bench { rules, input, redis, kafka: None, workload, compare_rules, rounds, .. } => {
-            cli::bench(cli::BenchArgs { rules, input, redis, workload: workload.spec(), compare_rules, rounds })
-        }
+        Command::Bench {
+            rules,
+            input,
+            redis,
+            kafka: None,
+            workload,
+            compare_rules,
+            rounds,
+            ..
+        } => cli::bench(cli::BenchArgs {
+            rules,
+            input,
+            redis,
+            workload: workload.spec(),
+            compare_rules,
+            rounds,
+        }),
     };
     match result {
         Ok(code) => code,
@@ -334,7 +435,11 @@ fn main() -> ExitCode {
 /// Whether `error` comes from writing to a closed pipe.
 fn broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
-        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            || cause.downcast_ref::<serde_json::Error>().is_some_and(|e| e.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
     })
 }

@@ -9,7 +9,10 @@ use crate::rules::{compile, RuleErrors, RuleSet};
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: no rule files (*.toml) found")]
     NoRuleFiles { path: String },
     #[error("{path}: is a directory, not a rule file")]
@@ -35,7 +38,10 @@ impl LoadError {
 
 /// The rule files at `path`, in load order.
 pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, LoadError> {
-    let io = |source| LoadError::Io { path: path.display().to_string(), source };
+    let io = |source| LoadError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     if !fs::metadata(path).map_err(io)?.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -50,15 +56,22 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, LoadError> {
         }
         // Followed like any other file: a link that does not resolve (or loops) is an error with
         // its path, not a file silently left out of the rules.
-        let metadata = fs::metadata(&file).map_err(|source| LoadError::Io { path: file.display().to_string(), source })?;
+        let metadata = fs::metadata(&file).map_err(|source| LoadError::Io {
+            path: file.display().to_string(),
+            source,
+        })?;
         if metadata.is_dir() {
-            return Err(LoadError::NotAFile { path: file.display().to_string() });
+            return Err(LoadError::NotAFile {
+                path: file.display().to_string(),
+            });
         }
         files.push(file);
     }
     files.sort();
     if files.is_empty() {
-        return Err(LoadError::NoRuleFiles { path: path.display().to_string() });
+        return Err(LoadError::NoRuleFiles {
+            path: path.display().to_string(),
+        });
     }
     Ok(files)
 }
@@ -69,8 +82,12 @@ const BOM: &str = "\u{feff}";
 /// Reads a list file named by a rule file.
 fn read_list_file(path: &str) -> Result<String, String> {
     let bytes = fs::read(path).map_err(|e| format!("cannot read list file {path}: {e}"))?;
-    let mut text =
-        String::from_utf8(bytes).map_err(|e| format!("list file {path} is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()))?;
+    let mut text = String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "list file {path} is not valid UTF-8 (at byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
     if text.starts_with(BOM) {
         text.drain(..BOM.len());
     }
@@ -87,7 +104,9 @@ pub fn load(path: &Path) -> Result<RuleSet, LoadError> {
 pub fn load_with(path: &Path, allow_empty: bool) -> Result<RuleSet, LoadError> {
     let rules = load_any(path)?;
     if rules.rules().is_empty() && !allow_empty {
-        return Err(LoadError::Empty { path: path.display().to_string() });
+        return Err(LoadError::Empty {
+            path: path.display().to_string(),
+        });
     }
     Ok(rules)
 }
@@ -97,7 +116,10 @@ fn load_any(path: &Path) -> Result<RuleSet, LoadError> {
     let mut not_utf8 = Vec::new();
     for file in rule_files(path)? {
         let name = file.display().to_string();
-        let bytes = fs::read(&file).map_err(|source| LoadError::Io { path: name.clone(), source })?;
+        let bytes = fs::read(&file).map_err(|source| LoadError::Io {
+            path: name.clone(),
+            source,
+        })?;
         match String::from_utf8(bytes) {
             Ok(mut text) => {
                 if text.starts_with(BOM) {
@@ -105,17 +127,26 @@ fn load_any(path: &Path) -> Result<RuleSet, LoadError> {
                 }
                 sources.push((name, text));
             }
-            Err(e) => not_utf8.push(compile::not_utf8(&name, e.as_bytes(), e.utf8_error().valid_up_to())),
+            Err(e) => not_utf8.push(compile::not_utf8(
+                &name,
+                e.as_bytes(),
+                e.utf8_error().valid_up_to(),
+            )),
         }
     }
     if !not_utf8.is_empty() {
         // Report these with every error of the other files.
-        let mut errors = match RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str()))) {
-            Err(errors) => errors.0,
-            Ok(_) => Vec::new(),
-        };
+        let mut errors =
+            match RuleSet::from_sources(sources.iter().map(|(n, t)| (n.as_str(), t.as_str()))) {
+                Err(errors) => errors.0,
+                Ok(_) => Vec::new(),
+            };
         errors.splice(0..0, not_utf8);
         return Err(LoadError::Invalid(RuleErrors(errors)));
     }
-    RuleSet::from_sources_with_files(sources.iter().map(|(n, t)| (n.as_str(), t.as_str())), &read_list_file).map_err(LoadError::Invalid)
+    RuleSet::from_sources_with_files(
+        sources.iter().map(|(n, t)| (n.as_str(), t.as_str())),
+        &read_list_file,
+    )
+    .map_err(LoadError::Invalid)
 }

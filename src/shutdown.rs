@@ -33,7 +33,9 @@ impl Shutdown {
     pub fn wait(&self, timeout: Duration) -> bool {
         let (lock, wake) = &*self.0;
         let since = lock.lock().unwrap_or_else(|p| p.into_inner());
-        let (since, _) = wake.wait_timeout_while(since, timeout, |s| s.is_none()).unwrap_or_else(|p| p.into_inner());
+        let (since, _) = wake
+            .wait_timeout_while(since, timeout, |s| s.is_none())
+            .unwrap_or_else(|p| p.into_inner());
         since.is_some()
     }
 }

@@ -48,7 +48,13 @@ pub const DEFAULT_MAX_DISTINCT: u32 = 10_000;
 
 impl WindowSpec {
     pub const fn new(bucket_ms: i64, buckets: i64, aggregate: Aggregate) -> WindowSpec {
-        WindowSpec { bucket_ms, buckets, aggregate, max_distinct: DEFAULT_MAX_DISTINCT, identity: 0 }
+        WindowSpec {
+            bucket_ms,
+            buckets,
+            aggregate,
+            max_distinct: DEFAULT_MAX_DISTINCT,
+            identity: 0,
+        }
     }
 
     pub fn window_ms(&self) -> i64 {
@@ -136,13 +142,21 @@ impl WindowState {
         let oldest_live = head - spec.buckets + 1;
         match spec.aggregate {
             Aggregate::Count | Aggregate::Sum => {
-                let mut live: SmallVec<[(i64, i64); 2]> =
-                    buckets.into_iter().filter(|&(b, _)| (oldest_live..=head).contains(&b)).collect();
+                let mut live: SmallVec<[(i64, i64); 2]> = buckets
+                    .into_iter()
+                    .filter(|&(b, _)| (oldest_live..=head).contains(&b))
+                    .collect();
                 live.sort_by_key(|&(b, _)| b);
-                WindowState::Series(BucketSeries { head: Some(head), buckets: Buckets(live) })
+                WindowState::Series(BucketSeries {
+                    head: Some(head),
+                    buckets: Buckets(live),
+                })
             }
             Aggregate::Distinct => {
-                let mut set = DistinctSet { head: Some(head), ..DistinctSet::default() };
+                let mut set = DistinctSet {
+                    head: Some(head),
+                    ..DistinctSet::default()
+                };
                 for (value, bucket) in values {
                     if (oldest_live..=head).contains(&bucket) && set.latest.get(value).is_none() {
                         set.latest.set(value, bucket);
@@ -159,7 +173,9 @@ impl WindowState {
     pub fn heap_bytes(&self) -> usize {
         match self {
             WindowState::Series(s) => s.buckets.heap_bytes(),
-            WindowState::Distinct(d) => size_of::<DistinctSet>() + d.latest.heap_bytes() + d.per_bucket.heap_bytes(),
+            WindowState::Distinct(d) => {
+                size_of::<DistinctSet>() + d.latest.heap_bytes() + d.per_bucket.heap_bytes()
+            }
         }
     }
 
@@ -173,7 +189,12 @@ impl WindowState {
     /// The count or sum held in `bucket`, if it is live and not empty (count/sum windows).
     pub fn bucket_value(&self, bucket: i64) -> Option<i64> {
         match self {
-            WindowState::Series(s) => s.buckets.0.iter().find(|&&(b, _)| b == bucket).map(|&(_, v)| v),
+            WindowState::Series(s) => s
+                .buckets
+                .0
+                .iter()
+                .find(|&&(b, _)| b == bucket)
+                .map(|&(_, v)| v),
             WindowState::Distinct(_) => None,
         }
     }
@@ -210,18 +231,29 @@ impl WindowState {
     /// else, with `h = max(head, bucket)`, the buckets `h-k+1 ..= head` (distinct: the values
     /// whose latest bucket is at least `h-k+1`).
     pub fn read(&self, spec: &WindowSpec, bucket: i64) -> Applied {
-        let Some(head) = self.head() else { return Applied::Counted(0) };
+        let Some(head) = self.head() else {
+            return Applied::Counted(0);
+        };
         if bucket <= head - spec.buckets {
             return Applied::Late;
         }
         let oldest = head.max(bucket) - spec.buckets + 1;
         match self {
-            WindowState::Series(s) => {
-                Applied::Counted(s.buckets.0.iter().filter(|&&(b, _)| b >= oldest).fold(0i64, |a, &(_, v)| a.saturating_add(v)))
-            }
-            WindowState::Distinct(d) => {
-                Applied::Counted(d.per_bucket.0.iter().filter(|&&(b, _)| b >= oldest).map(|&(_, n)| i64::from(n)).sum())
-            }
+            WindowState::Series(s) => Applied::Counted(
+                s.buckets
+                    .0
+                    .iter()
+                    .filter(|&&(b, _)| b >= oldest)
+                    .fold(0i64, |a, &(_, v)| a.saturating_add(v)),
+            ),
+            WindowState::Distinct(d) => Applied::Counted(
+                d.per_bucket
+                    .0
+                    .iter()
+                    .filter(|&&(b, _)| b >= oldest)
+                    .map(|&(_, n)| i64::from(n))
+                    .sum(),
+            ),
         }
     }
 }
@@ -303,7 +335,9 @@ pub struct BucketSeries {
 
 impl BucketSeries {
     fn add(&mut self, spec: &WindowSpec, bucket: i64, amount: i64) -> Applied {
-        let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
+        let Some(head) = advance_head(&mut self.head, spec, bucket) else {
+            return Applied::Late;
+        };
         self.buckets.add(bucket, amount);
         self.buckets.drop_before(head - spec.buckets + 1, |_| {});
         Applied::Counted(self.value())
@@ -312,7 +346,10 @@ impl BucketSeries {
     /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend
     /// on how the buckets were filled.
     fn value(&self) -> i64 {
-        self.buckets.0.iter().fold(0i64, |a, &(_, v)| a.saturating_add(v))
+        self.buckets
+            .0
+            .iter()
+            .fold(0i64, |a, &(_, v)| a.saturating_add(v))
     }
 
     /// Live buckets, oldest first.
@@ -406,16 +443,22 @@ pub struct DistinctSet {
 
 impl DistinctSet {
     fn add(&mut self, spec: &WindowSpec, bucket: i64, value: u128) -> Applied {
-        let Some(head) = advance_head(&mut self.head, spec, bucket) else { return Applied::Late };
+        let Some(head) = advance_head(&mut self.head, spec, bucket) else {
+            return Applied::Late;
+        };
         let oldest_live = head - spec.buckets + 1;
         // Slide first, so values that fell out make room.
         let live = &mut self.live;
-        self.per_bucket.drop_before(oldest_live, |n| *live -= u64::from(n));
+        self.per_bucket
+            .drop_before(oldest_live, |n| *live -= u64::from(n));
         let mut capped = false;
         match self.latest.get(value) {
             Some(prev) if prev >= bucket => {}
             // A value not recorded in the window while it is full is not recorded.
-            previous if previous.is_none_or(|prev| prev < oldest_live) && self.live >= u64::from(spec.max_distinct) => {
+            previous
+                if previous.is_none_or(|prev| prev < oldest_live)
+                    && self.live >= u64::from(spec.max_distinct) =>
+            {
                 capped = true;
             }
             previous => {
@@ -430,7 +473,8 @@ impl DistinctSet {
             }
         }
         let live = &mut self.live;
-        self.per_bucket.drop_before(oldest_live, |n| *live -= u64::from(n));
+        self.per_bucket
+            .drop_before(oldest_live, |n| *live -= u64::from(n));
         // Forget values that slid out once they outnumber the live ones.
         if self.latest.len() > 2 * self.live as usize + 8 {
             self.latest.retain_from(oldest_live);
@@ -489,14 +533,21 @@ mod tests {
 
     #[test]
     fn distinct_saturates_at_max_distinct() {
-        let s = WindowSpec { max_distinct: 3, ..spec(Aggregate::Distinct, 60_000, 5) };
+        let s = WindowSpec {
+            max_distinct: 3,
+            ..spec(Aggregate::Distinct, 60_000, 5)
+        };
         let mut w = WindowState::new(Aggregate::Distinct);
         let at = |w: &mut WindowState, b: i64, v: u128| counted(w.apply(&s, b, Delta::Distinct(v)));
         assert_eq!(at(&mut w, 0, 1), 1);
         assert_eq!(at(&mut w, 1, 2), 2);
         assert_eq!(at(&mut w, 1, 2), 2);
         assert_eq!(at(&mut w, 1, 3), 3);
-        assert_eq!(w.apply(&s, 2, Delta::Distinct(4)), Applied::Capped(3), "a fourth value is not recorded");
+        assert_eq!(
+            w.apply(&s, 2, Delta::Distinct(4)),
+            Applied::Capped(3),
+            "a fourth value is not recorded"
+        );
         assert_eq!(at(&mut w, 3, 1), 3);
         assert_eq!(w.apply(&s, 5, Delta::Distinct(5)), Applied::Capped(3));
         assert_eq!(at(&mut w, 6, 5), 2);
@@ -589,7 +640,11 @@ mod tests {
             w.apply(&s, i as i64, Delta::Distinct(i));
         }
         if let WindowState::Distinct(d) = &w {
-            assert!(d.latest.len() <= 2 * d.live as usize + 8, "{} retained", d.latest.len());
+            assert!(
+                d.latest.len() <= 2 * d.live as usize + 8,
+                "{} retained",
+                d.latest.len()
+            );
             assert_eq!(d.live_values(&s).count(), 2);
         }
     }
@@ -603,7 +658,9 @@ mod tests {
         let mut head = i64::MIN;
         let mut x: u64 = 1;
         for step in 0..20_000i64 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let value = u128::from((x >> 33) % 300);
             let bucket = step / 50 - ((x >> 20) % 4) as i64;
             let applied = w.apply(&s, bucket, Delta::Distinct(value));
@@ -627,7 +684,9 @@ mod tests {
         for (b, v) in [(4, 15), (5, 2), (6, 25), (6, 1)] {
             built.apply(&s, b, Delta::Sum(v));
         }
-        let WindowState::Series(series) = &built else { panic!() };
+        let WindowState::Series(series) = &built else {
+            panic!()
+        };
         let buckets: Vec<_> = series.buckets().collect();
         // Out of order and with a bucket that is no longer live: both handled.
         let mut shuffled = buckets.clone();
@@ -641,13 +700,21 @@ mod tests {
         for (b, v) in [(1, 7u128), (2, 8), (3, 7), (3, 9)] {
             built.apply(&d, b, Delta::Distinct(v));
         }
-        let WindowState::Distinct(set) = &built else { panic!() };
+        let WindowState::Distinct(set) = &built else {
+            panic!()
+        };
         let values: Vec<_> = set.live_values(&d).collect();
         let mut rebuilt = WindowState::from_window(&d, 3, [], values);
         assert_eq!(rebuilt.value(), built.value());
         // Both continue identically.
-        assert_eq!(rebuilt.apply(&d, 4, Delta::Distinct(8)), built.apply(&d, 4, Delta::Distinct(8)));
-        assert_eq!(rebuilt.apply(&d, 5, Delta::Distinct(1)), built.apply(&d, 5, Delta::Distinct(1)));
+        assert_eq!(
+            rebuilt.apply(&d, 4, Delta::Distinct(8)),
+            built.apply(&d, 4, Delta::Distinct(8))
+        );
+        assert_eq!(
+            rebuilt.apply(&d, 5, Delta::Distinct(1)),
+            built.apply(&d, 5, Delta::Distinct(1))
+        );
     }
 
     #[test]
@@ -661,6 +728,10 @@ mod tests {
         assert_eq!(w.apply(&s, 18, Delta::Count), Applied::Counted(2));
         let mut w = WindowState::new(Aggregate::Count);
         w.apply(&s, 9, Delta::Count);
-        assert_eq!(w.apply(&s, 19, Delta::Count), Applied::Counted(1), "as if it had been dropped");
+        assert_eq!(
+            w.apply(&s, 19, Delta::Count),
+            Applied::Counted(1),
+            "as if it had been dropped"
+        );
     }
 }

@@ -5,8 +5,15 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 fn vigil(args: &[&str]) -> std::process::Output {
-    let output = Command::new(env!("CARGO_BIN_EXE_vigil")).args(args).output().unwrap();
-    assert!(output.status.success(), "vigil {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "vigil {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     output
 }
 
@@ -14,27 +21,55 @@ fn vigil(args: &[&str]) -> std::process::Output {
 fn backtest_reports_hits_keys_and_caught_fraud_consistently_with_replay() {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
-    let generated = vigil(&["gen", "--events", "60000", "--users", "5000", "--fraud", "0.03", "--seed", "5"]);
+    let generated = vigil(&[
+        "gen", "--events", "60000", "--users", "5000", "--fraud", "0.03", "--seed", "5",
+    ]);
     std::fs::write(&events, &generated.stdout).unwrap();
     let text = String::from_utf8(generated.stdout).unwrap();
-    let tagged = |pattern: &str| text.lines().filter(|l| l.contains(&format!("\"fraud\":\"{pattern}\""))).count() as u64;
+    let tagged = |pattern: &str| {
+        text.lines()
+            .filter(|l| l.contains(&format!("\"fraud\":\"{pattern}\"")))
+            .count() as u64
+    };
 
-    let report: serde_json::Value =
-        serde_json::from_slice(&vigil(&["backtest", "--rules", "rules", "--input", events.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(
+        &vigil(&[
+            "backtest",
+            "--rules",
+            "rules",
+            "--input",
+            events.to_str().unwrap(),
+            "--json",
+        ])
+        .stdout,
+    )
+    .unwrap();
     assert_eq!(report["events"], 60_000);
     for pattern in ["credential_stuffing", "card_testing", "account_takeover"] {
         assert!(tagged(pattern) > 100, "{pattern}: {}", tagged(pattern));
-        assert_eq!(report["fraud_events"][pattern].as_u64(), Some(tagged(pattern)), "{pattern}");
+        assert_eq!(
+            report["fraud_events"][pattern].as_u64(),
+            Some(tagged(pattern)),
+            "{pattern}"
+        );
     }
 
     // Hits per rule and first/last hit equal what replay decides.
-    let replay = vigil(&["replay", "--rules", "rules", "--input", events.to_str().unwrap()]);
+    let replay = vigil(&[
+        "replay",
+        "--rules",
+        "rules",
+        "--input",
+        events.to_str().unwrap(),
+    ]);
     let mut hits: BTreeMap<String, (u64, i64, i64)> = BTreeMap::new();
     for line in String::from_utf8(replay.stdout).unwrap().lines() {
         let record: serde_json::Value = serde_json::from_str(line).unwrap();
         let ts = record["ts"].as_i64().unwrap();
         for hit in record["hits"].as_array().unwrap() {
-            let entry = hits.entry(hit["rule_id"].as_str().unwrap().to_owned()).or_insert((0, ts, ts));
+            let entry = hits
+                .entry(hit["rule_id"].as_str().unwrap().to_owned())
+                .or_insert((0, ts, ts));
             entry.0 += 1;
             entry.2 = ts;
         }
@@ -48,23 +83,46 @@ fn backtest_reports_hits_keys_and_caught_fraud_consistently_with_replay() {
         if n > 0 {
             assert_eq!(rule["first_hit_ts"].as_i64(), Some(first), "{id}");
             assert_eq!(rule["last_hit_ts"].as_i64(), Some(last), "{id}");
-            assert!(rule["keys_hit"].as_u64().unwrap() >= 1 && rule["keys_hit"].as_u64().unwrap() <= n, "{id}");
+            assert!(
+                rule["keys_hit"].as_u64().unwrap() >= 1 && rule["keys_hit"].as_u64().unwrap() <= n,
+                "{id}"
+            );
         }
         assert!(rule["matched"].as_u64().unwrap() >= n, "{id}");
     }
     // Each pattern is caught by the rule written for it.
     let caught = |rule: &str, pattern: &str| {
-        rules.iter().find(|r| r["rule_id"] == rule).unwrap()["fraud_caught"][pattern].as_u64().unwrap_or(0)
+        rules.iter().find(|r| r["rule_id"] == rule).unwrap()["fraud_caught"][pattern]
+            .as_u64()
+            .unwrap_or(0)
     };
-    assert!(caught("login-stuffing-ip", "credential_stuffing") * 2 > tagged("credential_stuffing") / 3);
+    assert!(
+        caught("login-stuffing-ip", "credential_stuffing") * 2 > tagged("credential_stuffing") / 3
+    );
     assert!(caught("pay-card-testing", "card_testing") > 0);
     assert!(caught("pay-approved-after-declines", "card_testing") > 0);
     assert!(caught("login-many-devices", "account_takeover") * 2 > tagged("account_takeover"));
 
-    let table = String::from_utf8(vigil(&["backtest", "--rules", "rules", "--input", events.to_str().unwrap()]).stdout).unwrap();
+    let table = String::from_utf8(
+        vigil(&[
+            "backtest",
+            "--rules",
+            "rules",
+            "--input",
+            events.to_str().unwrap(),
+        ])
+        .stdout,
+    )
+    .unwrap();
     assert!(table.starts_with("60000 events (0 bad lines)"), "{table}");
-    assert!(table.contains("login-stuffing-ip") && table.contains("credential_stuffing "), "{table}");
-    assert!(table.contains("injected fraud caught by enforce-mode rules:"), "{table}");
+    assert!(
+        table.contains("login-stuffing-ip") && table.contains("credential_stuffing "),
+        "{table}"
+    );
+    assert!(
+        table.contains("injected fraud caught by enforce-mode rules:"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -81,29 +139,56 @@ fn a_backtest_with_no_usable_line_or_too_many_bad_ones_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "not json\n{\"ts\":\"yesterday\"}\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_vigil")).args(["backtest", "--rules", "rules", "--input", bad.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args([
+            "backtest",
+            "--rules",
+            "rules",
+            "--input",
+            bad.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("backtest: no input line could be decoded (2 bad lines"), "{stderr}");
+    assert!(
+        stderr.contains("backtest: no input line could be decoded (2 bad lines"),
+        "{stderr}"
+    );
     let mixed = dir.path().join("mixed.jsonl");
     std::fs::write(&mixed, "{\"ts\":1,\"type\":\"login\"}\nnot json\n").unwrap();
     let args = |ratio: &str| {
         Command::new(env!("CARGO_BIN_EXE_vigil"))
-            .args(["backtest", "--rules", "rules", "--input", mixed.to_str().unwrap(), "--max-bad-ratio", ratio])
+            .args([
+                "backtest",
+                "--rules",
+                "rules",
+                "--input",
+                mixed.to_str().unwrap(),
+                "--max-bad-ratio",
+                ratio,
+            ])
             .output()
             .unwrap()
     };
     assert_eq!(args("0.5").status.code(), Some(0));
     let strict = args("0.1");
     assert_eq!(strict.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&strict.stderr).contains("backtest: 1 of 2 lines were bad (50.0 %), more than --max-bad-ratio 0.1"));
+    assert!(String::from_utf8_lossy(&strict.stderr)
+        .contains("backtest: 1 of 2 lines were bad (50.0 %), more than --max-bad-ratio 0.1"));
 }
 
 /// `vigil gen` refuses arguments that would give no or nonsensical events, naming the argument,
 /// and documents the events it writes in `--help`.
 #[test]
 fn gen_validates_its_arguments_and_documents_its_events() {
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_vigil")).arg("gen").args(args).output().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .arg("gen")
+            .args(args)
+            .output()
+            .unwrap()
+    };
     for (args, wanted) in [
         (&["--fraud", "2"][..], "--fraud"),
         (&["--events", "0"][..], "--events"),
@@ -112,20 +197,37 @@ fn gen_validates_its_arguments_and_documents_its_events() {
         (&["--ips", "0"][..], "--ips"),
         (&["--skew=-1"][..], "--skew"),
         (&["--duration", "1 fortnight"][..], "--duration"),
-        (&["--duration", "500ms", "--rate", "1"][..], "--duration 500ms at --rate 1 events/s gives no event"),
+        (
+            &["--duration", "500ms", "--rate", "1"][..],
+            "--duration 500ms at --rate 1 events/s gives no event",
+        ),
     ] {
         let out = run(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains(wanted), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(wanted),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // Durations as rule files write them.
     for (duration, events) in [("90s", 90), ("15m", 900), ("1d", 86_400), ("1w", 604_800)] {
         let out = run(&["--duration", duration, "--rate", "1", "--fraud", "0"]);
         assert!(out.status.success(), "{duration}");
-        assert_eq!(out.stdout.iter().filter(|&&b| b == b'\n').count(), events, "{duration}");
+        assert_eq!(
+            out.stdout.iter().filter(|&&b| b == b'\n').count(),
+            events,
+            "{duration}"
+        );
     }
     let help = String::from_utf8(run(&["--help"]).stdout).unwrap();
-    for wanted in ["event_id", "user_id", "merchant_id", "credential_stuffing", "keyed by its user_id"] {
+    for wanted in [
+        "event_id",
+        "user_id",
+        "merchant_id",
+        "credential_stuffing",
+        "keyed by its user_id",
+    ] {
         assert!(help.contains(wanted), "{wanted} not in:\n{help}");
     }
 }
@@ -135,13 +237,36 @@ fn gen_validates_its_arguments_and_documents_its_events() {
 fn a_closed_stdout_ends_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
-    let generated = Command::new(env!("CARGO_BIN_EXE_vigil")).args(["gen", "--events", "20000"]).output().unwrap();
+    let generated = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["gen", "--events", "20000"])
+        .output()
+        .unwrap();
     std::fs::write(&events, &generated.stdout).unwrap();
     for args in [
-        &["backtest", "--rules", "rules", "--input", events.to_str().unwrap()][..],
-        &["backtest", "--rules", "rules", "--input", events.to_str().unwrap(), "--json"][..],
+        &[
+            "backtest",
+            "--rules",
+            "rules",
+            "--input",
+            events.to_str().unwrap(),
+        ][..],
+        &[
+            "backtest",
+            "--rules",
+            "rules",
+            "--input",
+            events.to_str().unwrap(),
+            "--json",
+        ][..],
         &["check", "rules"][..],
-        &["replay", "--rules", "rules", "--input", events.to_str().unwrap(), "--emit-allow"][..],
+        &[
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            events.to_str().unwrap(),
+            "--emit-allow",
+        ][..],
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
             .args(args)
@@ -154,6 +279,9 @@ fn a_closed_stdout_ends_quietly() {
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
-        assert!(!stderr.contains("Broken pipe") && !stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("Broken pipe") && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
     }
 }

@@ -14,10 +14,20 @@ fn every_conformance_scenario_gives_exactly_the_expected_decisions() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let results: BTreeMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once(": ")).collect();
-    let scenarios = std::fs::read_dir("tests/conformance").unwrap().filter(|e| e.as_ref().unwrap().path().is_dir()).count();
-    assert_eq!(results.len(), scenarios, "every scenario reports\n{stdout}\n{stderr}");
+    let scenarios = std::fs::read_dir("tests/conformance")
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(
+        results.len(),
+        scenarios,
+        "every scenario reports\n{stdout}\n{stderr}"
+    );
     for (name, result) in &results {
         assert_eq!(*result, "ok", "{name}\n{stderr}");
     }
-    assert!(stdout.contains(&format!("{scenarios} passed, 0 failed")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{scenarios} passed, 0 failed")),
+        "{stdout}"
+    );
 }

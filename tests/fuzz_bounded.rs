@@ -7,25 +7,74 @@ use proptest::prelude::*;
 use vigil::harness::fuzzing;
 
 fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
 }
 
 /// Event-like bytes: a valid start, then JSON punctuation, digits, escapes and nesting.
 fn event_like() -> impl Strategy<Value = Vec<u8>> {
     let tail = proptest::string::string_regex(r#"[{}\[\]":,0-9a-z.\\eE +-]{0,160}"#).unwrap();
-    (prop_oneof![Just(r#"{"ts":1700000000000,"#), Just(r#"{"ts":"2023-01-01T00:00:00Z","user_id":"#), Just("{"), Just("")], tail)
+    (
+        prop_oneof![
+            Just(r#"{"ts":1700000000000,"#),
+            Just(r#"{"ts":"2023-01-01T00:00:00Z","user_id":"#),
+            Just("{"),
+            Just("")
+        ],
+        tail,
+    )
         .prop_map(|(head, tail)| format!("{head}{tail}").into_bytes())
 }
 
 /// Expression-like text: the language's tokens in random order.
 fn expression_like() -> impl Strategy<Value = String> {
     let token = prop_oneof![
-        Just("$fails"), Just("$spend"), Just("$users-per-ip"), Just("@nets"), Just("@bad-cards"), Just("amount"),
-        Just("geo.country"), Just("tags"), Just("`geo`"), Just("("), Just(")"), Just("["), Just("]"), Just(","),
-        Just("&&"), Just("||"), Just("!"), Just("not"), Just("in"), Just("=="), Just("!="), Just("<"), Just(">="),
-        Just("+"), Just("-"), Just("*"), Just("/"), Just("1"), Just("0.5"), Just("-3"), Just("1e400"), Just("'x'"),
-        Just("\"\\u{1F600}\""), Just("null"), Just("true"), Just("exists("), Just("lower("), Just("matches("),
-        Just("cidr("), Just("'10.0.0.0/8'"), Just("'(a'"), Just("starts_with("), Just("contains(")
+        Just("$fails"),
+        Just("$spend"),
+        Just("$users-per-ip"),
+        Just("@nets"),
+        Just("@bad-cards"),
+        Just("amount"),
+        Just("geo.country"),
+        Just("tags"),
+        Just("`geo`"),
+        Just("("),
+        Just(")"),
+        Just("["),
+        Just("]"),
+        Just(","),
+        Just("&&"),
+        Just("||"),
+        Just("!"),
+        Just("not"),
+        Just("in"),
+        Just("=="),
+        Just("!="),
+        Just("<"),
+        Just(">="),
+        Just("+"),
+        Just("-"),
+        Just("*"),
+        Just("/"),
+        Just("1"),
+        Just("0.5"),
+        Just("-3"),
+        Just("1e400"),
+        Just("'x'"),
+        Just("\"\\u{1F600}\""),
+        Just("null"),
+        Just("true"),
+        Just("exists("),
+        Just("lower("),
+        Just("matches("),
+        Just("cidr("),
+        Just("'10.0.0.0/8'"),
+        Just("'(a'"),
+        Just("starts_with("),
+        Just("contains(")
     ];
     proptest::collection::vec(token, 0..24).prop_map(|tokens| tokens.join(" "))
 }

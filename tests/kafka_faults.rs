@@ -32,9 +32,21 @@ fn long_mode() -> bool {
 
 /// Generated events (late ones included) with a few bad lines: each line one Kafka message.
 fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
-    let spec = WorkloadSpec { events, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, seed, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events,
+        users: 2_000,
+        ips: 800,
+        rate_per_sec: 300,
+        late: 0.005,
+        out_of_order: 0.05,
+        seed,
+        ..WorkloadSpec::default()
+    };
     let mut lines = workload_lines(&spec);
-    for (i, bad) in [&b"not json"[..], b"[1]", br#"{"no":"ts"}"#].into_iter().enumerate() {
+    for (i, bad) in [&b"not json"[..], b"[1]", br#"{"no":"ts"}"#]
+        .into_iter()
+        .enumerate()
+    {
         lines.insert((i + 1) * lines.len() / 4, bad.to_vec());
     }
     lines
@@ -43,7 +55,10 @@ fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
 /// The in-process replay of `lines` (in this order): every record, by event id, without source.
 fn reference_records(lines: &[Vec<u8>]) -> HashMap<String, Value> {
     let (records, _) = replay_lines(Path::new("rules"), lines, true);
-    records.into_iter().map(|(_, record)| (record["event_id"].as_str().unwrap().to_owned(), record)).collect()
+    records
+        .into_iter()
+        .map(|(_, record)| (record["event_id"].as_str().unwrap().to_owned(), record))
+        .collect()
 }
 
 /// A worker's config. `session_ms`: the group session timeout (how soon the broker gives a killed
@@ -74,7 +89,13 @@ commit_interval = "1s"
 }
 
 /// Produces `records` spread evenly over `over`, in chunks.
-fn produce_paced(broker: &Broker, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)], over: Duration, partition: Option<i32>) {
+fn produce_paced(
+    broker: &Broker,
+    topic: &str,
+    records: &[(Option<Vec<u8>>, Vec<u8>)],
+    over: Duration,
+    partition: Option<i32>,
+) {
     let chunks = 40;
     let size = records.len().div_ceil(chunks);
     let started = Instant::now();
@@ -96,7 +117,8 @@ struct Delivered {
 /// bytes as the first.
 fn read_decisions(broker: &Broker, topics: &Topics, events: usize) -> Delivered {
     let wanted = |records: &[Record]| {
-        let ids: std::collections::HashSet<&[u8]> = records.iter().map(|r| event_id_bytes(&r.payload)).collect();
+        let ids: std::collections::HashSet<&[u8]> =
+            records.iter().map(|r| event_id_bytes(&r.payload)).collect();
         ids.len() >= events
     };
     let records = broker.read(&topics.decisions, 1, wanted, Duration::from_secs(2), LONG);
@@ -108,7 +130,10 @@ fn read_decisions(broker: &Broker, topics: &Topics, events: usize) -> Delivered 
         let id = json["event_id"].as_str().unwrap().to_owned();
         *copies.entry(id.clone()).or_default() += 1;
         match payloads.get(&id) {
-            Some(first) if *first != record.payload => differing.push((String::from_utf8_lossy(first).into_owned(), String::from_utf8_lossy(&record.payload).into_owned())),
+            Some(first) if *first != record.payload => differing.push((
+                String::from_utf8_lossy(first).into_owned(),
+                String::from_utf8_lossy(&record.payload).into_owned(),
+            )),
             Some(_) => {}
             None => {
                 payloads.insert(id, record.payload.clone());
@@ -119,12 +144,25 @@ fn read_decisions(broker: &Broker, topics: &Topics, events: usize) -> Delivered 
         for (i, record) in records.iter().enumerate() {
             let json = record.json();
             let id = json["event_id"].as_str().unwrap();
-            if differing.iter().take(2).any(|(first, _)| first.contains(&format!("\"{id}\""))) {
-                eprintln!("decisions[{i}] at {}: {}", record.offset, String::from_utf8_lossy(&record.payload));
+            if differing
+                .iter()
+                .take(2)
+                .any(|(first, _)| first.contains(&format!("\"{id}\"")))
+            {
+                eprintln!(
+                    "decisions[{i}] at {}: {}",
+                    record.offset,
+                    String::from_utf8_lossy(&record.payload)
+                );
             }
         }
     }
-    assert!(differing.is_empty(), "{} records delivered again differ from their first copy, e.g. {:?}", differing.len(), &differing[..differing.len().min(2)]);
+    assert!(
+        differing.is_empty(),
+        "{} records delivered again differ from their first copy, e.g. {:?}",
+        differing.len(),
+        &differing[..differing.len().min(2)]
+    );
     let first = payloads
         .into_iter()
         .map(|(id, payload)| {
@@ -134,13 +172,22 @@ fn read_decisions(broker: &Broker, topics: &Topics, events: usize) -> Delivered 
             (id, json)
         })
         .collect();
-    Delivered { first, duplicated: copies.values().filter(|&&n| n > 1).count() }
+    Delivered {
+        first,
+        duplicated: copies.values().filter(|&&n| n > 1).count(),
+    }
 }
 
 /// The `event_id` bytes of a record, without parsing the whole JSON.
 fn event_id_bytes(payload: &[u8]) -> &[u8] {
-    let start = payload.windows(12).position(|w| w == b"\"event_id\":\"").map_or(0, |p| p + 12);
-    let end = payload[start..].iter().position(|&b| b == b'"').map_or(payload.len(), |e| start + e);
+    let start = payload
+        .windows(12)
+        .position(|w| w == b"\"event_id\":\"")
+        .map_or(0, |p| p + 12);
+    let end = payload[start..]
+        .iter()
+        .position(|&b| b == b'"')
+        .map_or(payload.len(), |e| start + e);
     &payload[start..end]
 }
 
@@ -159,7 +206,11 @@ impl Drop for DumpOnPanic<'_> {
 fn wait_for_partitions(worker: &Worker, partitions: usize) {
     let deadline = Instant::now() + LONG;
     while worker.metric("vigil_assigned_partitions") != Some(partitions as f64) {
-        assert!(Instant::now() < deadline, "no partition assigned:\n{}", worker.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "no partition assigned:\n{}",
+            worker.log_text()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -167,22 +218,39 @@ fn wait_for_partitions(worker: &Worker, partitions: usize) {
 /// Waits until `worker` owns at least `partitions` partitions.
 fn wait_for_partitions_at_least(worker: &Worker, partitions: usize) {
     let deadline = Instant::now() + LONG;
-    while worker.metric("vigil_assigned_partitions").is_none_or(|n| n < partitions as f64) {
-        assert!(Instant::now() < deadline, "no partition assigned:\n{}", worker.log_text());
+    while worker
+        .metric("vigil_assigned_partitions")
+        .is_none_or(|n| n < partitions as f64)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no partition assigned:\n{}",
+            worker.log_text()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 fn good_events(lines: &[Vec<u8>]) -> usize {
-    lines.iter().filter(|l| serde_json::from_slice::<Value>(l).is_ok_and(|v| v.get("ts").is_some_and(Value::is_i64))).count()
+    lines
+        .iter()
+        .filter(|l| {
+            serde_json::from_slice::<Value>(l).is_ok_and(|v| v.get("ts").is_some_and(Value::is_i64))
+        })
+        .count()
 }
 
 /// Records that differ from the exact reference, ignoring hits marked degraded.
-fn wrong_decisions<'a>(delivered: &'a Delivered, reference: &HashMap<String, Value>) -> Vec<&'a str> {
+fn wrong_decisions<'a>(
+    delivered: &'a Delivered,
+    reference: &HashMap<String, Value>,
+) -> Vec<&'a str> {
     delivered
         .first
         .iter()
-        .filter(|(id, record)| !record.to_string().contains("\"degraded\"") && reference.get(*id) != Some(*record))
+        .filter(|(id, record)| {
+            !record.to_string().contains("\"degraded\"") && reference.get(*id) != Some(*record)
+        })
         .map(|(id, _)| id.as_str())
         .collect()
 }
@@ -192,14 +260,26 @@ fn twenty_sigkills_with_restarts_lose_nothing_and_double_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("sigkills", 1);
-    let (events, kills, seconds) = if long_mode() { (80_000, 40, 150) } else { (30_000, 20, 70) };
+    let (events, kills, seconds) = if long_mode() {
+        (80_000, 40, 150)
+    } else {
+        (30_000, 20, 70)
+    };
     let lines = workload(events, 31);
     let reference = reference_records(&lines);
     let config = config(&broker, &topics, &redis.url(), 1_500);
     let mut rng = rand::rngs::StdRng::seed_from_u64(31);
     let started = Instant::now();
     let worker = std::thread::scope(|scope| {
-        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(seconds), Some(0)));
+        scope.spawn(|| {
+            produce_paced(
+                &broker,
+                &topics.events,
+                &keyed(&lines),
+                Duration::from_secs(seconds),
+                Some(0),
+            )
+        });
         let mut worker = Worker::start(dir.path(), "w0", &config);
         for kill in 1..=kills {
             // Each kill comes at a random moment after the worker got the partition (the broker
@@ -217,26 +297,64 @@ fn twenty_sigkills_with_restarts_lose_nothing_and_double_nothing() {
     // batches.
     let batches = broker.batch_sizes(&topics.events, 0);
     let records: u64 = batches.iter().sum();
-    eprintln!("{records} records in {} batches (largest {})", batches.len(), batches.iter().max().unwrap_or(&0));
+    eprintln!(
+        "{records} records in {} batches (largest {})",
+        batches.len(),
+        batches.iter().max().unwrap_or(&0)
+    );
     assert_eq!(records as usize, lines.len());
-    assert!(records >= 5 * batches.len() as u64, "{} batches for {records} records", batches.len());
+    assert!(
+        records >= 5 * batches.len() as u64,
+        "{} batches for {records} records",
+        batches.len()
+    );
     let mut worker = worker;
     worker.wait_ready(LONG);
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200), "the last worker is alive");
-    let logs: String = (0..=kills).map(|k| std::fs::read_to_string(dir.path().join(format!("w{k}.log"))).unwrap_or_default()).collect();
+    assert!(
+        worker
+            .get("/healthz")
+            .is_some_and(|(status, _)| status == 200),
+        "the last worker is alive"
+    );
+    let logs: String = (0..=kills)
+        .map(|k| std::fs::read_to_string(dir.path().join(format!("w{k}.log"))).unwrap_or_default())
+        .collect();
     let resumed = logs.matches("decision journal loaded").count();
-    eprintln!("{} events delivered more than once, {resumed} restarts resumed from a decision journal", delivered.duplicated);
-    assert!(delivered.duplicated > 0 && resumed > 0, "kills came between a flush and its commit: {} duplicated, {resumed} journal loads", delivered.duplicated);
+    eprintln!(
+        "{} events delivered more than once, {resumed} restarts resumed from a decision journal",
+        delivered.duplicated
+    );
+    assert!(
+        delivered.duplicated > 0 && resumed > 0,
+        "kills came between a flush and its commit: {} duplicated, {resumed} journal loads",
+        delivered.duplicated
+    );
     // One partition, in order: every decision must be the exact one.
     let wrong = wrong_decisions(&delivered, &reference);
-    assert!(wrong.is_empty(), "{} decisions differ from the exact ones, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
+    assert!(
+        wrong.is_empty(),
+        "{} decisions differ from the exact ones, e.g. {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(3)]
+    );
     assert_eq!(delivered.first.len(), reference.len());
     // Let the last worker flush, then compare the counters.
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
     let want = reference_totals(dir.path(), &lines);
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, &worker.log_text());
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &want,
+        &worker.log_text(),
+    );
 }
 
 #[test]
@@ -249,8 +367,18 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     let config = config(&broker, &topics, &redis.url(), 6_000);
     let dump = || {
         for name in ["w1", "w2", "w3"] {
-            let log = std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
-            let wanted = ["assigned", "revoked", "committed", "journal", "taken over", "taken back", "WARN", "ERROR"];
+            let log =
+                std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
+            let wanted = [
+                "assigned",
+                "revoked",
+                "committed",
+                "journal",
+                "taken over",
+                "taken back",
+                "WARN",
+                "ERROR",
+            ];
             for line in log.lines().filter(|l| wanted.iter().any(|w| l.contains(w))) {
                 eprintln!("{name}: {line}");
             }
@@ -258,7 +386,15 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
     };
     let _guard = DumpOnPanic(&dump);
     let (mut first, mut second, third) = std::thread::scope(|scope| {
-        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(24), None));
+        scope.spawn(|| {
+            produce_paced(
+                &broker,
+                &topics.events,
+                &keyed(&lines),
+                Duration::from_secs(24),
+                None,
+            )
+        });
         let mut first = Worker::start(dir.path(), "w1", &config);
         let mut second = Worker::start(dir.path(), "w2", &config);
         first.wait_ready(LONG);
@@ -269,12 +405,25 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
         wait_for_partitions_at_least(&third, 1);
         std::thread::sleep(Duration::from_secs(6));
         third.signal("TERM");
-        let status = third.wait_exit(Duration::from_secs(30)).expect("the third worker leaves");
+        let status = third
+            .wait_exit(Duration::from_secs(30))
+            .expect("the third worker leaves");
         assert!(status.success(), "{}", third.log_text());
         (first, second, third)
     });
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    let rebalances = |w: &Worker| w.log_text().lines().filter(|l| l.contains("assigned") || l.contains("revoked") || l.contains("rebalance") || l.contains("commit")).map(|l| l.to_owned() + "\n").collect::<String>();
+    let rebalances = |w: &Worker| {
+        w.log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("assigned")
+                    || l.contains("revoked")
+                    || l.contains("rebalance")
+                    || l.contains("commit")
+            })
+            .map(|l| l.to_owned() + "\n")
+            .collect::<String>()
+    };
     assert!(
         third.log_text().contains("partitions assigned"),
         "the third worker took part:\n{}\nfirst:\n{}\nsecond:\n{}",
@@ -283,7 +432,9 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
         rebalances(&second)
     );
     for worker in [&mut first, &mut second] {
-        assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200));
+        assert!(worker
+            .get("/healthz")
+            .is_some_and(|(status, _)| status == 200));
     }
     // Rules keyed by the Kafka key (the user) see each user's events in order, whoever owns the
     // partition: their hits are exact.
@@ -293,19 +444,42 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
         .iter()
         .filter(|(id, r)| hits(r) != hits(&reference[*id]))
         .take(3)
-        .map(|(id, r)| format!("{id}:\n  delivered {}\n  reference {}", Value::Array(hits(r)), Value::Array(hits(&reference[id]))))
+        .map(|(id, r)| {
+            format!(
+                "{id}:\n  delivered {}\n  reference {}",
+                Value::Array(hits(r)),
+                Value::Array(hits(&reference[id]))
+            )
+        })
         .collect();
-    assert!(wrong.is_empty(), "user-keyed hits differ, e.g.\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "user-keyed hits differ, e.g.\n{}",
+        wrong.join("\n")
+    );
     // Rules on per-IP counters (keys spanning partitions) through both rebalances.
     let off = rules_off_by_more_than_one_percent(&delivered, &reference);
-    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
+    assert!(
+        off.is_empty(),
+        "rules more than 1 % off the single-order run: {off:?}"
+    );
     for worker in [&mut first, &mut second] {
         worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success());
+        assert!(worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success());
     }
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), "");
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &reference_totals(dir.path(), &lines),
+        "",
+    );
     // How often the overlap this test is about happened (a worker fenced mid-batch).
-    let fenced: usize = [&first, &second, &third].iter().map(|w| w.log_text().matches("taken over by another worker").count()).sum();
+    let fenced: usize = [&first, &second, &third]
+        .iter()
+        .map(|w| w.log_text().matches("taken over by another worker").count())
+        .sum();
     eprintln!("batches fenced during the rebalances: {fenced}");
     drop(third);
 }
@@ -319,34 +493,86 @@ fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
     let topics = broker.topics("redis-frozen", 1);
     let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 33);
     let reference = reference_records(&lines);
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis.url(), 6_000));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(&broker, &topics, &redis.url(), 6_000),
+    );
     worker.wait_ready(LONG);
     let third = lines.len() / 3;
     broker.produce(&topics.events, &keyed(&lines[..third]), Some(0));
-    broker.read(&topics.decisions, 1, |r| r.len() >= third / 2, Duration::ZERO, LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= third / 2,
+        Duration::ZERO,
+        LONG,
+    );
 
     // Frozen for ten seconds: the worker goes on deciding (on local counts) and stays alive.
     redis.pause();
     broker.produce(&topics.events, &keyed(&lines[third..2 * third]), Some(0));
-    let during = broker.read(&topics.decisions, 1, |r| r.len() >= third + third / 2, Duration::ZERO, Duration::from_secs(9));
-    assert!(during.len() >= third + third / 2, "decisions went on while Redis was frozen: {}\n{}", during.len(), worker.log_text());
+    let during = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= third + third / 2,
+        Duration::ZERO,
+        Duration::from_secs(9),
+    );
+    assert!(
+        during.len() >= third + third / 2,
+        "decisions went on while Redis was frozen: {}\n{}",
+        during.len(),
+        worker.log_text()
+    );
     assert_eq!(worker.get("/healthz").unwrap().0, 200);
     std::thread::sleep(Duration::from_secs(10).saturating_sub(Duration::from_secs(9)));
     redis.resume();
 
     // Killed and restarted from its append-only file.
-    broker.read(&topics.decisions, 1, |r| r.len() >= 2 * third - 100, Duration::ZERO, LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 2 * third - 100,
+        Duration::ZERO,
+        LONG,
+    );
     redis.restart();
     broker.produce(&topics.events, &keyed(&lines[2 * third..]), Some(0));
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    assert!(delivered.first.values().any(|r| r.to_string().contains("\"degraded\":true")), "hits during the freeze are marked degraded");
+    assert!(
+        delivered
+            .first
+            .values()
+            .any(|r| r.to_string().contains("\"degraded\":true")),
+        "hits during the freeze are marked degraded"
+    );
     let wrong = wrong_decisions(&delivered, &reference);
-    assert!(wrong.len() < 50, "{} records differ from the exact ones outside the outage", wrong.len());
-    assert!(worker.metric("vigil_redis_outages_total").unwrap_or(0.0) >= 1.0, "{}", worker.log_text());
+    assert!(
+        wrong.len() < 50,
+        "{} records differ from the exact ones outside the outage",
+        wrong.len()
+    );
+    assert!(
+        worker.metric("vigil_redis_outages_total").unwrap_or(0.0) >= 1.0,
+        "{}",
+        worker.log_text()
+    );
     assert_eq!(worker.metric("vigil_redis_available"), Some(1.0));
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &reference_totals(dir.path(), &lines),
+        &worker.log_text(),
+    );
 }
 
 /// A Redis Cluster master SIGKILLed under a running worker, after writes its replica never got
@@ -366,24 +592,44 @@ fn a_cluster_master_killed_under_a_running_worker_ends_exact() {
     let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 36);
     let reference = reference_records(&lines);
     // The URL names the master that dies.
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &cluster.nodes[victim].url(), 6_000));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(&broker, &topics, &cluster.nodes[victim].url(), 6_000),
+    );
     worker.wait_ready(LONG);
     let third = lines.len() / 3;
     broker.produce(&topics.events, &keyed(&lines[..third]), Some(0));
-    broker.read(&topics.decisions, 1, |r| r.len() >= third / 2, Duration::ZERO, LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= third / 2,
+        Duration::ZERO,
+        LONG,
+    );
 
     cluster.nodes[replica].pause();
-    let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut cluster.nodes[victim].connection()).unwrap();
+    let cut: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut cluster.nodes[victim].connection())
+        .unwrap();
     assert_eq!(cut, 1, "the master's link to its replica is cut");
     let before = support::evalsha_calls(&mut cluster.nodes[victim].connection());
     broker.produce(&topics.events, &keyed(&lines[third..2 * third]), Some(0));
     let paused = Instant::now();
-    while support::evalsha_calls(&mut cluster.nodes[victim].connection()) == before && paused.elapsed() < Duration::from_secs(5) {
+    while support::evalsha_calls(&mut cluster.nodes[victim].connection()) == before
+        && paused.elapsed() < Duration::from_secs(5)
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
     let unreplicated = support::evalsha_calls(&mut cluster.nodes[victim].connection()) - before;
-    assert!(unreplicated > 0, "the master acknowledged flushes while its replica was frozen");
+    assert!(
+        unreplicated > 0,
+        "the master acknowledged flushes while its replica was frozen"
+    );
     cluster.nodes[victim].kill();
     let killed = Instant::now();
     cluster.nodes[replica].resume();
@@ -391,7 +637,10 @@ fn a_cluster_master_killed_under_a_running_worker_ends_exact() {
 
     broker.produce(&topics.events, &keyed(&lines[2 * third..]), Some(0));
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    let (promoted, first_flush) = first_flush.join().unwrap().expect("the promoted replica served a flush");
+    let (promoted, first_flush) = first_flush
+        .join()
+        .unwrap()
+        .expect("the promoted replica served a flush");
     eprintln!(
         "master killed under a worker ({unreplicated} script calls it acknowledged never reached its replica): replica \
          promoted after {:.2} s, first flush on it after {:.2} s",
@@ -399,13 +648,40 @@ fn a_cluster_master_killed_under_a_running_worker_ends_exact() {
         first_flush.as_secs_f64()
     );
     let wrong = wrong_decisions(&delivered, &reference);
-    assert!(wrong.is_empty(), "{} decisions not marked degraded differ, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
-    assert!(worker.metric("vigil_redis_failovers_total").unwrap_or(0.0) >= 1.0, "{}", worker.log_text());
-    assert!(worker.metric("vigil_redis_rewritten_unconfirmed_total").unwrap_or(0.0) >= 1.0, "{}", worker.log_text());
+    assert!(
+        wrong.is_empty(),
+        "{} decisions not marked degraded differ, e.g. {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(3)]
+    );
+    assert!(
+        worker.metric("vigil_redis_failovers_total").unwrap_or(0.0) >= 1.0,
+        "{}",
+        worker.log_text()
+    );
+    assert!(
+        worker
+            .metric("vigil_redis_rewritten_unconfirmed_total")
+            .unwrap_or(0.0)
+            >= 1.0,
+        "{}",
+        worker.log_text()
+    );
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
     cluster.wait_ok(Duration::from_secs(10));
-    assert_totals_equal(&cluster.totals(), &reference_totals(dir.path(), &lines), &worker.log_text());
+    assert_totals_equal(
+        &cluster.totals(),
+        &reference_totals(dir.path(), &lines),
+        &worker.log_text(),
+    );
 }
 
 #[test]
@@ -415,17 +691,35 @@ fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
     let proxy = Proxy::start(redis.port);
     let topics = broker.topics("proxy", 2);
     let lines = workload(if long_mode() { 60_000 } else { 30_000 }, 34);
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &proxy.url(), 6_000));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(&broker, &topics, &proxy.url(), 6_000),
+    );
     worker.wait_ready(LONG);
     proxy.drop_every(30);
     broker.produce(&topics.events, &keyed(&lines), None);
     read_decisions(&broker, &topics, good_events(&lines));
     assert!(proxy.dropped() >= 10, "dropped {}", proxy.dropped());
-    eprintln!("the proxy dropped {} replies after Redis executed them", proxy.dropped());
+    eprintln!(
+        "the proxy dropped {} replies after Redis executed them",
+        proxy.dropped()
+    );
     proxy.drop_every(0);
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &reference_totals(dir.path(), &lines),
+        &worker.log_text(),
+    );
 }
 
 #[test]
@@ -437,17 +731,34 @@ fn a_broker_restart_mid_stream_loses_nothing() {
     let topics = broker.topics("broker-restart", 1);
     let lines = workload(if long_mode() { 60_000 } else { 20_000 }, 35);
     let reference = reference_records(&lines);
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis.url(), 6_000));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(&broker, &topics, &redis.url(), 6_000),
+    );
     worker.wait_ready(LONG);
     let half = lines.len() / 2;
     broker.produce(&topics.events, &keyed(&lines[..half]), Some(0));
-    broker.read(&topics.decisions, 1, |r| r.len() >= half / 2, Duration::ZERO, LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= half / 2,
+        Duration::ZERO,
+        LONG,
+    );
     broker.kill();
     // Not ready while no broker answers (alive all the same); ready again once one does.
     let readiness = |want: u16| {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while worker.get("/readyz").is_none_or(|(status, _)| status != want) {
-            assert!(Instant::now() < deadline, "/readyz never answered {want}:\n{}", worker.log_text());
+        while worker
+            .get("/readyz")
+            .is_none_or(|(status, _)| status != want)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never answered {want}:\n{}",
+                worker.log_text()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     };
@@ -457,27 +768,52 @@ fn a_broker_restart_mid_stream_loses_nothing() {
     readiness(200);
     broker.produce(&topics.events, &keyed(&lines[half..]), Some(0));
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    assert!(worker.get("/healthz").is_some_and(|(status, _)| status == 200));
+    assert!(worker
+        .get("/healthz")
+        .is_some_and(|(status, _)| status == 200));
     let wrong = wrong_decisions(&delivered, &reference);
-    assert!(wrong.is_empty(), "{} decisions differ, e.g. {:?}", wrong.len(), &wrong[..wrong.len().min(3)]);
+    assert!(
+        wrong.is_empty(),
+        "{} decisions differ, e.g. {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(3)]
+    );
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir.path(), &lines), &worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &reference_totals(dir.path(), &lines),
+        &worker.log_text(),
+    );
 }
 
 /// Hits per rule over the first delivery of each event.
-fn hits_per_rule<'a>(records: impl Iterator<Item = &'a Value>) -> std::collections::BTreeMap<String, u64> {
+fn hits_per_rule<'a>(
+    records: impl Iterator<Item = &'a Value>,
+) -> std::collections::BTreeMap<String, u64> {
     let mut hits = std::collections::BTreeMap::new();
     for record in records {
         for hit in record["hits"].as_array().into_iter().flatten() {
-            *hits.entry(hit["rule_id"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+            *hits
+                .entry(hit["rule_id"].as_str().unwrap_or_default().to_owned())
+                .or_default() += 1;
         }
     }
     hits
 }
 
 /// Prints each rule's hits beside a single-order run's and returns the rules more than 1 % off.
-fn rules_off_by_more_than_one_percent(delivered: &Delivered, reference: &HashMap<String, Value>) -> Vec<String> {
+fn rules_off_by_more_than_one_percent(
+    delivered: &Delivered,
+    reference: &HashMap<String, Value>,
+) -> Vec<String> {
     let want = hits_per_rule(reference.values());
     let got = hits_per_rule(delivered.first.values());
     let mut off = Vec::new();
@@ -493,7 +829,13 @@ fn rules_off_by_more_than_one_percent(delivered: &Delivered, reference: &HashMap
 
 /// The hits of `record` by rules that count per user (the Kafka key).
 fn user_keyed_hits(record: &Value) -> Vec<Value> {
-    record["hits"].as_array().unwrap().iter().filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap())).cloned().collect()
+    record["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| USER_KEYED.contains(&h["rule_id"].as_str().unwrap()))
+        .cloned()
+        .collect()
 }
 
 /// Partitions in step: every event's hits by per-user rules equal the single-order run's, and
@@ -504,28 +846,68 @@ fn assert_in_step(delivered: &Delivered, reference: &HashMap<String, Value>) {
         .first
         .iter()
         .filter(|(id, r)| user_keyed_hits(r) != user_keyed_hits(&reference[*id]))
-        .map(|(id, r)| format!("{id}: {:?} against {:?}", user_keyed_hits(r), user_keyed_hits(&reference[id])))
+        .map(|(id, r)| {
+            format!(
+                "{id}: {:?} against {:?}",
+                user_keyed_hits(r),
+                user_keyed_hits(&reference[id])
+            )
+        })
         .collect();
-    assert!(differing.is_empty(), "user-keyed hits are exact, but {} events differ, e.g. {:?}", differing.len(), &differing[..differing.len().min(3)]);
-    assert!(off.is_empty(), "rules more than 1 % off the single-order run: {off:?}");
+    assert!(
+        differing.is_empty(),
+        "user-keyed hits are exact, but {} events differ, e.g. {:?}",
+        differing.len(),
+        &differing[..differing.len().min(3)]
+    );
+    assert!(
+        off.is_empty(),
+        "rules more than 1 % off the single-order run: {off:?}"
+    );
 }
 
 /// Stops `workers` (SIGTERM: each flushes and commits) and checks every counter in `redis`
 /// against one clean pass over `lines`.
-fn stop_and_compare_counters(workers: [&mut Worker; 2], redis: &RedisServer, dir: &Path, lines: &[Vec<u8>]) {
+fn stop_and_compare_counters(
+    workers: [&mut Worker; 2],
+    redis: &RedisServer,
+    dir: &Path,
+    lines: &[Vec<u8>],
+) {
     let mut logs = String::new();
     for worker in workers {
         worker.signal("TERM");
-        assert!(worker.wait_exit(Duration::from_secs(30)).expect("exits").success(), "{}", worker.log_text());
+        assert!(
+            worker
+                .wait_exit(Duration::from_secs(30))
+                .expect("exits")
+                .success(),
+            "{}",
+            worker.log_text()
+        );
         logs.push_str(&worker.log_text());
     }
-    assert_totals_equal(&redis_totals(&mut redis.connection()), &reference_totals(dir, lines), &logs);
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &reference_totals(dir, lines),
+        &logs,
+    );
 }
 
 /// 30 000 events at 300 per second of event time, with fraud bursts, for a stream that two
 /// workers read while one of them is disturbed.
 fn stream_with_bursts(seed: u64) -> WorkloadSpec {
-    WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 300, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed, ..WorkloadSpec::default() }
+    WorkloadSpec {
+        events: 30_000,
+        users: 2_000,
+        ips: 800,
+        rate_per_sec: 300,
+        late: 0.005,
+        out_of_order: 0.05,
+        fraud: 0.03,
+        seed,
+        ..WorkloadSpec::default()
+    }
 }
 
 /// Live: events produced as they happen (event time = wall time, 500 per second, with
@@ -541,8 +923,15 @@ fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent
     let mut second = Worker::start(dir.path(), "w2", &config);
     first.wait_ready(LONG);
     second.wait_ready(LONG);
-    let (events, rate) = if long_mode() { (30_000, 500) } else { (12_000, 500) };
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let (events, rate) = if long_mode() {
+        (30_000, 500)
+    } else {
+        (12_000, 500)
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let spec = WorkloadSpec {
         events,
         users: 2_000,
@@ -557,12 +946,25 @@ fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent
     };
     let lines = workload_lines(&spec);
     let reference = reference_records(&lines);
-    produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_millis(events * 1000 / rate), None);
+    produce_paced(
+        &broker,
+        &topics.events,
+        &keyed(&lines),
+        Duration::from_millis(events * 1000 / rate),
+        None,
+    );
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
     let wrong: Vec<&str> = wrong_decisions(&delivered, &reference);
-    eprintln!("{} of {} records differ from the single-order run", wrong.len(), delivered.first.len());
+    eprintln!(
+        "{} of {} records differ from the single-order run",
+        wrong.len(),
+        delivered.first.len()
+    );
     for worker in [&first, &second] {
-        eprintln!("counted ahead: {:?}", worker.metric("vigil_redis_counted_ahead_total"));
+        eprintln!(
+            "counted ahead: {:?}",
+            worker.metric("vigil_redis_counted_ahead_total")
+        );
     }
     assert_in_step(&delivered, &reference);
     stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
@@ -586,7 +988,15 @@ fn two_workers_through_a_disturbance(
     let reference = reference_records(&lines);
     let config = config(&broker, &topics, &redis.url(), 6_000);
     let (mut first, mut second) = std::thread::scope(|scope| {
-        scope.spawn(|| produce_paced(&broker, &topics.events, &keyed(&lines), Duration::from_secs(24), None));
+        scope.spawn(|| {
+            produce_paced(
+                &broker,
+                &topics.events,
+                &keyed(&lines),
+                Duration::from_secs(24),
+                None,
+            )
+        });
         let mut first = Worker::start(dir.path(), "w1", &config);
         let mut second = Worker::start(dir.path(), "w2", &config);
         first.wait_ready(LONG);
@@ -613,10 +1023,17 @@ fn a_worker_stalled_past_its_session_loses_its_partitions_and_nothing_else() {
         (first, second)
     };
     two_workers_through_a_disturbance("stalled-worker", 43, stall, |_, first, second| {
-        let fenced = second.log_text().matches("taken over by another worker").count();
+        let fenced = second
+            .log_text()
+            .matches("taken over by another worker")
+            .count();
         eprintln!("batches the stalled worker found taken over: {fenced}");
         let assignments = first.log_text().matches("partitions assigned").count();
-        assert!(assignments >= 2, "the other worker took the stalled one's partitions over:\n{}", first.log_text());
+        assert!(
+            assignments >= 2,
+            "the other worker took the stalled one's partitions over:\n{}",
+            first.log_text()
+        );
     });
 }
 
@@ -631,17 +1048,25 @@ fn a_worker_killed_and_restarted_mid_stream_keeps_cross_partition_rules_within_o
     let kill_and_restart = |dir: &Path, config: &str, first: Worker, mut second: Worker| {
         std::thread::sleep(Duration::from_secs(8));
         let owned = second.metric("vigil_assigned_partitions").unwrap_or(0.0);
-        let decided = second.metric("vigil_journaled_decisions_total").unwrap_or(0.0);
+        let decided = second
+            .metric("vigil_journaled_decisions_total")
+            .unwrap_or(0.0);
         second.signal("KILL");
         let _ = second.wait_exit(Duration::from_secs(10));
-        assert!(owned > 0.0 && decided > 0.0, "the killed worker was deciding: {owned} partitions, {decided} records journaled");
+        assert!(
+            owned > 0.0 && decided > 0.0,
+            "the killed worker was deciding: {owned} partitions, {decided} records journaled"
+        );
         std::thread::sleep(Duration::from_secs(2));
         let mut restarted = Worker::start(dir, "w3", config);
         restarted.wait_ready(LONG);
         (first, restarted)
     };
     two_workers_through_a_disturbance("killed-worker", 47, kill_and_restart, |delivered, _, _| {
-        eprintln!("events delivered more than once (identical copies): {}", delivered.duplicated);
+        eprintln!(
+            "events delivered more than once (identical copies): {}",
+            delivered.duplicated
+        );
     });
 }
 
@@ -659,7 +1084,17 @@ fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("backlog-in-step", 4);
     // About an hour of event time: 30 000 events at 8 per second.
-    let spec = WorkloadSpec { events: 30_000, users: 2_000, ips: 800, rate_per_sec: 8, late: 0.005, out_of_order: 0.05, fraud: 0.03, seed: 37, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events: 30_000,
+        users: 2_000,
+        ips: 800,
+        rate_per_sec: 8,
+        late: 0.005,
+        out_of_order: 0.05,
+        fraud: 0.03,
+        seed: 37,
+        ..WorkloadSpec::default()
+    };
     let lines = workload_lines(&spec);
     let reference = reference_records(&lines);
     // The backlog is there before any worker starts.
@@ -670,13 +1105,33 @@ fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
     first.wait_ready(LONG);
     second.wait_ready(LONG);
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
-    assert_eq!(delivered.first.len(), good_events(&lines), "every event decided");
-    let waited: f64 = [&first, &second].iter().map(|w| w.metric("vigil_partition_wait_seconds_total").unwrap_or(0.0)).sum();
+    assert_eq!(
+        delivered.first.len(),
+        good_events(&lines),
+        "every event decided"
+    );
+    let waited: f64 = [&first, &second]
+        .iter()
+        .map(|w| {
+            w.metric("vigil_partition_wait_seconds_total")
+                .unwrap_or(0.0)
+        })
+        .sum();
     eprintln!("partition loops waited {waited:.1} s in all for slower partitions");
     for worker in [&first, &second] {
-        let metrics = worker.get("/metrics").map(|(_, body)| body).unwrap_or_default();
-        let shown = ["vigil_late_events_total", "vigil_partition_skew", "vigil_redis_counted_ahead_total"];
-        for line in metrics.lines().filter(|l| shown.iter().any(|s| l.starts_with(s))) {
+        let metrics = worker
+            .get("/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        let shown = [
+            "vigil_late_events_total",
+            "vigil_partition_skew",
+            "vigil_redis_counted_ahead_total",
+        ];
+        for line in metrics
+            .lines()
+            .filter(|l| shown.iter().any(|s| l.starts_with(s)))
+        {
             eprintln!("{line}");
         }
     }

@@ -21,7 +21,8 @@ const PASSWORD: &str = "s3cret-Pa55-never-logged";
 /// A SASL_SSL-only broker of this test's own, and the CA that signed its certificate.
 fn secured_broker(dir: &Path) -> (Broker, std::path::PathBuf) {
     let certificates = TestCertificates::make(dir);
-    let broker = Broker::start_secured(Security::scram_over_tls(dir, &certificates, USER, PASSWORD));
+    let broker =
+        Broker::start_secured(Security::scram_over_tls(dir, &certificates, USER, PASSWORD));
     (broker, certificates.ca)
 }
 
@@ -52,18 +53,41 @@ fn a_worker_authenticates_with_scram_over_tls_and_no_secret_reaches_its_log() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, ca) = secured_broker(dir.path());
     let topics = broker.topics("sasl", 1);
-    let spec = WorkloadSpec { events: 300, users: 40, ips: 20, rate_per_sec: 50, seed: 41, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events: 300,
+        users: 40,
+        ips: 20,
+        rate_per_sec: 50,
+        seed: 41,
+        ..WorkloadSpec::default()
+    };
     let mut lines = workload_lines(&spec);
     lines.insert(100, b"not json".to_vec());
     let (expected, _) = replay_lines(Path::new("rules"), &lines, true);
     broker.produce(&topics.events, &keyed(&lines), Some(0));
 
     // Every debug log of vigil and librdkafka on: the password must appear in none of them.
-    let env = [("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", PASSWORD), ("RUST_LOG", "debug"), ("VIGIL_KAFKA_PROPERTIES_DEBUG", "security,broker,protocol")];
+    let env = [
+        ("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", PASSWORD),
+        ("RUST_LOG", "debug"),
+        ("VIGIL_KAFKA_PROPERTIES_DEBUG", "security,broker,protocol"),
+    ];
     let mut worker = Worker::start_with_env(dir.path(), "w", &config(&broker, &topics, &ca), &env);
     worker.wait_ready(LONG);
-    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_millis(500), LONG);
-    let dead = broker.read(&topics.dead_letters, 1, |r| !r.is_empty(), Duration::from_millis(200), LONG);
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= expected.len(),
+        Duration::from_millis(500),
+        LONG,
+    );
+    let dead = broker.read(
+        &topics.dead_letters,
+        1,
+        |r| !r.is_empty(),
+        Duration::from_millis(200),
+        LONG,
+    );
     assert_eq!(decisions.len(), expected.len(), "{}", worker.log_text());
     for (record, (index, want)) in decisions.iter().zip(&expected) {
         let mut got = record.json();
@@ -75,13 +99,34 @@ fn a_worker_authenticates_with_scram_over_tls_and_no_secret_reaches_its_log() {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].payload, b"not json");
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(20)).expect("exits").success(), "{}", worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(20))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
 
     let log = worker.log_text();
-    assert!(log.contains("SASL_SSL") && log.contains("SCRAM-SHA-256"), "the debug logs were on:\n{log}");
-    assert!(log.lines().count() > 100, "the debug logs were on: {} lines", log.lines().count());
-    assert!(!log.contains(PASSWORD), "the password is in the worker's log");
-    assert!(log.contains(r#""sasl.password": "***""#), "the config is logged with its secret redacted:\n{}", &log[..log.len().min(3000)]);
+    assert!(
+        log.contains("SASL_SSL") && log.contains("SCRAM-SHA-256"),
+        "the debug logs were on:\n{log}"
+    );
+    assert!(
+        log.lines().count() > 100,
+        "the debug logs were on: {} lines",
+        log.lines().count()
+    );
+    assert!(
+        !log.contains(PASSWORD),
+        "the password is in the worker's log"
+    );
+    assert!(
+        log.contains(r#""sasl.password": "***""#),
+        "the config is logged with its secret redacted:\n{}",
+        &log[..log.len().min(3000)]
+    );
 }
 
 #[test]
@@ -93,12 +138,24 @@ fn a_wrong_password_or_an_untrusted_certificate_stops_the_worker_naming_the_brok
     let named = format!("error: kafka: broker {}: ", broker.bootstrap());
 
     let wrong = "not-the-password";
-    let (code, took, log) = Worker::run_until_it_stops(dir.path(), "wrong-password", &config, &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", wrong)]);
+    let (code, took, log) = Worker::run_until_it_stops(
+        dir.path(),
+        "wrong-password",
+        &config,
+        &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", wrong)],
+    );
     assert_eq!(code, Some(1), "{log}");
     assert!(took < Duration::from_secs(15), "stopped after {took:?}");
     let last = log.lines().last().unwrap_or_default();
-    assert!(last.starts_with(&format!("{named}authentication failed: ")) && last.contains("invalid credentials"), "last line: {last}\n{log}");
-    assert!(!log.contains(wrong) && !log.contains(PASSWORD), "a password is in the log:\n{log}");
+    assert!(
+        last.starts_with(&format!("{named}authentication failed: "))
+            && last.contains("invalid credentials"),
+        "last line: {last}\n{log}"
+    );
+    assert!(
+        !log.contains(wrong) && !log.contains(PASSWORD),
+        "a password is in the log:\n{log}"
+    );
 
     // A CA that did not sign the broker's certificate: the TLS handshake fails.
     let other = dir.path().join("other");
@@ -113,10 +170,22 @@ fn a_wrong_password_or_an_untrusted_certificate_stops_the_worker_naming_the_brok
     assert_eq!(code, Some(1), "{log}");
     assert!(took < Duration::from_secs(15), "stopped after {took:?}");
     let last = log.lines().last().unwrap_or_default();
-    assert!(last.starts_with(&format!("{named}TLS handshake failed: ")) && last.contains("certificate verify failed"), "last line: {last}\n{log}");
-    assert!(!log.contains(PASSWORD), "the password is in the log:\n{log}");
+    assert!(
+        last.starts_with(&format!("{named}TLS handshake failed: "))
+            && last.contains("certificate verify failed"),
+        "last line: {last}\n{log}"
+    );
+    assert!(
+        !log.contains(PASSWORD),
+        "the password is in the log:\n{log}"
+    );
 
     // The right credentials still get in.
-    let mut worker = Worker::start_with_env(dir.path(), "right", &config, &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", PASSWORD)]);
+    let mut worker = Worker::start_with_env(
+        dir.path(),
+        "right",
+        &config,
+        &[("VIGIL_KAFKA_PROPERTIES_SASL_PASSWORD", PASSWORD)],
+    );
     worker.wait_ready(LONG);
 }

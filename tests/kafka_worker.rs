@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::kafka::{Broker, Record, Topics, Worker};
-use support::stream::{keyed, reference_totals, replay_lines, user_key, workload_lines, USER_KEYED};
+use support::stream::{
+    keyed, reference_totals, replay_lines, user_key, workload_lines, USER_KEYED,
+};
 use support::{redis_totals, RedisServer};
 use vigil::harness::workload::WorkloadSpec;
 
@@ -20,9 +22,24 @@ const LONG: Duration = Duration::from_secs(240);
 /// Generated events (every aggregate's fields, out-of-order and late ones) with bad lines spread
 /// through: each line is one Kafka message.
 fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
-    let spec = WorkloadSpec { events, users: 3_000, ips: 1_500, rate_per_sec: 300, late: 0.01, out_of_order: 0.05, seed, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events,
+        users: 3_000,
+        ips: 1_500,
+        rate_per_sec: 300,
+        late: 0.01,
+        out_of_order: 0.05,
+        seed,
+        ..WorkloadSpec::default()
+    };
     let mut lines = workload_lines(&spec);
-    let bad: [&[u8]; 5] = [b"not json", b"[1]", br#"{"no":"ts"}"#, br#"{"ts":"yesterday","user_id":"u-1"}"#, b"{\"ts\":1,\"x\":\"\xff\"}"];
+    let bad: [&[u8]; 5] = [
+        b"not json",
+        b"[1]",
+        br#"{"no":"ts"}"#,
+        br#"{"ts":"yesterday","user_id":"u-1"}"#,
+        b"{\"ts\":1,\"x\":\"\xff\"}",
+    ];
     let step = lines.len() / (bad.len() + 1);
     for (i, line) in bad.iter().enumerate().rev() {
         lines.insert(step * (i + 1), line.to_vec());
@@ -32,15 +49,26 @@ fn workload(events: u64, seed: u64) -> Vec<Vec<u8>> {
 
 /// Replay of `lines` with the in-process store: decision records by 0-based line index, and the
 /// bad lines' reason codes by index.
-fn reference(rules: &Path, lines: &[Vec<u8>], emit_allow: bool) -> (BTreeMap<usize, Value>, BTreeMap<usize, String>) {
+fn reference(
+    rules: &Path,
+    lines: &[Vec<u8>],
+    emit_allow: bool,
+) -> (BTreeMap<usize, Value>, BTreeMap<usize, String>) {
     let (records, diagnostics) = replay_lines(rules, lines, emit_allow);
     let decisions = records.into_iter().collect();
     let bad = String::from_utf8(diagnostics)
         .unwrap()
         .lines()
         .map(|l| {
-            let (line, rest) = l.strip_prefix("line ").unwrap().split_once(": bad event (").unwrap();
-            (line.parse::<usize>().unwrap() - 1, rest.split_once(')').unwrap().0.to_owned())
+            let (line, rest) = l
+                .strip_prefix("line ")
+                .unwrap()
+                .split_once(": bad event (")
+                .unwrap();
+            (
+                line.parse::<usize>().unwrap() - 1,
+                rest.split_once(')').unwrap().0.to_owned(),
+            )
         })
         .collect();
     (decisions, bad)
@@ -51,13 +79,24 @@ fn copy_rules(dir: &Path) -> PathBuf {
     let rules = dir.join("rules");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::create_dir_all(rules.join("lists")).unwrap();
-    for file in ["login.toml", "payments.toml", "lists/stolen_cards.txt", "lists/datacenter_nets.txt"] {
+    for file in [
+        "login.toml",
+        "payments.toml",
+        "lists/stolen_cards.txt",
+        "lists/datacenter_nets.txt",
+    ] {
         std::fs::copy(Path::new("rules").join(file), rules.join(file)).unwrap();
     }
     rules
 }
 
-fn config(broker: &Broker, topics: &Topics, redis: &RedisServer, rules: &Path, worker: &str) -> String {
+fn config(
+    broker: &Broker,
+    topics: &Topics,
+    redis: &RedisServer,
+    rules: &Path,
+    worker: &str,
+) -> String {
     format!(
         r#"
 {}statistics_interval = "1s"
@@ -85,7 +124,15 @@ fn without_source(record: &Record) -> (Value, Value) {
     let source = json.as_object_mut().unwrap().remove("source").unwrap();
     // The decision id names the event's place in its topic.
     let id = json.as_object_mut().unwrap().remove("decision_id").unwrap();
-    assert_eq!(id, format!("{}/{}/{}", source["topic"].as_str().unwrap(), source["partition"], source["offset"]));
+    assert_eq!(
+        id,
+        format!(
+            "{}/{}/{}",
+            source["topic"].as_str().unwrap(),
+            source["partition"],
+            source["offset"]
+        )
+    );
     (json, source)
 }
 
@@ -96,7 +143,12 @@ fn hits_of(record: &Value, rules: &[&str]) -> Vec<(String, String)> {
         .unwrap()
         .iter()
         .filter(|h| rules.contains(&h["rule_id"].as_str().unwrap()))
-        .map(|h| (h["rule_id"].as_str().unwrap().to_owned(), h["value"].to_string()))
+        .map(|h| {
+            (
+                h["rule_id"].as_str().unwrap().to_owned(),
+                h["value"].to_string(),
+            )
+        })
         .collect()
 }
 
@@ -108,15 +160,49 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
     let mut lines = workload(50_000, 11);
     // Valid JSON that no rule matches, but over worker.max_event_bytes: dead-lettered as too large.
     let too_large = lines.len() / 3;
-    lines.insert(too_large, format!(r#"{{"ts":1700000000000,"type":"noise","pad":"{}"}}"#, "x".repeat(5000)).into_bytes());
+    lines.insert(
+        too_large,
+        format!(
+            r#"{{"ts":1700000000000,"type":"noise","pad":"{}"}}"#,
+            "x".repeat(5000)
+        )
+        .into_bytes(),
+    );
     let (expected, bad) = reference(Path::new("rules"), &lines, false);
-    assert!(expected.len() > 1_000 && bad.len() == 5, "{} decisions, {} bad", expected.len(), bad.len());
+    assert!(
+        expected.len() > 1_000 && bad.len() == 5,
+        "{} decisions, {} bad",
+        expected.len(),
+        bad.len()
+    );
     broker.produce(&topics.events, &keyed(&lines), Some(0));
 
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis, Path::new("rules"), "max_event_bytes = 4096"));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(
+            &broker,
+            &topics,
+            &redis,
+            Path::new("rules"),
+            "max_event_bytes = 4096",
+        ),
+    );
     worker.wait_ready(LONG);
-    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
-    let dead = broker.read(&topics.dead_letters, 1, |r| r.len() > bad.len(), Duration::from_millis(200), LONG);
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= expected.len(),
+        Duration::from_secs(1),
+        LONG,
+    );
+    let dead = broker.read(
+        &topics.dead_letters,
+        1,
+        |r| r.len() > bad.len(),
+        Duration::from_millis(200),
+        LONG,
+    );
 
     // Decisions: the same records as replay, in order, with the Kafka source of each event.
     let got: Vec<(usize, Value)> = decisions
@@ -155,32 +241,80 @@ fn one_worker_decides_exactly_like_replay_and_dead_letters_bad_events() {
 
     // Metrics: dead letters by reason, late events, decisions, flushes, lag.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while worker.metric(&format!("vigil_consumer_lag{{topic=\"{}\",partition=\"0\"}}", topics.events)) != Some(0.0) && Instant::now() < deadline {
+    while worker.metric(&format!(
+        "vigil_consumer_lag{{topic=\"{}\",partition=\"0\"}}",
+        topics.events
+    )) != Some(0.0)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(200));
     }
     let (status, metrics) = worker.get("/metrics").unwrap();
     assert_eq!(status, 200);
-    assert_eq!(worker.metric("vigil_dead_letters_total{reason=\"too_large\"}"), Some(1.0), "{metrics}");
-    assert_eq!(worker.metric("vigil_dead_letters_total{reason=\"invalid_json\"}"), Some(2.0), "{metrics}");
-    assert_eq!(worker.metric("vigil_dead_letters_total{reason=\"not_an_object\"}"), Some(1.0));
-    assert_eq!(worker.metric("vigil_dead_letters_total{reason=\"missing_ts\"}"), Some(1.0));
-    assert_eq!(worker.metric("vigil_dead_letters_total{reason=\"bad_ts\"}"), Some(1.0));
-    assert_eq!(worker.metric("vigil_events_total{outcome=\"dead_lettered\"}"), Some(6.0));
     assert_eq!(
-        worker.metric("vigil_events_total{outcome=\"decided\"}").unwrap() as usize,
+        worker.metric("vigil_dead_letters_total{reason=\"too_large\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        worker.metric("vigil_dead_letters_total{reason=\"invalid_json\"}"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        worker.metric("vigil_dead_letters_total{reason=\"not_an_object\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        worker.metric("vigil_dead_letters_total{reason=\"missing_ts\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        worker.metric("vigil_dead_letters_total{reason=\"bad_ts\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        worker.metric("vigil_events_total{outcome=\"dead_lettered\"}"),
+        Some(6.0)
+    );
+    assert_eq!(
+        worker
+            .metric("vigil_events_total{outcome=\"decided\"}")
+            .unwrap() as usize,
         decisions.len(),
         "every decided event has one record"
     );
-    assert!(worker.metric("vigil_late_events_total{counter=\"login-fails-user-10m\"}").unwrap() > 0.0);
+    assert!(
+        worker
+            .metric("vigil_late_events_total{counter=\"login-fails-user-10m\"}")
+            .unwrap()
+            > 0.0
+    );
     assert!(worker.metric("vigil_flush_batch_keys_count").unwrap() > 0.0);
-    assert!(worker.metric("vigil_decision_latency_seconds_count").unwrap() > 0.0);
-    assert_eq!(worker.metric(&format!("vigil_consumer_lag{{topic=\"{}\",partition=\"0\"}}", topics.events)), Some(0.0), "{metrics}");
-    assert!(metrics.contains("vigil_rule_hits_total{rule=\"login-brute-force\",mode=\"enforce\",action=\"block\"}"));
+    assert!(
+        worker
+            .metric("vigil_decision_latency_seconds_count")
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(
+        worker.metric(&format!(
+            "vigil_consumer_lag{{topic=\"{}\",partition=\"0\"}}",
+            topics.events
+        )),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        "vigil_rule_hits_total{rule=\"login-brute-force\",mode=\"enforce\",action=\"block\"}"
+    ));
     assert!(!metrics.contains("u-1\""), "no user data in labels");
     assert_eq!(worker.get("/healthz").unwrap().0, 200);
 
     worker.signal("TERM");
-    let status = worker.wait_exit(Duration::from_secs(20)).expect("exits after SIGTERM");
+    let status = worker
+        .wait_exit(Duration::from_secs(20))
+        .expect("exits after SIGTERM");
     assert!(status.success(), "{status}\n{}", worker.log_text());
 }
 
@@ -211,7 +345,13 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("two-workers", 4);
-    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true");
+    let config = config(
+        &broker,
+        &topics,
+        &redis,
+        Path::new("rules"),
+        "emit_allow = true",
+    );
     let mut first = Worker::start(dir.path(), "w1", &config);
     let mut second = Worker::start(dir.path(), "w2", &config);
     first.wait_ready(LONG);
@@ -225,17 +365,36 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(first.metric("vigil_assigned_partitions").unwrap() + second.metric("vigil_assigned_partitions").unwrap(), 4.0);
+    assert_eq!(
+        first.metric("vigil_assigned_partitions").unwrap()
+            + second.metric("vigil_assigned_partitions").unwrap(),
+        4.0
+    );
 
     let lines = workload(40_000, 12);
     let ids = event_ids(&lines);
     let (expected, _) = reference(Path::new("rules"), &lines, true);
     broker.produce(&topics.events, &keyed(&lines), None);
-    let decisions = broker.read(&topics.decisions, 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| by_event(r).len() >= ids.len(),
+        Duration::from_secs(1),
+        LONG,
+    );
     let got = by_event(&decisions);
     // Every event has its decision.
-    let missing: Vec<&String> = ids.iter().filter(|id| !got.contains_key(*id)).take(5).collect();
-    assert!(missing.is_empty(), "{} of {} events without a decision, e.g. {missing:?}", ids.len() - got.len(), ids.len());
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !got.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} events without a decision, e.g. {missing:?}",
+        ids.len() - got.len(),
+        ids.len()
+    );
     // Rules keyed by the partition key decide exactly as replay, hit for hit and value for value.
     let mut user_hits = 0;
     for want in expected.values() {
@@ -244,10 +403,18 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
         assert_eq!(got_hits, want_hits, "event {id}");
         user_hits += want_hits.len();
     }
-    assert!(user_hits > 500, "the workload must hit the user-keyed rules ({user_hits})");
+    assert!(
+        user_hits > 500,
+        "the workload must hit the user-keyed rules ({user_hits})"
+    );
     // Both workers did part of the work.
     for worker in [&first, &second] {
-        assert!(worker.metric("vigil_events_total{outcome=\"allowed\"}").unwrap_or(0.0) > 1_000.0);
+        assert!(
+            worker
+                .metric("vigil_events_total{outcome=\"allowed\"}")
+                .unwrap_or(0.0)
+                > 1_000.0
+        );
     }
 }
 
@@ -261,10 +428,22 @@ fn a_worker_killed_mid_stream_leaves_no_event_without_its_decision() {
     // The second half is produced after the kill: the kill comes mid-stream.
     let (first_half, second_half) = (keyed(&lines[..20_000]), keyed(&lines[20_000..]));
     broker.produce(&topics.events, &first_half, None);
-    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true");
+    let config = config(
+        &broker,
+        &topics,
+        &redis,
+        Path::new("rules"),
+        "emit_allow = true",
+    );
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    let before = broker.read(&topics.decisions, 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
+    let before = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 8_000,
+        Duration::ZERO,
+        LONG,
+    );
     assert!(before.len() >= 8_000);
     worker.signal("KILL");
     worker.wait_exit(Duration::from_secs(10)).expect("killed");
@@ -275,10 +454,25 @@ fn a_worker_killed_mid_stream_leaves_no_event_without_its_decision() {
 
     let mut restarted = Worker::start(dir.path(), "w2", &config);
     restarted.wait_ready(LONG);
-    let decisions = broker.read(&topics.decisions, 1, |r| by_event(r).len() >= ids.len(), Duration::from_secs(1), LONG);
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| by_event(r).len() >= ids.len(),
+        Duration::from_secs(1),
+        LONG,
+    );
     let got = by_event(&decisions);
-    let missing: Vec<&String> = ids.iter().filter(|id| !got.contains_key(*id)).take(5).collect();
-    assert!(missing.is_empty(), "{} events without a decision, e.g. {missing:?}\n{}", ids.len() - got.len(), restarted.log_text());
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !got.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} events without a decision, e.g. {missing:?}\n{}",
+        ids.len() - got.len(),
+        restarted.log_text()
+    );
 }
 
 #[test]
@@ -291,11 +485,23 @@ fn after_a_sigkill_the_restarted_worker_ends_with_exact_counters() {
     broker.produce(&topics.events, &keyed(&lines), Some(0));
     // Nothing is committed before the kill, so the successor re-reads every event the first
     // worker counted and flushed: the hardest case for counting each event once.
-    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true")
-        .replace(r#"commit_interval = "200ms""#, r#"commit_interval = "1h""#);
+    let config = config(
+        &broker,
+        &topics,
+        &redis,
+        Path::new("rules"),
+        "emit_allow = true",
+    )
+    .replace(r#"commit_interval = "200ms""#, r#"commit_interval = "1h""#);
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    broker.read(&topics.decisions, 1, |r| r.len() >= 5_000, Duration::ZERO, LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 5_000,
+        Duration::ZERO,
+        LONG,
+    );
     worker.signal("KILL");
     worker.wait_exit(Duration::from_secs(10)).expect("killed");
     // Let the broker drop the dead member (session timeout 6 s) so the successor is assigned.
@@ -305,25 +511,47 @@ fn after_a_sigkill_the_restarted_worker_ends_with_exact_counters() {
     // judged but not counted again; the rest are counted once.
     let mut restarted = Worker::start(dir.path(), "w2", &config);
     restarted.wait_ready(LONG);
-    let records = broker.read(&topics.decisions, 1, |r| r.len() >= 5_000 + ids.len(), Duration::from_secs(1), LONG);
-    assert!(by_event(&records).len() == ids.len(), "every event has a decision");
-    let replayed = restarted.metric("vigil_replayed_observations_total").unwrap_or(0.0);
+    let records = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 5_000 + ids.len(),
+        Duration::from_secs(1),
+        LONG,
+    );
+    assert!(
+        by_event(&records).len() == ids.len(),
+        "every event has a decision"
+    );
+    let replayed = restarted
+        .metric("vigil_replayed_observations_total")
+        .unwrap_or(0.0);
     // On SIGTERM it flushes what it counted.
     restarted.signal("TERM");
-    assert!(restarted.wait_exit(Duration::from_secs(20)).expect("exits").success());
+    assert!(restarted
+        .wait_exit(Duration::from_secs(20))
+        .expect("exits")
+        .success());
 
     // Reference: the same events, in the same (partition) order, replayed once into a fresh Redis.
     let want = reference_totals(dir.path(), &lines);
     let got = redis_totals(&mut redis.connection());
-    let differing: Vec<_> = want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).collect();
+    let differing: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(*v))
+        .take(5)
+        .collect();
     assert!(
         got == want,
         "{} of {} keys differ (replayed observations: {replayed}), e.g. {differing:?}\n{}",
-        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count() + got.keys().filter(|k| !want.contains_key(*k)).count(),
+        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count()
+            + got.keys().filter(|k| !want.contains_key(*k)).count(),
         want.len(),
         restarted.log_text()
     );
-    assert!(replayed >= 5_000.0, "the successor re-read what the first worker had flushed ({replayed})");
+    assert!(
+        replayed >= 5_000.0,
+        "the successor re-read what the first worker had flushed ({replayed})"
+    );
 }
 
 #[test]
@@ -336,26 +564,63 @@ fn sigterm_flushes_commits_and_exits_zero_and_a_successor_continues_exactly() {
     // The second half is produced after the shutdown: it comes mid-stream.
     let (first_half, second_half) = (keyed(&lines[..20_000]), keyed(&lines[20_000..]));
     broker.produce(&topics.events, &first_half, Some(0));
-    let config = config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true");
+    let config = config(
+        &broker,
+        &topics,
+        &redis,
+        Path::new("rules"),
+        "emit_allow = true",
+    );
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    broker.read(&topics.decisions, 1, |r| r.len() >= 8_000, Duration::ZERO, LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 8_000,
+        Duration::ZERO,
+        LONG,
+    );
     let signalled = Instant::now();
     worker.signal("TERM");
-    let status = worker.wait_exit(Duration::from_secs(20)).expect("exits after SIGTERM");
+    let status = worker
+        .wait_exit(Duration::from_secs(20))
+        .expect("exits after SIGTERM");
     let took = signalled.elapsed();
     assert!(status.success(), "{status}\n{}", worker.log_text());
-    assert!(took < Duration::from_secs(15), "shutdown took {took:?}, the bound is 15 s");
-    assert!(worker.log_text().contains("everything flushed, delivered and committed"), "{}", worker.log_text());
-    assert!(!worker.log_text().contains('\u{1b}'), "a log written to a file has no colour codes");
+    assert!(
+        took < Duration::from_secs(15),
+        "shutdown took {took:?}, the bound is 15 s"
+    );
+    assert!(
+        worker
+            .log_text()
+            .contains("everything flushed, delivered and committed"),
+        "{}",
+        worker.log_text()
+    );
+    assert!(
+        !worker.log_text().contains('\u{1b}'),
+        "a log written to a file has no colour codes"
+    );
     broker.produce(&topics.events, &second_half, Some(0));
 
     // A successor resumes at the committed offset with the flushed counters: exactly one record
     // per event, and every record exactly as replay (nothing recounted, nothing lost).
     let mut successor = Worker::start(dir.path(), "w2", &config);
     successor.wait_ready(LONG);
-    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_secs(1), LONG);
-    assert_eq!(decisions.len(), expected.len(), "one record per event across the restart\n{}", successor.log_text());
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= expected.len(),
+        Duration::from_secs(1),
+        LONG,
+    );
+    assert_eq!(
+        decisions.len(),
+        expected.len(),
+        "one record per event across the restart\n{}",
+        successor.log_text()
+    );
     for (record, (index, want)) in decisions.iter().zip(&expected) {
         let (got, source) = without_source(record);
         assert_eq!(source["offset"].as_u64().unwrap() as usize, *index);
@@ -369,7 +634,11 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("reload", 1);
     let rules = copy_rules(dir.path());
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis, &rules, ""));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(&broker, &topics, &redis, &rules, ""),
+    );
     worker.wait_ready(LONG);
     let event = |n: u64, user: &str, kind: &str, result: &str| {
         let line = format!(
@@ -382,7 +651,10 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     let batch: Vec<_> = (0..4).map(|n| event(n, "u-a", "login", "fail")).collect();
     broker.produce(&topics.events, &batch, Some(0));
     // A valid change: a new rule on a field nothing counted before.
-    let reloads = |w: &Worker, result: &str| w.metric(&format!("vigil_rule_reloads_total{{result=\"{result}\"}}")).unwrap_or(0.0);
+    let reloads = |w: &Worker, result: &str| {
+        w.metric(&format!("vigil_rule_reloads_total{{result=\"{result}\"}}"))
+            .unwrap_or(0.0)
+    };
     std::fs::write(
         rules.join("extra.toml"),
         "[[rule]]\nid = \"signup-ip-10m\"\naction = \"review\"\nmatch = { type = \"signup\" }\ndimensions = [\"ip\"]\nwindow = \"10m\"\nlimit = 0\n",
@@ -391,38 +663,82 @@ fn rules_reload_without_restart_keep_counters_and_survive_a_bad_edit() {
     wait_for(|| reloads(&worker, "ok") >= 1.0, &worker);
     assert_eq!(worker.metric("vigil_rules_active"), Some(17.0));
     // Two more failures: the unchanged rule kept its counter, so the 6th fires; the new rule fires.
-    let batch = vec![event(4, "u-a", "login", "fail"), event(5, "u-a", "login", "fail"), event(6, "u-b", "signup", "ok")];
+    let batch = vec![
+        event(4, "u-a", "login", "fail"),
+        event(5, "u-a", "login", "fail"),
+        event(6, "u-b", "signup", "ok"),
+    ];
     broker.produce(&topics.events, &batch, Some(0));
-    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= 2, Duration::from_millis(300), LONG);
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 2,
+        Duration::from_millis(300),
+        LONG,
+    );
     let fired: Vec<(String, String)> = decisions
         .iter()
         .flat_map(|r| {
             let json = r.json();
             let id = json["event_id"].as_str().unwrap().to_owned();
-            json["hits"].as_array().unwrap().iter().map(move |h| (id.clone(), h["rule_id"].as_str().unwrap().to_owned())).collect::<Vec<_>>()
+            json["hits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |h| (id.clone(), h["rule_id"].as_str().unwrap().to_owned()))
+                .collect::<Vec<_>>()
         })
         .collect();
-    assert!(fired.contains(&("u-a-5".into(), "login-brute-force".into())), "{fired:?}");
-    assert!(fired.contains(&("u-b-6".into(), "signup-ip-10m".into())), "{fired:?}");
-    assert!(!fired.iter().any(|(id, _)| id == "u-a-4"), "the 5th failure is not over the limit: {fired:?}");
+    assert!(
+        fired.contains(&("u-a-5".into(), "login-brute-force".into())),
+        "{fired:?}"
+    );
+    assert!(
+        fired.contains(&("u-b-6".into(), "signup-ip-10m".into())),
+        "{fired:?}"
+    );
+    assert!(
+        !fired.iter().any(|(id, _)| id == "u-a-4"),
+        "the 5th failure is not over the limit: {fired:?}"
+    );
 
     // A bad edit is refused with file:line:col and the rules in force stay.
-    std::fs::write(rules.join("extra.toml"), "[[rule]]\nid = \"signup-ip-10m\"\naction = \"maybe\"\n").unwrap();
+    std::fs::write(
+        rules.join("extra.toml"),
+        "[[rule]]\nid = \"signup-ip-10m\"\naction = \"maybe\"\n",
+    )
+    .unwrap();
     wait_for(|| reloads(&worker, "error") >= 1.0, &worker);
     let log = worker.log_text();
-    assert!(log.contains(&format!("{}:3:10: ", rules.join("extra.toml").display())), "{log}");
+    assert!(
+        log.contains(&format!("{}:3:10: ", rules.join("extra.toml").display())),
+        "{log}"
+    );
     assert!(log.contains("rule reload refused"), "{log}");
     assert_eq!(worker.metric("vigil_rules_active"), Some(17.0));
     broker.produce(&topics.events, &[event(7, "u-c", "signup", "ok")], Some(0));
-    let decisions = broker.read(&topics.decisions, 1, |r| r.len() >= 3, Duration::from_millis(300), LONG);
-    assert!(decisions.iter().any(|r| r.json()["event_id"] == "u-c-7"), "the old rules still decide");
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 3,
+        Duration::from_millis(300),
+        LONG,
+    );
+    assert!(
+        decisions.iter().any(|r| r.json()["event_id"] == "u-c-7"),
+        "the old rules still decide"
+    );
 }
 
 /// Waits (up to a minute) for `condition`, which reads the worker's metrics.
 fn wait_for(condition: impl Fn() -> bool, worker: &Worker) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !condition() {
-        assert!(Instant::now() < deadline, "timed out\n{}", worker.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "timed out\n{}",
+            worker.log_text()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -431,8 +747,16 @@ fn wait_for(condition: impl Fn() -> bool, worker: &Worker) {
 fn a_bad_config_names_the_key_and_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[kafka]\nbrokers = \"127.0.0.1:1\"\n\n[redis]\nflush_interval = 50\n").unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil")).args(["run", "--config"]).arg(&path).output().unwrap();
+    std::fs::write(
+        &path,
+        "[kafka]\nbrokers = \"127.0.0.1:1\"\n\n[redis]\nflush_interval = 50\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(stderr, format!("error: {}:5:1: `redis.flush_interval`: invalid type: integer `50`, expected a string\n", path.display()));
@@ -443,7 +767,12 @@ fn a_bad_config_names_the_key_and_its_line() {
         .output()
         .unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
-    assert!(stderr.starts_with("error: VIGIL_REDIS_FLUSH_INTERVAL: `redis.flush_interval`: invalid duration \"soon\""), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: VIGIL_REDIS_FLUSH_INTERVAL: `redis.flush_interval`: invalid duration \"soon\""
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -452,12 +781,35 @@ fn gen_produces_keyed_events_to_kafka() {
     let topic = "gen-demo";
     broker.create_topic(topic, 2);
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["gen", "--events", "3000", "--users", "100", "--kafka", &broker.bootstrap(), "--topic", topic])
+        .args([
+            "gen",
+            "--events",
+            "3000",
+            "--users",
+            "100",
+            "--kafka",
+            &broker.bootstrap(),
+            "--topic",
+            topic,
+        ])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(String::from_utf8_lossy(&output.stderr), "gen: produced 3000 events to gen-demo\n");
-    let records = broker.read(topic, 2, |r| r.len() >= 3000, Duration::from_millis(300), LONG);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "gen: produced 3000 events to gen-demo\n"
+    );
+    let records = broker.read(
+        topic,
+        2,
+        |r| r.len() >= 3000,
+        Duration::from_millis(300),
+        LONG,
+    );
     assert_eq!(records.len(), 3000);
     for record in &records {
         assert_eq!(record.key, user_key(&record.payload), "keyed by user_id");
@@ -466,7 +818,10 @@ fn gen_produces_keyed_events_to_kafka() {
     let mut partition_of: HashMap<Vec<u8>, i32> = HashMap::new();
     for record in &records {
         let key = record.key.clone().unwrap();
-        assert_eq!(*partition_of.entry(key).or_insert(record.partition), record.partition);
+        assert_eq!(
+            *partition_of.entry(key).or_insert(record.partition),
+            record.partition
+        );
     }
 }
 
@@ -495,18 +850,42 @@ fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
     while Instant::now() < deadline && !(owned(&first) == 1.0 && owned(&second) == 1.0) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(owned(&first) == 1.0 && owned(&second) == 1.0, "each worker owns one partition");
+    assert!(
+        owned(&first) == 1.0 && owned(&second) == 1.0,
+        "each worker owns one partition"
+    );
 
-    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 60_000;
     let event = |id: &str, ts: i64, amount: u32| -> (Option<Vec<u8>>, Vec<u8>) {
         (None, format!(r#"{{"event_id":"{id}","ts":{ts},"type":"pay","device":"d-shared","amount":{amount}}}"#).into_bytes())
     };
-    let decisions = |n: usize| broker.read(&topics.decisions, 1, |r| r.len() >= n, Duration::from_millis(300), LONG);
-    let find = |records: &[Record], id: &str| records.iter().map(Record::json).find(|r| r["event_id"] == id).unwrap_or_else(|| panic!("no decision for {id}"));
+    let decisions = |n: usize| {
+        broker.read(
+            &topics.decisions,
+            1,
+            |r| r.len() >= n,
+            Duration::from_millis(300),
+            LONG,
+        )
+    };
+    let find = |records: &[Record], id: &str| {
+        records
+            .iter()
+            .map(Record::json)
+            .find(|r| r["event_id"] == id)
+            .unwrap_or_else(|| panic!("no decision for {id}"))
+    };
     // Before any hold: a small payment on partition 1 is allowed.
     broker.produce(&topics.events, &[event("before", t0, 5)], Some(1));
     let before = find(&decisions(1), "before");
-    assert_eq!((&before["action"], before["hits"].as_array().unwrap().len()), (&Value::from("allow"), 0));
+    assert_eq!(
+        (&before["action"], before["hits"].as_array().unwrap().len()),
+        (&Value::from("allow"), 0)
+    );
     // The big payment on partition 0 fires and holds the device for 10 minutes.
     broker.produce(&topics.events, &[event("big", t0 + 1_000, 1_500)], Some(0));
     let big = find(&decisions(2), "big");
@@ -523,8 +902,15 @@ fn a_hold_set_by_one_worker_holds_the_key_for_the_other() {
     assert_eq!(after["hits"][0]["held_until"], t0 + 601_000);
     assert_ne!(after["source"]["partition"], big["source"]["partition"]);
     let mut conn = redis.connection();
-    let holds: Vec<String> = redis::cmd("KEYS").arg("vg:h:big-pay-hold-device:*").query(&mut conn).unwrap();
-    assert_eq!(holds.len(), 1, "one hold key, no raw device bytes in it: {holds:?}");
+    let holds: Vec<String> = redis::cmd("KEYS")
+        .arg("vg:h:big-pay-hold-device:*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        holds.len(),
+        1,
+        "one hold key, no raw device bytes in it: {holds:?}"
+    );
     assert!(!holds[0].contains("d-shared"));
 }
 
@@ -542,7 +928,10 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
     let rule_file = "[[list]]\nid = \"stolen\"\nfile = \"lists/cards.txt\"\n\n[[rule]]\nid = \"stolen-card\"\naction = \"block\"\nwhen = \"card in @stolen\"\n";
     std::fs::write(rules.join("cards.toml"), rule_file).unwrap();
     std::fs::write(rules.join("lists/cards.txt"), "card-x\n").unwrap();
-    let old_version = vigil::rule_files::load(&rules).unwrap().version().to_owned();
+    let old_version = vigil::rule_files::load(&rules)
+        .unwrap()
+        .version()
+        .to_owned();
     let mut big = String::with_capacity(12_000_000);
     for i in 0..1_000_000 {
         big.push_str(&format!("c-{i:07}\n"));
@@ -559,29 +948,54 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
     let config = config(&broker, &topics, &redis, &rules, "emit_allow = true");
     let mut worker = Worker::start(dir.path(), "w1", &config);
     worker.wait_ready(LONG);
-    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 60_000;
     let chunks = 40;
     let per_chunk = 150;
     let total = chunks * per_chunk;
     let event = |n: usize| -> (Option<Vec<u8>>, Vec<u8>) {
         let card = if n % 2 == 0 { "card-x" } else { "card-y" };
-        (None, format!(r#"{{"event_id":"e{n}","ts":{},"card":"{card}"}}"#, t0 + n as i64).into_bytes())
+        (
+            None,
+            format!(
+                r#"{{"event_id":"e{n}","ts":{},"card":"{card}"}}"#,
+                t0 + n as i64
+            )
+            .into_bytes(),
+        )
     };
     let staged = rules.join("lists/cards.txt.new");
     std::fs::write(&staged, &big).unwrap();
     std::thread::scope(|scope| {
         let producer = scope.spawn(|| {
             for chunk in 0..chunks {
-                let records: Vec<_> = (chunk * per_chunk..(chunk + 1) * per_chunk).map(event).collect();
+                let records: Vec<_> = (chunk * per_chunk..(chunk + 1) * per_chunk)
+                    .map(event)
+                    .collect();
                 broker.produce(&topics.events, &records, None);
             }
         });
         // Swap the list once the worker is judging the stream.
-        broker.read(&topics.decisions, 1, |r| r.len() >= per_chunk, Duration::from_millis(50), LONG);
+        broker.read(
+            &topics.decisions,
+            1,
+            |r| r.len() >= per_chunk,
+            Duration::from_millis(50),
+            LONG,
+        );
         std::fs::rename(&staged, rules.join("lists/cards.txt")).unwrap();
         producer.join().unwrap();
     });
-    let records = broker.read(&topics.decisions, 1, |r| r.len() >= total, Duration::from_secs(1), LONG);
+    let records = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= total,
+        Duration::from_secs(1),
+        LONG,
+    );
     assert_eq!(records.len(), total, "every event has its record");
     let mut switched_at = None;
     for record in &records {
@@ -590,17 +1004,34 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
         let version = json["rules_version"].as_str().unwrap();
         let blocked = json["action"] == "block";
         if version == old_version {
-            assert!(switched_at.is_none(), "event {n} judged by the old list after the new one was in force");
+            assert!(
+                switched_at.is_none(),
+                "event {n} judged by the old list after the new one was in force"
+            );
             assert_eq!(blocked, n % 2 == 0, "event {n} against the old list");
         } else {
-            assert_eq!(version, new_version, "event {n}: a rules version of neither list");
+            assert_eq!(
+                version, new_version,
+                "event {n}: a rules version of neither list"
+            );
             switched_at.get_or_insert(n);
-            assert_eq!(blocked, n % 2 == 1, "event {n} against the new list (card-y is its last line)");
+            assert_eq!(
+                blocked,
+                n % 2 == 1,
+                "event {n} against the new list (card-y is its last line)"
+            );
         }
     }
     let switched_at = switched_at.expect("the new list came into force during the stream");
-    assert!(switched_at >= per_chunk && switched_at < total, "switched at event {switched_at} of {total}");
-    assert!(worker.log_text().contains("rules reloaded"), "{}", worker.log_text());
+    assert!(
+        switched_at >= per_chunk && switched_at < total,
+        "switched at event {switched_at} of {total}"
+    );
+    assert!(
+        worker.log_text().contains("rules reloaded"),
+        "{}",
+        worker.log_text()
+    );
 }
 
 /// Runs Apache Kafka's own console consumer on `topic` from the beginning until it has printed
@@ -608,15 +1039,50 @@ fn a_list_reloaded_under_load_is_never_seen_half_loaded() {
 /// tabs (JSON escapes a tab in a string, so none appears inside a record).
 fn console_consumer(broker: &Broker, topic: &str, count: usize, headers: bool) -> Vec<Vec<u8>> {
     let output = support::kafka::kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer")
-        .args(["--bootstrap-server", &broker.bootstrap(), "--topic", topic, "--from-beginning"])
-        .args(["--max-messages", &count.to_string(), "--timeout-ms", "60000"])
-        .args(["--formatter-property", "print.key=true", "--formatter-property", "key.separator=\t"])
-        .args(["--formatter-property", &format!("print.headers={headers}"), "--formatter-property", "headers.separator=\t"])
+        .args([
+            "--bootstrap-server",
+            &broker.bootstrap(),
+            "--topic",
+            topic,
+            "--from-beginning",
+        ])
+        .args([
+            "--max-messages",
+            &count.to_string(),
+            "--timeout-ms",
+            "60000",
+        ])
+        .args([
+            "--formatter-property",
+            "print.key=true",
+            "--formatter-property",
+            "key.separator=\t",
+        ])
+        .args([
+            "--formatter-property",
+            &format!("print.headers={headers}"),
+            "--formatter-property",
+            "headers.separator=\t",
+        ])
         .output()
         .expect("Kafka's console consumer");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let lines: Vec<Vec<u8>> = output.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
-    assert_eq!(lines.len(), count, "records printed by the console consumer\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Vec<u8>> = output
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert_eq!(
+        lines.len(),
+        count,
+        "records printed by the console consumer\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     lines
 }
 
@@ -632,23 +1098,67 @@ fn kafkas_own_console_consumer_reads_the_decisions_and_dead_letters() {
     let lines = workload(4_000, 16);
     let (expected, bad) = reference(Path::new("rules"), &lines, true);
     broker.produce(&topics.events, &keyed(&lines), Some(0));
-    let mut worker = Worker::start(dir.path(), "w", &config(&broker, &topics, &redis, Path::new("rules"), "emit_allow = true"));
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(
+            &broker,
+            &topics,
+            &redis,
+            Path::new("rules"),
+            "emit_allow = true",
+        ),
+    );
     worker.wait_ready(LONG);
-    broker.read(&topics.decisions, 1, |r| r.len() >= expected.len(), Duration::from_millis(500), LONG);
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= expected.len(),
+        Duration::from_millis(500),
+        LONG,
+    );
 
-    let documented = ["action", "decision_id", "event_id", "hits", "rules_version", "source", "ts"];
+    let documented = [
+        "action",
+        "decision_id",
+        "event_id",
+        "hits",
+        "rules_version",
+        "source",
+        "ts",
+    ];
     let decisions = console_consumer(&broker, &topics.decisions, expected.len(), false);
     for (line, (&index, want)) in decisions.iter().zip(&expected) {
         let text = std::str::from_utf8(line).expect("UTF-8");
         let (key, value) = text.split_once('\t').expect("key<TAB>value");
-        let want_key = user_key(&lines[index]).map_or("null".to_owned(), |k| String::from_utf8(k).unwrap());
-        assert_eq!(key, want_key, "the decision's message key is the event's Kafka key");
-        let mut record: Value = serde_json::from_str(value).unwrap_or_else(|e| panic!("not JSON ({e}): {value}"));
-        let fields: Vec<&str> = record.as_object().unwrap().keys().map(String::as_str).collect();
+        let want_key =
+            user_key(&lines[index]).map_or("null".to_owned(), |k| String::from_utf8(k).unwrap());
+        assert_eq!(
+            key, want_key,
+            "the decision's message key is the event's Kafka key"
+        );
+        let mut record: Value =
+            serde_json::from_str(value).unwrap_or_else(|e| panic!("not JSON ({e}): {value}"));
+        let fields: Vec<&str> = record
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         assert_eq!(fields, documented, "{value}");
-        assert_eq!(record["source"], serde_json::json!({"topic": topics.events, "partition": 0, "offset": index}));
-        assert_eq!(record["decision_id"], format!("{}/0/{index}", topics.events));
-        assert!(["allow", "alert", "review", "challenge", "block"].contains(&record["action"].as_str().unwrap()), "{value}");
+        assert_eq!(
+            record["source"],
+            serde_json::json!({"topic": topics.events, "partition": 0, "offset": index})
+        );
+        assert_eq!(
+            record["decision_id"],
+            format!("{}/0/{index}", topics.events)
+        );
+        assert!(
+            ["allow", "alert", "review", "challenge", "block"]
+                .contains(&record["action"].as_str().unwrap()),
+            "{value}"
+        );
         let object = record.as_object_mut().unwrap();
         object.remove("source");
         object.remove("decision_id");
@@ -659,12 +1169,25 @@ fn kafkas_own_console_consumer_reads_the_decisions_and_dead_letters() {
     for (line, (&index, reason)) in dead.iter().zip(&bad) {
         // headers (tab-separated `name:value`), key, value.
         let fields: Vec<&[u8]> = line.split(|&b| b == b'\t').collect();
-        let (value, key, headers) = (fields[fields.len() - 1], fields[fields.len() - 2], &fields[..fields.len() - 2]);
+        let (value, key, headers) = (
+            fields[fields.len() - 1],
+            fields[fields.len() - 2],
+            &fields[..fields.len() - 2],
+        );
         assert_eq!(value, &lines[index][..], "the original bytes");
-        assert_eq!(key, user_key(&lines[index]).as_deref().unwrap_or(b"null"), "the original key");
+        assert_eq!(
+            key,
+            user_key(&lines[index]).as_deref().unwrap_or(b"null"),
+            "the original key"
+        );
         let headers: BTreeMap<String, String> = headers
             .iter()
-            .map(|h| String::from_utf8_lossy(h).split_once(':').map(|(k, v)| (k.to_owned(), v.to_owned())).expect("name:value"))
+            .map(|h| {
+                String::from_utf8_lossy(h)
+                    .split_once(':')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .expect("name:value")
+            })
             .collect();
         assert_eq!(headers["origin"], "test", "the original headers");
         assert_eq!(headers["vigil.reason"], *reason);
@@ -674,7 +1197,14 @@ fn kafkas_own_console_consumer_reads_the_decisions_and_dead_letters() {
         assert!(!headers["vigil.error"].is_empty());
     }
     worker.signal("TERM");
-    assert!(worker.wait_exit(Duration::from_secs(20)).expect("exits").success(), "{}", worker.log_text());
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(20))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
 }
 
 /// A session timeout the broker refuses would keep the worker out of its group forever: it stops
@@ -685,14 +1215,19 @@ fn a_session_timeout_the_broker_refuses_stops_the_worker_with_a_clear_error() {
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("session-timeout", 1);
     // The test broker's floor is 500 ms (group.min.session.timeout.ms).
-    let config = config(&broker, &topics, &redis, Path::new("rules"), "").replace(r#""session.timeout.ms" = 6000"#, r#""session.timeout.ms" = 400"#);
+    let config = config(&broker, &topics, &redis, Path::new("rules"), "").replace(
+        r#""session.timeout.ms" = 6000"#,
+        r#""session.timeout.ms" = 400"#,
+    );
     assert!(config.contains(r#""session.timeout.ms" = 400"#));
     let (code, took, log) = Worker::run_until_it_stops(dir.path(), "w", &config, &[]);
     assert_eq!(code, Some(1), "{log}");
     assert!(took < Duration::from_secs(20), "took {took:?}");
     let last = log.lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("error: kafka: broker ") && last.contains("the consumer group refused `session.timeout.ms`") && last.contains("Invalid session timeout"),
+        last.starts_with("error: kafka: broker ")
+            && last.contains("the consumer group refused `session.timeout.ms`")
+            && last.contains("Invalid session timeout"),
         "last line: {last}\n{log}"
     );
 }
@@ -704,23 +1239,56 @@ fn the_kafka_benchmark_runs_on_apache_kafka_and_reports_latency_side_by_side() {
     let broker = Broker::shared();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
         .args(["bench", "--rules", "rules", "--kafka", &broker.bootstrap()])
-        .args(["--events", "4000", "--users", "200", "--partitions", "2", "--latency-seconds", "2", "--latency-rate", "500"])
+        .args([
+            "--events",
+            "4000",
+            "--users",
+            "200",
+            "--partitions",
+            "2",
+            "--latency-seconds",
+            "2",
+            "--latency-rate",
+            "500",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     eprintln!("{stdout}");
-    for wanted in ["saturation", "side by side", "end to end", "broker one hop", "vigil's own"] {
+    for wanted in [
+        "saturation",
+        "side by side",
+        "end to end",
+        "broker one hop",
+        "vigil's own",
+    ] {
         assert!(stdout.contains(wanted), "no {wanted:?} in:\n{stdout}");
     }
     // Every latency figure of the side-by-side table is a number of milliseconds.
-    let table: Vec<&str> = stdout.lines().skip_while(|l| !l.contains("side by side")).skip(1).take_while(|l| l.starts_with("     ")).collect();
+    let table: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.contains("side by side"))
+        .skip(1)
+        .take_while(|l| l.starts_with("     "))
+        .collect();
     assert!(table.len() >= 3, "{stdout}");
     for line in &table {
-        assert!(line.split_whitespace().any(|w| w.trim_end_matches(',').parse::<f64>().is_ok()), "no figure in {line:?}\n{stdout}");
+        assert!(
+            line.split_whitespace()
+                .any(|w| w.trim_end_matches(',').parse::<f64>().is_ok()),
+            "no figure in {line:?}\n{stdout}"
+        );
     }
     for phase in ["after the backlog", "live"] {
-        assert!(stdout.contains(&format!("divergence       {phase}:")), "no divergence {phase:?} in:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("divergence       {phase}:")),
+            "no divergence {phase:?} in:\n{stdout}"
+        );
     }
 }
 
@@ -729,7 +1297,14 @@ fn worst_rules(stdout: &str) -> Vec<f64> {
     stdout
         .lines()
         .filter(|l| l.contains("divergence"))
-        .filter_map(|l| l.split("worst rule ").nth(1)?.split(' ').next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("worst rule ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
         .collect()
 }
 
@@ -744,23 +1319,68 @@ fn the_kafka_benchmark_reports_the_divergence_of_two_workers_from_a_single_order
     let broker = Broker::shared();
     let redis = RedisServer::start();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["bench", "--rules", "rules", "--kafka", &broker.bootstrap(), "--redis", &redis.url(), "--workers", "2"])
-        .args(["--events", "20000", "--users", "2000", "--fraud", "0.03", "--partitions", "4", "--latency-seconds", "4", "--latency-rate", "1000"])
+        .args([
+            "bench",
+            "--rules",
+            "rules",
+            "--kafka",
+            &broker.bootstrap(),
+            "--redis",
+            &redis.url(),
+            "--workers",
+            "2",
+        ])
+        .args([
+            "--events",
+            "20000",
+            "--users",
+            "2000",
+            "--fraud",
+            "0.03",
+            "--partitions",
+            "4",
+            "--latency-seconds",
+            "4",
+            "--latency-rate",
+            "1000",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     eprintln!("{stdout}");
     assert!(stdout.contains("(2 workers, 4 partitions"), "{stdout}");
     let worst = worst_rules(&stdout);
     assert_eq!(worst.len(), 2, "after the backlog and live:\n{stdout}");
-    assert!(worst.iter().all(|&w| w <= 3.0), "a rule more than 3 % off a single-order run:\n{stdout}");
-    assert!(stdout.contains("login-stuffing-ip "), "the bursts fired the per-IP rule:\n{stdout}");
+    assert!(
+        worst.iter().all(|&w| w <= 3.0),
+        "a rule more than 3 % off a single-order run:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("login-stuffing-ip "),
+        "the bursts fired the per-IP rule:\n{stdout}"
+    );
     // Without Redis, workers would each count alone: refused.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["bench", "--rules", "rules", "--kafka", &broker.bootstrap(), "--workers", "2"])
+        .args([
+            "bench",
+            "--rules",
+            "rules",
+            "--kafka",
+            &broker.bootstrap(),
+            "--workers",
+            "2",
+        ])
         .output()
         .unwrap();
     assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("--workers above 1 needs --redis"), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--workers above 1 needs --redis"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }

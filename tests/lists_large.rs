@@ -23,10 +23,24 @@ fn write_lists(dir: &Path) {
         writeln!(cards, "  c-{i:07}  ").unwrap();
         // Half bare addresses (/32) in 10.0.0.0/12, half /24 networks from 32.0.0.0/24 on.
         if i < ENTRIES / 2 {
-            writeln!(nets, "10.{}.{}.{}", (i >> 16) & 0x0f, (i >> 8) & 0xff, i & 0xff).unwrap();
+            writeln!(
+                nets,
+                "10.{}.{}.{}",
+                (i >> 16) & 0x0f,
+                (i >> 8) & 0xff,
+                i & 0xff
+            )
+            .unwrap();
         } else {
             let j = i - ENTRIES / 2;
-            writeln!(nets, "{}.{}.{}.0/24", 32 + (j >> 16), (j >> 8) & 0xff, j & 0xff).unwrap();
+            writeln!(
+                nets,
+                "{}.{}.{}.0/24",
+                32 + (j >> 16),
+                (j >> 8) & 0xff,
+                j & 0xff
+            )
+            .unwrap();
         }
         writeln!(amounts, "{}.{:02}", i / 100, i % 100).unwrap();
     }
@@ -77,9 +91,22 @@ fn million_entry_lists_load_fast_and_test_exactly() {
     let rules = vigil::rule_files::load(dir.path()).unwrap();
     let loaded = started.elapsed();
     eprintln!("three lists of {ENTRIES} entries loaded in {loaded:?}");
-    assert!(loaded < Duration::from_secs(30), "three million-entry lists took {loaded:?}");
-    let sizes: Vec<(String, usize)> = rules.lists().map(|(id, set)| (id.to_owned(), set.len())).collect();
-    assert_eq!(sizes, [("cards".to_owned(), 1_000_000), ("nets".to_owned(), 1_000_000), ("amounts".to_owned(), 1_000_000)]);
+    assert!(
+        loaded < Duration::from_secs(30),
+        "three million-entry lists took {loaded:?}"
+    );
+    let sizes: Vec<(String, usize)> = rules
+        .lists()
+        .map(|(id, set)| (id.to_owned(), set.len()))
+        .collect();
+    assert_eq!(
+        sizes,
+        [
+            ("cards".to_owned(), 1_000_000),
+            ("nets".to_owned(), 1_000_000),
+            ("amounts".to_owned(), 1_000_000)
+        ]
+    );
 
     let probes: [(&str, &[&str]); 14] = [
         (r#""card":"c-0000000""#, &["stolen-card"]),
@@ -97,13 +124,30 @@ fn million_entry_lists_load_fast_and_test_exactly() {
         (r#""amount":1234.50"#, &["listed-amount"]),
         (r#""amount":10000"#, &[]),
     ];
-    let input: String = probes.iter().enumerate().map(|(i, (fields, _))| format!("{{\"ts\":{},{fields}}}\n", 1_700_000_000_000i64 + i as i64)).collect();
+    let input: String = probes
+        .iter()
+        .enumerate()
+        .map(|(i, (fields, _))| {
+            format!("{{\"ts\":{},{fields}}}\n", 1_700_000_000_000i64 + i as i64)
+        })
+        .collect();
     let mut engine = Engine::new(rules, MemoryStore::new());
     let mut out = Vec::new();
     let started = Instant::now();
-    replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    replay(
+        &mut engine,
+        input.as_bytes(),
+        &mut out,
+        std::io::sink(),
+        ReplayOptions::default(),
+    )
+    .unwrap();
     eprintln!("{} probes judged in {:?}", probes.len(), started.elapsed());
-    let records: Vec<serde_json::Value> = String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     for (i, (fields, want)) in probes.iter().enumerate() {
         let line = i as u64 + 1;
         let got: Vec<&str> = records

@@ -17,10 +17,23 @@ use vigil::harness::workload::{generate, WorkloadSpec};
 /// Events in order inside every rule's window (so the exact totals do not depend on timing), with
 /// enough keys for many flushes.
 fn events(n: u64, seed: u64) -> Vec<String> {
-    let spec = WorkloadSpec { events: n, users: 3_000, ips: 1_000, rate_per_sec: 400, late: 0.0, out_of_order: 0.02, seed, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events: n,
+        users: 3_000,
+        ips: 1_000,
+        rate_per_sec: 400,
+        late: 0.0,
+        out_of_order: 0.02,
+        seed,
+        ..WorkloadSpec::default()
+    };
     let mut out = Vec::new();
     generate(&spec, &mut out).unwrap();
-    String::from_utf8(out).unwrap().lines().map(str::to_owned).collect()
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 fn vigil() -> Command {
@@ -31,20 +44,39 @@ fn vigil() -> Command {
 }
 
 /// `vigil replay --redis url` of `lines` as a file; returns (stdout, stderr).
-fn replay_file(dir: &std::path::Path, name: &str, lines: &[String], redis: &str) -> (String, String) {
+fn replay_file(
+    dir: &std::path::Path,
+    name: &str,
+    lines: &[String],
+    redis: &str,
+) -> (String, String) {
     let input = dir.join(name);
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let out = vigil()
-        .args(["replay", "--rules", "rules", "--input", input.to_str().unwrap(), "--redis", redis])
+        .args([
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            input.to_str().unwrap(),
+            "--redis",
+            redis,
+        ])
         .output()
         .unwrap();
-    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
     assert!(out.status.success(), "replay failed: {stderr}");
     (stdout, stderr)
 }
 
 /// The counters one clean pass over `lines` leaves in a fresh Redis.
-fn reference_totals(dir: &std::path::Path, lines: &[String]) -> std::collections::BTreeMap<String, (i128, usize)> {
+fn reference_totals(
+    dir: &std::path::Path,
+    lines: &[String],
+) -> std::collections::BTreeMap<String, (i128, usize)> {
     let reference = RedisServer::start();
     replay_file(dir, "reference.jsonl", lines, &reference.url());
     redis_totals(&mut reference.connection())
@@ -54,7 +86,16 @@ fn reference_totals(dir: &std::path::Path, lines: &[String]) -> std::collections
 fn memory_records(dir: &std::path::Path, lines: &[String]) -> String {
     let input = dir.join("memory.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let out = vigil().args(["replay", "--rules", "rules", "--input", input.to_str().unwrap()]).output().unwrap();
+    let out = vigil()
+        .args([
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            input.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
 }
@@ -70,8 +111,15 @@ fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
     let proxy = Proxy::start(redis.port);
     proxy.drop_every(100);
     let (stdout, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &proxy.url());
-    assert!(proxy.dropped() >= 5, "the proxy dropped {} replies", proxy.dropped());
-    eprintln!("the proxy dropped {} replies after Redis executed them", proxy.dropped());
+    assert!(
+        proxy.dropped() >= 5,
+        "the proxy dropped {} replies",
+        proxy.dropped()
+    );
+    eprintln!(
+        "the proxy dropped {} replies after Redis executed them",
+        proxy.dropped()
+    );
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     // A lost reply costs a retry on a new connection, never a count or a decision.
     assert!(!stderr.contains("unavailable"), "{stderr}");
@@ -87,7 +135,10 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let (first, _) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
     let (_, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
-    assert!(stderr.contains("already counted in Redis (by an earlier run of this input"), "{stderr}");
+    assert!(
+        stderr.contains("already counted in Redis (by an earlier run of this input"),
+        "{stderr}"
+    );
     assert!(!first.is_empty());
 
     // The same events through stdin under one --input-id count once too; stdin without one is a
@@ -95,12 +146,30 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let again = RedisServer::start();
     let run = |id: Option<&str>| {
         let mut cmd = vigil();
-        cmd.args(["replay", "--rules", "rules", "--input", "-", "--redis", &again.url()]);
+        cmd.args([
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            "-",
+            "--redis",
+            &again.url(),
+        ]);
         if let Some(id) = id {
             cmd.args(["--input-id", id]);
         }
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-        child.stdin.take().unwrap().write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all((lines.join("\n") + "\n").as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success());
         String::from_utf8(out.stderr).unwrap()
@@ -122,7 +191,18 @@ struct StreamingReplay {
 impl StreamingReplay {
     fn start(redis: &str) -> StreamingReplay {
         let mut child = vigil()
-            .args(["replay", "--rules", "rules", "--input", "-", "--emit-allow", "--redis", redis, "--input-id", "stream"])
+            .args([
+                "replay",
+                "--rules",
+                "rules",
+                "--input",
+                "-",
+                "--emit-allow",
+                "--redis",
+                redis,
+                "--input-id",
+                "stream",
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -138,12 +218,19 @@ impl StreamingReplay {
                 }
             }
         });
-        StreamingReplay { stdin: child.stdin.take(), child, stdout: rx, records: Vec::new() }
+        StreamingReplay {
+            stdin: child.stdin.take(),
+            child,
+            stdout: rx,
+            records: Vec::new(),
+        }
     }
 
     fn feed(&mut self, lines: &[String]) {
         let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all((lines.join("\n") + "\n").as_bytes()).unwrap();
+        stdin
+            .write_all((lines.join("\n") + "\n").as_bytes())
+            .unwrap();
         stdin.flush().unwrap();
     }
 
@@ -163,7 +250,12 @@ impl StreamingReplay {
         drop(self.stdin.take());
         let mut stderr = String::new();
         use std::io::Read;
-        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
         let status = self.child.wait().unwrap();
         while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(1)) {
             self.records.push(line);
@@ -187,12 +279,19 @@ fn redis_frozen_for_ten_seconds_mid_replay_costs_nothing() {
     let redis = RedisServer::start();
     let mut replay = StreamingReplay::start(&redis.url());
     replay.feed(&lines[..20_000]);
-    assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first half is decided");
+    assert!(
+        replay.wait_records(10_000, Duration::from_secs(60)),
+        "the first half is decided"
+    );
     redis.pause();
     let paused = Instant::now();
     replay.feed(&lines[20_000..30_000]);
     // While Redis answers nothing, the replay goes on (on local counts, marked degraded).
-    assert!(replay.wait_records(28_000, Duration::from_secs(9)), "decisions go on while Redis is frozen ({} so far)", replay.records.len());
+    assert!(
+        replay.wait_records(28_000, Duration::from_secs(9)),
+        "decisions go on while Redis is frozen ({} so far)",
+        replay.records.len()
+    );
     let frozen_for = paused.elapsed();
     std::thread::sleep(Duration::from_secs(10).saturating_sub(frozen_for));
     redis.resume();
@@ -200,7 +299,10 @@ fn redis_frozen_for_ten_seconds_mid_replay_costs_nothing() {
     let (ok, stderr, records) = replay.finish();
     assert!(ok, "{stderr}");
     assert_eq!(records.len(), lines.len(), "a record per event");
-    assert!(records.iter().any(|r| r.contains("\"degraded\":true")), "hits during the outage are marked degraded");
+    assert!(
+        records.iter().any(|r| r.contains("\"degraded\":true")),
+        "hits during the outage are marked degraded"
+    );
     assert!(stderr.contains("redis: unavailable 1 times"), "{stderr}");
     // Everything counted locally was merged once when Redis came back.
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
@@ -225,7 +327,10 @@ fn redis_killed_and_restarted_from_its_append_only_file_mid_replay_ends_exact() 
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     // Nothing was lost: no data loss was detected, and decisions made on Redis' view are exact.
     // (A restart between two flushes is only a reconnect: no outage line is printed at all.)
-    assert!(!stderr.contains("lost its data") || stderr.contains("lost its data 0 times"), "{stderr}");
+    assert!(
+        !stderr.contains("lost its data") || stderr.contains("lost its data 0 times"),
+        "{stderr}"
+    );
     assert_hits_exact_unless_degraded(&records, &exact);
 }
 
@@ -240,7 +345,9 @@ fn redis_restarted_empty_or_flushed_mid_replay_is_written_again_from_local_views
         replay.feed(&lines[..15_000]);
         assert!(replay.wait_records(8_000, Duration::from_secs(60)));
         if flushall {
-            let _: () = redis::cmd("FLUSHALL").query(&mut redis.connection()).unwrap();
+            let _: () = redis::cmd("FLUSHALL")
+                .query(&mut redis.connection())
+                .unwrap();
         } else {
             redis.restart();
         }
@@ -248,7 +355,10 @@ fn redis_restarted_empty_or_flushed_mid_replay_is_written_again_from_local_views
         let (ok, stderr, records) = replay.finish();
         assert!(ok, "{stderr}");
         assert_eq!(records.len(), lines.len());
-        assert!(stderr.contains("lost its data 1 times"), "the loss is detected and reported: {stderr}");
+        assert!(
+            stderr.contains("lost its data 1 times"),
+            "the loss is detected and reported: {stderr}"
+        );
         // One process held a view of every key: writing them again restores every counter.
         assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     }
@@ -269,13 +379,20 @@ fn a_cluster_master_killed_with_unreplicated_writes_ends_exact() {
 /// The same on a master and replica managed by Redis Sentinel, reached by `redis+sentinel://`.
 #[test]
 fn a_sentinel_managed_master_killed_with_unreplicated_writes_ends_exact() {
-    master_killed_mid_replay(HighAvailability::Sentinel(support::RedisSentinels::start()), true);
+    master_killed_mid_replay(
+        HighAvailability::Sentinel(support::RedisSentinels::start()),
+        true,
+    );
 }
 
 /// Redis with a replica to fail over to: a 3+3 Cluster (the victim: the master the URL names)
 /// or a Sentinel-managed pair.
 enum HighAvailability {
-    Cluster { cluster: support::RedisCluster, victim: usize, replica: usize },
+    Cluster {
+        cluster: support::RedisCluster,
+        victim: usize,
+        replica: usize,
+    },
     Sentinel(support::RedisSentinels),
 }
 
@@ -284,28 +401,38 @@ impl HighAvailability {
         let mut cluster = support::RedisCluster::start_with_replicas(1);
         let victim = cluster.masters()[0];
         let replica = cluster.replica_of(cluster.nodes[victim].port);
-        HighAvailability::Cluster { cluster, victim, replica }
+        HighAvailability::Cluster {
+            cluster,
+            victim,
+            replica,
+        }
     }
 
     fn url(&self) -> String {
         match self {
             // The master the replay's URL names dies: the store must find the cluster through
             // the other nodes it has seen.
-            HighAvailability::Cluster { cluster, victim, .. } => cluster.nodes[*victim].url(),
+            HighAvailability::Cluster {
+                cluster, victim, ..
+            } => cluster.nodes[*victim].url(),
             HighAvailability::Sentinel(sentinels) => sentinels.url(),
         }
     }
 
     fn victim(&mut self) -> &mut support::RedisServer {
         match self {
-            HighAvailability::Cluster { cluster, victim, .. } => &mut cluster.nodes[*victim],
+            HighAvailability::Cluster {
+                cluster, victim, ..
+            } => &mut cluster.nodes[*victim],
             HighAvailability::Sentinel(sentinels) => &mut sentinels.master,
         }
     }
 
     fn replica(&mut self) -> &mut support::RedisServer {
         match self {
-            HighAvailability::Cluster { cluster, replica, .. } => &mut cluster.nodes[*replica],
+            HighAvailability::Cluster {
+                cluster, replica, ..
+            } => &mut cluster.nodes[*replica],
             HighAvailability::Sentinel(sentinels) => &mut sentinels.replica,
         }
     }
@@ -318,7 +445,11 @@ impl HighAvailability {
                 cluster.totals()
             }
             HighAvailability::Sentinel(sentinels) => {
-                assert_eq!(sentinels.master_port(), sentinels.replica.port, "the sentinels promoted the replica");
+                assert_eq!(
+                    sentinels.master_port(),
+                    sentinels.replica.port,
+                    "the sentinels promoted the replica"
+                );
                 support::redis_totals(&mut sentinels.replica.connection())
             }
         }
@@ -334,7 +465,10 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     let exact = memory_records(dir.path(), &lines);
     let mut replay = StreamingReplay::start(&redis.url());
     replay.feed(&lines[..20_000]);
-    assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first half is decided");
+    assert!(
+        replay.wait_records(10_000, Duration::from_secs(60)),
+        "the first half is decided"
+    );
     let mut unreplicated = 0;
     if lose_writes {
         // The replica misses the master's last writes (replication is asynchronous; made sure
@@ -343,16 +477,26 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
         // acknowledges flushes the replica never gets, then dies.
         redis.replica().pause();
         let paused = Instant::now();
-        let cut: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut redis.victim().connection()).unwrap();
+        let cut: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut redis.victim().connection())
+            .unwrap();
         assert_eq!(cut, 1, "the master's link to its replica is cut");
         let before = support::evalsha_calls(&mut redis.victim().connection());
         replay.feed(&lines[20_000..24_000]);
-        while support::evalsha_calls(&mut redis.victim().connection()) == before && paused.elapsed() < Duration::from_secs(1) {
+        while support::evalsha_calls(&mut redis.victim().connection()) == before
+            && paused.elapsed() < Duration::from_secs(1)
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_millis(200));
         unreplicated = support::evalsha_calls(&mut redis.victim().connection()) - before;
-        assert!(unreplicated > 0, "the master acknowledged flushes while its replica was frozen");
+        assert!(
+            unreplicated > 0,
+            "the master acknowledged flushes while its replica was frozen"
+        );
     } else {
         replay.feed(&lines[20_000..24_000]);
     }
@@ -366,7 +510,10 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     let (ok, stderr, records) = replay.finish();
     let finished = killed.elapsed();
     assert!(ok, "{stderr}");
-    let (promoted, first_flush) = first_flush.join().unwrap().expect("the promoted replica served a flush");
+    let (promoted, first_flush) = first_flush
+        .join()
+        .unwrap()
+        .expect("the promoted replica served a flush");
     eprintln!(
         "master killed{}: replica promoted after {:.2} s, first flush on it after {:.2} s, replay done after {:.2} s",
         if lose_writes { format!(" ({unreplicated} script calls it acknowledged never reached its replica)") } else { String::new() },
@@ -374,11 +521,21 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
         first_flush.as_secs_f64(),
         finished.as_secs_f64()
     );
-    eprintln!("{}", stderr.lines().filter(|l| l.contains("redis:")).collect::<Vec<_>>().join("\n"));
+    eprintln!(
+        "{}",
+        stderr
+            .lines()
+            .filter(|l| l.contains("redis:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert_eq!(records.len(), lines.len(), "a record per event");
     // Writes the dead master acknowledged may be missing on the replica: what no replica
     // confirmed is written again to the new master.
-    assert!(stderr.contains("followed 1 failovers"), "the failover is followed: {stderr}");
+    assert!(
+        stderr.contains("followed 1 failovers"),
+        "the failover is followed: {stderr}"
+    );
     assert_totals_equal(&redis.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
 }
@@ -389,10 +546,15 @@ fn assert_hits_exact_unless_degraded(records: &[String], exact: &str) {
     let exact: std::collections::HashSet<&str> = exact.lines().collect();
     let wrong: Vec<&String> = records
         .iter()
-        .filter(|r| r.contains("\"hits\":[{") && !r.contains("\"degraded\"") && !exact.contains(r.as_str()))
+        .filter(|r| {
+            r.contains("\"hits\":[{") && !r.contains("\"degraded\"") && !exact.contains(r.as_str())
+        })
         .take(3)
         .collect();
-    assert!(wrong.is_empty(), "records differ from the exact decisions: {wrong:?}");
+    assert!(
+        wrong.is_empty(),
+        "records differ from the exact decisions: {wrong:?}"
+    );
 }
 
 /// `redis-cli --cluster reshard` moves a third of the slots from one master to another (keys
@@ -407,17 +569,36 @@ fn a_live_reshard_mid_replay_loses_and_doubles_nothing() {
     let mut cluster = support::RedisCluster::start();
     let mut replay = StreamingReplay::start(&cluster.url());
     replay.feed(&lines[..20_000]);
-    assert!(replay.wait_records(10_000, Duration::from_secs(60)), "the first part is decided");
+    assert!(
+        replay.wait_records(10_000, Duration::from_secs(60)),
+        "the first part is decided"
+    );
     let masters = cluster.masters();
     let from = support::RedisCluster::node_id(&cluster.nodes[masters[0]]);
     let to = support::RedisCluster::node_id(&cluster.nodes[masters[1]]);
-    let keys_before: i64 = redis::cmd("DBSIZE").query(&mut cluster.nodes[masters[0]].connection()).unwrap();
+    let keys_before: i64 = redis::cmd("DBSIZE")
+        .query(&mut cluster.nodes[masters[0]].connection())
+        .unwrap();
     let seed = format!("127.0.0.1:{}", cluster.nodes[masters[0]].port);
     let started = Instant::now();
     let reshard = std::thread::spawn(move || {
         Command::new("redis-cli")
-            .args(["--cluster", "reshard", &seed, "--cluster-from", &from, "--cluster-to", &to])
-            .args(["--cluster-slots", "5000", "--cluster-pipeline", "10", "--cluster-yes"])
+            .args([
+                "--cluster",
+                "reshard",
+                &seed,
+                "--cluster-from",
+                &from,
+                "--cluster-to",
+                &to,
+            ])
+            .args([
+                "--cluster-slots",
+                "5000",
+                "--cluster-pipeline",
+                "10",
+                "--cluster-yes",
+            ])
             .stdout(std::process::Stdio::null())
             .output()
             .expect("redis-cli")
@@ -429,20 +610,37 @@ fn a_live_reshard_mid_replay_loses_and_doubles_nothing() {
     }
     let output = reshard.join().unwrap();
     let resharded = started.elapsed();
-    assert!(output.status.success(), "redis-cli --cluster reshard failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "redis-cli --cluster reshard failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let (ok, stderr, records) = replay.finish();
     assert!(ok, "{stderr}");
-    let keys_after: i64 = redis::cmd("DBSIZE").query(&mut cluster.nodes[masters[0]].connection()).unwrap();
+    let keys_after: i64 = redis::cmd("DBSIZE")
+        .query(&mut cluster.nodes[masters[0]].connection())
+        .unwrap();
     eprintln!(
         "reshard of 5000 slots took {:.2} s (the source master held {keys_before} keys before, {keys_after} after)",
         resharded.as_secs_f64()
     );
-    eprintln!("{}", stderr.lines().filter(|l| l.contains("redis:")).collect::<Vec<_>>().join("\n"));
+    eprintln!(
+        "{}",
+        stderr
+            .lines()
+            .filter(|l| l.contains("redis:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert_eq!(records.len(), lines.len(), "a record per event");
     // The replay met the moving slots (redirected or retried calls), and still ends exact.
     let retries: u64 = stderr
         .lines()
-        .find_map(|l| l.strip_prefix("redis: ").and_then(|l| l.split("), ").nth(1)).and_then(|l| l.split(' ').next()))
+        .find_map(|l| {
+            l.strip_prefix("redis: ")
+                .and_then(|l| l.split("), ").nth(1))
+                .and_then(|l| l.split(' ').next())
+        })
         .and_then(|n| n.parse().ok())
         .expect("the replay's Redis summary");
     assert!(retries > 0, "the replay ran while slots moved: {stderr}");

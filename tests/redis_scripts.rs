@@ -14,16 +14,35 @@ fn script() -> redis::Script {
 
 type Reply = Vec<Vec<u8>>;
 
-fn call(conn: &mut redis::Connection, key: &str, kind: &str, k: i64, stride: i64, args: &[&str]) -> Vec<String> {
+fn call(
+    conn: &mut redis::Connection,
+    key: &str,
+    kind: &str,
+    k: i64,
+    stride: i64,
+    args: &[&str],
+) -> Vec<String> {
     let script = script();
     let mut inv = script.key(key);
-    inv.arg(kind).arg(k).arg(if kind == "d" { 10_000 } else { 0 }).arg(60_000).arg(stride).arg("").arg(args.len()).arg(0);
+    inv.arg(kind)
+        .arg(k)
+        .arg(if kind == "d" { 10_000 } else { 0 })
+        .arg(60_000)
+        .arg(stride)
+        .arg("")
+        .arg(args.len())
+        .arg(0);
     for a in args {
         inv.arg(*a);
     }
     let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
     assert_eq!(replies.len(), 1);
-    replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+    replies
+        .pop()
+        .unwrap()
+        .into_iter()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .collect()
 }
 
 #[test]
@@ -32,19 +51,61 @@ fn one_script_call_serves_many_keys_independently() {
     let mut conn = redis.connection();
     let script = script();
     let mut inv = script.key("vg:t:m1");
-    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(4).arg(0).arg(5).arg(2).arg(6).arg(1);
-    inv.key("vg:t:m2").arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(0).arg(0);
-    inv.key("vg:t:m3").arg("s").arg(2).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(9).arg("1500000");
+    inv.arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(4)
+        .arg(0)
+        .arg(5)
+        .arg(2)
+        .arg(6)
+        .arg(1);
+    inv.key("vg:t:m2")
+        .arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(0)
+        .arg(0);
+    inv.key("vg:t:m3")
+        .arg("s")
+        .arg(2)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg(9)
+        .arg("1500000");
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
-    let text = |r: &Reply| r.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect::<Vec<_>>();
+    let text = |r: &Reply| {
+        r.iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect::<Vec<_>>()
+    };
     let first = text(&replies[0]);
     assert_eq!(first[..3], ["6", "0", "0"]);
     assert_eq!(first[4], "*");
-    let window: BTreeMap<_, _> = first[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
-    assert_eq!(window, BTreeMap::from([("b5".into(), "2".into()), ("b6".into(), "1".into())]));
+    let window: BTreeMap<_, _> = first[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert_eq!(
+        window,
+        BTreeMap::from([("b5".into(), "2".into()), ("b6".into(), "1".into())])
+    );
     assert!(replies[1].is_empty(), "a key that holds nothing");
     let third = text(&replies[2]);
-    assert_eq!([&third[..3], &third[4..]].concat(), ["9", "0", "0", "*", "b9", "1500000"]);
+    assert_eq!(
+        [&third[..3], &third[4..]].concat(),
+        ["9", "0", "0", "*", "b9", "1500000"]
+    );
 }
 
 #[test]
@@ -52,20 +113,42 @@ fn script_counts_refuses_late_prunes_and_sets_ttl() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     // k = 3 buckets. Buckets 10, 11, 10 → head 11, window 9..=11.
-    let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["10", "2", "11", "1", "10", "1"]);
+    let out = call(
+        &mut conn,
+        "vg:t:a",
+        "c",
+        3,
+        2,
+        &["10", "2", "11", "1", "10", "1"],
+    );
     assert_eq!(out[..3], ["11", "0", "0"]);
     // A new key's version starts at the server's clock in microseconds; each write adds one.
     let created: u64 = out[3].parse().unwrap();
     assert!(created > 1_700_000_000_000_000, "{created}");
-    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
-    assert_eq!(window, BTreeMap::from([("b10".into(), "3".into()), ("b11".into(), "1".into())]));
+    let window: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert_eq!(
+        window,
+        BTreeMap::from([("b10".into(), "3".into()), ("b11".into(), "1".into())])
+    );
     // Bucket 8 is late (8 <= 11 - 3); bucket 13 moves the head and prunes bucket 10.
     let out = call(&mut conn, "vg:t:a", "c", 3, 2, &["8", "1", "13", "5"]);
     assert_eq!(out[..5], ["13", "1", "0", &(created + 1).to_string(), "*"]);
-    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
-    assert_eq!(window, BTreeMap::from([("b11".into(), "1".into()), ("b13".into(), "5".into())]));
+    let window: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert_eq!(
+        window,
+        BTreeMap::from([("b11".into(), "1".into()), ("b13".into(), "5".into())])
+    );
     // Stored compactly: buckets by slot (bucket mod k), bucket 10 (slot 1) pruned.
-    let stored: BTreeMap<String, String> = redis::cmd("HGETALL").arg("vg:t:a").query(&mut conn).unwrap();
+    let stored: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("vg:t:a")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(
         stored,
         BTreeMap::from([
@@ -80,7 +163,10 @@ fn script_counts_refuses_late_prunes_and_sets_ttl() {
     // A read with no deltas returns the window and does not write.
     assert_eq!(call(&mut conn, "vg:t:a", "c", 3, 2, &[])[..1], ["13"]);
     assert!(call(&mut conn, "vg:t:missing", "c", 3, 2, &[]).is_empty());
-    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:missing").query(&mut conn).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("vg:t:missing")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(exists, 0);
 }
 
@@ -97,32 +183,81 @@ fn script_sums_exact_64_bit_micro_units_and_tracks_distinct_latest() {
         "s",
         5,
         2,
-        &["1", "100000", "1", "200000", "2", big, "2", big, "2", "7", "3", "1000000000", "3", "-1", "4", "-5000000000", "4", "4000000001"],
+        &[
+            "1",
+            "100000",
+            "1",
+            "200000",
+            "2",
+            big,
+            "2",
+            big,
+            "2",
+            "7",
+            "3",
+            "1000000000",
+            "3",
+            "-1",
+            "4",
+            "-5000000000",
+            "4",
+            "4000000001",
+        ],
     );
-    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    let window: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
     assert_eq!(window["b1"], "300000");
-    assert_eq!(window["b2"], "2000000000000000005", "2 × (10^18 - 1) + 7, exact");
+    assert_eq!(
+        window["b2"], "2000000000000000005",
+        "2 × (10^18 - 1) + 7, exact"
+    );
     assert_eq!(window["b3"], "999999999");
     assert_eq!(window["b4"], "-999999999");
-    let rust = [big.parse::<i64>().unwrap(), big.parse().unwrap(), 7].iter().fold(0i64, |a, &v| a.saturating_add(v));
+    let rust = [big.parse::<i64>().unwrap(), big.parse().unwrap(), 7]
+        .iter()
+        .fold(0i64, |a, &v| a.saturating_add(v));
     assert_eq!(window["b2"], rust.to_string());
     // Saturation: 10 × (10^18 - 1) stops at i64::MAX, as the Rust side's saturating_add does.
     let many: Vec<&str> = (0..10).flat_map(|_| ["5", big]).collect();
     let out = call(&mut conn, "vg:t:sat", "s", 5, 2, &many);
-    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    let window: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
     assert_eq!(window["b5"], i64::MAX.to_string());
     // Amounts must be integers of at most 19 digits: anything else is refused before a write.
     let script = script();
     let mut inv = script.key("vg:t:bad");
-    inv.arg("s").arg(5).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg("1").arg("0.5");
-    assert!(inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err().to_string().contains("bad amount"));
+    inv.arg("s")
+        .arg(5)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg("1")
+        .arg("0.5");
+    assert!(inv
+        .invoke::<Vec<Reply>>(&mut conn)
+        .unwrap_err()
+        .to_string()
+        .contains("bad amount"));
 
     let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
     call(&mut conn, "vg:t:d", "d", 3, 2, &["5", a, "4", b, "3", a]);
     // a's latest stays 5 (an older sighting does not move it back); head 7 drops b (latest 4).
     let out = call(&mut conn, "vg:t:d", "d", 3, 2, &["7", b]);
-    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
-    assert_eq!(window, BTreeMap::from([(format!("d{a}"), "5".into()), (format!("d{b}"), "7".into())]));
+    let window: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert_eq!(
+        window,
+        BTreeMap::from([(format!("d{a}"), "5".into()), (format!("d{b}"), "7".into())])
+    );
 }
 
 #[test]
@@ -132,80 +267,167 @@ fn script_returns_the_window_only_when_another_writer_changed_it() {
     let run = |conn: &mut redis::Connection, expected: &str, args: &[&str]| -> Vec<String> {
         let script = script();
         let mut inv = script.key("vg:t:v");
-        inv.arg("c").arg(10).arg(0).arg(60_000).arg(2).arg(expected).arg(args.len()).arg(0);
+        inv.arg("c")
+            .arg(10)
+            .arg(0)
+            .arg(60_000)
+            .arg(2)
+            .arg(expected)
+            .arg(args.len())
+            .arg(0);
         for a in args {
             inv.arg(*a);
         }
         let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-        replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+        replies
+            .pop()
+            .unwrap()
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect()
     };
     // A caller whose view is "the key holds nothing" (version 0) is current on a new key.
     let out = run(&mut conn, "0", &["5", "1"]);
     assert_eq!([&out[..3], &out[4..]].concat(), ["5", "0", "0", "="]);
     let v1: u64 = out[3].parse().unwrap();
     // Our view is v1 and nobody else wrote: no window comes back.
-    assert_eq!(run(&mut conn, &v1.to_string(), &["5", "2"]), ["5", "0", "0", &(v1 + 1).to_string(), "="]);
+    assert_eq!(
+        run(&mut conn, &v1.to_string(), &["5", "2"]),
+        ["5", "0", "0", &(v1 + 1).to_string(), "="]
+    );
     // Another writer moves the key on; a caller still at v1 + 1 gets the whole window.
     run(&mut conn, "", &["6", "1"]);
     let out = run(&mut conn, &(v1 + 1).to_string(), &["6", "1"]);
     assert_eq!(out[..5], ["6", "0", "0", &(v1 + 3).to_string(), "*"]);
-    let window: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
-    assert_eq!(window, BTreeMap::from([("b5".into(), "3".into()), ("b6".into(), "2".into())]));
+    let window: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert_eq!(
+        window,
+        BTreeMap::from([("b5".into(), "3".into()), ("b6".into(), "2".into())])
+    );
     // A refused late delta also means the caller's view is off: the window comes back.
     let current = (v1 + 3).to_string();
-    assert_eq!(run(&mut conn, &current, &["-20", "1"])[..5], ["6", "1", "0", current.as_str(), "*"]);
+    assert_eq!(
+        run(&mut conn, &current, &["-20", "1"])[..5],
+        ["6", "1", "0", current.as_str(), "*"]
+    );
 }
 
 #[test]
 fn script_takes_the_callers_writes_only_at_the_callers_version() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let run = |conn: &mut redis::Connection, expected: &str, deltas: &[&str], writes: &[&str]| -> Vec<String> {
+    let run = |conn: &mut redis::Connection,
+               expected: &str,
+               deltas: &[&str],
+               writes: &[&str]|
+     -> Vec<String> {
         let script = script();
         let mut inv = script.key("vg:t:w");
-        inv.arg("c").arg(4).arg(0).arg(60_000).arg(2).arg(expected).arg(deltas.len()).arg(writes.len());
+        inv.arg("c")
+            .arg(4)
+            .arg(0)
+            .arg(60_000)
+            .arg(2)
+            .arg(expected)
+            .arg(deltas.len())
+            .arg(writes.len());
         for a in deltas.iter().chain(writes) {
             inv.arg(*a);
         }
         let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-        replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+        replies
+            .pop()
+            .unwrap()
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect()
     };
     let stored = |conn: &mut redis::Connection| -> BTreeMap<String, String> {
         redis::cmd("HGETALL").arg("vg:t:w").query(conn).unwrap()
     };
     let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-        pairs.iter().map(|(f, v)| (f.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(f, v)| (f.to_string(), v.to_string()))
+            .collect()
     };
     // A new key and a caller whose view is "nothing" (version 0): its writes are taken as they are
     // (refresh the TTL; v, h, and bucket 10 in slot 2).
-    let out = run(&mut conn, "0", &["10", "2"], &["1", "6", "v", "500", "h", "10", "2", "2"]);
+    let out = run(
+        &mut conn,
+        "0",
+        &["10", "2"],
+        &["1", "6", "v", "500", "h", "10", "2", "2"],
+    );
     assert_eq!(out, ["10", "0", "0", "500", "="]);
-    assert_eq!(stored(&mut conn), map(&[("v", "500"), ("h", "10"), ("2", "2")]));
+    assert_eq!(
+        stored(&mut conn),
+        map(&[("v", "500"), ("h", "10"), ("2", "2")])
+    );
     let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
     assert!(ttl > 59_000, "ttl {ttl}");
     // At version 500: bucket 15 (slot 3) moves the head on and bucket 10 (slot 2) slides out.
     // No refresh asked: the TTL is left as it is.
-    let _: () = redis::cmd("PEXPIRE").arg("vg:t:w").arg(5_000).query(&mut conn).unwrap();
-    let out = run(&mut conn, "500", &["15", "1"], &["0", "6", "v", "501", "h", "15", "3", "1", "2"]);
+    let _: () = redis::cmd("PEXPIRE")
+        .arg("vg:t:w")
+        .arg(5_000)
+        .query(&mut conn)
+        .unwrap();
+    let out = run(
+        &mut conn,
+        "500",
+        &["15", "1"],
+        &["0", "6", "v", "501", "h", "15", "3", "1", "2"],
+    );
     assert_eq!(out, ["15", "0", "0", "501", "="]);
-    assert_eq!(stored(&mut conn), map(&[("v", "501"), ("h", "15"), ("3", "1")]));
+    assert_eq!(
+        stored(&mut conn),
+        map(&[("v", "501"), ("h", "15"), ("3", "1")])
+    );
     let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
     assert!(ttl <= 5_000, "ttl {ttl}");
     // A caller at a stale version: its writes are ignored, its deltas merged, the window returned,
     // and the TTL refreshed.
-    let out = run(&mut conn, "499", &["15", "2"], &["0", "6", "v", "500", "h", "15", "3", "99"]);
+    let out = run(
+        &mut conn,
+        "499",
+        &["15", "2"],
+        &["0", "6", "v", "500", "h", "15", "3", "99"],
+    );
     assert_eq!(out, ["15", "0", "0", "502", "*", "b15", "3"]);
-    assert_eq!(stored(&mut conn), map(&[("v", "502"), ("h", "15"), ("3", "3")]));
+    assert_eq!(
+        stored(&mut conn),
+        map(&[("v", "502"), ("h", "15"), ("3", "3")])
+    );
     let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
     assert!(ttl > 59_000, "ttl {ttl}");
     // Writes alone (no deltas to merge) for a stale version: nothing is written, "!" comes back.
-    let out = run(&mut conn, "501", &[], &["1", "6", "v", "502", "h", "15", "3", "7"]);
+    let out = run(
+        &mut conn,
+        "501",
+        &[],
+        &["1", "6", "v", "502", "h", "15", "3", "7"],
+    );
     assert_eq!(out, ["!"]);
-    assert_eq!(stored(&mut conn), map(&[("v", "502"), ("h", "15"), ("3", "3")]));
+    assert_eq!(
+        stored(&mut conn),
+        map(&[("v", "502"), ("h", "15"), ("3", "3")])
+    );
     // Writes carry the highest offset applied per partition.
-    let out = run(&mut conn, "502", &[], &["0", "8", "v", "503", "h", "15", "3", "4", "o:2", "41"]);
+    let out = run(
+        &mut conn,
+        "502",
+        &[],
+        &["0", "8", "v", "503", "h", "15", "3", "4", "o:2", "41"],
+    );
     assert_eq!(out, ["15", "0", "0", "503", "="]);
-    assert_eq!(stored(&mut conn), map(&[("v", "503"), ("h", "15"), ("3", "4"), ("o:2", "41")]));
+    assert_eq!(
+        stored(&mut conn),
+        map(&[("v", "503"), ("h", "15"), ("3", "4"), ("o:2", "41")])
+    );
 }
 
 #[test]
@@ -213,12 +435,39 @@ fn script_skips_deltas_at_or_below_the_recorded_offset() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     // (bucket, value, partition, offset)
-    let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101"]);
-    assert_eq!([&out[..3], &out[4..7]].concat(), ["1", "0", "0", "*", "b1", "2"]);
+    let out = call(
+        &mut conn,
+        "vg:t:o",
+        "c",
+        10,
+        4,
+        &["1", "1", "3", "100", "1", "1", "3", "101"],
+    );
+    assert_eq!(
+        [&out[..3], &out[4..7]].concat(),
+        ["1", "0", "0", "*", "b1", "2"]
+    );
     // After a crash the same events are replayed, followed by a new one.
-    let out = call(&mut conn, "vg:t:o", "c", 10, 4, &["1", "1", "3", "100", "1", "1", "3", "101", "1", "1", "3", "102", "1", "1", "0", "7"]);
-    assert_eq!([&out[..3], &out[4..7]].concat(), ["1", "0", "2", "*", "b1", "4"]);
-    let recorded: Vec<String> = redis::cmd("HMGET").arg("vg:t:o").arg("o:3").arg("o:0").query(&mut conn).unwrap();
+    let out = call(
+        &mut conn,
+        "vg:t:o",
+        "c",
+        10,
+        4,
+        &[
+            "1", "1", "3", "100", "1", "1", "3", "101", "1", "1", "3", "102", "1", "1", "0", "7",
+        ],
+    );
+    assert_eq!(
+        [&out[..3], &out[4..7]].concat(),
+        ["1", "0", "2", "*", "b1", "4"]
+    );
+    let recorded: Vec<String> = redis::cmd("HMGET")
+        .arg("vg:t:o")
+        .arg("o:3")
+        .arg("o:0")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(recorded, ["102", "7"]);
 }
 
@@ -231,37 +480,83 @@ fn counting_ahead_returns_the_window_as_it_was_before_the_deltas() {
     let script = script();
     let ahead = |conn: &mut redis::Connection, kind: &str, args: &[&str]| -> Vec<String> {
         let mut inv = script.key("vg:t:ahead");
-        inv.arg(kind).arg(3).arg(0).arg(60_000).arg(4).arg("<").arg(args.len()).arg(0);
+        inv.arg(kind)
+            .arg(3)
+            .arg(0)
+            .arg(60_000)
+            .arg(4)
+            .arg("<")
+            .arg(args.len())
+            .arg(0);
         for a in args {
             inv.arg(*a);
         }
         let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-        replies.pop().unwrap().into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+        replies
+            .pop()
+            .unwrap()
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect()
     };
     // A key that held nothing: no head before.
     let out = ahead(&mut conn, "c", &["10", "1", "0", "5", "11", "1", "0", "6"]);
     assert_eq!([&out[..3], &out[4..]].concat(), ["", "0", "0", "<"]);
     let created: u64 = out[3].parse().unwrap();
     // Another worker's step: it sees the first one's window, and the key gets both.
-    let out = ahead(&mut conn, "c", &["11", "1", "1", "40", "13", "1", "1", "41"]);
+    let out = ahead(
+        &mut conn,
+        "c",
+        &["11", "1", "1", "40", "13", "1", "1", "41"],
+    );
     assert_eq!(out[..5], ["11", "0", "0", &(created + 1).to_string(), "<"]);
-    let before: BTreeMap<_, _> = out[5..].chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+    let before: BTreeMap<_, _> = out[5..]
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
     assert_eq!(
         before,
-        BTreeMap::from([("b10".into(), "1".into()), ("b11".into(), "1".into()), ("o:0".into(), "6".into())]),
+        BTreeMap::from([
+            ("b10".into(), "1".into()),
+            ("b11".into(), "1".into()),
+            ("o:0".into(), "6".into())
+        ]),
         "the window and offsets before this step"
     );
     // A step replayed (the same offsets) skips what it applied and a late delta is refused:
     // nothing changes (the version neither), and what comes back is the window before it.
     let out = ahead(&mut conn, "c", &["11", "1", "1", "40", "9", "1", "1", "42"]);
     assert_eq!(out[..5], ["13", "1", "1", &(created + 1).to_string(), "<"]);
-    let stored: BTreeMap<String, String> = redis::cmd("HGETALL").arg("vg:t:ahead").query(&mut conn).unwrap();
+    let stored: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg("vg:t:ahead")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(stored["h"], "13");
-    assert_eq!((stored["2"].as_str(), stored["1"].as_str()), ("2", "1"), "buckets 11 (one of each step) and 13; 10 slid out");
-    assert_eq!((stored["o:0"].as_str(), stored["o:1"].as_str()), ("6", "41"));
+    assert_eq!(
+        (stored["2"].as_str(), stored["1"].as_str()),
+        ("2", "1"),
+        "buckets 11 (one of each step) and 13; 10 slid out"
+    );
+    assert_eq!(
+        (stored["o:0"].as_str(), stored["o:1"].as_str()),
+        ("6", "41")
+    );
     // Writes with "<" are refused before anything is written.
     let mut inv = script.key("vg:t:ahead");
-    inv.arg("c").arg(3).arg(0).arg(60_000).arg(4).arg("<").arg(0).arg(6).arg(1).arg(4).arg("v").arg(9).arg("h").arg(13);
+    inv.arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(4)
+        .arg("<")
+        .arg(0)
+        .arg(6)
+        .arg(1)
+        .arg(4)
+        .arg("v")
+        .arg(9)
+        .arg("h")
+        .arg(13);
     let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
     assert!(error.to_string().contains("writes with"), "{error}");
 }
@@ -273,45 +568,153 @@ fn the_script_checks_every_argument_before_its_first_write() {
     let script = script();
     // Two keys: the first well formed, the second with a bad TTL. Nothing may be written.
     let mut inv = script.key("vg:t:first");
-    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
-    inv.key("vg:t:second").arg("c").arg(3).arg(0).arg(0).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    inv.arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg(5)
+        .arg(1);
+    inv.key("vg:t:second")
+        .arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(0)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg(5)
+        .arg(1);
     let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
     assert!(error.to_string().contains("key 2: bad TTL"), "{error}");
-    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(&mut conn).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("vg:t:first")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(exists, 0, "the first key was not written");
     // Numbers the script computes with must be integers a double holds exactly.
     for bucket in ["1.5", "x", "", "1e300", "nan", "inf", "9007199254740993"] {
         let mut inv = script.key("vg:t:first");
-        inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
-        inv.key("vg:t:second").arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(bucket).arg(1);
+        inv.arg("c")
+            .arg(3)
+            .arg(0)
+            .arg(60_000)
+            .arg(2)
+            .arg("")
+            .arg(2)
+            .arg(0)
+            .arg(5)
+            .arg(1);
+        inv.key("vg:t:second")
+            .arg("c")
+            .arg(3)
+            .arg(0)
+            .arg(60_000)
+            .arg(2)
+            .arg("")
+            .arg(2)
+            .arg(0)
+            .arg(bucket)
+            .arg(1);
         let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-        assert!(error.to_string().contains("key 2: bad bucket"), "{bucket:?}: {error}");
+        assert!(
+            error.to_string().contains("key 2: bad bucket"),
+            "{bucket:?}: {error}"
+        );
     }
     let mut inv = script.key("vg:t:first");
-    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg("0.5");
+    inv.arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg(5)
+        .arg("0.5");
     let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-    assert!(error.to_string().contains("key 1: bad increment"), "{error}");
-    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(&mut conn).unwrap();
+    assert!(
+        error.to_string().contains("key 1: bad increment"),
+        "{error}"
+    );
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("vg:t:first")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(exists, 0, "nothing was written");
     // A key known at a version that is gone: "?" and nothing written.
     let mut inv = script.key("vg:t:gone");
-    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("12345").arg(2).arg(0).arg(5).arg(1);
+    inv.arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("12345")
+        .arg(2)
+        .arg(0)
+        .arg(5)
+        .arg(1);
     let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
     assert_eq!(replies, [vec![b"?".to_vec()]]);
-    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:gone").query(&mut conn).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("vg:t:gone")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(exists, 0);
     // Out of memory: Redis refuses the whole call before it runs (the script declares itself).
-    let _: () = redis::cmd("SET").arg("filler").arg("x".repeat(1 << 20)).query(&mut conn).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("filler")
+        .arg("x".repeat(1 << 20))
+        .query(&mut conn)
+        .unwrap();
     let used: String = redis::cmd("INFO").arg("memory").query(&mut conn).unwrap();
-    let used: u64 = used.lines().find_map(|l| l.strip_prefix("used_memory:")).unwrap().trim().parse().unwrap();
-    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(used / 2).query(&mut conn).unwrap();
-    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("noeviction").query(&mut conn).unwrap();
+    let used: u64 = used
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used / 2)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query(&mut conn)
+        .unwrap();
     let mut inv = script.key("vg:t:oom");
-    inv.arg("c").arg(3).arg(0).arg(60_000).arg(2).arg("").arg(2).arg(0).arg(5).arg(1);
+    inv.arg("c")
+        .arg(3)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg(5)
+        .arg(1);
     let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
     assert!(error.to_string().contains("OOM"), "{error}");
-    let _: () = redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(0).query(&mut conn).unwrap();
-    let exists: i64 = redis::cmd("EXISTS").arg("vg:t:oom").query(&mut conn).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("vg:t:oom")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(exists, 0);
 }
 
@@ -323,14 +726,32 @@ fn hold_script() -> redis::Script {
 fn hold_script_keeps_the_later_time_and_refuses_bad_arguments() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let raise = |conn: &mut redis::Connection, until: &str, ttl: i64| -> redis::RedisResult<String> {
-        hold_script().key("vg:h:r:k").arg(until).arg(ttl).invoke(conn)
-    };
-    assert_eq!(raise(&mut conn, "1700000600000", 3_600_000).unwrap(), "1700000600000");
-    assert_eq!(raise(&mut conn, "1700000500000", 3_600_000).unwrap(), "1700000600000", "never shortened");
-    assert_eq!(raise(&mut conn, "1700000900000", 7_200_000).unwrap(), "1700000900000");
+    let raise =
+        |conn: &mut redis::Connection, until: &str, ttl: i64| -> redis::RedisResult<String> {
+            hold_script()
+                .key("vg:h:r:k")
+                .arg(until)
+                .arg(ttl)
+                .invoke(conn)
+        };
+    assert_eq!(
+        raise(&mut conn, "1700000600000", 3_600_000).unwrap(),
+        "1700000600000"
+    );
+    assert_eq!(
+        raise(&mut conn, "1700000500000", 3_600_000).unwrap(),
+        "1700000600000",
+        "never shortened"
+    );
+    assert_eq!(
+        raise(&mut conn, "1700000900000", 7_200_000).unwrap(),
+        "1700000900000"
+    );
     let ttl: i64 = redis::cmd("PTTL").arg("vg:h:r:k").query(&mut conn).unwrap();
-    assert!(ttl > 7_100_000 && ttl <= 7_200_000, "the raise set its TTL: {ttl}");
+    assert!(
+        ttl > 7_100_000 && ttl <= 7_200_000,
+        "the raise set its TTL: {ttl}"
+    );
     // Times past 2^53 or not integers would not be exact in Lua: refused, nothing written.
     for bad in ["9007199254740993", "1.5", "-1", "1e3", ""] {
         assert!(raise(&mut conn, bad, 1000).is_err(), "{bad:?}");
@@ -360,7 +781,10 @@ fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
     for case in 0..60 {
         let cap = 1 + next(6) as u32;
         let k = 1 + next(5) as i64;
-        let spec = WindowSpec { max_distinct: cap, ..WindowSpec::new(1_000, k, Aggregate::Distinct) };
+        let spec = WindowSpec {
+            max_distinct: cap,
+            ..WindowSpec::new(1_000, k, Aggregate::Distinct)
+        };
         let mut state = WindowState::new(Aggregate::Distinct);
         let key = format!("vg:t:cap{case}");
         let mut newest = 10i64;
@@ -372,7 +796,8 @@ fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
                 newest += next(3) as i64;
                 let bucket = newest - next(k as u64 + 2) as i64;
                 let value = next(12) as u128;
-                if matches!(state.apply(&spec, bucket, Delta::Distinct(value)), Applied::Counted(n) if n == i64::from(cap)) {
+                if matches!(state.apply(&spec, bucket, Delta::Distinct(value)), Applied::Counted(n) if n == i64::from(cap))
+                {
                     capped_somewhere = true;
                 }
                 args.push(bucket.to_string());
@@ -380,17 +805,39 @@ fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
             }
             sent += chunk;
             let mut inv = script.key(&key);
-            inv.arg("d").arg(k).arg(cap).arg(60_000).arg(2).arg("").arg(args.len()).arg(0);
+            inv.arg("d")
+                .arg(k)
+                .arg(cap)
+                .arg(60_000)
+                .arg(2)
+                .arg("")
+                .arg(args.len())
+                .arg(0);
             for a in &args {
                 inv.arg(a);
             }
             let mut replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
-            let reply: Vec<String> = replies.pop().unwrap().into_iter().map(|b| String::from_utf8(b).unwrap()).collect();
-            let from_script: BTreeMap<String, i64> =
-                reply[5..].chunks(2).map(|p| (p[0].clone(), p[1].parse().unwrap())).collect();
-            let WindowState::Distinct(set) = &state else { unreachable!("a distinct window") };
-            let expected: BTreeMap<String, i64> = set.live_values(&spec).map(|(v, b)| (format!("d{v:016}"), b)).collect();
-            assert_eq!(from_script, expected, "case {case}: cap {cap}, k {k}, after {sent} deltas");
+            let reply: Vec<String> = replies
+                .pop()
+                .unwrap()
+                .into_iter()
+                .map(|b| String::from_utf8(b).unwrap())
+                .collect();
+            let from_script: BTreeMap<String, i64> = reply[5..]
+                .chunks(2)
+                .map(|p| (p[0].clone(), p[1].parse().unwrap()))
+                .collect();
+            let WindowState::Distinct(set) = &state else {
+                unreachable!("a distinct window")
+            };
+            let expected: BTreeMap<String, i64> = set
+                .live_values(&spec)
+                .map(|(v, b)| (format!("d{v:016}"), b))
+                .collect();
+            assert_eq!(
+                from_script, expected,
+                "case {case}: cap {cap}, k {k}, after {sent} deltas"
+            );
             assert!(from_script.len() <= cap as usize);
         }
     }
@@ -406,7 +853,10 @@ fn the_per_event_ring_baseline_counts_exactly_like_the_hash_baseline() {
     use vigil::harness::redis_bench::PerEvent;
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let (ring, hash) = (redis::Script::new(PerEvent::Ring.script()), redis::Script::new(PerEvent::Hash.script()));
+    let (ring, hash) = (
+        redis::Script::new(PerEvent::Ring.script()),
+        redis::Script::new(PerEvent::Hash.script()),
+    );
     let k = 6i64;
     let mut bucket = 1_000i64;
     let mut seen: Vec<i64> = Vec::new();
@@ -418,18 +868,66 @@ fn the_per_event_ring_baseline_counts_exactly_like_the_hash_baseline() {
         state ^= state << 17;
         bucket += [0, 0, 0, 1, 1, 2, 3, k, 2 * k][(state % 9) as usize];
         seen.push(bucket);
-        let exact = seen.iter().filter(|&&b| b > bucket - k && b <= bucket).count() as i64;
-        let r: i64 = ring.key("ring").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
-        let h: i64 = hash.key("hash").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+        let exact = seen
+            .iter()
+            .filter(|&&b| b > bucket - k && b <= bucket)
+            .count() as i64;
+        let r: i64 = ring
+            .key("ring")
+            .arg(bucket)
+            .arg(k)
+            .arg(600_000)
+            .invoke(&mut conn)
+            .unwrap();
+        let h: i64 = hash
+            .key("hash")
+            .arg(bucket)
+            .arg(k)
+            .arg(600_000)
+            .invoke(&mut conn)
+            .unwrap();
         assert_eq!((r, h), (exact, exact), "step {step}, bucket {bucket}");
     }
     // Out of order: one bucket back is still in the window and counted; k buckets back is not.
-    let r: i64 = ring.key("ring").arg(bucket - 1).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+    let r: i64 = ring
+        .key("ring")
+        .arg(bucket - 1)
+        .arg(k)
+        .arg(600_000)
+        .invoke(&mut conn)
+        .unwrap();
     seen.push(bucket - 1);
-    assert_eq!(r, seen.iter().filter(|&&b| b > bucket - k && b <= bucket).count() as i64);
-    let before: i64 = ring.key("ring").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
-    let late: i64 = ring.key("ring").arg(bucket - k).arg(k).arg(600_000).invoke(&mut conn).unwrap();
-    assert_eq!(late, before + 1, "a late event reads the window plus itself, uncounted");
-    let after: i64 = ring.key("ring").arg(bucket).arg(k).arg(600_000).invoke(&mut conn).unwrap();
+    assert_eq!(
+        r,
+        seen.iter()
+            .filter(|&&b| b > bucket - k && b <= bucket)
+            .count() as i64
+    );
+    let before: i64 = ring
+        .key("ring")
+        .arg(bucket)
+        .arg(k)
+        .arg(600_000)
+        .invoke(&mut conn)
+        .unwrap();
+    let late: i64 = ring
+        .key("ring")
+        .arg(bucket - k)
+        .arg(k)
+        .arg(600_000)
+        .invoke(&mut conn)
+        .unwrap();
+    assert_eq!(
+        late,
+        before + 1,
+        "a late event reads the window plus itself, uncounted"
+    );
+    let after: i64 = ring
+        .key("ring")
+        .arg(bucket)
+        .arg(k)
+        .arg(600_000)
+        .invoke(&mut conn)
+        .unwrap();
     assert_eq!(after, before + 1, "the late event was not counted");
 }

@@ -16,8 +16,12 @@ fn acl_users_and_redacted_passwords() {
     let redis = RedisServer::start();
     let mut admin = redis.connection();
     // The ACL the operations guide tells operators to create, word for word.
-    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
-    let acl = guide.lines().find(|l| l.starts_with("ACL SETUSER vigil ")).expect("the guide's ACL line");
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let acl = guide
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER vigil "))
+        .expect("the guide's ACL line");
     let mut setuser = redis::cmd("ACL");
     for word in acl.split_whitespace().skip(1) {
         setuser.arg(if word == ">PASSWORD" { ">s3cret" } else { word });
@@ -38,7 +42,11 @@ fn acl_users_and_redacted_passwords() {
         child.wait_with_output().unwrap()
     };
     let ok = run(&url("s3cret"));
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(&mut admin).unwrap();
     assert!(!keys.is_empty(), "counted through the ACL user");
 
@@ -46,7 +54,10 @@ fn acl_users_and_redacted_passwords() {
     assert_eq!(refused.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("redis://vigil:***@127.0.0.1"), "{stderr}");
-    assert!(!stderr.contains("wrong-password"), "password leaked: {stderr}");
+    assert!(
+        !stderr.contains("wrong-password"),
+        "password leaked: {stderr}"
+    );
 }
 
 #[test]
@@ -56,12 +67,24 @@ fn rediss_urls_verify_the_server_certificate() {
     let url = format!("rediss://127.0.0.1:{}/", tls.port);
     let input = workload(2_000);
     let (memory, _) = replay_with(MemoryStore::new(), &input);
-    let config = RedisStoreConfig { tls_ca_file: Some(ca), ..RedisStoreConfig::default() };
+    let config = RedisStoreConfig {
+        tls_ca_file: Some(ca),
+        ..RedisStoreConfig::default()
+    };
     let (over_tls, _) = replay_with(RedisStore::connect(&url, config).unwrap(), &input);
     assert_eq!(over_tls, memory);
     // Without the CA the self-signed certificate is refused.
-    let untrusted = RedisStore::connect(&url, RedisStoreConfig { attempts: 1, ..RedisStoreConfig::default() });
-    assert!(untrusted.is_err(), "an unverified certificate must be refused");
+    let untrusted = RedisStore::connect(
+        &url,
+        RedisStoreConfig {
+            attempts: 1,
+            ..RedisStoreConfig::default()
+        },
+    );
+    assert!(
+        untrusted.is_err(),
+        "an unverified certificate must be refused"
+    );
 }
 
 /// The attack of one IP with a million distinct users: its Redis hash stays at `max_distinct`
@@ -80,12 +103,25 @@ fn a_million_distinct_values_on_one_key_stay_bounded_in_redis() {
     let mut input = Vec::new();
     for i in 0..1_000_000u64 {
         // 100 events per second: the attack spans 2.8 hours, so the window slides through it.
-        input.extend_from_slice(format!("{{\"ts\":{},\"ip\":\"203.0.113.9\",\"user_id\":\"u-{i}\"}}\n", 1_700_000_000_000 + i * 10).as_bytes());
+        input.extend_from_slice(
+            format!(
+                "{{\"ts\":{},\"ip\":\"203.0.113.9\",\"user_id\":\"u-{i}\"}}\n",
+                1_700_000_000_000 + i * 10
+            )
+            .as_bytes(),
+        );
     }
     let run = |store| {
         let mut engine = Engine::new(rules(), store);
         let mut out = Vec::new();
-        replay(&mut engine, &input[..], &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+        replay(
+            &mut engine,
+            &input[..],
+            &mut out,
+            std::io::sink(),
+            ReplayOptions::default(),
+        )
+        .unwrap();
         (out, engine)
     };
     let memory = run(vigil::store::AnyStore::Memory(MemoryStore::new())).0;
@@ -93,18 +129,34 @@ fn a_million_distinct_values_on_one_key_stay_bounded_in_redis() {
     let mut conn = redis.connection();
     let _: () = redis::cmd("SLOWLOG").arg("RESET").query(&mut conn).unwrap();
     let started = std::time::Instant::now();
-    let (from_redis, _engine) = run(vigil::store::AnyStore::Redis(Box::new(RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap())));
+    let (from_redis, _engine) = run(vigil::store::AnyStore::Redis(Box::new(
+        RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap(),
+    )));
     let elapsed = started.elapsed();
     assert_eq!(from_redis.len(), memory.len());
-    assert!(from_redis == memory, "Redis and the in-process store decide alike");
-    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:users-per-ip:*").query(&mut conn).unwrap();
+    assert!(
+        from_redis == memory,
+        "Redis and the in-process store decide alike"
+    );
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("vg:users-per-ip:*")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(keys.len(), 1);
     let fields: usize = redis::cmd("HLEN").arg(&keys[0]).query(&mut conn).unwrap();
     // 10 000 values plus the head, the version and the recorded offset.
     assert!(fields <= 10_003, "{fields} fields");
-    let bytes: u64 = redis::cmd("MEMORY").arg("USAGE").arg(&keys[0]).query(&mut conn).unwrap();
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&keys[0])
+        .query(&mut conn)
+        .unwrap();
     assert!(bytes < 2 << 20, "{bytes} bytes");
-    let slow: Vec<redis::Value> = redis::cmd("SLOWLOG").arg("GET").arg(1000).query(&mut conn).unwrap();
+    let slow: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(1000)
+        .query(&mut conn)
+        .unwrap();
     let durations: Vec<i64> = slow
         .iter()
         .filter_map(|entry| match entry {
@@ -159,7 +211,10 @@ fn hostile_dimension_values_cannot_steer_redis_keys() {
     let victim = r#"{"ts":1700000000500,"user_id":"victim","ip":"1.2.3.4"}"#;
     let mut with_hostile = String::new();
     for (i, (user, ip)) in hostile.iter().enumerate() {
-        with_hostile.push_str(&format!("{{\"ts\":{},\"user_id\":{user},\"ip\":{ip}}}\n", 1_700_000_000_000u64 + i as u64));
+        with_hostile.push_str(&format!(
+            "{{\"ts\":{},\"user_id\":{user},\"ip\":{ip}}}\n",
+            1_700_000_000_000u64 + i as u64
+        ));
     }
     // A lone surrogate is not a string JSON can carry: a bad line, counted nowhere.
     with_hostile.push_str("{\"ts\":1700000000100,\"user_id\":\"\\ud800\",\"ip\":\"x\"}\n");
@@ -173,10 +228,23 @@ fn hostile_dimension_values_cannot_steer_redis_keys() {
         let mut engine = Engine::new(rules, store);
         let mut out = Vec::new();
         // Lines of a megabyte and more are allowed here (the default limit is 1 MiB per line).
-        let options = ReplayOptions { max_event_bytes: 4 << 20, ..ReplayOptions::default() };
-        let summary = replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), options).unwrap();
+        let options = ReplayOptions {
+            max_event_bytes: 4 << 20,
+            ..ReplayOptions::default()
+        };
+        let summary = replay(
+            &mut engine,
+            input.as_bytes(),
+            &mut out,
+            std::io::sink(),
+            options,
+        )
+        .unwrap();
         let mut conn = redis.connection();
-        let keys: Vec<String> = redis::cmd("KEYS").arg("vg:pair:*").query(&mut conn).unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("vg:pair:*")
+            .query(&mut conn)
+            .unwrap();
         (keys, summary.bad_lines)
     };
     let (keys, bad) = keys_after(&with_hostile);
@@ -185,9 +253,17 @@ fn hostile_dimension_values_cannot_steer_redis_keys() {
     for key in &keys {
         let digest = key.strip_prefix("vg:pair:").unwrap();
         assert_eq!(digest.len(), 32, "{key}");
-        assert!(digest.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{key}");
+        assert!(
+            digest
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{key}"
+        );
     }
     let (alone, _) = keys_after(&format!("{victim}\n"));
     assert_eq!(alone.len(), 1);
-    assert!(keys.contains(&alone[0]), "the victim's key does not depend on what came before");
+    assert!(
+        keys.contains(&alone[0]),
+        "the victim's key does not depend on what came before"
+    );
 }

@@ -10,22 +10,32 @@ use support::store_replay::{replay_with, workload, RULES};
 use support::{redis_totals, RedisServer};
 use vigil::clock::ManualMonotonic;
 use vigil::event::TimeBounds;
-use vigil::pipeline::{replay, Engine, ReplayOptions};
-use vigil::store::{CounterStore, MemoryStore, InputPosition, RedisStore, RedisStoreConfig};
 use vigil::harness::workload::{generate, WorkloadSpec};
+use vigil::pipeline::{replay, Engine, ReplayOptions};
+use vigil::store::{CounterStore, InputPosition, MemoryStore, RedisStore, RedisStoreConfig};
 
 #[test]
 fn redis_replay_decides_exactly_like_the_memory_store() {
     let redis = RedisServer::start();
     let input = workload(100_000);
     let (memory, _) = replay_with(MemoryStore::new(), &input);
-    let config = RedisStoreConfig { max_pending: 2_000, ..RedisStoreConfig::default() };
-    let (from_redis, engine) = replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
+    let config = RedisStoreConfig {
+        max_pending: 2_000,
+        ..RedisStoreConfig::default()
+    };
+    let (from_redis, engine) =
+        replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
     let stats = engine.store().stats();
     assert!(memory.len() > 10_000, "the workload must produce decisions");
-    assert_eq!(String::from_utf8(from_redis).unwrap(), String::from_utf8(memory).unwrap());
+    assert_eq!(
+        String::from_utf8(from_redis).unwrap(),
+        String::from_utf8(memory).unwrap()
+    );
     assert!(stats.flushes > 10, "{stats:?}");
-    assert_eq!(stats.refused_late, 0, "a single writer never has deltas refused");
+    assert_eq!(
+        stats.refused_late, 0,
+        "a single writer never has deltas refused"
+    );
 }
 
 #[test]
@@ -33,15 +43,27 @@ fn a_tiny_read_cache_evicts_and_reloads_without_changing_a_decision() {
     let redis = RedisServer::start();
     let input = workload(30_000);
     let (memory, _) = replay_with(MemoryStore::new(), &input);
-    let config = RedisStoreConfig { cache_capacity: 64, max_pending: 300, ..RedisStoreConfig::default() };
-    let (from_redis, engine) = replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
+    let config = RedisStoreConfig {
+        cache_capacity: 64,
+        max_pending: 300,
+        ..RedisStoreConfig::default()
+    };
+    let (from_redis, engine) =
+        replay_with(RedisStore::connect(&redis.url(), config).unwrap(), &input);
     let stats = engine.store().stats();
-    assert_eq!(String::from_utf8(from_redis).unwrap(), String::from_utf8(memory).unwrap());
+    assert_eq!(
+        String::from_utf8(from_redis).unwrap(),
+        String::from_utf8(memory).unwrap()
+    );
     // Far more loads than keys: evicted windows were read back from Redis. Besides the cache and
     // the pending keys, the store holds the windows read for the last batch (1 024 lines) that
     // it did not count into.
     let last_batch = 1024 * engine.rules().counters().len();
-    assert!(engine.store().live_keys() <= 64 + 300 + 64 + last_batch, "{}", engine.store().live_keys());
+    assert!(
+        engine.store().live_keys() <= 64 + 300 + 64 + last_batch,
+        "{}",
+        engine.store().live_keys()
+    );
     assert!(stats.loads > 30_000, "{stats:?}");
 }
 
@@ -67,13 +89,33 @@ fn replay_in_halves(
 ) -> (Vec<u8>, RedisStore) {
     let rules = || vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
     let lines: Vec<&[u8]> = input.split_inclusive(|&b| b == b'\n').collect();
-    let (head, tail) = (lines[..lines.len() / 2].concat(), lines[lines.len() / 2..].concat());
+    let (head, tail) = (
+        lines[..lines.len() / 2].concat(),
+        lines[lines.len() / 2..].concat(),
+    );
     let mut out = Vec::new();
     let mut engine = Engine::new(rules(), first);
-    replay(&mut engine, head.as_slice(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    replay(
+        &mut engine,
+        head.as_slice(),
+        &mut out,
+        std::io::sink(),
+        ReplayOptions::default(),
+    )
+    .unwrap();
     // The second half is another input (its line numbers start again at 1).
     let mut engine = Engine::new(rules(), between(engine.into_store()));
-    replay(&mut engine, tail.as_slice(), &mut out, std::io::sink(), ReplayOptions { lane: 1, ..ReplayOptions::default() }).unwrap();
+    replay(
+        &mut engine,
+        tail.as_slice(),
+        &mut out,
+        std::io::sink(),
+        ReplayOptions {
+            lane: 1,
+            ..ReplayOptions::default()
+        },
+    )
+    .unwrap();
     (out, engine.into_store())
 }
 
@@ -82,12 +124,19 @@ fn script_flush_mid_run_is_recovered_without_losing_deltas() {
     let redis = RedisServer::start();
     let input = workload(20_000);
     let (memory, _) = replay_with(MemoryStore::new(), &input);
-    let config = RedisStoreConfig { max_pending: 500, ..RedisStoreConfig::default() };
+    let config = RedisStoreConfig {
+        max_pending: 500,
+        ..RedisStoreConfig::default()
+    };
     let mut admin = redis.connection();
-    let (out, store) = replay_in_halves(&input, RedisStore::connect(&redis.url(), config).unwrap(), |store| {
-        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
-        store
-    });
+    let (out, store) = replay_in_halves(
+        &input,
+        RedisStore::connect(&redis.url(), config).unwrap(),
+        |store| {
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+            store
+        },
+    );
     assert!(store.stats().retries >= 1, "NOSCRIPT was seen and handled");
     assert_eq!(decisions(&out), decisions(&memory));
 }
@@ -110,13 +159,32 @@ fn a_new_process_continues_from_the_counters_in_redis() {
 
 /// Counts `lines[range]` (each tagged `lane`, offset = its index) with `store`, flushes and
 /// returns the store.
-fn count_lines(store: RedisStore, lines: &[&[u8]], range: std::ops::Range<usize>, lane: u64) -> RedisStore {
-    let mut engine = Engine::new(vigil::rule_files::load(std::path::Path::new(RULES)).unwrap(), store)
-        .with_time(TimeBounds::OFF, std::sync::Arc::new(vigil::clock::SystemClock));
+fn count_lines(
+    store: RedisStore,
+    lines: &[&[u8]],
+    range: std::ops::Range<usize>,
+    lane: u64,
+) -> RedisStore {
+    let mut engine = Engine::new(
+        vigil::rule_files::load(std::path::Path::new(RULES)).unwrap(),
+        store,
+    )
+    .with_time(
+        TimeBounds::OFF,
+        std::sync::Arc::new(vigil::clock::SystemClock),
+    );
     for i in range {
         let line = lines[i].strip_suffix(b"\n").unwrap_or(lines[i]);
         let event = vigil::event::decode(line, engine.rules().projection()).unwrap();
-        engine.evaluate(&event, InputPosition { lane, offset: i as i64 }).unwrap();
+        engine
+            .evaluate(
+                &event,
+                InputPosition {
+                    lane,
+                    offset: i as i64,
+                },
+            )
+            .unwrap();
         engine.store_mut().tick().unwrap();
     }
     let mut store = engine.into_store();
@@ -127,11 +195,22 @@ fn count_lines(store: RedisStore, lines: &[&[u8]], range: std::ops::Range<usize>
 #[test]
 fn input_replayed_after_a_crash_is_judged_but_not_counted_again() {
     // Event time inside every rule's window and in order: the exact totals are well defined.
-    let spec = WorkloadSpec { events: 20_000, users: 2_000, ips: 500, rate_per_sec: 800, late: 0.0, out_of_order: 0.0, seed: 9, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events: 20_000,
+        users: 2_000,
+        ips: 500,
+        rate_per_sec: 800,
+        late: 0.0,
+        out_of_order: 0.0,
+        seed: 9,
+        ..WorkloadSpec::default()
+    };
     let mut all = Vec::new();
     generate(&spec, &mut all).unwrap();
     let lines: Vec<&[u8]> = all.split_inclusive(|&b| b == b'\n').collect();
-    let connect = |redis: &RedisServer| RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let connect = |redis: &RedisServer| {
+        RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap()
+    };
 
     let reference = RedisServer::start();
     drop(count_lines(connect(&reference), &lines, 0..20_000, 3));
@@ -141,33 +220,79 @@ fn input_replayed_after_a_crash_is_judged_but_not_counted_again() {
     let crashed = RedisServer::start();
     drop(count_lines(connect(&crashed), &lines, 0..15_000, 3));
     let successor = count_lines(connect(&crashed), &lines, 10_000..20_000, 3);
-    assert!(successor.stats().skipped_applied >= 5_000, "{:?}", successor.stats());
-    assert_eq!(redis_totals(&mut crashed.connection()), redis_totals(&mut reference.connection()));
+    assert!(
+        successor.stats().skipped_applied >= 5_000,
+        "{:?}",
+        successor.stats()
+    );
+    assert_eq!(
+        redis_totals(&mut crashed.connection()),
+        redis_totals(&mut reference.connection())
+    );
 
     // Control: tagged as two different inputs, the same crash counts lines 10 000..15 000 twice.
     let untagged = RedisServer::start();
     drop(count_lines(connect(&untagged), &lines, 0..15_000, 3));
     drop(count_lines(connect(&untagged), &lines, 10_000..20_000, 4));
-    assert_ne!(redis_totals(&mut untagged.connection()), redis_totals(&mut reference.connection()));
+    assert_ne!(
+        redis_totals(&mut untagged.connection()),
+        redis_totals(&mut reference.connection())
+    );
 }
 
 #[test]
 fn two_processes_into_one_redis_end_with_exact_totals() {
     // Event time spans 50 s, inside every rule's window: nothing can be late in any interleaving,
     // so the final counters must equal one process replaying everything.
-    let spec = WorkloadSpec { events: 40_000, users: 3_000, ips: 1_000, rate_per_sec: 800, late: 0.0, out_of_order: 0.0, seed: 5, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events: 40_000,
+        users: 3_000,
+        ips: 1_000,
+        rate_per_sec: 800,
+        late: 0.0,
+        out_of_order: 0.0,
+        seed: 5,
+        ..WorkloadSpec::default()
+    };
     let mut all = Vec::new();
     generate(&spec, &mut all).unwrap();
     let lines: Vec<&[u8]> = all.split_inclusive(|&b| b == b'\n').collect();
     let dir = tempfile::tempdir().unwrap();
     let (odd, even) = (dir.path().join("odd.jsonl"), dir.path().join("even.jsonl"));
-    std::fs::write(&odd, lines.iter().step_by(2).copied().collect::<Vec<_>>().concat()).unwrap();
-    std::fs::write(&even, lines.iter().skip(1).step_by(2).copied().collect::<Vec<_>>().concat()).unwrap();
+    std::fs::write(
+        &odd,
+        lines
+            .iter()
+            .step_by(2)
+            .copied()
+            .collect::<Vec<_>>()
+            .concat(),
+    )
+    .unwrap();
+    std::fs::write(
+        &even,
+        lines
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .copied()
+            .collect::<Vec<_>>()
+            .concat(),
+    )
+    .unwrap();
 
     let shared = RedisServer::start();
     let spawn = |input: &std::path::Path| {
         Command::new(env!("CARGO_BIN_EXE_vigil"))
-            .args(["replay", "--rules", RULES, "--input", input.to_str().unwrap(), "--redis", &shared.url()])
+            .args([
+                "replay",
+                "--rules",
+                RULES,
+                "--input",
+                input.to_str().unwrap(),
+                "--redis",
+                &shared.url(),
+            ])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -176,7 +301,11 @@ fn two_processes_into_one_redis_end_with_exact_totals() {
     let (a, b) = (spawn(&odd), spawn(&even));
     for child in [a, b] {
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     let single = RedisServer::start();
@@ -198,12 +327,23 @@ fn two_processes_into_one_redis_end_with_exact_totals() {
 #[test]
 fn a_redis_restart_keeps_pending_deltas_and_reconnects() {
     let mut redis = RedisServer::start();
-    let config = RedisStoreConfig { max_pending: usize::MAX, flush_interval: std::time::Duration::MAX, ..RedisStoreConfig::default() };
+    let config = RedisStoreConfig {
+        max_pending: usize::MAX,
+        flush_interval: std::time::Duration::MAX,
+        ..RedisStoreConfig::default()
+    };
     let mut store = RedisStore::connect(&redis.url(), config).unwrap();
     let spec = vigil::window::WindowSpec::new(1_000, 60, vigil::window::Aggregate::Count);
     let window = store.open_window("restart", spec);
     for i in 0..5_000u64 {
-        store.apply(window, &(i % 500).to_le_bytes(), 1_000_000 + i as i64, vigil::window::Delta::Count).unwrap();
+        store
+            .apply(
+                window,
+                &(i % 500).to_le_bytes(),
+                1_000_000 + i as i64,
+                vigil::window::Delta::Count,
+            )
+            .unwrap();
     }
     // Everything is pending (no flush yet); Redis goes away and comes back empty.
     redis.restart();
@@ -211,7 +351,10 @@ fn a_redis_restart_keeps_pending_deltas_and_reconnects() {
     assert!(store.stats().retries >= 1, "{:?}", store.stats());
     let totals = redis_totals(&mut redis.connection());
     assert_eq!(totals.len(), 500);
-    assert_eq!(totals.values().map(|(total, _)| *total).sum::<i128>(), 5_000);
+    assert_eq!(
+        totals.values().map(|(total, _)| *total).sum::<i128>(),
+        5_000
+    );
 }
 
 #[test]
@@ -219,7 +362,16 @@ fn redis_cluster_spreads_keys_and_survives_a_slot_migration() {
     let cluster = support::RedisCluster::start();
     let input = workload(20_000);
     let (memory, _) = replay_with(MemoryStore::new(), &input);
-    let connect = || RedisStore::connect(&cluster.url(), RedisStoreConfig { max_pending: 500, ..RedisStoreConfig::default() }).unwrap();
+    let connect = || {
+        RedisStore::connect(
+            &cluster.url(),
+            RedisStoreConfig {
+                max_pending: 500,
+                ..RedisStoreConfig::default()
+            },
+        )
+        .unwrap()
+    };
     // First half, then move a slot that holds keys to another master, then the second half
     // through the same store (stale slot map: MOVED), then check every counter landed.
     // The key of the hottest user (u-1, zipf rank 1) for the first rule, failed logins per user:
@@ -234,23 +386,44 @@ fn redis_cluster_spreads_keys_and_survives_a_slot_migration() {
         probe.redis_key(window, &key)
     };
     let owner = |key: &str| -> usize {
-        cluster.nodes.iter().position(|n| {
-            let exists: i64 = redis::cmd("EXISTS").arg(key).query(&mut n.connection()).unwrap_or(0);
-            exists == 1
-        }).expect("the hot key exists on some master")
+        cluster
+            .nodes
+            .iter()
+            .position(|n| {
+                let exists: i64 = redis::cmd("EXISTS")
+                    .arg(key)
+                    .query(&mut n.connection())
+                    .unwrap_or(0);
+                exists == 1
+            })
+            .expect("the hot key exists on some master")
     };
     let mut before = usize::MAX;
     let (out, store) = replay_in_halves(&input, connect(), |store| {
         before = owner(&hot_key);
-        let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(&hot_key).query(&mut cluster.nodes[0].connection()).unwrap();
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&hot_key)
+            .query(&mut cluster.nodes[0].connection())
+            .unwrap();
         cluster.migrate_slot(slot);
         store
     });
-    assert_ne!(owner(&hot_key), before, "the hot key's slot moved to another master");
+    assert_ne!(
+        owner(&hot_key),
+        before,
+        "the hot key's slot moved to another master"
+    );
     assert_eq!(decisions(&out), decisions(&memory));
-    let sizes: Vec<i64> =
-        cluster.nodes.iter().map(|n| redis::cmd("DBSIZE").query(&mut n.connection()).unwrap()).collect();
-    assert!(sizes.iter().all(|&n| n > 100), "keys spread over every master: {sizes:?}");
+    let sizes: Vec<i64> = cluster
+        .nodes
+        .iter()
+        .map(|n| redis::cmd("DBSIZE").query(&mut n.connection()).unwrap())
+        .collect();
+    assert!(
+        sizes.iter().all(|&n| n > 100),
+        "keys spread over every master: {sizes:?}"
+    );
     // The store's slot map was stale after the migration: its calls for that slot were
     // redirected (MOVED) and counted as retries.
     let stats = store.stats();
@@ -269,9 +442,14 @@ fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
     let batch = |covered: i64, records: &[(i64, &str)]| JournalBatch {
         covered: Some(covered),
         mark: Some((covered, 1_700_000_000_000 + covered)),
-        records: records.iter().map(|(o, r)| (*o, r.as_bytes().to_vec())).collect(),
+        records: records
+            .iter()
+            .map(|(o, r)| (*o, r.as_bytes().to_vec()))
+            .collect(),
     };
-    first.write(3, &batch(11, &[(10, "r10"), (11, "r11")])).unwrap();
+    first
+        .write(3, &batch(11, &[(10, "r10"), (11, "r11")]))
+        .unwrap();
     // The lane moves to a second worker: it sees what the first recorded...
     let journal = second.claim(3).unwrap();
     assert_eq!(journal.produced(10), Some(Some(&b"r10"[..])));
@@ -279,16 +457,36 @@ fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
     assert_eq!(journal.produced(12), None);
     assert_eq!(journal.newest_before(12), Some(1_700_000_000_011));
     // ...and the first, still running, can no longer write.
-    assert!(matches!(first.write(3, &batch(12, &[(12, "stale")])), Err(JournalError::Fenced)));
+    assert!(matches!(
+        first.write(3, &batch(12, &[(12, "stale")])),
+        Err(JournalError::Fenced)
+    ));
     second.write(3, &batch(12, &[(12, "r12")])).unwrap();
     // Committed past 11: the records before it go with the next write.
     second.trim(3, 12);
     second.write(3, &batch(13, &[])).unwrap();
-    let journal = JournalWriter::connect(&redis.url(), &config, "group").unwrap().claim(3).unwrap();
-    assert_eq!(journal.records.keys().copied().collect::<std::collections::BTreeSet<_>>(), [12].into());
+    let journal = JournalWriter::connect(&redis.url(), &config, "group")
+        .unwrap()
+        .claim(3)
+        .unwrap();
+    assert_eq!(
+        journal
+            .records
+            .keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        [12].into()
+    );
     assert_eq!(journal.covered, Some(13));
     // Another consumer group's lane 3 is another journal.
-    assert_eq!(JournalWriter::connect(&redis.url(), &config, "other").unwrap().claim(3).unwrap().covered, None);
+    assert_eq!(
+        JournalWriter::connect(&redis.url(), &config, "other")
+            .unwrap()
+            .claim(3)
+            .unwrap()
+            .covered,
+        None
+    );
 }
 
 /// A hold set by one process is seen by another through Redis within one flush interval, and
@@ -296,18 +494,36 @@ fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
 #[test]
 fn holds_are_shared_through_redis_and_survive_a_restart() {
     let redis = RedisServer::start();
-    let config = RedisStoreConfig { flush_interval: std::time::Duration::from_millis(20), ..RedisStoreConfig::default() };
+    let config = RedisStoreConfig {
+        flush_interval: std::time::Duration::from_millis(20),
+        ..RedisStoreConfig::default()
+    };
     // Time passes on the stores' freshness clock, advanced here rather than slept.
     let clock = std::sync::Arc::new(ManualMonotonic::new());
-    let mut a = RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock)).unwrap();
-    let mut b = RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock)).unwrap();
+    let mut a =
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
+            .unwrap();
+    let mut b =
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
+            .unwrap();
     let space_a = a.open_holds("brute-force", 3_600_000);
     let space_b = b.open_holds("brute-force", 3_600_000);
     let key = b"s\x05{evil}\x00user";
     assert_eq!(b.held_until(space_b, key).unwrap(), None);
-    assert_eq!(a.extend_hold(space_a, key, 1_700_000_600_000).unwrap(), 1_700_000_600_000);
-    assert_eq!(a.extend_hold(space_a, key, 1_700_000_100_000).unwrap(), 1_700_000_600_000, "never shortened");
-    assert_eq!(a.held_until(space_a, key).unwrap(), Some(1_700_000_600_000), "the setter sees it at once");
+    assert_eq!(
+        a.extend_hold(space_a, key, 1_700_000_600_000).unwrap(),
+        1_700_000_600_000
+    );
+    assert_eq!(
+        a.extend_hold(space_a, key, 1_700_000_100_000).unwrap(),
+        1_700_000_600_000,
+        "never shortened"
+    );
+    assert_eq!(
+        a.held_until(space_a, key).unwrap(),
+        Some(1_700_000_600_000),
+        "the setter sees it at once"
+    );
     // Written behind: the next flush carries it; b's view of the key is older than a flush
     // interval by then, so b reads it again.
     clock.advance(config.flush_interval * 2);
@@ -315,7 +531,10 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
     a.flush().unwrap();
     assert_eq!(b.held_until(space_b, key).unwrap(), Some(1_700_000_600_000));
     // b extends it; a learns the later time on its next read.
-    assert_eq!(b.extend_hold(space_b, key, 1_700_000_900_000).unwrap(), 1_700_000_900_000);
+    assert_eq!(
+        b.extend_hold(space_b, key, 1_700_000_900_000).unwrap(),
+        1_700_000_900_000
+    );
     b.flush().unwrap();
     clock.advance(config.flush_interval * 2);
     assert_eq!(a.held_until(space_a, key).unwrap(), Some(1_700_000_900_000));
@@ -323,9 +542,16 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
     drop(b);
     let mut c = RedisStore::connect(&redis.url(), config).unwrap();
     let space_c = c.open_holds("brute-force", 3_600_000);
-    assert_eq!(c.held_until(space_c, key).unwrap(), Some(1_700_000_900_000), "a new process sees the hold");
+    assert_eq!(
+        c.held_until(space_c, key).unwrap(),
+        Some(1_700_000_900_000),
+        "a new process sees the hold"
+    );
     let name = c.redis_hold_key(space_c, key);
-    assert!(name.starts_with("vg:h:brute-force:") && name.len() == "vg:h:brute-force:".len() + 32, "{name}");
+    assert!(
+        name.starts_with("vg:h:brute-force:") && name.len() == "vg:h:brute-force:".len() + 32,
+        "{name}"
+    );
     let mut conn = redis.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("vg:h:*").query(&mut conn).unwrap();
     assert_eq!(keys, std::slice::from_ref(&name));
@@ -336,7 +562,11 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
 fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
     let redis = RedisServer::start();
-    let config = RedisStoreConfig { max_pending: usize::MAX, flush_interval: std::time::Duration::MAX, ..RedisStoreConfig::default() };
+    let config = RedisStoreConfig {
+        max_pending: usize::MAX,
+        flush_interval: std::time::Duration::MAX,
+        ..RedisStoreConfig::default()
+    };
     let mut store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
     let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
     let window = store.open_window("fenced", spec);
@@ -360,13 +590,20 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     }
     store.extend_hold(holds, b"h", at + 9_000).unwrap();
     store.extend_hold(holds, b"new", at + 9_000).unwrap();
-    assert_eq!(store.read(window, b"a", at).unwrap().applied, Applied::Counted(4));
+    assert_eq!(
+        store.read(window, b"a", at).unwrap().applied,
+        Applied::Counted(4)
+    );
     // Its journal write was fenced: the batch is taken back.
     store.discard_batch(1, 2).unwrap();
 
     // This process and Redis agree on exactly what was counted outside the batch.
     for (key, expected) in [(&b"a"[..], 2), (b"b", 1), (b"c", 0)] {
-        assert_eq!(store.read(window, key, at).unwrap().applied, Applied::Counted(expected), "{key:?}");
+        assert_eq!(
+            store.read(window, key, at).unwrap().applied,
+            Applied::Counted(expected),
+            "{key:?}"
+        );
     }
     assert_eq!(store.held_until(holds, b"h").unwrap(), Some(at + 1_000));
     assert_eq!(store.held_until(holds, b"new").unwrap(), None);
@@ -375,7 +612,11 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     let window = fresh.open_window("fenced", spec);
     let holds = fresh.open_holds("fenced-hold", 3_600_000);
     for (key, expected) in [(&b"a"[..], 2), (b"b", 1), (b"c", 0)] {
-        assert_eq!(fresh.read(window, key, at).unwrap().applied, Applied::Counted(expected), "{key:?}");
+        assert_eq!(
+            fresh.read(window, key, at).unwrap().applied,
+            Applied::Counted(expected),
+            "{key:?}"
+        );
     }
     assert_eq!(fresh.held_until(holds, b"h").unwrap(), Some(at + 1_000));
     assert_eq!(fresh.held_until(holds, b"new").unwrap(), None);
@@ -408,8 +649,15 @@ fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() 
 
     let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
     let window = store.open_window("early", spec);
-    let keys = |names: &[&[u8]]| names.iter().map(|n| (window, n.to_vec())).collect::<Vec<_>>();
-    let mut reads = store.plan_early_reads(&keys(&[b"mine", b"shared", b"untouched"])).unwrap();
+    let keys = |names: &[&[u8]]| {
+        names
+            .iter()
+            .map(|n| (window, n.to_vec()))
+            .collect::<Vec<_>>()
+    };
+    let mut reads = store
+        .plan_early_reads(&keys(&[b"mine", b"shared", b"untouched"]))
+        .unwrap();
     assert_eq!(reads.len(), 3);
     let reader = store.early_reader().unwrap();
     let replies = reader.read(&mut reads);
@@ -418,14 +666,20 @@ fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() 
     store.apply(window, b"mine", at, Delta::Count).unwrap();
     store.apply(window, b"mine", at, Delta::Count).unwrap();
     store.flush().unwrap();
-    assert_eq!(store.take_early_reads(reads, replies), 2, "`mine` has a newer view: its read stays out");
+    assert_eq!(
+        store.take_early_reads(reads, replies),
+        2,
+        "`mine` has a newer view: its read stays out"
+    );
     let value = |store: &mut RedisStore, key: &[u8]| store.read(window, key, at).unwrap().applied;
     assert_eq!(value(&mut store, b"mine"), Applied::Counted(2));
     assert_eq!(value(&mut store, b"shared"), Applied::Counted(1));
     assert_eq!(value(&mut store, b"untouched"), Applied::Counted(0));
     assert_eq!(store.stats().early_loads, 2);
     // Nothing to read early for keys with views.
-    assert!(store.plan_early_reads(&keys(&[b"mine", b"shared"])).is_none());
+    assert!(store
+        .plan_early_reads(&keys(&[b"mine", b"shared"]))
+        .is_none());
 
     // Every view dropped while reads are out (Redis lost its data, a rebalance): none is taken.
     let mut reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();
@@ -434,6 +688,85 @@ fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() 
     assert_eq!(store.take_early_reads(reads, replies), 0);
     // A read that failed is not taken either; the batch's prefetch reads the key.
     let reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();
-    assert_eq!(store.take_early_reads(reads, Err(vigil::store::StoreError::Unavailable("test".into()))), 0);
+    assert_eq!(
+        store.take_early_reads(
+            reads,
+            Err(vigil::store::StoreError::Unavailable("test".into()))
+        ),
+        0
+    );
     assert_eq!(value(&mut store, b"later"), Applied::Counted(0));
+}
+
+/// While other workers count into the same Redis, a batch's observations on keys they may
+/// count too are applied in Redis before the batch is judged. A key that includes the event's
+/// message key has no other writer (its partition alone feeds it), so it is never counted
+/// ahead: were the worker to stop between that step and its decision journal, the partition's
+/// next owner would judge the batch's first events on a window already holding all of it.
+#[test]
+fn a_key_of_the_message_key_is_never_counted_ahead() {
+    use vigil::store::Planned;
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
+    let at = 1_000_000;
+    let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let window = store.open_window("ahead", spec);
+    store.set_shared(true);
+    // Both keys have clean views, which is what counting ahead steps from.
+    for key in [&b"per-ip"[..], b"per-user"] {
+        assert_eq!(
+            store.read(window, key, at).unwrap().applied,
+            Applied::Counted(0)
+        );
+    }
+    let planned = |key: &[u8], offset: i64, follows_message_key: bool| Planned {
+        window,
+        key: key.to_vec(),
+        ts_ms: at,
+        delta: Delta::Count,
+        origin: InputPosition { lane: 3, offset },
+        follows_message_key,
+    };
+    let batch = [
+        planned(b"per-ip", 10, false),
+        planned(b"per-user", 10, true),
+        planned(b"per-ip", 11, false),
+        planned(b"per-user", 11, true),
+    ];
+    store.begin_batch();
+    store.count_ahead(&batch).unwrap();
+    assert_eq!(
+        store.stats().counted_ahead,
+        2,
+        "only the per-IP key's two observations go ahead"
+    );
+    let mut other = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let other_window = other.open_window("ahead", spec);
+    let in_redis =
+        |other: &mut RedisStore, key: &[u8]| other.read(other_window, key, at).unwrap().applied;
+    assert_eq!(in_redis(&mut other, b"per-ip"), Applied::Counted(2));
+    assert_eq!(
+        in_redis(&mut other, b"per-user"),
+        Applied::Counted(0),
+        "nothing of the per-user key reached Redis"
+    );
+    // The batch counts as planned: each event sees exactly the events before it.
+    for (i, p) in batch.iter().enumerate() {
+        store.set_origin(Some(p.origin));
+        let expected = if i < 2 { 1 } else { 2 };
+        assert_eq!(
+            store
+                .apply(window, &p.key, at, Delta::Count)
+                .unwrap()
+                .applied,
+            Applied::Counted(expected),
+            "{i}"
+        );
+    }
+    store.end_batch();
+    store.flush().unwrap();
+    other.forget_cached();
+    assert_eq!(in_redis(&mut other, b"per-ip"), Applied::Counted(2));
+    assert_eq!(in_redis(&mut other, b"per-user"), Applied::Counted(2));
 }

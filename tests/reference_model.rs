@@ -13,7 +13,10 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use support::reference::{aggregate_field, get, key_of, key_record, num, scalar_id, scalar_out, Observation, Window, Windows};
+use support::reference::{
+    aggregate_field, get, key_of, key_record, num, scalar_id, scalar_out, Observation, Window,
+    Windows,
+};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -43,7 +46,11 @@ impl RuleParams {
     }
 
     fn window(&self) -> Window {
-        Window { aggregate: self.aggregate, bucket_ms: self.bucket_ms, buckets: self.buckets }
+        Window {
+            aggregate: self.aggregate,
+            bucket_ms: self.bucket_ms,
+            buckets: self.buckets,
+        }
     }
 
     fn toml(&self, id: &str) -> String {
@@ -98,32 +105,77 @@ fn rule_strategy() -> impl Strategy<Value = RuleParams> {
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.9),
     )
-        .prop_map(|(aggregate, dims, matcher, bucket_ms, buckets, limit, action, shadow, enabled)| RuleParams {
-            aggregate,
-            dims,
-            matcher,
-            bucket_ms,
-            buckets,
-            limit,
-            action,
-            shadow,
-            enabled,
-        })
+        .prop_map(
+            |(aggregate, dims, matcher, bucket_ms, buckets, limit, action, shadow, enabled)| {
+                RuleParams {
+                    aggregate,
+                    dims,
+                    matcher,
+                    bucket_ms,
+                    buckets,
+                    limit,
+                    action,
+                    shadow,
+                    enabled,
+                }
+            },
+        )
 }
 
 /// One input line: a field soup that exercises types, missing values and bad lines.
 fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)> {
     let scalar_or_not = |values: Vec<Value>| {
-        prop::sample::select(values).prop_map(Some).boxed().prop_union(Just(None).boxed())
+        prop::sample::select(values)
+            .prop_map(Some)
+            .boxed()
+            .prop_union(Just(None).boxed())
     };
-    let user = scalar_or_not(vec![json!("u1"), json!("u2"), json!("u3"), json!(1), json!(1.0), json!("1"), Value::Null, json!({"x":1})]);
-    let dev = scalar_or_not(vec![json!({"id":"d1"}), json!({"id":"d2"}), json!({"id":2}), json!({}), json!("flat")]);
+    let user = scalar_or_not(vec![
+        json!("u1"),
+        json!("u2"),
+        json!("u3"),
+        json!(1),
+        json!(1.0),
+        json!("1"),
+        Value::Null,
+        json!({"x":1}),
+    ]);
+    let dev = scalar_or_not(vec![
+        json!({"id":"d1"}),
+        json!({"id":"d2"}),
+        json!({"id":2}),
+        json!({}),
+        json!("flat"),
+    ]);
     let n = scalar_or_not(vec![json!(0), json!(7), json!(-7), json!(7.0)]);
     let kind = scalar_or_not(vec![json!("a"), json!("b"), json!("c"), json!(1)]);
-    let code = scalar_or_not(vec![json!(1), json!(1.0), json!("1"), json!(1.5), json!(true)]);
-    let amount = scalar_or_not(vec![json!(1), json!(2.5), json!(-3), json!(0.25), json!("7"), Value::Null]);
-    let val = scalar_or_not(vec![json!("x"), json!("y"), json!(1), json!(1.0), json!(true), Value::Null, json!([1])]);
-    let shape = prop::sample::select(vec![0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7]);
+    let code = scalar_or_not(vec![
+        json!(1),
+        json!(1.0),
+        json!("1"),
+        json!(1.5),
+        json!(true),
+    ]);
+    let amount = scalar_or_not(vec![
+        json!(1),
+        json!(2.5),
+        json!(-3),
+        json!(0.25),
+        json!("7"),
+        Value::Null,
+    ]);
+    let val = scalar_or_not(vec![
+        json!("x"),
+        json!("y"),
+        json!(1),
+        json!(1.0),
+        json!(true),
+        Value::Null,
+        json!([1]),
+    ]);
+    let shape = prop::sample::select(vec![
+        0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7,
+    ]);
     (
         0i64..40,
         0..=max_lateness,
@@ -133,34 +185,55 @@ fn line_strategy(max_lateness: i64) -> impl Strategy<Value = (i64, i64, String)>
         shape,
         prop::bool::weighted(0.1),
     )
-        .prop_map(move |(step, lateness, is_late, (user, dev, n, kind), (code, amount, val), shape, rfc3339)| {
-            (step, if is_late { lateness } else { 0 }, {
-                let mut obj = Map::new();
-                for (k, v) in [("user", user), ("dev", dev), ("n", n), ("kind", kind), ("code", code), ("amount", amount), ("val", val)] {
-                    if let Some(v) = v {
-                        obj.insert(k.to_owned(), v);
+        .prop_map(
+            move |(
+                step,
+                lateness,
+                is_late,
+                (user, dev, n, kind),
+                (code, amount, val),
+                shape,
+                rfc3339,
+            )| {
+                (step, if is_late { lateness } else { 0 }, {
+                    let mut obj = Map::new();
+                    for (k, v) in [
+                        ("user", user),
+                        ("dev", dev),
+                        ("n", n),
+                        ("kind", kind),
+                        ("code", code),
+                        ("amount", amount),
+                        ("val", val),
+                    ] {
+                        if let Some(v) = v {
+                            obj.insert(k.to_owned(), v);
+                        }
                     }
-                }
-                // The timestamp is filled in by the caller (placeholder), so that time advances.
-                match shape {
-                    1 => "this is not json".to_owned(),
-                    2 => "[1,2,3]".to_owned(),
-                    3 => "{\"ts\":-5}".to_owned(),
-                    4 => serde_json::to_string(&Value::Object(obj)).unwrap(), // no ts
-                    5 => "{\"ts\":1.5}".to_owned(),
-                    6 => String::new(), // blank line
-                    7 => {
-                        // Near or past the future bound of the fixed clock: `ts` set by the caller.
-                        obj.insert("ts".to_owned(), json!("FUTURE"));
-                        serde_json::to_string(&Value::Object(obj)).unwrap()
+                    // The timestamp is filled in by the caller (placeholder), so that time advances.
+                    match shape {
+                        1 => "this is not json".to_owned(),
+                        2 => "[1,2,3]".to_owned(),
+                        3 => "{\"ts\":-5}".to_owned(),
+                        4 => serde_json::to_string(&Value::Object(obj)).unwrap(), // no ts
+                        5 => "{\"ts\":1.5}".to_owned(),
+                        6 => String::new(), // blank line
+                        7 => {
+                            // Near or past the future bound of the fixed clock: `ts` set by the caller.
+                            obj.insert("ts".to_owned(), json!("FUTURE"));
+                            serde_json::to_string(&Value::Object(obj)).unwrap()
+                        }
+                        _ => {
+                            obj.insert(
+                                "ts".to_owned(),
+                                json!(if rfc3339 { "RFC3339" } else { "MS" }),
+                            );
+                            serde_json::to_string(&Value::Object(obj)).unwrap()
+                        }
                     }
-                    _ => {
-                        obj.insert("ts".to_owned(), json!(if rfc3339 { "RFC3339" } else { "MS" }));
-                        serde_json::to_string(&Value::Object(obj)).unwrap()
-                    }
-                }
-            })
-        })
+                })
+            },
+        )
 }
 
 /// The wall clock of the property tests, and their future bound: inputs start at `START_MS` and
@@ -183,7 +256,13 @@ fn build_input(lines: &[(i64, i64, String)]) -> String {
             text.replace("\"MS\"", &ts.to_string())
         } else if text.contains("\"RFC3339\"") {
             let dt = chrono::DateTime::from_timestamp_millis(ts).unwrap();
-            text.replace("\"RFC3339\"", &format!("\"{}\"", dt.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)))
+            text.replace(
+                "\"RFC3339\"",
+                &format!(
+                    "\"{}\"",
+                    dt.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+            )
         } else {
             text.clone()
         };
@@ -211,7 +290,10 @@ struct Bounds {
 
 impl Bounds {
     fn engine(self) -> TimeBounds {
-        TimeBounds { max_future_skew_ms: self.skew, max_lateness_ms: self.lateness }
+        TimeBounds {
+            max_future_skew_ms: self.skew,
+            max_lateness_ms: self.lateness,
+        }
     }
 }
 
@@ -224,7 +306,9 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
         if line.trim().is_empty() {
             continue;
         }
-        let Ok(event) = serde_json::from_str::<Value>(line) else { continue };
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
         if !event.is_object() {
             continue;
         }
@@ -236,7 +320,9 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
             },
             _ => continue,
         };
-        if !(0..=253_402_300_799_999).contains(&ts) || bounds.skew.is_some_and(|skew| ts > CLOCK_MS + skew) {
+        if !(0..=253_402_300_799_999).contains(&ts)
+            || bounds.skew.is_some_and(|skew| ts > CLOCK_MS + skew)
+        {
             continue; // a bad line: neither counted nor judged, the watermark stays
         }
         // Behind the watermark: late for every rule (and a v1 rule judges only what it counts).
@@ -257,7 +343,9 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
                     continue;
                 }
             }
-            let Some(dims) = key_of(&event, &rule.dims) else { continue };
+            let Some(dims) = key_of(&event, &rule.dims) else {
+                continue;
+            };
             let field = rule.field().and_then(|f| get(&event, f));
             // Sums: micro-units of the amount, which must lie in [0, 1e12) (the generated
             // amounts are exact in binary, so the double gives their micro-units exactly).
@@ -274,7 +362,9 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
                 },
                 _ => Observation::Add(1),
             };
-            let Some(value) = windows.observe(r, dims, &rule.window(), ts, seen) else { continue }; // late
+            let Some(value) = windows.observe(r, dims, &rule.window(), ts, seen) else {
+                continue;
+            }; // late
             if value > rule.limit {
                 hits.push((r, value, key_record(&event, &rule.dims)));
             }
@@ -288,8 +378,19 @@ fn reference(rules: &[RuleParams], input: &str, bounds: Bounds) -> Vec<Value> {
 }
 
 /// The decision record of line `i` (0-based) from its hits: (rule index, window value, key).
-fn record(rules: &[RuleParams], i: usize, event: &Value, ts: i64, hits: Vec<(usize, f64, Map<String, Value>)>) -> Value {
-    let severity = |a: &str| ["alert", "review", "block"].iter().position(|x| *x == a).unwrap();
+fn record(
+    rules: &[RuleParams],
+    i: usize,
+    event: &Value,
+    ts: i64,
+    hits: Vec<(usize, f64, Map<String, Value>)>,
+) -> Value {
+    let severity = |a: &str| {
+        ["alert", "review", "block"]
+            .iter()
+            .position(|x| *x == a)
+            .unwrap()
+    };
     let action = hits
         .iter()
         .filter(|(r, _, _)| !rules[*r].shadow)
@@ -314,26 +415,58 @@ fn record(rules: &[RuleParams], i: usize, event: &Value, ts: i64, hits: Vec<(usi
 
 // ---------------------------------------------------------------- the property
 
-fn engine_records(rules: &[RuleParams], input: &str, store: MemoryStore, bounds: Bounds) -> Vec<Value> {
-    let toml: String = rules.iter().enumerate().map(|(i, r)| r.toml(&format!("r{i}"))).collect();
-    let set = RuleSet::from_sources([("gen.toml", toml.as_str())]).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    let mut engine = Engine::new(set, store).with_time(bounds.engine(), Arc::new(FixedClock::new(CLOCK_MS)));
+fn engine_records(
+    rules: &[RuleParams],
+    input: &str,
+    store: MemoryStore,
+    bounds: Bounds,
+) -> Vec<Value> {
+    let toml: String = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.toml(&format!("r{i}")))
+        .collect();
+    let set = RuleSet::from_sources([("gen.toml", toml.as_str())])
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let mut engine =
+        Engine::new(set, store).with_time(bounds.engine(), Arc::new(FixedClock::new(CLOCK_MS)));
     let mut out = Vec::new();
-    replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    replay(
+        &mut engine,
+        input.as_bytes(),
+        &mut out,
+        std::io::sink(),
+        ReplayOptions::default(),
+    )
+    .unwrap();
     // The rules version is a hash of the rule text: checked for its form, then set aside.
     String::from_utf8(out)
         .unwrap()
         .lines()
         .map(|l| {
             let mut record: Value = serde_json::from_str(l).unwrap();
-            let version = record.as_object_mut().unwrap().remove("rules_version").unwrap();
-            assert!(version.as_str().is_some_and(|v| v.len() == 12 && v.bytes().all(|b| b.is_ascii_hexdigit())), "{version}");
+            let version = record
+                .as_object_mut()
+                .unwrap()
+                .remove("rules_version")
+                .unwrap();
+            assert!(
+                version
+                    .as_str()
+                    .is_some_and(|v| v.len() == 12 && v.bytes().all(|b| b.is_ascii_hexdigit())),
+                "{version}"
+            );
             record
         })
         .collect()
 }
 
-fn assert_same(rules: &[RuleParams], input: &str, store: MemoryStore, bounds: Bounds) -> Result<(), TestCaseError> {
+fn assert_same(
+    rules: &[RuleParams],
+    input: &str,
+    store: MemoryStore,
+    bounds: Bounds,
+) -> Result<(), TestCaseError> {
     let want = reference(rules, input, bounds);
     let got = engine_records(rules, input, store, bounds);
     for (g, w) in got.iter().zip(&want) {
@@ -392,20 +525,42 @@ fn reference_sanity_on_a_known_stream() {
         shadow: false,
         enabled: true,
     };
-    let input = (0..5).map(|i| format!("{{\"ts\":{},\"user\":\"u\"}}\n", i * 10)).collect::<String>();
-    let bounds = Bounds { skew: Some(SKEW_MS), lateness: Some(15) };
+    let input = (0..5)
+        .map(|i| format!("{{\"ts\":{},\"user\":\"u\"}}\n", i * 10))
+        .collect::<String>();
+    let bounds = Bounds {
+        skew: Some(SKEW_MS),
+        lateness: Some(15),
+    };
     let records = reference(std::slice::from_ref(&rule), &input, bounds);
     // Counts 1,2,3,3,3 in a 3-bucket window: events 3..5 exceed 2.
-    let lines: Vec<u64> = records.iter().map(|r| r["source"]["line"].as_u64().unwrap()).collect();
+    let lines: Vec<u64> = records
+        .iter()
+        .map(|r| r["source"]["line"].as_u64().unwrap())
+        .collect();
     assert_eq!(lines, [3, 4, 5]);
-    assert_eq!(engine_records(std::slice::from_ref(&rule), &input, MemoryStore::new(), bounds), records);
+    assert_eq!(
+        engine_records(
+            std::slice::from_ref(&rule),
+            &input,
+            MemoryStore::new(),
+            bounds
+        ),
+        records
+    );
 
     // An event behind the watermark (newest 40 - lateness 15 = 25) is late for every rule (it
     // would have been counted in bucket 2 otherwise); one past the clock's future bound is a bad
     // line and moves nothing; then bucket 2 counts again.
     let input = format!("{input}{{\"ts\":24,\"user\":\"u\"}}\n{{\"ts\":{},\"user\":\"u\"}}\n{{\"ts\":25,\"user\":\"u\"}}\n", CLOCK_MS + SKEW_MS + 1);
     let records = reference(std::slice::from_ref(&rule), &input, bounds);
-    let lines: Vec<u64> = records.iter().map(|r| r["source"]["line"].as_u64().unwrap()).collect();
+    let lines: Vec<u64> = records
+        .iter()
+        .map(|r| r["source"]["line"].as_u64().unwrap())
+        .collect();
     assert_eq!(lines, [3, 4, 5, 8]);
-    assert_eq!(engine_records(&[rule], &input, MemoryStore::new(), bounds), records);
+    assert_eq!(
+        engine_records(&[rule], &input, MemoryStore::new(), bounds),
+        records
+    );
 }

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-use support::reference::{aggregate_field, get, key_of, key_record, num, scalar_id, Observation, Window, Windows};
+use support::reference::{
+    aggregate_field, get, key_of, key_record, num, scalar_id, Observation, Window, Windows,
+};
 use vigil::clock::FixedClock;
 use vigil::event::TimeBounds;
 use vigil::pipeline::{replay, Engine, ReplayOptions};
@@ -43,7 +45,11 @@ impl CounterParams {
     }
 
     fn window(&self) -> Window {
-        Window { aggregate: self.aggregate, bucket_ms: self.bucket_ms, buckets: self.buckets }
+        Window {
+            aggregate: self.aggregate,
+            bucket_ms: self.bucket_ms,
+            buckets: self.buckets,
+        }
     }
 
     fn toml(&self, id: usize) -> String {
@@ -138,7 +144,9 @@ values = ["10.0.0.0/8", "192.168.0.1", "2001:db8::/32"]
 "#;
 
 const FIELDS: [&str; 7] = ["kind", "code", "amount", "n", "val", "ip", "missing"];
-const LITERALS: [&str; 11] = ["1", "1.0", "2.5", "0", "'a'", "'1'", "true", "null", "'A'", "-3", "0.3"];
+const LITERALS: [&str; 11] = [
+    "1", "1.0", "2.5", "0", "'a'", "'1'", "true", "null", "'A'", "-3", "0.3",
+];
 const CIDRS: [&str; 2] = ["10.0.0.0/8", "2001:db8::/32"];
 
 impl Expr {
@@ -151,15 +159,26 @@ impl Expr {
             Expr::Neg(e) => format!("-({})", e.render()),
             Expr::And(a, b) => format!("({}) && ({})", a.render(), b.render()),
             Expr::Or(a, b) => format!("({}) or ({})", a.render(), b.render()),
-            Expr::Cmp(op, a, b) | Expr::Arith(op, a, b) => format!("({}) {op} ({})", a.render(), b.render()),
+            Expr::Cmp(op, a, b) | Expr::Arith(op, a, b) => {
+                format!("({}) {op} ({})", a.render(), b.render())
+            }
             Expr::In(negated, e, items) => {
-                format!("({}) {}in [{}]", e.render(), if *negated { "not " } else { "" }, items.join(", "))
+                format!(
+                    "({}) {}in [{}]",
+                    e.render(),
+                    if *negated { "not " } else { "" },
+                    items.join(", ")
+                )
             }
             Expr::Exists(f) => format!("exists({f})"),
             Expr::Str(func, e, arg) => format!("{func}({}, {arg})", e.render()),
             Expr::Lower(e) => format!("lower({})", e.render()),
             Expr::Matches(e, re) => format!("matches({}, '{re}')", e.render()),
-            Expr::InList(negated, e, list) => format!("({}) {}in @{list}", e.render(), if *negated { "not " } else { "" }),
+            Expr::InList(negated, e, list) => format!(
+                "({}) {}in @{list}",
+                e.render(),
+                if *negated { "not " } else { "" }
+            ),
             Expr::Cidr(negated, e) => format!(
                 "({}) {}in cidr('{}', '{}')",
                 e.render(),
@@ -173,9 +192,14 @@ impl Expr {
     fn counters(&self, out: &mut Vec<usize>) {
         match self {
             Expr::Counter(c) if !out.contains(c) => out.push(*c),
-            Expr::Not(e) | Expr::Neg(e) | Expr::Lower(e) | Expr::Matches(e, _) | Expr::In(_, e, _) | Expr::Str(_, e, _) | Expr::Cidr(_, e) | Expr::InList(_, e, _) => {
-                e.counters(out)
-            }
+            Expr::Not(e)
+            | Expr::Neg(e)
+            | Expr::Lower(e)
+            | Expr::Matches(e, _)
+            | Expr::In(_, e, _)
+            | Expr::Str(_, e, _)
+            | Expr::Cidr(_, e)
+            | Expr::InList(_, e, _) => e.counters(out),
             Expr::And(a, b) | Expr::Or(a, b) | Expr::Cmp(_, a, b) | Expr::Arith(_, a, b) => {
                 a.counters(out);
                 b.counters(out);
@@ -229,21 +253,29 @@ fn counter_strategy() -> impl Strategy<Value = CounterParams> {
         1i64..=6,
         any::<bool>(),
     )
-        .prop_map(|(aggregate, dims, matcher, bucket_ms, buckets, negative)| CounterParams {
-            aggregate,
-            dims,
-            matcher,
-            bucket_ms,
-            buckets,
-            allow_negative: negative && aggregate == "sum",
-        })
+        .prop_map(
+            |(aggregate, dims, matcher, bucket_ms, buckets, negative)| CounterParams {
+                aggregate,
+                dims,
+                matcher,
+                bucket_ms,
+                buckets,
+                allow_negative: negative && aggregate == "sum",
+            },
+        )
 }
 
 /// Conditions as people write them (a counter against a threshold, alone or with more), and
 /// arbitrary ones.
 fn when_strategy(counters: usize) -> impl Strategy<Value = Expr> {
-    let threshold = (prop::sample::select(vec![">", ">=", "<", "=="]), 0..counters.max(1), prop::sample::select(vec!["0", "1", "2", "2.5", "0.3"]))
-        .prop_map(|(op, c, lit)| Expr::Cmp(op, Box::new(Expr::Counter(c)), Box::new(Expr::Lit(lit))));
+    let threshold = (
+        prop::sample::select(vec![">", ">=", "<", "=="]),
+        0..counters.max(1),
+        prop::sample::select(vec!["0", "1", "2", "2.5", "0.3"]),
+    )
+        .prop_map(|(op, c, lit)| {
+            Expr::Cmp(op, Box::new(Expr::Counter(c)), Box::new(Expr::Lit(lit)))
+        });
     prop_oneof![
         3 => threshold.clone(),
         2 => (threshold.clone(), expr_strategy(counters, true)).prop_map(|(a, b)| Expr::And(Box::new(a), Box::new(b))),
@@ -262,41 +294,118 @@ fn rule_strategy(counters: usize) -> impl Strategy<Value = RuleParams> {
             0.4,
             (
                 prop::sample::select(vec![30i64, 400, 3_000]),
-                prop::sample::select(vec![vec!["user"], vec!["dev.id"], vec!["user", "kind"], vec!["code"]]),
+                prop::sample::select(vec![
+                    vec!["user"],
+                    vec!["dev.id"],
+                    vec!["user", "kind"],
+                    vec!["code"],
+                ]),
             ),
         ),
     )
-        .prop_map(|(action, shadow, matcher, when, hold)| RuleParams { action, shadow, matcher, when, hold })
+        .prop_map(|(action, shadow, matcher, when, hold)| RuleParams {
+            action,
+            shadow,
+            matcher,
+            when,
+            hold,
+        })
 }
 
 fn line_strategy() -> impl Strategy<Value = (i64, i64, String)> {
-    let maybe = |values: Vec<Value>| prop::sample::select(values).prop_map(Some).boxed().prop_union(Just(None).boxed());
+    let maybe = |values: Vec<Value>| {
+        prop::sample::select(values)
+            .prop_map(Some)
+            .boxed()
+            .prop_union(Just(None).boxed())
+    };
     (
         // Round steps often, so events land exactly on a hold's end (and on bucket edges).
         prop_oneof![3 => 0i64..40, 2 => prop::sample::select(vec![0i64, 10, 30])],
         prop_oneof![4 => Just(0i64), 1 => 0i64..2_000],
         (
-            maybe(vec![json!("u1"), json!("u2"), json!(1), json!(1.0), json!("1"), Value::Null]),
+            maybe(vec![
+                json!("u1"),
+                json!("u2"),
+                json!(1),
+                json!(1.0),
+                json!("1"),
+                Value::Null,
+            ]),
             maybe(vec![json!({"id":"d1"}), json!({"id":2}), json!({})]),
             maybe(vec![json!(0), json!(7), json!(7.0), json!(-7)]),
-            maybe(vec![json!("a"), json!("A"), json!("b"), json!(1), json!(""), Value::Null]),
+            maybe(vec![
+                json!("a"),
+                json!("A"),
+                json!("b"),
+                json!(1),
+                json!(""),
+                Value::Null,
+            ]),
         ),
         (
-            maybe(vec![json!(1), json!(1.0), json!("1"), json!(2.5), json!(true), Value::Null]),
-            maybe(vec![json!(1), json!(2.5), json!(-3), json!(0.1), json!(0.2), json!(0.0000015), json!(0.0000025), json!("7"), Value::Null, json!(1e12)]),
-            maybe(vec![json!("x"), json!("a"), json!(1), json!(true), Value::Null, json!([1])]),
-            maybe(vec![json!("10.1.2.3"), json!("192.168.0.1"), json!("2001:db8::1"), json!("::ffff:10.0.0.1"), json!("nope"), json!(10)]),
+            maybe(vec![
+                json!(1),
+                json!(1.0),
+                json!("1"),
+                json!(2.5),
+                json!(true),
+                Value::Null,
+            ]),
+            maybe(vec![
+                json!(1),
+                json!(2.5),
+                json!(-3),
+                json!(0.1),
+                json!(0.2),
+                json!(0.0000015),
+                json!(0.0000025),
+                json!("7"),
+                Value::Null,
+                json!(1e12),
+            ]),
+            maybe(vec![
+                json!("x"),
+                json!("a"),
+                json!(1),
+                json!(true),
+                Value::Null,
+                json!([1]),
+            ]),
+            maybe(vec![
+                json!("10.1.2.3"),
+                json!("192.168.0.1"),
+                json!("2001:db8::1"),
+                json!("::ffff:10.0.0.1"),
+                json!("nope"),
+                json!(10),
+            ]),
         ),
     )
-        .prop_map(|(step, late, (user, dev, n, kind), (code, amount, val, ip))| {
-            let mut obj = Map::new();
-            for (k, v) in [("user", user), ("dev", dev), ("n", n), ("kind", kind), ("code", code), ("amount", amount), ("val", val), ("ip", ip)] {
-                if let Some(v) = v {
-                    obj.insert(k.to_owned(), v);
+        .prop_map(
+            |(step, late, (user, dev, n, kind), (code, amount, val, ip))| {
+                let mut obj = Map::new();
+                for (k, v) in [
+                    ("user", user),
+                    ("dev", dev),
+                    ("n", n),
+                    ("kind", kind),
+                    ("code", code),
+                    ("amount", amount),
+                    ("val", val),
+                    ("ip", ip),
+                ] {
+                    if let Some(v) = v {
+                        obj.insert(k.to_owned(), v);
+                    }
                 }
-            }
-            (step, late, serde_json::to_string(&Value::Object(obj)).unwrap())
-        })
+                (
+                    step,
+                    late,
+                    serde_json::to_string(&Value::Object(obj)).unwrap(),
+                )
+            },
+        )
 }
 
 fn build_input(lines: &[(i64, i64, String)]) -> String {
@@ -305,7 +414,11 @@ fn build_input(lines: &[(i64, i64, String)]) -> String {
     for (step, late, text) in lines {
         now += step;
         let ts = (now - late).max(0);
-        out.push_str(&text.replacen('{', &format!("{{\"ts\":{ts},"), 1).replace(",}", "}"));
+        out.push_str(
+            &text
+                .replacen('{', &format!("{{\"ts\":{ts},"), 1)
+                .replace(",}", "}"),
+        );
         out.push('\n');
     }
     out
@@ -361,8 +474,12 @@ fn equal(a: &V, b: &V) -> Option<bool> {
         return Some(x == y);
     }
     Some(match (a, b) {
-        (V::J(Value::Number(_)), _) | (_, V::J(Value::Number(_))) | (V::Computed(_), _) | (_, V::Computed(_)) => false,
-        (V::J(Value::Array(_) | Value::Object(_)), _) | (_, V::J(Value::Array(_) | Value::Object(_))) => false,
+        (V::J(Value::Number(_)), _)
+        | (_, V::J(Value::Number(_)))
+        | (V::Computed(_), _)
+        | (_, V::Computed(_)) => false,
+        (V::J(Value::Array(_) | Value::Object(_)), _)
+        | (_, V::J(Value::Array(_) | Value::Object(_))) => false,
         (V::J(x), V::J(y)) => x == y,
         _ => false,
     })
@@ -409,7 +526,9 @@ impl Eval<'_> {
                     _ => {
                         let ordering = match (num_of(&x), num_of(&y), &x, &y) {
                             (Some(p), Some(q), _, _) => p.partial_cmp(&q),
-                            (_, _, V::J(Value::String(s)), V::J(Value::String(t))) => Some(s.cmp(t)),
+                            (_, _, V::J(Value::String(s)), V::J(Value::String(t))) => {
+                                Some(s.cmp(t))
+                            }
                             _ => None,
                         };
                         from_truth(ordering.map(|o| match *op {
@@ -446,10 +565,15 @@ impl Eval<'_> {
                 if v == V::Unknown {
                     return V::Unknown;
                 }
-                let found = items.iter().any(|l| equal(&v, &V::J(literal(l))) == Some(true));
+                let found = items
+                    .iter()
+                    .any(|l| equal(&v, &V::J(literal(l))) == Some(true));
                 from_truth(Some(found != *negated))
             }
-            Expr::Exists(f) => from_truth(Some(!matches!(get(self.event, f), None | Some(Value::Null)))),
+            Expr::Exists(f) => from_truth(Some(!matches!(
+                get(self.event, f),
+                None | Some(Value::Null)
+            ))),
             Expr::Str(func, e, arg) => match (self.eval(e), literal(arg)) {
                 (V::J(Value::String(s)), Value::String(p)) => from_truth(Some(match *func {
                     "starts_with" => s.starts_with(&p),
@@ -474,13 +598,21 @@ impl Eval<'_> {
                 let v = self.eval(e);
                 let found = match (*list, &v) {
                     (_, V::Unknown) => None,
-                    ("names", V::J(Value::String(s))) => Some(["a", "x", "u1", "1", "10.1.2.3"].contains(&s.as_str())),
+                    ("names", V::J(Value::String(s))) => {
+                        Some(["a", "x", "u1", "1", "10.1.2.3"].contains(&s.as_str()))
+                    }
                     // Strict types: any other value is simply not in a string or number list.
                     ("names", _) => Some(false),
-                    ("nums", v) => Some(num_of(v).is_some_and(|x| [1.0, 2.5, 7.0, -7.0, 0.1].contains(&x))),
+                    ("nums", v) => {
+                        Some(num_of(v).is_some_and(|x| [1.0, 2.5, 7.0, -7.0, 0.1].contains(&x)))
+                    }
                     (_, V::J(Value::String(s))) => match s.parse::<std::net::IpAddr>() {
-                        Ok(std::net::IpAddr::V4(ip)) => Some(ip.octets()[0] == 10 || ip.octets() == [192, 168, 0, 1]),
-                        Ok(std::net::IpAddr::V6(ip)) => Some(ip.segments()[0] == 0x2001 && ip.segments()[1] == 0xdb8),
+                        Ok(std::net::IpAddr::V4(ip)) => {
+                            Some(ip.octets()[0] == 10 || ip.octets() == [192, 168, 0, 1])
+                        }
+                        Ok(std::net::IpAddr::V6(ip)) => {
+                            Some(ip.segments()[0] == 0x2001 && ip.segments()[1] == 0xdb8)
+                        }
                         Err(_) => None,
                     },
                     // A cidr list needs a string address: anything else is unknown.
@@ -490,7 +622,9 @@ impl Eval<'_> {
             }
             Expr::Cidr(negated, e) => match self.eval(e) {
                 V::J(Value::String(s)) => match s.parse::<std::net::IpAddr>() {
-                    Ok(std::net::IpAddr::V4(ip)) => from_truth(Some((ip.octets()[0] == 10) != *negated)),
+                    Ok(std::net::IpAddr::V4(ip)) => {
+                        from_truth(Some((ip.octets()[0] == 10) != *negated))
+                    }
                     Ok(std::net::IpAddr::V6(ip)) => {
                         let s = ip.segments();
                         from_truth(Some((s[0] == 0x2001 && s[1] == 0xdb8) != *negated))
@@ -560,7 +694,14 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
             }
             let by_when = match &rule.when {
                 None => true,
-                Some(w) => Eval { event: &event, counters: &mut value_of }.eval(w) == V::J(Value::Bool(true)),
+                Some(w) => {
+                    Eval {
+                        event: &event,
+                        counters: &mut value_of,
+                    }
+                    .eval(w)
+                        == V::J(Value::Bool(true))
+                }
             };
             // Holds: a firing by `when` raises held_until to ts + hold; otherwise an event before
             // its key's held_until fires with reason `held`.
@@ -612,13 +753,25 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
 fn passes(event: &Value, m: &Option<Expr>) -> bool {
     match m {
         None => true,
-        Some(m) => Eval { event, counters: &mut |_| None }.eval(m) == V::J(Value::Bool(true)),
+        Some(m) => {
+            Eval {
+                event,
+                counters: &mut |_| None,
+            }
+            .eval(m)
+                == V::J(Value::Bool(true))
+        }
     }
 }
 
 /// Step 1 of judging an event: counts every counter it feeds. By counter: Some(value) counted,
 /// None late or unknown; absent: not fed (read on demand).
-fn count(counters: &[CounterParams], windows: &mut Windows, event: &Value, ts: i64) -> HashMap<usize, Option<f64>> {
+fn count(
+    counters: &[CounterParams],
+    windows: &mut Windows,
+    event: &Value,
+    ts: i64,
+) -> HashMap<usize, Option<f64>> {
     let mut known: HashMap<usize, Option<f64>> = HashMap::new();
     for (ci, c) in counters.iter().enumerate() {
         if !passes(event, &c.matcher) {
@@ -631,7 +784,9 @@ fn count(counters: &[CounterParams], windows: &mut Windows, event: &Value, ts: i
         let field = c.field().and_then(|f| get(event, f));
         let seen = match c.aggregate {
             "sum" => match field.and_then(|v| v.as_f64().map(|x| (x, micros(&v.to_string())))) {
-                Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => Observation::Add(m),
+                Some((x, m)) if x < 1e12 && (x >= 0.0 || (c.allow_negative && x > -1e12)) => {
+                    Observation::Add(m)
+                }
                 _ => continue, // skipped: read on demand
             },
             "distinct" => match field.and_then(scalar_id) {
@@ -648,9 +803,23 @@ fn count(counters: &[CounterParams], windows: &mut Windows, event: &Value, ts: i
 
 /// The decision record of line `i` (0-based) from its hits: (rule index, listed counters, reason,
 /// held_until).
-fn record(rules: &[RuleParams], i: usize, ts: i64, hits: Vec<(usize, Vec<Value>, &str, Option<Value>)>) -> Value {
-    let enforced: Vec<&str> = hits.iter().filter(|(r, ..)| !rules[*r].shadow).map(|(r, ..)| rules[*r].action).collect();
-    let severity = |a: &&str| ["alert", "review", "challenge", "block"].iter().position(|x| x == a).unwrap();
+fn record(
+    rules: &[RuleParams],
+    i: usize,
+    ts: i64,
+    hits: Vec<(usize, Vec<Value>, &str, Option<Value>)>,
+) -> Value {
+    let enforced: Vec<&str> = hits
+        .iter()
+        .filter(|(r, ..)| !rules[*r].shadow)
+        .map(|(r, ..)| rules[*r].action)
+        .collect();
+    let severity = |a: &&str| {
+        ["alert", "review", "challenge", "block"]
+            .iter()
+            .position(|x| x == a)
+            .unwrap()
+    };
     let action = if enforced.contains(&"allow") {
         "allow"
     } else {
@@ -682,10 +851,20 @@ fn rules_toml(counters: &[CounterParams], rules: &[RuleParams]) -> String {
 
 fn engine_records<S: CounterStore>(toml: &str, input: &str, store: S) -> Vec<Value> {
     let set = RuleSet::from_sources([("gen.toml", toml)]).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    let bounds = TimeBounds { max_future_skew_ms: None, max_lateness_ms: None };
+    let bounds = TimeBounds {
+        max_future_skew_ms: None,
+        max_lateness_ms: None,
+    };
     let mut engine = Engine::new(set, store).with_time(bounds, Arc::new(FixedClock::new(CLOCK_MS)));
     let mut out = Vec::new();
-    replay(&mut engine, input.as_bytes(), &mut out, std::io::sink(), ReplayOptions::default()).unwrap();
+    replay(
+        &mut engine,
+        input.as_bytes(),
+        &mut out,
+        std::io::sink(),
+        ReplayOptions::default(),
+    )
+    .unwrap();
     engine.store_mut().flush().unwrap();
     String::from_utf8(out)
         .unwrap()
@@ -703,7 +882,9 @@ fn normalise(v: &Value) -> Value {
     match v {
         Value::Number(n) => num(n.as_f64().unwrap()),
         Value::Array(a) => Value::Array(a.iter().map(normalise).collect()),
-        Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (k.clone(), normalise(v))).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), normalise(v))).collect())
+        }
         other => other.clone(),
     }
 }
@@ -714,17 +895,51 @@ thread_local! {
     static TOTALS: std::cell::RefCell<(usize, usize, usize)> = const { std::cell::RefCell::new((0, 0, 0)) };
 }
 
-fn check<S: CounterStore>(counters: &[CounterParams], rules: &[RuleParams], input: &str, store: S) -> Result<(), TestCaseError> {
+fn check<S: CounterStore>(
+    counters: &[CounterParams],
+    rules: &[RuleParams],
+    input: &str,
+    store: S,
+) -> Result<(), TestCaseError> {
     let toml = rules_toml(counters, rules);
-    let want: Vec<Value> = reference(counters, rules, input).iter().map(normalise).collect();
-    let got: Vec<Value> = engine_records(&toml, input, store).iter().map(normalise).collect();
+    let want: Vec<Value> = reference(counters, rules, input)
+        .iter()
+        .map(normalise)
+        .collect();
+    let got: Vec<Value> = engine_records(&toml, input, store)
+        .iter()
+        .map(normalise)
+        .collect();
     for (g, w) in got.iter().zip(&want) {
-        prop_assert_eq!(g, w, "first differing record\nrules:\n{}\ninput:\n{}", toml, input);
+        prop_assert_eq!(
+            g,
+            w,
+            "first differing record\nrules:\n{}\ninput:\n{}",
+            toml,
+            input
+        );
     }
-    prop_assert_eq!(got.len(), want.len(), "record count\nrules:\n{}\ninput:\n{}", toml, input);
-    let hits = got.iter().map(|r| r["hits"].as_array().unwrap().len()).sum::<usize>();
-    let listed = got.iter().flat_map(|r| r["hits"].as_array().unwrap()).map(|h| h["counters"].as_array().unwrap().len()).sum::<usize>();
-    let held = got.iter().flat_map(|r| r["hits"].as_array().unwrap()).filter(|h| h["reason"] == "held").count();
+    prop_assert_eq!(
+        got.len(),
+        want.len(),
+        "record count\nrules:\n{}\ninput:\n{}",
+        toml,
+        input
+    );
+    let hits = got
+        .iter()
+        .map(|r| r["hits"].as_array().unwrap().len())
+        .sum::<usize>();
+    let listed = got
+        .iter()
+        .flat_map(|r| r["hits"].as_array().unwrap())
+        .map(|h| h["counters"].as_array().unwrap().len())
+        .sum::<usize>();
+    let held = got
+        .iter()
+        .flat_map(|r| r["hits"].as_array().unwrap())
+        .filter(|h| h["reason"] == "held")
+        .count();
     TOTALS.with(|t| {
         let mut t = t.borrow_mut();
         t.0 += hits;
@@ -735,11 +950,13 @@ fn check<S: CounterStore>(counters: &[CounterParams], rules: &[RuleParams], inpu
 }
 
 fn set_strategy() -> impl Strategy<Value = (Vec<CounterParams>, Vec<RuleParams>)> {
-    prop::collection::vec(counter_strategy(), 1..=4)
-        .prop_flat_map(|counters| {
-            let n = counters.len();
-            (Just(counters), prop::collection::vec(rule_strategy(n), 1..=4))
-        })
+    prop::collection::vec(counter_strategy(), 1..=4).prop_flat_map(|counters| {
+        let n = counters.len();
+        (
+            Just(counters),
+            prop::collection::vec(rule_strategy(n), 1..=4),
+        )
+    })
 }
 
 #[test]
@@ -753,11 +970,24 @@ fn reference_micro_units() {
 
 #[test]
 fn engine_equals_reference_on_expressions_and_reads() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 384, ..ProptestConfig::default() });
-    let strategy = (set_strategy(), prop::collection::vec(line_strategy(), 1..200));
-    runner.run(&strategy, |((counters, rules), lines)| check(&counters, &rules, &build_input(&lines), MemoryStore::new())).unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 384,
+        ..ProptestConfig::default()
+    });
+    let strategy = (
+        set_strategy(),
+        prop::collection::vec(line_strategy(), 1..200),
+    );
+    runner
+        .run(&strategy, |((counters, rules), lines)| {
+            check(&counters, &rules, &build_input(&lines), MemoryStore::new())
+        })
+        .unwrap();
     let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
-    assert!(hits > 5_000 && listed > 2_000 && held > 150, "only {hits} hits ({held} held) and {listed} counter values compared");
+    assert!(
+        hits > 5_000 && listed > 2_000 && held > 150,
+        "only {hits} hits ({held} held) and {listed} counter values compared"
+    );
 }
 
 /// The same property through the Redis store against a real `redis-server` (reads of cold keys
@@ -765,17 +995,31 @@ fn engine_equals_reference_on_expressions_and_reads() {
 #[test]
 fn engine_with_redis_equals_reference_on_expressions_and_reads() {
     let redis = support::RedisServer::start();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 128, ..ProptestConfig::default() });
-    let strategy = (set_strategy(), prop::collection::vec(line_strategy(), 1..120));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 128,
+        ..ProptestConfig::default()
+    });
+    let strategy = (
+        set_strategy(),
+        prop::collection::vec(line_strategy(), 1..120),
+    );
     runner
         .run(&strategy, |((counters, rules), lines)| {
             let url = redis.url();
-            let mut conn = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
             redis::cmd("FLUSHALL").exec(&mut conn).unwrap();
-            let store = vigil::store::RedisStore::connect(&url, vigil::store::RedisStoreConfig::default()).unwrap();
+            let store =
+                vigil::store::RedisStore::connect(&url, vigil::store::RedisStoreConfig::default())
+                    .unwrap();
             check(&counters, &rules, &build_input(&lines), store)
         })
         .unwrap();
     let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
-    assert!(hits > 500 && listed > 200 && held > 20, "only {hits} hits ({held} held) and {listed} counter values compared");
+    assert!(
+        hits > 500 && listed > 200 && held > 20,
+        "only {hits} hits ({held} held) and {listed} counter values compared"
+    );
 }

@@ -48,19 +48,29 @@ fn rules_file(dir: &tempfile::TempDir) -> String {
 }
 
 const INPUT: &str = concat!(
-    r#"{"event_id":"a1","ts":100000,"type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    r#"{"event_id":"a1","ts":100000,"type":"login","result":"fail","user_id":"u1"}"#,
+    "\n",
     "this is not json\n",
-    r#"{"event_id":"a2","ts":101000,"type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    r#"{"event_id":"a2","ts":101000,"type":"login","result":"fail","user_id":"u1"}"#,
+    "\n",
     "\n",
     "[1,2,3]\n",
-    r#"{"event_id":"a3","type":"login","result":"fail","user_id":"u1"}"#, "\n",
-    r#"{"event_id":"a4","ts":"not a time","type":"login"}"#, "\n",
-    r#"{"event_id":17,"ts":"1970-01-01T00:01:42.000Z","type":"login","result":"fail","user_id":"u1"}"#, "\r\n",
-    r#"{"ts":103000,"type":"login","result":"fail","user_id":null}"#, "\n",
-    r#"{"event_id":"p1","ts":104000,"type":"payment","card":{"id":"c9"},"amount":99.5}"#, "\n",
-    r#"{"event_id":"p2","ts":105000,"type":"payment","card":{"id":"c9"},"amount":"12"}"#, "\n",
-    r#"{"event_id":"p3","ts":106000,"type":"payment","card":{"id":"c9"},"amount":0.75}"#, "\n",
-    r#"{"event_id":"late","ts":1,"type":"login","result":"fail","user_id":"u1"}"#, "\n",
+    r#"{"event_id":"a3","type":"login","result":"fail","user_id":"u1"}"#,
+    "\n",
+    r#"{"event_id":"a4","ts":"not a time","type":"login"}"#,
+    "\n",
+    r#"{"event_id":17,"ts":"1970-01-01T00:01:42.000Z","type":"login","result":"fail","user_id":"u1"}"#,
+    "\r\n",
+    r#"{"ts":103000,"type":"login","result":"fail","user_id":null}"#,
+    "\n",
+    r#"{"event_id":"p1","ts":104000,"type":"payment","card":{"id":"c9"},"amount":99.5}"#,
+    "\n",
+    r#"{"event_id":"p2","ts":105000,"type":"payment","card":{"id":"c9"},"amount":"12"}"#,
+    "\n",
+    r#"{"event_id":"p3","ts":106000,"type":"payment","card":{"id":"c9"},"amount":0.75}"#,
+    "\n",
+    r#"{"event_id":"late","ts":1,"type":"login","result":"fail","user_id":"u1"}"#,
+    "\n",
     r#"{"ts":1"#,
 );
 
@@ -76,7 +86,16 @@ fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     let rules = rules_file(&dir);
     let input = dir.path().join("events.jsonl");
     std::fs::write(&input, INPUT).unwrap();
-    let out = vigil(&["replay", "--rules", &rules, "--input", input.to_str().unwrap()], None);
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(0));
 
     let stdout = String::from_utf8(out.stdout).unwrap();
@@ -85,19 +104,41 @@ fn decisions_on_stdout_bad_lines_and_summary_on_stderr() {
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
-            format!(r#"{{"decision_id":"line/8","event_id":17,"ts":102000,"action":"block","rules_version":"{version}","hits":[{{"rule_id":"fails-per-user","mode":"enforce","action":"block","key":{{"user_id":"u1"}},"value":3,"limit":2,"window_ms":60000}}],"source":{{"line":8}}}}"#),
-            format!(r#"{{"decision_id":"line/12","event_id":"p3","ts":106000,"action":"allow","rules_version":"{version}","hits":[{{"rule_id":"amount-per-card","mode":"shadow","action":"review","key":{{"card.id":"c9"}},"value":100.25,"limit":100,"window_ms":3600000}}],"source":{{"line":12}}}}"#),
+            format!(
+                r#"{{"decision_id":"line/8","event_id":17,"ts":102000,"action":"block","rules_version":"{version}","hits":[{{"rule_id":"fails-per-user","mode":"enforce","action":"block","key":{{"user_id":"u1"}},"value":3,"limit":2,"window_ms":60000}}],"source":{{"line":8}}}}"#
+            ),
+            format!(
+                r#"{{"decision_id":"line/12","event_id":"p3","ts":106000,"action":"allow","rules_version":"{version}","hits":[{{"rule_id":"amount-per-card","mode":"shadow","action":"review","key":{{"card.id":"c9"}},"value":100.25,"limit":100,"window_ms":3600000}}],"source":{{"line":12}}}}"#
+            ),
         ]
     );
 
     let stderr = String::from_utf8(out.stderr).unwrap();
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 6, "{stderr}");
-    assert!(lines[0].starts_with("line 2: bad event (invalid_json): invalid JSON: expected ident at line 1 column 2"), "{}", lines[0]);
-    assert_eq!(lines[1], "line 5: bad event (not_an_object): not a JSON object (found array)");
+    assert!(
+        lines[0].starts_with(
+            "line 2: bad event (invalid_json): invalid JSON: expected ident at line 1 column 2"
+        ),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(
+        lines[1],
+        "line 5: bad event (not_an_object): not a JSON object (found array)"
+    );
     assert_eq!(lines[2], "line 6: bad event (missing_ts): missing ts");
-    assert!(lines[3].starts_with("line 7: bad event (bad_ts): unusable ts: \"not a time\" is not RFC 3339"), "{}", lines[3]);
-    assert!(lines[4].starts_with("line 14: bad event (invalid_json): invalid JSON: EOF while parsing"), "{}", lines[4]);
+    assert!(
+        lines[3]
+            .starts_with("line 7: bad event (bad_ts): unusable ts: \"not a time\" is not RFC 3339"),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        lines[4].starts_with("line 14: bad event (invalid_json): invalid JSON: EOF while parsing"),
+        "{}",
+        lines[4]
+    );
     assert!(
         lines[5].starts_with(
             "replay: 8 events read, 2 decisions, 5 bad lines, 1 late (0 events behind the watermark), \
@@ -116,7 +157,16 @@ fn stdin_gives_the_same_records_as_a_file() {
     let rules = rules_file(&dir);
     let input = dir.path().join("events.jsonl");
     std::fs::write(&input, INPUT).unwrap();
-    let from_file = vigil(&["replay", "--rules", &rules, "--input", input.to_str().unwrap()], None);
+    let from_file = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
     let from_stdin = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(INPUT));
     assert_eq!(from_stdin.status.code(), Some(0));
     assert!(!from_file.stdout.is_empty());
@@ -127,7 +177,10 @@ fn stdin_gives_the_same_records_as_a_file() {
 fn emit_allow_prints_a_record_for_every_event() {
     let dir = tempfile::tempdir().unwrap();
     let rules = rules_file(&dir);
-    let out = vigil(&["replay", "--rules", &rules, "--input", "-", "--emit-allow"], Some(INPUT));
+    let out = vigil(
+        &["replay", "--rules", &rules, "--input", "-", "--emit-allow"],
+        Some(INPUT),
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 8);
     let version = rules_version(&stdout);
@@ -140,49 +193,133 @@ fn emit_allow_prints_a_record_for_every_event() {
 fn unopenable_input_or_bad_rules_exit_1() {
     let dir = tempfile::tempdir().unwrap();
     let rules = rules_file(&dir);
-    let out = vigil(&["replay", "--rules", &rules, "--input", "/nonexistent/events.jsonl"], None);
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            "/nonexistent/events.jsonl",
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/events.jsonl: cannot open input"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("/nonexistent/events.jsonl: cannot open input"));
 
-    let out = vigil(&["replay", "--rules", "tests/fixtures/rules/invalid/bad_action.toml", "--input", "-"], Some(INPUT));
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            "tests/fixtures/rules/invalid/bad_action.toml",
+            "--input",
+            "-",
+        ],
+        Some(INPUT),
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).starts_with("tests/fixtures/rules/invalid/bad_action.toml:3:10: invalid action"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("tests/fixtures/rules/invalid/bad_action.toml:3:10: invalid action"));
     assert!(out.stdout.is_empty());
 }
 
 #[test]
 fn shipped_examples_show_every_kind_of_decision() {
-    let out = vigil(&["replay", "--rules", "rules", "--input", "examples/events.jsonl"], None);
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            "examples/events.jsonl",
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(0));
-    let records: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let fired = |rule: &str, action: &str| {
-        records.iter().any(|r| r["action"] == action && r["hits"].as_array().unwrap().iter().any(|h| h["rule_id"] == rule))
+        records.iter().any(|r| {
+            r["action"] == action
+                && r["hits"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|h| h["rule_id"] == rule)
+        })
     };
     assert!(fired("login-stuffing-ip", "block"), "credential stuffing");
     assert!(fired("login-brute-force", "block"), "brute force");
-    assert!(fired("login-success-after-fails", "challenge"), "the success after the failures");
+    assert!(
+        fired("login-success-after-fails", "challenge"),
+        "the success after the failures"
+    );
     assert!(fired("login-many-devices", "alert"), "account takeover");
     assert!(fired("pay-card-testing", "block"), "card testing");
-    assert!(fired("pay-approved-after-declines", "block"), "the approval after the declines");
-    assert!(fired("pay-merchant-decline-ratio", "block"), "a merchant under attack");
-    assert!(fired("pay-geo-mismatch-large", "challenge"), "a large payment with a foreign card");
+    assert!(
+        fired("pay-approved-after-declines", "block"),
+        "the approval after the declines"
+    );
+    assert!(
+        fired("pay-merchant-decline-ratio", "block"),
+        "a merchant under attack"
+    );
+    assert!(
+        fired("pay-geo-mismatch-large", "challenge"),
+        "a large payment with a foreign card"
+    );
     assert!(fired("pay-cash-out", "review"), "cash-out");
-    assert!(fired("pay-stolen-card", "block"), "a card on the stolen-card list");
-    assert!(fired("login-from-datacenter", "challenge"), "a login from a datacenter network");
-    assert!(fired("pay-test-cards", "allow") && fired("pay-card-testing", "allow"), "test cards override blocks");
-    assert!(fired("login-qa-accounts", "allow") && fired("login-brute-force", "allow"), "QA accounts override blocks");
-    assert!(fired("login-users-ip-shadow", "allow"), "shadow rule alone decides allow");
-    let held = records.iter().flat_map(|r| r["hits"].as_array().unwrap()).find(|h| h["reason"] == "held").expect("a held login");
-    assert_eq!(held["rule_id"], "login-brute-force", "the brute-forced account stays blocked after its failures slid out");
+    assert!(
+        fired("pay-stolen-card", "block"),
+        "a card on the stolen-card list"
+    );
+    assert!(
+        fired("login-from-datacenter", "challenge"),
+        "a login from a datacenter network"
+    );
+    assert!(
+        fired("pay-test-cards", "allow") && fired("pay-card-testing", "allow"),
+        "test cards override blocks"
+    );
+    assert!(
+        fired("login-qa-accounts", "allow") && fired("login-brute-force", "allow"),
+        "QA accounts override blocks"
+    );
+    assert!(
+        fired("login-users-ip-shadow", "allow"),
+        "shadow rule alone decides allow"
+    );
+    let held = records
+        .iter()
+        .flat_map(|r| r["hits"].as_array().unwrap())
+        .find(|h| h["reason"] == "held")
+        .expect("a held login");
+    assert_eq!(
+        held["rule_id"], "login-brute-force",
+        "the brute-forced account stays blocked after its failures slid out"
+    );
     assert!(held["held_until"].is_i64());
     // Every shipped rule fires somewhere in the examples.
     let rules = vigil::rule_files::load(std::path::Path::new("rules")).unwrap();
     for rule in rules.rules() {
-        assert!(records.iter().any(|r| r["hits"].as_array().unwrap().iter().any(|h| h["rule_id"] == rule.id.as_str())), "{} never fires", rule.id);
+        assert!(
+            records.iter().any(|r| r["hits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h["rule_id"] == rule.id.as_str())),
+            "{} never fires",
+            rule.id
+        );
     }
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.starts_with("replay: 179 events read, 51 decisions, 0 bad lines, 0 late"), "{stderr}");
+    assert!(
+        stderr.starts_with("replay: 179 events read, 51 decisions, 0 bad lines, 0 late"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -190,19 +327,30 @@ fn timestamps_out_of_range_or_in_the_future_are_bad_lines() {
     let dir = tempfile::tempdir().unwrap();
     let rules = rules_file(&dir);
     let input = concat!(
-        r#"{"ts":9223372036854775807,"type":"login","result":"fail","user_id":"u"}"#, "\n",
-        r#"{"ts":253402300799999,"type":"login","result":"fail","user_id":"u"}"#, "\n",
-        r#"{"ts":"9999-12-31T23:59:59.999Z","type":"login","result":"fail","user_id":"u"}"#, "\n",
-        r#"{"ts":253402300799999,"type":"login","result":"fail","user_id":"u"}"#, "\n",
-        r#"{"ts":0,"type":"login","result":"fail","user_id":"u"}"#, "\n",
-        r#"{"ts":9223372036854775808,"type":"login","result":"fail","user_id":"u"}"#, "\n",
-        r#"{"ts":"+262142-12-31T23:59:59Z","type":"login","result":"fail","user_id":"u"}"#, "\n",
+        r#"{"ts":9223372036854775807,"type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
+        r#"{"ts":253402300799999,"type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
+        r#"{"ts":"9999-12-31T23:59:59.999Z","type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
+        r#"{"ts":253402300799999,"type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
+        r#"{"ts":0,"type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
+        r#"{"ts":9223372036854775808,"type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
+        r#"{"ts":"+262142-12-31T23:59:59Z","type":"login","result":"fail","user_id":"u"}"#,
+        "\n",
     );
     // One event from a broken clock must not push u's window into the future: events past the
     // future bound are bad lines, and u's real events still count.
     let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(input));
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "", "only one event of u was counted");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "",
+        "only one event of u was counted"
+    );
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 1: bad event (bad_ts): unusable ts: 9223372036854775807 is outside 0..=253402300799999"), "{stderr}");
     for line in [2, 3, 4] {
@@ -210,17 +358,36 @@ fn timestamps_out_of_range_or_in_the_future_are_bad_lines() {
     }
     assert!(stderr.contains("line 6: bad event (bad_ts)"), "{stderr}");
     assert!(stderr.contains("line 7: bad event (bad_ts)"), "{stderr}");
-    assert!(stderr.contains("1 events read, 0 decisions, 6 bad lines"), "{stderr}");
+    assert!(
+        stderr.contains("1 events read, 0 decisions, 6 bad lines"),
+        "{stderr}"
+    );
 
     // Without the future bound, the year-9999 events are judged (the third exceeds the limit of
     // 2), and the one at 0 is behind the watermark.
-    let out = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-future-skew", "off"], Some(input));
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            "-",
+            "--max-future-skew",
+            "off",
+        ],
+        Some(input),
+    );
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.contains(r#""value":3"#), "{stdout}");
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.contains("4 events read, 1 decisions, 3 bad lines, 1 late (1 events behind the watermark)"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "4 events read, 1 decisions, 3 bad lines, 1 late (1 events behind the watermark)"
+        ),
+        "{stderr}"
+    );
 }
 
 /// A line longer than `--max-event-bytes` is a bad line (`too_large`), read through without being
@@ -229,25 +396,65 @@ fn timestamps_out_of_range_or_in_the_future_are_bad_lines() {
 #[test]
 fn overlong_lines_are_bad_lines_and_never_held_whole() {
     let mut input = String::new();
-    input.push_str(r#"{"event_id":"a","ts":1700000000000,"type":"login","result":"fail","user_id":"u"}"#);
+    input.push_str(
+        r#"{"event_id":"a","ts":1700000000000,"type":"login","result":"fail","user_id":"u"}"#,
+    );
     input.push('\n');
-    input.push_str(&format!(r#"{{"event_id":"big","ts":1700000000001,"pad":"{}"}}"#, "x".repeat(5_000)));
+    input.push_str(&format!(
+        r#"{{"event_id":"big","ts":1700000000001,"pad":"{}"}}"#,
+        "x".repeat(5_000)
+    ));
     input.push('\n');
-    input.push_str(r#"{"event_id":"b","ts":1700000000002,"type":"login","result":"fail","user_id":"u"}"#);
+    input.push_str(
+        r#"{"event_id":"b","ts":1700000000002,"type":"login","result":"fail","user_id":"u"}"#,
+    );
     input.push('\n');
-    let out = vigil(&["replay", "--rules", "rules", "--input", "-", "--emit-allow", "--max-event-bytes", "4096"], Some(&input));
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            "-",
+            "--emit-allow",
+            "--max-event-bytes",
+            "4096",
+        ],
+        Some(&input),
+    );
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let ids: Vec<String> = stdout.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event_id"].to_string()).collect();
+    let ids: Vec<String> = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event_id"].to_string())
+        .collect();
     assert_eq!(ids, ["\"a\"", "\"b\""]);
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 2: bad event (too_large): line of 5046 bytes is longer than max_event_bytes (4096)"), "{stderr}");
 
     let endless = "{".repeat(3_000_000);
-    let out = vigil(&["replay", "--rules", "rules", "--input", "-", "--max-event-bytes", "65536"], Some(&endless));
-    assert_eq!(out.status.code(), Some(1), "its one line is bad: nothing could be decoded");
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            "-",
+            "--max-event-bytes",
+            "65536",
+        ],
+        Some(&endless),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "its one line is bad: nothing could be decoded"
+    );
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.contains("line 1: bad event (too_large): line of 3000000 bytes"), "{stderr}");
+    assert!(
+        stderr.contains("line 1: bad event (too_large): line of 3000000 bytes"),
+        "{stderr}"
+    );
 }
 
 /// Crafted amounts cannot cancel, overflow or blind a sum: each one outside [0, 1e12) is skipped
@@ -263,19 +470,48 @@ fn hostile_amounts_cannot_cancel_overflow_or_blind_a_sum() {
     )
     .unwrap();
     let mut input = String::new();
-    for (i, amount) in ["-1e308", "-1e308", "1e308", "1e308", "-1e18", "1e12", "999999999999.9999999", "60", "50.000001"].iter().enumerate() {
-        input.push_str(&format!("{{\"event_id\":\"e{i}\",\"ts\":{},\"acct\":\"a\",\"amount\":{amount}}}\n", 1_700_000_000_000i64 + i as i64));
+    for (i, amount) in [
+        "-1e308",
+        "-1e308",
+        "1e308",
+        "1e308",
+        "-1e18",
+        "1e12",
+        "999999999999.9999999",
+        "60",
+        "50.000001",
+    ]
+    .iter()
+    .enumerate()
+    {
+        input.push_str(&format!(
+            "{{\"event_id\":\"e{i}\",\"ts\":{},\"acct\":\"a\",\"amount\":{amount}}}\n",
+            1_700_000_000_000i64 + i as i64
+        ));
     }
-    let out = vigil(&["replay", "--rules", rules.to_str().unwrap(), "--input", "-"], Some(&input));
+    let out = vigil(
+        &["replay", "--rules", rules.to_str().unwrap(), "--input", "-"],
+        Some(&input),
+    );
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let records: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(records.len(), 1, "{stdout}");
     assert_eq!(records[0]["event_id"], "e8");
-    assert_eq!(records[0]["hits"][0]["counters"][0]["value"].to_string(), "110.000001", "exact, never NaN or null");
+    assert_eq!(
+        records[0]["hits"][0]["counters"][0]["value"].to_string(),
+        "110.000001",
+        "exact, never NaN or null"
+    );
     let stderr = String::from_utf8(out.stderr).unwrap();
     // 999999999999.9999999 rounds half-to-even to 1e12 micro-units: out of range too.
-    assert!(stderr.contains("7 skipped (0 dimension, 0 sum field, 7 sum range, 0 distinct field)"), "{stderr}");
+    assert!(
+        stderr.contains("7 skipped (0 dimension, 0 sum field, 7 sum range, 0 distinct field)"),
+        "{stderr}"
+    );
 }
 
 /// A flood of distinct keys within one lateness bound (300 000 one-off users and IPs in five
@@ -303,7 +539,18 @@ fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
     }
     let path = dir.path().join("flood.jsonl");
     std::fs::write(&path, &input).unwrap();
-    let out = vigil(&["replay", "--rules", rules.to_str().unwrap(), "--input", path.to_str().unwrap(), "--max-keys", "20000"], None);
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--input",
+            path.to_str().unwrap(),
+            "--max-keys",
+            "20000",
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let blocked: Vec<String> = stdout
@@ -316,12 +563,26 @@ fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
     let expected: Vec<String> = (5..150).map(|n| format!("v{}", n * 2_000)).collect();
     assert_eq!(blocked, expected);
     let stderr = String::from_utf8(out.stderr).unwrap();
-    let summary = stderr.lines().find(|l| l.starts_with("replay:") && l.contains("live keys")).unwrap();
-    let peak: usize = summary.split("(peak ").nth(1).unwrap().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+    let summary = stderr
+        .lines()
+        .find(|l| l.starts_with("replay:") && l.contains("live keys"))
+        .unwrap();
+    let peak: usize = summary
+        .split("(peak ")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(peak <= 20_000, "{summary}");
     assert!(summary.contains("MiB of state"), "{summary}");
     assert!(summary.contains("holds evicted at the bound"), "{summary}");
-    assert!(stderr.contains("the counter state is at its bound of keys (--max-keys)"), "{stderr}");
+    assert!(
+        stderr.contains("the counter state is at its bound of keys (--max-keys)"),
+        "{stderr}"
+    );
     eprintln!("{summary}");
 }
 
@@ -332,29 +593,101 @@ fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
 fn an_input_with_no_usable_line_or_too_many_bad_ones_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     let rules = rules_file(&dir);
-    let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some("not json\n[1]\n{\"no\":\"ts\"}\n"));
+    let out = vigil(
+        &["replay", "--rules", &rules, "--input", "-"],
+        Some("not json\n[1]\n{\"no\":\"ts\"}\n"),
+    );
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("replay: no input line could be decoded (3 bad lines; the reasons are above)"), "{stderr}");
-    let out = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "1"], Some("not json\n"));
-    assert_eq!(out.status.code(), Some(1), "none decoded: refused whatever the ratio");
+    assert!(
+        stderr.contains(
+            "replay: no input line could be decoded (3 bad lines; the reasons are above)"
+        ),
+        "{stderr}"
+    );
+    let out = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            "-",
+            "--max-bad-ratio",
+            "1",
+        ],
+        Some("not json\n"),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "none decoded: refused whatever the ratio"
+    );
 
     // INPUT: 8 events decode, 5 lines are bad (of 13 non-blank).
     let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(INPUT));
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let strict = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "0.3"], Some(INPUT));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let strict = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            "-",
+            "--max-bad-ratio",
+            "0.3",
+        ],
+        Some(INPUT),
+    );
     assert_eq!(strict.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&strict.stderr);
-    assert!(stderr.contains("replay: 5 of 13 lines were bad (38.5 %), more than --max-bad-ratio 0.3"), "{stderr}");
+    assert!(
+        stderr.contains("replay: 5 of 13 lines were bad (38.5 %), more than --max-bad-ratio 0.3"),
+        "{stderr}"
+    );
     assert_eq!(strict.stdout, out.stdout, "every record is still written");
-    let lenient = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "0.4"], Some(INPUT));
+    let lenient = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            "-",
+            "--max-bad-ratio",
+            "0.4",
+        ],
+        Some(INPUT),
+    );
     assert_eq!(lenient.status.code(), Some(0));
 
     let empty = vigil(&["replay", "--rules", &rules, "--input", "-"], Some("\n\n"));
-    assert_eq!(empty.status.code(), Some(0), "nothing to decode is not a bad input");
-    let bad_ratio = vigil(&["replay", "--rules", &rules, "--input", "-", "--max-bad-ratio", "2"], None);
+    assert_eq!(
+        empty.status.code(),
+        Some(0),
+        "nothing to decode is not a bad input"
+    );
+    let bad_ratio = vigil(
+        &[
+            "replay",
+            "--rules",
+            &rules,
+            "--input",
+            "-",
+            "--max-bad-ratio",
+            "2",
+        ],
+        None,
+    );
     assert_eq!(bad_ratio.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad_ratio.stderr).contains("\"2\" is not a share between 0 and 1"), "{}", String::from_utf8_lossy(&bad_ratio.stderr));
+    assert!(
+        String::from_utf8_lossy(&bad_ratio.stderr).contains("\"2\" is not a share between 0 and 1"),
+        "{}",
+        String::from_utf8_lossy(&bad_ratio.stderr)
+    );
 }
 
 /// `--input -` on a pipe is a live sidecar: each record comes out as soon as its line is read,
@@ -374,13 +707,21 @@ fn a_piped_stdin_gets_each_record_as_soon_as_its_line_is_written() {
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     for n in 1..=3 {
-        writeln!(stdin, r#"{{"event_id":"live-{n}","ts":{},"type":"login","result":"fail","user_id":"u1"}}"#, 100_000 + n).unwrap();
+        writeln!(
+            stdin,
+            r#"{{"event_id":"live-{n}","ts":{},"type":"login","result":"fail","user_id":"u1"}}"#,
+            100_000 + n
+        )
+        .unwrap();
         stdin.flush().unwrap();
         // Read back before writing the next line (the pipe is still open): a record held for a
         // batch to fill would block here until the test's timeout.
         let mut record = String::new();
         stdout.read_line(&mut record).unwrap();
-        assert!(record.contains(&format!("\"event_id\":\"live-{n}\"")), "{record}");
+        assert!(
+            record.contains(&format!("\"event_id\":\"live-{n}\"")),
+            "{record}"
+        );
     }
     drop(stdin);
     assert!(child.wait().unwrap().success());

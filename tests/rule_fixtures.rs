@@ -108,7 +108,10 @@ fn duplicate_ids_are_found_across_files() {
 }
 
 fn vigil(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_vigil")).args(args).output().expect("run vigil")
+    Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(args)
+        .output()
+        .expect("run vigil")
 }
 
 #[test]
@@ -122,9 +125,15 @@ fn check_prints_every_error_and_exits_1() {
         let want = expected(&format!("{FIXTURES}/{name}.expected"));
         assert_eq!(&lines[..want.len()], want.as_slice(), "{name}");
         let n = want.len();
-        let summary = format!("{n} error{} in rules at {toml}", if n == 1 { "" } else { "s" });
+        let summary = format!(
+            "{n} error{} in rules at {toml}",
+            if n == 1 { "" } else { "s" }
+        );
         assert_eq!(lines[want.len()..], [summary.as_str()], "{name}");
-        assert!(out.stdout.is_empty(), "{name}: nothing on stdout when rules are refused");
+        assert!(
+            out.stdout.is_empty(),
+            "{name}: nothing on stdout when rules are refused"
+        );
     }
 }
 
@@ -143,16 +152,33 @@ fn check_lists_each_valid_rule_and_exits_0() {
         lines[1],
         "ok rule login-brute-force: block/enforce judges events where type == 'login'; fires when $login-fails-user-10m > 5; then holds user_id for 30m  [rules/login.toml:21:1]"
     );
-    assert!(lines.iter().any(|l| l.starts_with("ok rule login-users-ip-shadow: review/shadow judges events where type is \"login\"")), "{stdout}");
-    assert!(lines.iter().any(|l| l.contains("sum of amount per user_id+geo.country over 1d (bucket 1h)")), "{stdout}");
-    assert!(lines[26].starts_with("16 rules (16 enabled) and 10 counters in 2 files OK (rules version "), "{}", lines[26]);
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "ok rule login-users-ip-shadow: review/shadow judges events where type is \"login\""
+        )),
+        "{stdout}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("sum of amount per user_id+geo.country over 1d (bucket 1h)")),
+        "{stdout}"
+    );
+    assert!(
+        lines[26]
+            .starts_with("16 rules (16 enabled) and 10 counters in 2 files OK (rules version "),
+        "{}",
+        lines[26]
+    );
 }
 
 #[test]
 fn check_refuses_missing_path_and_empty_directory() {
     let out = vigil(&["check", "tests/fixtures/does-not-exist"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("tests/fixtures/does-not-exist: cannot read"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tests/fixtures/does-not-exist: cannot read")
+    );
 
     let empty = tempfile::tempdir().unwrap();
     let out = vigil(&["check", empty.path().to_str().unwrap()]);
@@ -170,14 +196,19 @@ fn unreadable_entries_in_a_rules_directory_are_errors_with_their_path() {
         fs::write(dir.path().join("a.toml"), rule).unwrap();
         let path = dir.path().join(name);
         match name {
-            "dangling.toml" => std::os::unix::fs::symlink(dir.path().join("nowhere.toml"), &path).unwrap(),
+            "dangling.toml" => {
+                std::os::unix::fs::symlink(dir.path().join("nowhere.toml"), &path).unwrap()
+            }
             "loop.toml" => std::os::unix::fs::symlink(&path, &path).unwrap(),
             _ => fs::create_dir(&path).unwrap(),
         }
         let out = vigil(&["check", dir.path().to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "{name}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(&path.display().to_string()), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&path.display().to_string()),
+            "{name}: {stderr}"
+        );
     }
 }
 
@@ -189,14 +220,37 @@ fn empty_rule_sets_are_refused_and_a_byte_order_mark_is_accepted() {
     fs::write(dir.path().join("a.toml"), "# nothing here yet\n").unwrap();
     let out = vigil(&["check", dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no rules defined"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(matches!(rule_files::load(dir.path()), Err(LoadError::Empty { .. })));
-    assert!(rule_files::load_with(dir.path(), true).is_ok(), "rules.allow_empty = true accepts it");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no rules defined"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(matches!(
+        rule_files::load(dir.path()),
+        Err(LoadError::Empty { .. })
+    ));
+    assert!(
+        rule_files::load_with(dir.path(), true).is_ok(),
+        "rules.allow_empty = true accepts it"
+    );
 
-    fs::write(dir.path().join("a.toml"), "\u{feff}[[rule]]\nid = 'r'\naction = 'alert'\n").unwrap();
+    fs::write(
+        dir.path().join("a.toml"),
+        "\u{feff}[[rule]]\nid = 'r'\naction = 'alert'\n",
+    )
+    .unwrap();
     let out = vigil(&["check", dir.path().to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    fs::write(dir.path().join("a.toml"), "\u{feff}[[rule]]\nid = 'R'\naction = 'alert'\n").unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::write(
+        dir.path().join("a.toml"),
+        "\u{feff}[[rule]]\nid = 'R'\naction = 'alert'\n",
+    )
+    .unwrap();
     let out = vigil(&["check", dir.path().to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("a.toml:2:6: "), "{stderr}");
@@ -226,7 +280,11 @@ fn loading_is_linear_in_the_rule_count() {
         (0..3)
             .map(|_| {
                 let started = std::time::Instant::now();
-                let set = vigil::rules::compile::compile_sources(&[("many.toml", &text)], &vigil::rules::compile::no_files).unwrap();
+                let set = vigil::rules::compile::compile_sources(
+                    &[("many.toml", &text)],
+                    &vigil::rules::compile::no_files,
+                )
+                .unwrap();
                 assert_eq!(set.rules.len(), 2 * n);
                 started.elapsed()
             })
@@ -259,7 +317,17 @@ fn diagnostics_quote_a_bounded_prefix_of_long_values() {
     let messages = library_messages(path.to_str().unwrap());
     assert!(messages.len() >= 12, "{messages:#?}");
     for message in &messages {
-        assert!(message.len() < 400, "{} bytes: {}", message.len(), &message[..300]);
+        assert!(
+            message.len() < 400,
+            "{} bytes: {}",
+            message.len(),
+            &message[..300]
+        );
     }
-    assert!(messages.iter().any(|m| m.contains("invalid action \"xxxx") && m.contains("… (100000 bytes)")), "{messages:#?}");
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("invalid action \"xxxx") && m.contains("… (100000 bytes)")),
+        "{messages:#?}"
+    );
 }

@@ -26,9 +26,16 @@ pub fn backtest(
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
-    let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
-    let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
-    let total = std::fs::metadata(input).ok().filter(|m| m.is_file()).map(|m| m.len());
+    let Some(rules) = load_rules(rules_path) else {
+        return Ok(ExitCode::from(1));
+    };
+    let Some(reader) = open_input(input) else {
+        return Ok(ExitCode::from(1));
+    };
+    let total = std::fs::metadata(input)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len());
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
     let store = MemoryStore::new().with_max_keys(max_keys);
@@ -37,7 +44,10 @@ pub fn backtest(
         if show_progress {
             let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);
             match total {
-                Some(bytes) => eprint!("\rbacktest: {lines} lines ({:.1} MiB input), {rate:.0} lines/s", bytes as f64 / 1048576.0),
+                Some(bytes) => eprint!(
+                    "\rbacktest: {lines} lines ({:.1} MiB input), {rate:.0} lines/s",
+                    bytes as f64 / 1048576.0
+                ),
                 None => eprint!("\rbacktest: {lines} lines, {rate:.0} lines/s"),
             }
         }
@@ -53,5 +63,8 @@ pub fn backtest(
     } else {
         pipeline::backtest::write_table(&report, &mut out)?;
     }
-    Ok(super::refuse_bad_input("backtest", report.events, report.bad_lines, max_bad_ratio).unwrap_or(ExitCode::SUCCESS))
+    Ok(
+        super::refuse_bad_input("backtest", report.events, report.bad_lines, max_bad_ratio)
+            .unwrap_or(ExitCode::SUCCESS),
+    )
 }

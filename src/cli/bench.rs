@@ -28,7 +28,9 @@ pub struct BenchArgs {
 /// Replays a workload (`--input`, else generated to a temporary file) single-threaded with the
 /// in-process store, or with `--redis` against the per-event scripts.
 pub fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let Some(rules) = load_rules(&args.rules) else { return Ok(ExitCode::from(1)) };
+    let Some(rules) = load_rules(&args.rules) else {
+        return Ok(ExitCode::from(1));
+    };
     let rss_before = replay_bench::peak_rss_kib();
     let input = BenchInput::prepare(args.input.as_deref(), &args.workload)?;
     if let Some(url) = &args.redis {
@@ -39,15 +41,29 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut out = io::stdout().lock();
     let rules = replay_bench::run(rules, input.path(), rss_before, &mut out)?;
     if let Some(other) = &args.compare_rules {
-        let Some(other_rules) = load_rules(other) else { return Ok(ExitCode::from(1)) };
-        replay_bench::compare_rule_sets(input.path(), rules, other_rules, &args.rules, other, args.rounds, &mut out)?;
+        let Some(other_rules) = load_rules(other) else {
+            return Ok(ExitCode::from(1));
+        };
+        replay_bench::compare_rule_sets(
+            input.path(),
+            rules,
+            other_rules,
+            &args.rules,
+            other,
+            args.rounds,
+            &mut out,
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `vigil bench --kafka BROKERS`: one worker end to end (see `vigil::harness::kafka_bench`).
 pub fn bench_kafka(args: kafka_bench::KafkaBenchArgs) -> anyhow::Result<ExitCode> {
-    let Some(rules) = load_rules(&args.rules_path) else { return Ok(ExitCode::from(1)) };
-    kafka_bench::run(&args, rules, &mut io::stdout().lock()).map_err(anyhow::Error::msg).context("kafka benchmark")?;
+    let Some(rules) = load_rules(&args.rules_path) else {
+        return Ok(ExitCode::from(1));
+    };
+    kafka_bench::run(&args, rules, &mut io::stdout().lock())
+        .map_err(anyhow::Error::msg)
+        .context("kafka benchmark")?;
     Ok(ExitCode::SUCCESS)
 }

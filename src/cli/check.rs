@@ -12,7 +12,9 @@ use super::load_rules;
 /// One line per counter and rule saying what it counts or judges, a warning per likely mistake
 /// (on stderr), and exit 0; or every error and exit 1.
 pub fn check(path: &Path, max_partition_skew: Option<Duration>) -> anyhow::Result<ExitCode> {
-    let Some(rules) = load_rules(path) else { return Ok(ExitCode::from(1)) };
+    let Some(rules) = load_rules(path) else {
+        return Ok(ExitCode::from(1));
+    };
     let mut out = io::stdout().lock();
     for line in vigil::rules::describe::summaries(&rules) {
         writeln!(out, "ok {line}")?;
@@ -45,8 +47,13 @@ pub fn check(path: &Path, max_partition_skew: Option<Duration>) -> anyhow::Resul
 /// A warning per counter whose window is not longer than `max_partition_skew`: partitions of a
 /// group may be that far apart in event time, so one partition's event can be late for a key
 /// another partition moved on (see the worker's `input.max_partition_skew`).
-fn short_windows(rules: &vigil::rules::RuleSet, max_partition_skew: Option<Duration>) -> Vec<String> {
-    let Some(skew) = max_partition_skew else { return Vec::new() };
+fn short_windows(
+    rules: &vigil::rules::RuleSet,
+    max_partition_skew: Option<Duration>,
+) -> Vec<String> {
+    let Some(skew) = max_partition_skew else {
+        return Vec::new();
+    };
     let skew_ms = i64::try_from(skew.as_millis()).unwrap_or(i64::MAX);
     rules
         .counters()

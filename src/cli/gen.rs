@@ -12,7 +12,8 @@ use vigil::harness::workload::{self, WorkloadSpec};
 /// Writes `spec`'s events to stdout, or produces them to `kafka`'s (brokers, topic).
 pub fn gen(spec: WorkloadSpec, kafka: Option<(String, String)>) -> anyhow::Result<ExitCode> {
     if let Some((brokers, topic)) = kafka {
-        let produced = kafka_bench::produce_generated(&brokers, &topic, &spec).map_err(anyhow::Error::msg)?;
+        let produced =
+            kafka_bench::produce_generated(&brokers, &topic, &spec).map_err(anyhow::Error::msg)?;
         eprintln!("gen: produced {produced} events to {topic}");
         return Ok(ExitCode::SUCCESS);
     }

@@ -42,7 +42,11 @@ fn load_rules_with(path: &Path, allow_empty: bool) -> Option<RuleSet> {
                 eprintln!("{d}");
             }
             let n = errors.0.len();
-            eprintln!("{n} error{} in rules at {}", if n == 1 { "" } else { "s" }, path.display());
+            eprintln!(
+                "{n} error{} in rules at {}",
+                if n == 1 { "" } else { "s" },
+                path.display()
+            );
             None
         }
         Err(other) => {
@@ -62,7 +66,9 @@ fn refuse_bad_input(command: &str, events: u64, bad: u64, max_bad_ratio: f64) ->
     }
     let ratio = bad as f64 / lines as f64;
     if events == 0 {
-        eprintln!("{command}: no input line could be decoded ({bad} bad lines; the reasons are above)");
+        eprintln!(
+            "{command}: no input line could be decoded ({bad} bad lines; the reasons are above)"
+        );
     } else if ratio > max_bad_ratio {
         eprintln!(
             "{command}: {bad} of {lines} lines were bad ({:.1} %), more than --max-bad-ratio {max_bad_ratio}",
@@ -78,7 +84,9 @@ fn refuse_bad_input(command: &str, events: u64, bad: u64, max_bad_ratio: f64) ->
 pub fn parse_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
-        _ => Err(format!("{text:?} is not a share between 0 and 1 (e.g. 0.01)")),
+        _ => Err(format!(
+            "{text:?} is not a share between 0 and 1 (e.g. 0.01)"
+        )),
     }
 }
 

@@ -37,12 +37,27 @@ pub fn replay(
     max_keys: usize,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
-    let Some(rules) = load_rules(rules_path) else { return Ok(ExitCode::from(1)) };
-    let Some(reader) = open_input(input) else { return Ok(ExitCode::from(1)) };
+    let Some(rules) = load_rules(rules_path) else {
+        return Ok(ExitCode::from(1));
+    };
+    let Some(reader) = open_input(input) else {
+        return Ok(ExitCode::from(1));
+    };
     // A pipe is a live stream: each record goes out as soon as its line is judged.
-    options.live = input == Path::new("-") && !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.is_file());
-    let mut setup = StoreSetup { max_keys, max_lateness_ms: bounds.max_lateness_ms, ..StoreSetup::default() };
-    if let Some(ReplayRedis { url, tls_ca_file, input_id, replica_ack_timeout }) = redis {
+    options.live =
+        input == Path::new("-") && !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.is_file());
+    let mut setup = StoreSetup {
+        max_keys,
+        max_lateness_ms: bounds.max_lateness_ms,
+        ..StoreSetup::default()
+    };
+    if let Some(ReplayRedis {
+        url,
+        tls_ca_file,
+        input_id,
+        replica_ack_timeout,
+    }) = redis
+    {
         setup.redis.replica_ack_timeout = replica_ack_timeout;
         options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
         setup.redis.url = Some(url);
@@ -51,17 +66,30 @@ pub fn replay(
     let store = match setup.open() {
         Ok((store, _no_journal)) => store,
         Err(e) => {
-            eprintln!("error: {}: {e}", redact_url(setup.redis.url.as_deref().unwrap_or_default()));
+            eprintln!(
+                "error: {}: {e}",
+                redact_url(setup.redis.url.as_deref().unwrap_or_default())
+            );
             return Ok(ExitCode::from(1));
         }
     };
     let clock = Arc::new(SystemClock);
     // Each store its own monomorphised engine: no dispatch on the counting path.
     match store {
-        AnyStore::Memory(store) => run_replay(Engine::new(rules, store).with_time(bounds, clock), reader, options, max_bad_ratio, |_| {}),
-        AnyStore::Redis(store) => {
-            run_replay(Engine::new(rules, *store).with_time(bounds, clock), reader, options, max_bad_ratio, report_redis)
-        }
+        AnyStore::Memory(store) => run_replay(
+            Engine::new(rules, store).with_time(bounds, clock),
+            reader,
+            options,
+            max_bad_ratio,
+            |_| {},
+        ),
+        AnyStore::Redis(store) => run_replay(
+            Engine::new(rules, *store).with_time(bounds, clock),
+            reader,
+            options,
+            max_bad_ratio,
+            report_redis,
+        ),
     }
 }
 
@@ -73,14 +101,21 @@ fn input_identity(input: &Path, input_id: Option<&str>) -> anyhow::Result<Vec<u8
     }
     if input != Path::new("-") && std::fs::metadata(input).is_ok_and(|m| m.is_file()) {
         let mut hasher = blake3::Hasher::new();
-        let file = File::open(input).with_context(|| format!("{}: cannot open input", input.display()))?;
-        hasher.update_reader(file).with_context(|| format!("{}: cannot read input", input.display()))?;
+        let file =
+            File::open(input).with_context(|| format!("{}: cannot open input", input.display()))?;
+        hasher
+            .update_reader(file)
+            .with_context(|| format!("{}: cannot read input", input.display()))?;
         return Ok([b"content:", hasher.finalize().as_bytes().as_slice()].concat());
     }
     eprintln!(
         "replay: reading {} into Redis without --input-id: its events count as a new input; \
          replaying them again would count them again (give the same --input-id to count them once)",
-        if input == Path::new("-") { "stdin" } else { "a stream" }
+        if input == Path::new("-") {
+            "stdin"
+        } else {
+            "a stream"
+        }
     );
     let random: [u8; 16] = rand::random();
     Ok([b"run:", random.as_slice()].concat())
@@ -99,10 +134,18 @@ fn run_replay<S: CounterStore>(
         Ok(summary) => {
             eprintln!("{summary}");
             report_store(engine.store());
-            Ok(super::refuse_bad_input("replay", summary.counts.events, summary.bad_lines, max_bad_ratio).unwrap_or(ExitCode::SUCCESS))
+            Ok(super::refuse_bad_input(
+                "replay",
+                summary.counts.events,
+                summary.bad_lines,
+                max_bad_ratio,
+            )
+            .unwrap_or(ExitCode::SUCCESS))
         }
         // A closed stdout (`vigil replay ... | head`) is a normal way to stop reading.
-        Err(pipeline::ReplayError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(pipeline::ReplayError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
+            Ok(ExitCode::SUCCESS)
+        }
         Err(e) => Err(e).context("replay failed"),
     }
 }

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use vigil::config::{redact_url, Config};
-use vigil::worker;
 use vigil::shutdown::Shutdown;
 use vigil::telemetry::{self, http::Health, Metrics};
+use vigil::worker;
 
 use super::load_rules_with;
 
@@ -29,14 +29,20 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = ?config, "starting vigil run");
-    let Some(rules) = load_rules_with(&config.rules.path, config.rules.allow_empty) else { return Ok(ExitCode::from(1)) };
+    let Some(rules) = load_rules_with(&config.rules.path, config.rules.allow_empty) else {
+        return Ok(ExitCode::from(1));
+    };
     if config.redis.url.is_none() {
-        tracing::warn!("no redis.url: counting in process, exact only while this is the only worker");
+        tracing::warn!(
+            "no redis.url: counting in process, exact only while this is the only worker"
+        );
     }
-    let (store, journal) = config
-        .store_setup()
-        .open()
-        .with_context(|| format!("connecting to Redis at {}", redact_url(config.redis.url.as_deref().unwrap_or_default())))?;
+    let (store, journal) = config.store_setup().open().with_context(|| {
+        format!(
+            "connecting to Redis at {}",
+            redact_url(config.redis.url.as_deref().unwrap_or_default())
+        )
+    })?;
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let shutdown = Shutdown::new();
@@ -48,7 +54,12 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         .context("starting the HTTP runtime")?;
     let listen = config.http.listen;
     let server = runtime
-        .block_on(telemetry::http::serve(listen, Arc::clone(&metrics), Arc::clone(&health), std::future::pending()))
+        .block_on(telemetry::http::serve(
+            listen,
+            Arc::clone(&metrics),
+            Arc::clone(&health),
+            std::future::pending(),
+        ))
         .with_context(|| format!("http.listen: cannot listen on {listen}"))?;
     runtime.spawn(async move {
         if let Err(e) = server.await {
@@ -57,7 +68,15 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     });
     tracing::info!(%listen, "serving /metrics /healthz /readyz");
     runtime.spawn(on_signals(shutdown.clone(), config.worker.shutdown_timeout));
-    let result = worker::run(config, rules, store, journal, metrics, health, shutdown.clone());
+    let result = worker::run(
+        config,
+        rules,
+        store,
+        journal,
+        metrics,
+        health,
+        shutdown.clone(),
+    );
     shutdown.trigger();
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
@@ -73,7 +92,10 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
 /// five seconds, ends the process at once with exit code 1.
 async fn on_signals(shutdown: Shutdown, bound: std::time::Duration) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };

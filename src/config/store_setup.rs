@@ -43,7 +43,10 @@ impl StoreSetup {
     /// callers name the (redacted) URL in their message.
     pub fn open(&self) -> Result<(AnyStore, Option<JournalWriter>), StoreError> {
         let Some(url) = &self.redis.url else {
-            return Ok((AnyStore::Memory(MemoryStore::new().with_max_keys(self.max_keys)), None));
+            return Ok((
+                AnyStore::Memory(MemoryStore::new().with_max_keys(self.max_keys)),
+                None,
+            ));
         };
         let config = self.redis.store_config(self.max_lateness_ms);
         let store = RedisStore::connect(url, config.clone())?;
@@ -61,7 +64,10 @@ mod tests {
 
     #[test]
     fn without_a_url_the_store_is_in_process_with_its_bound_and_no_journal() {
-        let setup = StoreSetup { max_keys: 7, ..StoreSetup::default() };
+        let setup = StoreSetup {
+            max_keys: 7,
+            ..StoreSetup::default()
+        };
         let (store, journal) = setup.open().unwrap();
         assert!(matches!(store, AnyStore::Memory(_)));
         assert!(journal.is_none());
@@ -70,9 +76,14 @@ mod tests {
     #[test]
     fn a_run_config_opens_its_group_s_journal_with_its_bounds() {
         let text = "[kafka]\nbrokers = \"k\"\ngroup_id = \"g\"\n[memory]\nmax_keys = 9\n[input]\nmax_lateness = \"off\"\n";
-        let setup = super::super::Config::parse("vigil.toml", text, []).unwrap().store_setup();
+        let setup = super::super::Config::parse("vigil.toml", text, [])
+            .unwrap()
+            .store_setup();
         assert_eq!(setup.journal_namespace.as_deref(), Some("g"));
         assert_eq!((setup.max_keys, setup.max_lateness_ms), (9, None));
-        assert_eq!(StoreSetup::redis_at("redis://r/").redis.url.as_deref(), Some("redis://r/"));
+        assert_eq!(
+            StoreSetup::redis_at("redis://r/").redis.url.as_deref(),
+            Some("redis://r/")
+        );
     }
 }

@@ -22,11 +22,18 @@ pub fn single_order(rules: &RuleSet, lines: &[Vec<u8>]) -> Result<Records, Strin
     let mut engine = Engine::new(rules.clone(), MemoryStore::new());
     let input = lines.join(&b'\n');
     let mut output = Vec::new();
-    pipeline::replay(&mut engine, input.as_slice(), &mut output, std::io::sink(), ReplayOptions::default())
-        .map_err(|e| format!("single-order replay: {e}"))?;
+    pipeline::replay(
+        &mut engine,
+        input.as_slice(),
+        &mut output,
+        std::io::sink(),
+        ReplayOptions::default(),
+    )
+    .map_err(|e| format!("single-order replay: {e}"))?;
     let mut records = Records::new();
     for line in output.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        let record: Value = serde_json::from_slice(line).map_err(|e| format!("single-order replay: {e}"))?;
+        let record: Value =
+            serde_json::from_slice(line).map_err(|e| format!("single-order replay: {e}"))?;
         keep_first(&mut records, record);
     }
     Ok(records)
@@ -71,7 +78,11 @@ impl Divergence {
             let (a, b) = (got.get(id), want.get(id));
             let fired = |r: Option<&Value>| -> Vec<String> {
                 r.and_then(|r| r["hits"].as_array())
-                    .map(|hits| hits.iter().map(|h| h["rule_id"].as_str().unwrap_or_default().to_owned()).collect())
+                    .map(|hits| {
+                        hits.iter()
+                            .map(|h| h["rule_id"].as_str().unwrap_or_default().to_owned())
+                            .collect()
+                    })
                     .unwrap_or_default()
             };
             let action = |r: Option<&Value>| r.map(|r| r["action"].clone()).unwrap_or(Value::Null);
@@ -89,7 +100,17 @@ impl Divergence {
     pub fn worst_rule_percent(&self) -> f64 {
         self.per_rule
             .values()
-            .map(|&(got, want)| if want == 0 { if got == 0 { 0.0 } else { 100.0 } } else { got.abs_diff(want) as f64 * 100.0 / want as f64 })
+            .map(|&(got, want)| {
+                if want == 0 {
+                    if got == 0 {
+                        0.0
+                    } else {
+                        100.0
+                    }
+                } else {
+                    got.abs_diff(want) as f64 * 100.0 / want as f64
+                }
+            })
             .fold(0.0, f64::max)
     }
 
@@ -103,8 +124,16 @@ impl Divergence {
             self.values,
             self.worst_rule_percent()
         )?;
-        let rules: Vec<String> = self.per_rule.iter().map(|(rule, (got, want))| format!("{rule} {got}/{want}")).collect();
-        writeln!(out, "                   hits / single-order hits: {}", rules.join(", "))
+        let rules: Vec<String> = self
+            .per_rule
+            .iter()
+            .map(|(rule, (got, want))| format!("{rule} {got}/{want}"))
+            .collect();
+        writeln!(
+            out,
+            "                   hits / single-order hits: {}",
+            rules.join(", ")
+        )
     }
 }
 
@@ -138,9 +167,15 @@ mod tests {
         ]);
         let divergence = Divergence::between(&got, &want);
         assert_eq!(divergence.events, 4);
-        assert_eq!(divergence.decisions, 2, "e-3 only in one, e-4 only in the other");
+        assert_eq!(
+            divergence.decisions, 2,
+            "e-3 only in one, e-4 only in the other"
+        );
         assert_eq!(divergence.values, 1, "e-2");
-        assert_eq!(divergence.per_rule, BTreeMap::from([("a".into(), (2, 2)), ("b".into(), (1, 1))]));
+        assert_eq!(
+            divergence.per_rule,
+            BTreeMap::from([("a".into(), (2, 2)), ("b".into(), (1, 1))])
+        );
         assert_eq!(divergence.worst_rule_percent(), 0.0);
     }
 }

@@ -79,7 +79,15 @@ limit = 1
 /// Event decoding with a projection of nested paths: never panics.
 pub fn decode_event(data: &[u8]) {
     let mut projection = Projection::new();
-    for path in ["user_id", "device.id", "device.os.name", "tags", "amount", "geo.country", "a.b.c.d"] {
+    for path in [
+        "user_id",
+        "device.id",
+        "device.os.name",
+        "tags",
+        "amount",
+        "geo.country",
+        "a.b.c.d",
+    ] {
         projection.slot(&FieldPath::parse(path).expect("valid path"));
     }
     if let Ok(event) = decode(data, &projection) {
@@ -100,7 +108,8 @@ pub fn compile_rules(data: &[u8]) {
 pub fn expression(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let quoted = toml_basic_string(&text);
-    let rules = format!("{RULES}\n[[rule]]\nid = \"fuzzed\"\naction = \"block\"\nwhen = {quoted}\n");
+    let rules =
+        format!("{RULES}\n[[rule]]\nid = \"fuzzed\"\naction = \"block\"\nwhen = {quoted}\n");
     if let Ok(set) = RuleSet::from_sources([("fuzz.toml", rules.as_str())]) {
         judge(set, EVENTS.as_bytes());
     }
@@ -144,6 +153,15 @@ const EVENTS: &str = concat!(
 
 fn judge(set: RuleSet, input: &[u8]) {
     let mut engine = Engine::new(set, MemoryStore::new().with_max_keys(1_000));
-    let options = ReplayOptions { max_event_bytes: 1 << 16, ..ReplayOptions::default() };
-    let _ = replay(&mut engine, input, std::io::sink(), std::io::sink(), options);
+    let options = ReplayOptions {
+        max_event_bytes: 1 << 16,
+        ..ReplayOptions::default()
+    };
+    let _ = replay(
+        &mut engine,
+        input,
+        std::io::sink(),
+        std::io::sink(),
+        options,
+    );
 }

@@ -21,15 +21,15 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use crate::config::{Config, KafkaConfig};
-use crate::worker;
-use crate::rules::RuleSet;
-use crate::shutdown::Shutdown;
-use crate::{sink, source};
-use crate::telemetry::http::Health;
-use crate::telemetry::{Metrics, Stages};
 use super::divergence::{self, Divergence, Records};
 use super::workload::{generate, WorkloadSpec};
+use crate::config::{Config, KafkaConfig};
+use crate::rules::RuleSet;
+use crate::shutdown::Shutdown;
+use crate::telemetry::http::Health;
+use crate::telemetry::{Metrics, Stages};
+use crate::worker;
+use crate::{sink, source};
 
 /// librdkafka properties, as `kafka.properties` holds them.
 type Properties = std::collections::BTreeMap<String, String>;
@@ -52,19 +52,27 @@ pub struct KafkaBenchArgs {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The wall clock in µs: one-hop latencies on a local broker are a few ms, too close to a
 /// millisecond clock's resolution.
 fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// The line number a generated event's id carries (`e-N`, or `f-N` in a fraud burst), which
 /// its decision record repeats: it ties a record read back to the moment its event was sent.
 fn line_number(event_id: &str) -> Option<usize> {
-    event_id.strip_prefix("e-").or_else(|| event_id.strip_prefix("f-"))?.parse().ok()
+    event_id
+        .strip_prefix("e-")
+        .or_else(|| event_id.strip_prefix("f-"))?
+        .parse()
+        .ok()
 }
 
 fn user_key(line: &[u8]) -> Option<&[u8]> {
@@ -83,7 +91,11 @@ fn lines(spec: &WorkloadSpec) -> Result<Vec<Vec<u8>>, String> {
 
 /// The non-empty lines of `bytes`, each one record.
 fn split_lines(bytes: &[u8]) -> Vec<Vec<u8>> {
-    bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect()
+    bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// The producer of `vigil gen --kafka`.
@@ -129,7 +141,10 @@ fn send(producer: &BaseProducer, topic: &str, line: &[u8]) {
 /// A consumer outside any group (assigned by hand) with the given librdkafka properties.
 fn reader(brokers: &str, group: &str, properties: &Properties) -> Result<BaseConsumer, String> {
     let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers).set("group.id", group).set("enable.auto.commit", "false");
+    config
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
     for (key, value) in properties {
         config.set(key, value);
     }
@@ -176,9 +191,12 @@ fn paced(
     settled: &dyn Fn() -> bool,
 ) -> Result<Paced, String> {
     let Pace { lines, rate, start } = *pace;
-    let (_, high) = reader.fetch_watermarks(read_topic, 0, Duration::from_secs(10)).map_err(|e| format!("watermarks: {e}"))?;
+    let (_, high) = reader
+        .fetch_watermarks(read_topic, 0, Duration::from_secs(10))
+        .map_err(|e| format!("watermarks: {e}"))?;
     let mut list = TopicPartitionList::new();
-    list.add_partition_offset(read_topic, 0, Offset::Offset(high)).map_err(|e| e.to_string())?;
+    list.add_partition_offset(read_topic, 0, Offset::Offset(high))
+        .map_err(|e| e.to_string())?;
     reader.assign(&list).map_err(|e| e.to_string())?;
     let mut sent_us = vec![0i64; lines.len()];
     let mut received = Vec::new();
@@ -193,11 +211,18 @@ fn paced(
                 while !reading.is_triggered() {
                     if let Some(Ok(message)) = reader.poll(Duration::from_millis(50)) {
                         let at = now_us();
-                        let Some(record) = message.payload().and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok()) else {
+                        let Some(record) = message
+                            .payload()
+                            .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+                        else {
                             continue;
                         };
                         let ours = record["ts"].as_i64().is_some_and(|ts| ts >= start);
-                        if let Some(n) = record["event_id"].as_str().and_then(line_number).filter(|_| ours) {
+                        if let Some(n) = record["event_id"]
+                            .as_str()
+                            .and_then(line_number)
+                            .filter(|_| ours)
+                        {
                             received.push((n, at));
                         }
                     }
@@ -233,15 +258,20 @@ fn paced(
         received = reader_thread.join().unwrap_or_default();
     });
     let slip_us: Vec<i64> = {
-        let mut slip: Vec<i64> =
-            sent_us.iter().enumerate().map(|(n, &at)| at - (begin + (n as i64 * 1000) / rate as i64) * 1000).collect();
+        let mut slip: Vec<i64> = sent_us
+            .iter()
+            .enumerate()
+            .map(|(n, &at)| at - (begin + (n as i64 * 1000) / rate as i64) * 1000)
+            .collect();
         slip.sort_unstable();
         slip
     };
     let mut by_second: Vec<Vec<i64>> = Vec::new();
     let mut latencies_us = Vec::with_capacity(received.len());
     for (n, at) in received {
-        let Some(&sent) = sent_us.get(n) else { continue };
+        let Some(&sent) = sent_us.get(n) else {
+            continue;
+        };
         let latency = at - sent;
         let second = usize::try_from((sent - begin * 1000) / 1_000_000).unwrap_or(0);
         if by_second.len() <= second {
@@ -262,8 +292,19 @@ fn paced(
         (Some(first), Some(last)) if last > first => (last - first) as f64 / 1e6,
         _ => 0.0,
     };
-    let sent_rate = if span_secs > 0.0 { (sent_us.len() - 1) as f64 / span_secs } else { 0.0 };
-    Ok(Paced { latencies_us, p50_by_second_ms, slip_us, sent_rate, late_start_ms: begin - start, cpu })
+    let sent_rate = if span_secs > 0.0 {
+        (sent_us.len() - 1) as f64 / span_secs
+    } else {
+        0.0
+    };
+    Ok(Paced {
+        latencies_us,
+        p50_by_second_ms,
+        slip_us,
+        sent_rate,
+        late_start_ms: begin - start,
+        cpu,
+    })
 }
 
 /// `vigil gen --kafka`: produces the generated events to `topic`, keyed by user, and waits for
@@ -292,10 +333,17 @@ pub fn produce_generated(brokers: &str, topic: &str, spec: &WorkloadSpec) -> Res
         }
     }
     let producer = producer(brokers)?;
-    let mut lines = Lines { producer: &producer, topic, partial: Vec::new(), produced: 0 };
+    let mut lines = Lines {
+        producer: &producer,
+        topic,
+        partial: Vec::new(),
+        produced: 0,
+    };
     generate(spec, &mut lines).map_err(|e| e.to_string())?;
     let produced = lines.produced;
-    producer.flush(Duration::from_secs(120)).map_err(|e| format!("not every event was acknowledged: {e}"))?;
+    producer
+        .flush(Duration::from_secs(120))
+        .map_err(|e| format!("not every event was acknowledged: {e}"))?;
     Ok(produced)
 }
 
@@ -311,61 +359,115 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 /// latency at half that load and the broker's own one-hop latency.
 pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Result<(), String> {
     if args.workers > 1 && args.redis.is_none() {
-        return Err("--workers above 1 needs --redis: workers without it would each count alone".into());
+        return Err(
+            "--workers above 1 needs --redis: workers without it would each count alone".into(),
+        );
     }
     // Read first: a bad --input fails before anything is created on the cluster.
     let backlog = backlog(args)?;
     let topics = Topics::fresh();
     let admin = Admin::connect(&args.brokers)?;
-    admin.create_all(&[(&topics.events, args.partitions), (&topics.decisions, 1), (&topics.dead_letters, 1)])?;
+    admin.create_all(&[
+        (&topics.events, args.partitions),
+        (&topics.decisions, 1),
+        (&topics.dead_letters, 1),
+    ])?;
 
     // The worker's Kafka settings (the defaults and `VIGIL_*` overrides), which the bench's own
     // producer and readers share.
     let config_env: Vec<(String, String)> = std::env::vars().collect();
-    let config = Config::parse("bench", &format!("[kafka]\nbrokers = {:?}\n", args.brokers), config_env.clone()).map_err(|e| e.to_string())?;
+    let config = Config::parse(
+        "bench",
+        &format!("[kafka]\nbrokers = {:?}\n", args.brokers),
+        config_env.clone(),
+    )
+    .map_err(|e| e.to_string())?;
     let properties = config.kafka.properties.clone();
 
     // Phase 1: the backlog.
     let producer = bench_producer(&config.kafka)?;
     let produce_secs = produce_backlog(&producer, &topics.events, &backlog)?;
-    let from = args.input.as_ref().map(|p| format!(" from {}", p.display())).unwrap_or_default();
-    let workers = if args.workers == 1 { "one worker".to_owned() } else { format!("{} workers", args.workers) };
-    writeln!(out, "vigil bench --kafka ({workers}, {} partitions, {} active rules)", args.partitions, rules.active().len())
-        .map_err(|e| e.to_string())?;
+    let from = args
+        .input
+        .as_ref()
+        .map(|p| format!(" from {}", p.display()))
+        .unwrap_or_default();
+    let workers = if args.workers == 1 {
+        "one worker".to_owned()
+    } else {
+        format!("{} workers", args.workers)
+    };
+    writeln!(
+        out,
+        "vigil bench --kafka ({workers}, {} partitions, {} active rules)",
+        args.partitions,
+        rules.active().len()
+    )
+    .map_err(|e| e.to_string())?;
     writeln!(out, "  client settings  {}", client_settings(&config)).map_err(|e| e.to_string())?;
-    writeln!(out, "  backlog          {} events{from} produced in {produce_secs:.1}s ({:.0} events/s)", backlog.len(), backlog.len() as f64 / produce_secs)
-        .map_err(|e| e.to_string())?;
+    writeln!(
+        out,
+        "  backlog          {} events{from} produced in {produce_secs:.1}s ({:.0} events/s)",
+        backlog.len(),
+        backlog.len() as f64 / produce_secs
+    )
+    .map_err(|e| e.to_string())?;
 
     let bare_rate = bare_consumer_rate(args, &topics, backlog.len() as u64, &properties, out)?;
 
     // The workers, in this process, in one consumer group.
-    let worker = BenchWorker::start(args.workers.max(1), &worker_config(args, &topics, config_env)?, &rules)?;
+    let worker = BenchWorker::start(
+        args.workers.max(1),
+        &worker_config(args, &topics, config_env)?,
+        &rules,
+    )?;
     let total = backlog.len() as u64;
     let saturation = worker.saturation(total, bare_rate, out)?;
 
     if args.input.is_some() {
         writeln!(out, "  (the latency phases produce generated events: their event time must be the wall clock)").map_err(|e| e.to_string())?;
     }
-    let phase = LatencyPhase { args, admin: &admin, topics: &topics, producer: &producer, properties: &properties };
+    let phase = LatencyPhase {
+        args,
+        admin: &admin,
+        topics: &topics,
+        producer: &producer,
+        properties: &properties,
+    };
     let through = phase.through_worker(&worker, total, saturation, out)?;
     let echo = phase.broker_alone(&through, out)?;
     side_by_side(&through, &echo, out)?;
     // Both phases' decisions against single-order runs of their events.
-    let (after_backlog, live) = read_decisions(&args.brokers, &topics, &properties, through.spec.start_ms)?;
+    let (after_backlog, live) =
+        read_decisions(&args.brokers, &topics, &properties, through.spec.start_ms)?;
     Divergence::between(&after_backlog, &divergence::single_order(&rules, &backlog)?)
         .write("after the backlog", out)
         .map_err(|e| e.to_string())?;
-    Divergence::between(&live, &divergence::single_order(&rules, &through.lines)?).write("live", out).map_err(|e| e.to_string())?;
+    Divergence::between(&live, &divergence::single_order(&rules, &through.lines)?)
+        .write("live", out)
+        .map_err(|e| e.to_string())?;
     worker.stop()
 }
 
 /// Every decision on the decisions topic, the first copy of each event's: those of events
 /// before `live_start` (the backlog) and the others (the latency phase).
-fn read_decisions(brokers: &str, topics: &Topics, properties: &Properties, live_start: i64) -> Result<(Records, Records), String> {
-    let reader = reader(brokers, &format!("bench-{}-divergence", topics.run_id), properties)?;
-    let (_, high) = reader.fetch_watermarks(&topics.decisions, 0, Duration::from_secs(10)).map_err(|e| format!("watermarks: {e}"))?;
+fn read_decisions(
+    brokers: &str,
+    topics: &Topics,
+    properties: &Properties,
+    live_start: i64,
+) -> Result<(Records, Records), String> {
+    let reader = reader(
+        brokers,
+        &format!("bench-{}-divergence", topics.run_id),
+        properties,
+    )?;
+    let (_, high) = reader
+        .fetch_watermarks(&topics.decisions, 0, Duration::from_secs(10))
+        .map_err(|e| format!("watermarks: {e}"))?;
     let mut list = TopicPartitionList::new();
-    list.add_partition_offset(&topics.decisions, 0, Offset::Beginning).map_err(|e| e.to_string())?;
+    list.add_partition_offset(&topics.decisions, 0, Offset::Beginning)
+        .map_err(|e| e.to_string())?;
     reader.assign(&list).map_err(|e| e.to_string())?;
     let (mut backlog, mut live) = (Records::new(), Records::new());
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -377,10 +479,17 @@ fn read_decisions(brokers: &str, topics: &Topics, properties: &Properties, live_
         match reader.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
                 next = message.offset() + 1;
-                let Some(record) = message.payload().and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok()) else {
+                let Some(record) = message
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+                else {
                     continue;
                 };
-                let into = if record["ts"].as_i64().is_some_and(|ts| ts >= live_start) { &mut live } else { &mut backlog };
+                let into = if record["ts"].as_i64().is_some_and(|ts| ts >= live_start) {
+                    &mut live
+                } else {
+                    &mut backlog
+                };
                 divergence::keep_first(into, record);
             }
             Some(Err(e)) => return Err(format!("reading decisions: {e}")),
@@ -397,7 +506,12 @@ fn client_settings(config: &Config) -> String {
     let producer = sink::producer_config(&config.kafka);
     let consumer = source::consumer_config(&config.kafka, &config.worker);
     // A property or its librdkafka alias.
-    let get = |client: &ClientConfig, keys: &[&str], default: &str| keys.iter().find_map(|k| client.get(k)).unwrap_or(default).to_owned();
+    let get = |client: &ClientConfig, keys: &[&str], default: &str| {
+        keys.iter()
+            .find_map(|k| client.get(k))
+            .unwrap_or(default)
+            .to_owned()
+    };
     format!(
         "producers acks={} (idempotent), linger.ms={}, compression.type={}; consumers fetch.wait.max.ms={}, fetch.min.bytes={}",
         get(&producer, &["acks", "request.required.acks"], "all"),
@@ -424,15 +538,30 @@ impl CpuTicks {
     fn now() -> Option<CpuTicks> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
         // user nice system idle iowait irq softirq steal (guest time is within user).
-        let all: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).take(8).map(|v| v.parse().unwrap_or(0)).collect();
+        let all: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
         let total: u64 = all.iter().sum();
         let idle = all.get(3)? + all.get(4).copied().unwrap_or(0);
-        let cores = stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count() as u64;
+        let cores = stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count() as u64;
         let own = std::fs::read_to_string("/proc/self/stat").ok()?;
         // After the command name: state is field 3, utime 14 and stime 15.
         let fields: Vec<&str> = own.get(own.rfind(')')? + 2..)?.split_whitespace().collect();
         let process = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        Some(CpuTicks { busy: total - idle, total, cores: cores.max(1), process })
+        Some(CpuTicks {
+            busy: total - idle,
+            total,
+            cores: cores.max(1),
+            process,
+        })
     }
 
     /// `machine N% of M% busy, this process P%` (100% = one core) since `earlier`.
@@ -467,9 +596,17 @@ struct Topics {
 impl Topics {
     fn fresh() -> Topics {
         let run_id = format!("{}-{}", std::process::id(), now_ms());
-        let (events, decisions, dead_letters) =
-            (format!("bench-{run_id}-events"), format!("bench-{run_id}-decisions"), format!("bench-{run_id}-dlq"));
-        Topics { run_id, events, decisions, dead_letters }
+        let (events, decisions, dead_letters) = (
+            format!("bench-{run_id}-events"),
+            format!("bench-{run_id}-decisions"),
+            format!("bench-{run_id}-dlq"),
+        );
+        Topics {
+            run_id,
+            events,
+            decisions,
+            dead_letters,
+        }
     }
 }
 
@@ -481,20 +618,32 @@ struct Admin {
 
 impl Admin {
     fn connect(brokers: &str) -> Result<Admin, String> {
-        let client = ClientConfig::new().set("bootstrap.servers", brokers).create().map_err(|e| format!("admin client: {e}"))?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let client = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .map_err(|e| format!("admin client: {e}"))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
         Ok(Admin { client, runtime })
     }
 
     fn request(&self, topics: &[(&str, i32)]) -> KafkaResult<Vec<TopicResult>> {
-        let topics: Vec<NewTopic<'_>> =
-            topics.iter().map(|&(name, partitions)| NewTopic::new(name, partitions, TopicReplication::Fixed(1))).collect();
-        self.runtime.block_on(self.client.create_topics(&topics, &AdminOptions::new()))
+        let topics: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|&(name, partitions)| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        self.runtime
+            .block_on(self.client.create_topics(&topics, &AdminOptions::new()))
     }
 
     /// Creates `(name, partitions)` topics; any one that fails is an error.
     fn create_all(&self, topics: &[(&str, i32)]) -> Result<(), String> {
-        for result in self.request(topics).map_err(|e| format!("create topics: {e}"))? {
+        for result in self
+            .request(topics)
+            .map_err(|e| format!("create topics: {e}"))?
+        {
             result.map_err(|(topic, e)| format!("create topic {topic}: {e}"))?;
         }
         Ok(())
@@ -502,7 +651,8 @@ impl Admin {
 
     /// Creates one topic; only a failed request is an error (an existing topic is fine).
     fn create(&self, topic: &str, partitions: i32) -> Result<(), String> {
-        self.request(&[(topic, partitions)]).map_err(|e| format!("create topic: {e}"))?;
+        self.request(&[(topic, partitions)])
+            .map_err(|e| format!("create topic: {e}"))?;
         Ok(())
     }
 }
@@ -512,7 +662,8 @@ impl Admin {
 fn backlog(args: &KafkaBenchArgs) -> Result<Vec<Vec<u8>>, String> {
     match &args.input {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|e| format!("{}: cannot read input: {e}", path.display()))?;
+            let bytes = std::fs::read(path)
+                .map_err(|e| format!("{}: cannot read input: {e}", path.display()))?;
             Ok(split_lines(&bytes))
         }
         None => lines(&args.workload),
@@ -520,24 +671,41 @@ fn backlog(args: &KafkaBenchArgs) -> Result<Vec<Vec<u8>>, String> {
 }
 
 /// Produces every line to `topic` and waits for the acknowledgements; returns the seconds taken.
-fn produce_backlog(producer: &BaseProducer, topic: &str, backlog: &[Vec<u8>]) -> Result<f64, String> {
+fn produce_backlog(
+    producer: &BaseProducer,
+    topic: &str,
+    backlog: &[Vec<u8>],
+) -> Result<f64, String> {
     let started = Instant::now();
     for line in backlog {
         send(producer, topic, line);
         producer.poll(Duration::ZERO);
     }
-    producer.flush(Duration::from_secs(300)).map_err(|e| format!("flush: {e}"))?;
+    producer
+        .flush(Duration::from_secs(300))
+        .map_err(|e| format!("flush: {e}"))?;
     Ok(started.elapsed().as_secs_f64())
 }
 
 /// The broker alone: how fast a bare consumer drains the backlog of `total` events (the ceiling
 /// for any consumer on this machine), with the same librdkafka properties as the worker. Writes
 /// the line and returns the events/s.
-fn bare_consumer_rate(args: &KafkaBenchArgs, topics: &Topics, total: u64, properties: &Properties, out: &mut impl Write) -> Result<f64, String> {
-    let bare = reader(&args.brokers, &format!("bench-{}-bare", topics.run_id), properties)?;
+fn bare_consumer_rate(
+    args: &KafkaBenchArgs,
+    topics: &Topics,
+    total: u64,
+    properties: &Properties,
+    out: &mut impl Write,
+) -> Result<f64, String> {
+    let bare = reader(
+        &args.brokers,
+        &format!("bench-{}-bare", topics.run_id),
+        properties,
+    )?;
     let mut list = TopicPartitionList::new();
     for p in 0..args.partitions {
-        list.add_partition_offset(&topics.events, p, Offset::Beginning).map_err(|e| e.to_string())?;
+        list.add_partition_offset(&topics.events, p, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
     }
     bare.assign(&list).map_err(|e| e.to_string())?;
     let (mut seen, mut first) = (0u64, None);
@@ -558,9 +726,22 @@ fn bare_consumer_rate(args: &KafkaBenchArgs, topics: &Topics, total: u64, proper
 
 /// The worker's configuration: the fresh topics, `--redis` if given, the rules at `--rules`,
 /// then the `VIGIL_*` variables of `env`.
-fn worker_config(args: &KafkaBenchArgs, topics: &Topics, env: Vec<(String, String)>) -> Result<Config, String> {
-    let Topics { run_id, events, decisions, dead_letters } = topics;
-    let redis_line = args.redis.as_ref().map(|u| format!("url = {u:?}\n")).unwrap_or_default();
+fn worker_config(
+    args: &KafkaBenchArgs,
+    topics: &Topics,
+    env: Vec<(String, String)>,
+) -> Result<Config, String> {
+    let Topics {
+        run_id,
+        events,
+        decisions,
+        dead_letters,
+    } = topics;
+    let redis_line = args
+        .redis
+        .as_ref()
+        .map(|u| format!("url = {u:?}\n"))
+        .unwrap_or_default();
     let text = format!(
         "[kafka]\nbrokers = {:?}\ngroup_id = \"bench-{run_id}\"\ninput_topics = [{events:?}]\n\
          decisions_topic = {decisions:?}\ndead_letter_topic = {dead_letters:?}\nstatistics_interval = \"1s\"\n\
@@ -583,7 +764,11 @@ impl BenchWorker {
     /// Opens the configured store (and journal) as `vigil run` does, and starts `count` workers.
     fn start(count: usize, config: &Config, rules: &RuleSet) -> Result<BenchWorker, String> {
         let shutdown = Shutdown::new();
-        let mut group = BenchWorker { metrics: Vec::new(), shutdown: shutdown.clone(), threads: Vec::new() };
+        let mut group = BenchWorker {
+            metrics: Vec::new(),
+            shutdown: shutdown.clone(),
+            threads: Vec::new(),
+        };
         for _ in 0..count {
             let (store, journal) = match config.store_setup().open() {
                 Ok(opened) => opened,
@@ -597,7 +782,16 @@ impl BenchWorker {
             let thread = {
                 let (metrics, shutdown) = (Arc::clone(&metrics), shutdown.clone());
                 std::thread::spawn(move || {
-                    worker::run(config, rules, store, journal, metrics, Arc::new(Health::default()), shutdown).map_err(|e| e.to_string())
+                    worker::run(
+                        config,
+                        rules,
+                        store,
+                        journal,
+                        metrics,
+                        Arc::new(Health::default()),
+                        shutdown,
+                    )
+                    .map_err(|e| e.to_string())
                 })
             };
             group.metrics.push(metrics);
@@ -611,13 +805,21 @@ impl BenchWorker {
         let outcomes = ["decided", "allowed", "dead_lettered"];
         self.metrics
             .iter()
-            .flat_map(|m| outcomes.iter().map(move |o| m.events.get_or_create(&crate::telemetry::OutcomeLabels { outcome: o }).get()))
+            .flat_map(|m| {
+                outcomes.iter().map(move |o| {
+                    m.events
+                        .get_or_create(&crate::telemetry::OutcomeLabels { outcome: o })
+                        .get()
+                })
+            })
             .sum()
     }
 
     /// Whether a worker stopped.
     fn any_finished(&self) -> bool {
-        self.threads.iter().any(std::thread::JoinHandle::is_finished)
+        self.threads
+            .iter()
+            .any(std::thread::JoinHandle::is_finished)
     }
 
     /// Every worker's metrics text.
@@ -636,11 +838,19 @@ impl BenchWorker {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        let (t0, c0, cpu, before) = (Instant::now(), self.processed(), CpuTicks::now(), self.encode());
+        let (t0, c0, cpu, before) = (
+            Instant::now(),
+            self.processed(),
+            CpuTicks::now(),
+            self.encode(),
+        );
         while self.processed() < total {
             if Instant::now() > deadline || self.any_finished() {
                 self.shutdown.trigger();
-                return Err(format!("the worker stopped after {} of {total} events", self.processed()));
+                return Err(format!(
+                    "the worker stopped after {} of {total} events",
+                    self.processed()
+                ));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -706,9 +916,18 @@ fn ms(us: i64) -> f64 {
 
 impl LatencyPhase<'_> {
     /// Through the worker, after its backlog of `backlog` events.
-    fn through_worker(&self, worker: &BenchWorker, backlog: u64, saturation: f64, out: &mut impl Write) -> Result<ThroughWorker, String> {
+    fn through_worker(
+        &self,
+        worker: &BenchWorker,
+        backlog: u64,
+        saturation: f64,
+        out: &mut impl Write,
+    ) -> Result<ThroughWorker, String> {
         let args = self.args;
-        let rate = args.latency_rate.unwrap_or((saturation / 2.0) as u64).max(1);
+        let rate = args
+            .latency_rate
+            .unwrap_or((saturation / 2.0) as u64)
+            .max(1);
         let count = rate * args.latency_seconds;
         let live_start = now_ms() + 500;
         let spec = WorkloadSpec {
@@ -721,19 +940,43 @@ impl LatencyPhase<'_> {
             ..args.workload.clone()
         };
         let live = lines(&spec)?;
-        let reader = reader(&args.brokers, &format!("bench-{}-reader", self.topics.run_id), self.properties)?;
-        let pace = Pace { lines: &live, rate, start: live_start };
+        let reader = reader(
+            &args.brokers,
+            &format!("bench-{}-reader", self.topics.run_id),
+            self.properties,
+        )?;
+        let pace = Pace {
+            lines: &live,
+            rate,
+            start: live_start,
+        };
         // vigil's own latency is read from its metric, as an operator would, over this phase:
         // the worker is idle between the snapshots and the phase.
         let before = worker.encode();
-        let end_to_end = paced(self.producer, &self.topics.events, &reader, &self.topics.decisions, &pace, &|| worker.processed() >= backlog + count)?;
+        let end_to_end = paced(
+            self.producer,
+            &self.topics.events,
+            &reader,
+            &self.topics.decisions,
+            &pace,
+            &|| worker.processed() >= backlog + count,
+        )?;
         let after = worker.encode();
         let own = |until: &str| {
             let label = format!("until=\"{until}\"");
             let phase = |(after, before): (&String, &String)| {
-                Buckets::read(after, OWN_LATENCY, &label).since(&Buckets::read(before, OWN_LATENCY, &label))
+                Buckets::read(after, OWN_LATENCY, &label).since(&Buckets::read(
+                    before,
+                    OWN_LATENCY,
+                    &label,
+                ))
             };
-            after.iter().zip(&before).map(phase).reduce(|a, b| a.plus(&b)).unwrap_or_default()
+            after
+                .iter()
+                .zip(&before)
+                .map(phase)
+                .reduce(|a, b| a.plus(&b))
+                .unwrap_or_default()
         };
         let (own_produced, own_acknowledged) = (own("produced"), own("acknowledged"));
         write_stages(&before, &after, out)?;
@@ -761,8 +1004,17 @@ impl LatencyPhase<'_> {
             ms(e2e.last().copied().unwrap_or(0)),
         )
         .map_err(|e| e.to_string())?;
-        let by_second: Vec<String> = end_to_end.p50_by_second_ms.iter().map(|p50| format!("{p50:.1}")).collect();
-        writeln!(out, "                   p50 per second of the phase (ms): {}", by_second.join(" ")).map_err(|e| e.to_string())?;
+        let by_second: Vec<String> = end_to_end
+            .p50_by_second_ms
+            .iter()
+            .map(|p50| format!("{p50:.1}"))
+            .collect();
+        writeln!(
+            out,
+            "                   p50 per second of the phase (ms): {}",
+            by_second.join(" ")
+        )
+        .map_err(|e| e.to_string())?;
         writeln!(
             out,
             "  vigil's own      {} decisions, poll → handed to the producer: {}; → acknowledged by the broker: {} ({OWN_LATENCY})",
@@ -771,8 +1023,20 @@ impl LatencyPhase<'_> {
             own_acknowledged.summary(),
         )
         .map_err(|e| e.to_string())?;
-        writeln!(out, "  vs target        p99 {:.1} ms of 10 ms", ms(percentile(e2e, 0.99))).map_err(|e| e.to_string())?;
-        Ok(ThroughWorker { rate, spec, lines: live, end_to_end, own_produced, own_acknowledged })
+        writeln!(
+            out,
+            "  vs target        p99 {:.1} ms of 10 ms",
+            ms(percentile(e2e, 0.99))
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(ThroughWorker {
+            rate,
+            spec,
+            lines: live,
+            end_to_end,
+            own_produced,
+            own_acknowledged,
+        })
     }
 
     /// One hop through the broker alone at the same rate: its share of the worker's two hops.
@@ -781,9 +1045,23 @@ impl LatencyPhase<'_> {
         let echo_topic = format!("bench-{}-echo", self.topics.run_id);
         self.admin.create(&echo_topic, 1)?;
         let live_start = now_ms() + 500;
-        let live = lines(&WorkloadSpec { start_ms: live_start, ..worker.spec.clone() })?;
+        let live = lines(&WorkloadSpec {
+            start_ms: live_start,
+            ..worker.spec.clone()
+        })?;
         let reader = reader(&self.args.brokers, &echo_topic, self.properties)?;
-        let echo = paced(self.producer, &echo_topic, &reader, &echo_topic, &Pace { lines: &live, rate, start: live_start }, &|| true)?;
+        let echo = paced(
+            self.producer,
+            &echo_topic,
+            &reader,
+            &echo_topic,
+            &Pace {
+                lines: &live,
+                rate,
+                start: live_start,
+            },
+            &|| true,
+        )?;
         let hop = &echo.latencies_us;
         writeln!(
             out,
@@ -805,8 +1083,14 @@ impl LatencyPhase<'_> {
 fn side_by_side(worker: &ThroughWorker, echo: &Paced, out: &mut impl Write) -> Result<(), String> {
     let (e2e, hop) = (&worker.end_to_end.latencies_us, &echo.latencies_us);
     let quantiles = |q: f64| {
-        let own = worker.own_produced.quantile(q).map_or_else(|| "-".to_owned(), |s| format!("{:.2}", s * 1000.0));
-        let acked = worker.own_acknowledged.quantile(q).map_or_else(|| "-".to_owned(), |s| format!("{:.2}", s * 1000.0));
+        let own = worker
+            .own_produced
+            .quantile(q)
+            .map_or_else(|| "-".to_owned(), |s| format!("{:.2}", s * 1000.0));
+        let acked = worker
+            .own_acknowledged
+            .quantile(q)
+            .map_or_else(|| "-".to_owned(), |s| format!("{:.2}", s * 1000.0));
         format!(
             "end to end {:.1}, broker one hop {:.1} (x2 {:.1}), vigil's own {own} (to the ack {acked})",
             ms(percentile(e2e, q)),
@@ -814,9 +1098,16 @@ fn side_by_side(worker: &ThroughWorker, echo: &Paced, out: &mut impl Write) -> R
             2.0 * ms(percentile(hop, q)),
         )
     };
-    writeln!(out, "  side by side     at {} events/s, ms:", worker.rate).map_err(|e| e.to_string())?;
-    for (name, q) in [("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999)] {
-        writeln!(out, "                   {name:<5} {}", quantiles(q)).map_err(|e| e.to_string())?;
+    writeln!(out, "  side by side     at {} events/s, ms:", worker.rate)
+        .map_err(|e| e.to_string())?;
+    for (name, q) in [
+        ("p50", 0.50),
+        ("p95", 0.95),
+        ("p99", 0.99),
+        ("p99.9", 0.999),
+    ] {
+        writeln!(out, "                   {name:<5} {}", quantiles(q))
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -831,10 +1122,16 @@ fn write_stages(before: &[String], after: &[String], out: &mut impl Write) -> Re
         let buckets = after
             .iter()
             .zip(before)
-            .map(|(after, before)| Buckets::read(after, name, label).since(&Buckets::read(before, name, label)))
+            .map(|(after, before)| {
+                Buckets::read(after, name, label).since(&Buckets::read(before, name, label))
+            })
             .reduce(|a, b| a.plus(&b))
             .unwrap_or_default();
-        let sum: f64 = after.iter().zip(before).map(|(after, before)| read_sum(after, name, label) - read_sum(before, name, label)).sum();
+        let sum: f64 = after
+            .iter()
+            .zip(before)
+            .map(|(after, before)| read_sum(after, name, label) - read_sum(before, name, label))
+            .sum();
         (buckets, sum)
     };
     let stages: Vec<(&str, Buckets, f64)> = Stages::NAMES
@@ -862,7 +1159,13 @@ fn write_stages(before: &[String], after: &[String], out: &mut impl Write) -> Re
         .iter()
         .map(|(stage, buckets, sum)| {
             let q = |q: f64| buckets.quantile(q).unwrap_or(0.0) * 1000.0;
-            format!("{stage} {:.0} % {:.2}/{:.2}/{:.2}", 100.0 * sum / total, 1000.0 * sum / batches as f64, q(0.5), q(0.99))
+            format!(
+                "{stage} {:.0} % {:.2}/{:.2}/{:.2}",
+                100.0 * sum / total,
+                1000.0 * sum / batches as f64,
+                q(0.5),
+                q(0.99)
+            )
         })
         .collect();
     for row in cells.chunks(4) {
@@ -881,7 +1184,8 @@ fn read_sum(text: &str, name: &str, label: &str) -> f64 {
                 Some(rest) => rest.split_once("} ")?,
                 None => ("", rest.strip_prefix(' ')?),
             };
-            (label.is_empty() || labels.split(',').any(|l| l == label)).then(|| value.trim().parse::<f64>().ok())?
+            (label.is_empty() || labels.split(',').any(|l| l == label))
+                .then(|| value.trim().parse::<f64>().ok())?
         })
         .sum()
 }
@@ -898,13 +1202,21 @@ impl Buckets {
         let prefix = format!("{name}_bucket{{");
         let mut buckets = Vec::new();
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix(&prefix) else { continue };
-            let Some((labels, value)) = rest.split_once("} ") else { continue };
+            let Some(rest) = line.strip_prefix(&prefix) else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
             if !label.is_empty() && !labels.split(',').any(|l| l == label) {
                 continue;
             }
-            let le = labels.split(',').find_map(|l| l.strip_prefix("le=\"")?.strip_suffix('"'));
-            if let (Some(Ok(le)), Ok(count)) = (le.map(str::parse::<f64>), value.trim().parse::<u64>()) {
+            let le = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("le=\"")?.strip_suffix('"'));
+            if let (Some(Ok(le)), Ok(count)) =
+                (le.map(str::parse::<f64>), value.trim().parse::<u64>())
+            {
                 buckets.push((le, count));
             }
         }
@@ -914,7 +1226,17 @@ impl Buckets {
 
     /// What was observed after `earlier` (same bounds).
     fn since(&self, earlier: &Buckets) -> Buckets {
-        Buckets(self.0.iter().map(|&(le, n)| (le, n - earlier.0.iter().find(|e| e.0 == le).map_or(0, |e| e.1))).collect())
+        Buckets(
+            self.0
+                .iter()
+                .map(|&(le, n)| {
+                    (
+                        le,
+                        n - earlier.0.iter().find(|e| e.0 == le).map_or(0, |e| e.1),
+                    )
+                })
+                .collect(),
+        )
     }
 
     fn count(&self) -> u64 {
@@ -923,7 +1245,17 @@ impl Buckets {
 
     /// Both histograms' observations (same bounds): several workers' together.
     fn plus(&self, other: &Buckets) -> Buckets {
-        Buckets(self.0.iter().map(|&(le, n)| (le, n + other.0.iter().find(|o| o.0 == le).map_or(0, |o| o.1))).collect())
+        Buckets(
+            self.0
+                .iter()
+                .map(|&(le, n)| {
+                    (
+                        le,
+                        n + other.0.iter().find(|o| o.0 == le).map_or(0, |o| o.1),
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// The `q` quantile in seconds, interpolated within its bucket as Prometheus'
@@ -951,10 +1283,15 @@ impl Buckets {
 
     /// `p50 x ms, p95 y ms, p99 z ms`, or `none observed`.
     fn summary(&self) -> String {
-        let quantiles: Option<Vec<String>> = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p99.9", 0.999)]
-            .iter()
-            .map(|&(name, q)| Some(format!("{name} {:.2} ms", self.quantile(q)? * 1000.0)))
-            .collect();
+        let quantiles: Option<Vec<String>> = [
+            ("p50", 0.50),
+            ("p95", 0.95),
+            ("p99", 0.99),
+            ("p99.9", 0.999),
+        ]
+        .iter()
+        .map(|&(name, q)| Some(format!("{name} {:.2} ms", self.quantile(q)? * 1000.0)))
+        .collect();
         quantiles.map_or_else(|| "none observed".to_owned(), |q| q.join(", "))
     }
 }
@@ -969,7 +1306,10 @@ mod tests {
             redis: None,
             rules_path: "rules".into(),
             input,
-            workload: WorkloadSpec { events: 5, ..WorkloadSpec::default() },
+            workload: WorkloadSpec {
+                events: 5,
+                ..WorkloadSpec::default()
+            },
             partitions: 1,
             latency_seconds: 1,
             latency_rate: None,
@@ -981,12 +1321,26 @@ mod tests {
     fn the_backlog_is_the_input_s_lines_when_one_is_given() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        std::fs::write(&path, "{\"ts\":1,\"user_id\":\"a\"}\n\n{\"ts\":2}\n{\"ts\":3}").unwrap();
+        std::fs::write(
+            &path,
+            "{\"ts\":1,\"user_id\":\"a\"}\n\n{\"ts\":2}\n{\"ts\":3}",
+        )
+        .unwrap();
         let lines = backlog(&args(Some(path))).unwrap();
-        assert_eq!(lines, [&b"{\"ts\":1,\"user_id\":\"a\"}"[..], b"{\"ts\":2}", b"{\"ts\":3}"]);
+        assert_eq!(
+            lines,
+            [
+                &b"{\"ts\":1,\"user_id\":\"a\"}"[..],
+                b"{\"ts\":2}",
+                b"{\"ts\":3}"
+            ]
+        );
         assert_eq!(backlog(&args(None)).unwrap().len(), 5);
         let error = backlog(&args(Some(dir.path().join("missing.jsonl")))).unwrap_err();
-        assert!(error.contains("missing.jsonl: cannot read input:"), "{error}");
+        assert!(
+            error.contains("missing.jsonl: cannot read input:"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -1002,7 +1356,10 @@ mod tests {
     fn own_latency_quantiles_come_from_the_exported_histogram() {
         let metrics = Metrics::new();
         let empty = Buckets::read(&metrics.encode(), OWN_LATENCY, "until=\"produced\"");
-        assert!(empty.0.len() > 20, "both series are exported from the start: {empty:?}");
+        assert!(
+            empty.0.len() > 20,
+            "both series are exported from the start: {empty:?}"
+        );
         assert_eq!((empty.count(), empty.quantile(0.5)), (0, None));
         assert_eq!(empty.summary(), "none observed");
         for _ in 0..10 {
@@ -1010,7 +1367,9 @@ mod tests {
         }
         let before = Buckets::read(&metrics.encode(), OWN_LATENCY, "until=\"produced\"");
         for ms in 1..=100 {
-            metrics.processing_produced.observe(f64::from(ms) / 10_000.0);
+            metrics
+                .processing_produced
+                .observe(f64::from(ms) / 10_000.0);
         }
         metrics.processing_acknowledged.observe(100.0);
         let text = metrics.encode();
@@ -1019,7 +1378,10 @@ mod tests {
         // 0.1 ms to 10 ms evenly: the quantiles are within a bucket (a factor of 1.5) of the truth.
         for (q, truth) in [(0.5, 0.005), (0.95, 0.0095), (0.99, 0.0099)] {
             let got = phase.quantile(q).unwrap();
-            assert!(got > truth / 1.5 && got < truth * 1.5, "q{q}: {got} for {truth}");
+            assert!(
+                got > truth / 1.5 && got < truth * 1.5,
+                "q{q}: {got} for {truth}"
+            );
         }
         // Beyond the last finite bound: that bound.
         let acked = Buckets::read(&text, OWN_LATENCY, "until=\"acknowledged\"");
@@ -1034,7 +1396,10 @@ mod tests {
         let metrics = Metrics::new();
         let mut out = Vec::new();
         write_stages(&[metrics.encode()], &[metrics.encode()], &mut out).unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "  batch stages     no batch observed\n");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "  batch stages     no batch observed\n"
+        );
         metrics.stages.judge.observe(1.0);
         metrics.batch_messages.observe(1000.0);
         let before = metrics.encode();
@@ -1046,7 +1411,10 @@ mod tests {
         let mut out = Vec::new();
         write_stages(&[before], &[metrics.encode()], &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert!(text.contains("4 batches of 10 messages on average"), "{text}");
+        assert!(
+            text.contains("4 batches of 10 messages on average"),
+            "{text}"
+        );
         assert!(text.contains("judge 75 % 3.00/"), "{text}");
         assert!(text.contains("journal 25 % 1.00/"), "{text}");
         assert!(text.contains("queued 0 % 0.00/0.00/0.00"), "{text}");
@@ -1059,7 +1427,11 @@ mod tests {
         let a = Buckets::read(text, "x", "until=\"a\"");
         assert_eq!(a, Buckets(vec![(0.5, 2), (1.0, 4), (f64::INFINITY, 4)]));
         assert_eq!(a.quantile(0.5), Some(0.5));
-        assert_eq!(a.quantile(0.25), Some(0.25), "interpolated within the bucket");
+        assert_eq!(
+            a.quantile(0.25),
+            Some(0.25),
+            "interpolated within the bucket"
+        );
         assert_eq!(a.quantile(0.75), Some(0.75));
         assert_eq!(Buckets::read(text, "x", "until=\"c\"").count(), 0);
     }

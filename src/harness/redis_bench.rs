@@ -67,7 +67,10 @@ fn redis_cpu(conn: &mut redis::Connection) -> Result<f64, RedisBenchError> {
     let info: String = redis::cmd("INFO").arg("cpu").query(conn)?;
     Ok(info
         .lines()
-        .filter_map(|l| l.strip_prefix("used_cpu_user:").or_else(|| l.strip_prefix("used_cpu_sys:")))
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
         .filter_map(|v| v.trim().parse::<f64>().ok())
         .sum())
 }
@@ -92,7 +95,13 @@ pub fn vigil(url: &str, rules: &RuleSet, input: &Path) -> Result<Throughput, Red
     let store = open_store(url)?;
     let mut engine = Engine::new(rules.clone(), store);
     let reader = BufReader::with_capacity(1 << 16, File::open(input)?);
-    let summary = replay(&mut engine, reader, io::sink(), io::sink(), ReplayOptions::default())?;
+    let summary = replay(
+        &mut engine,
+        reader,
+        io::sink(),
+        io::sink(),
+        ReplayOptions::default(),
+    )?;
     Ok(Throughput {
         events: summary.counts.events,
         seconds: summary.elapsed.as_secs_f64(),
@@ -135,14 +144,22 @@ impl PerEvent {
 }
 
 /// The per-event approach: one EVALSHA per event per matching rule, pipelined.
-pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Result<Throughput, RedisBenchError> {
+pub fn per_event(
+    url: &str,
+    rules: &RuleSet,
+    input: &Path,
+    kind: PerEvent,
+) -> Result<Throughput, RedisBenchError> {
     let script = redis::Script::new(kind.script());
     let mut conn = redis::Client::open(url)?.get_connection()?;
     script.prepare_invoke().load(&mut conn)?;
     let cpu_before = redis_cpu(&mut conn)?;
     // The engine only plans here (which rule, which key); the store is never used.
     let mut planner = Engine::new(rules.clone(), MemoryStore::new());
-    let specs: Vec<WindowSpec> = rules.active_counters().map(|i| rules.counter(i).window).collect();
+    let specs: Vec<WindowSpec> = rules
+        .active_counters()
+        .map(|i| rules.counter(i).window)
+        .collect();
     let started = Instant::now();
     let (mut events, mut calls) = (0u64, 0u64);
     let mut pipe = redis::pipe();
@@ -151,7 +168,10 @@ pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Re
     let mut line = Vec::new();
     let mut reader = BufReader::with_capacity(1 << 16, File::open(input)?);
     while reader.read_until(b'\n', &mut line)? > 0 {
-        if let Ok(event) = decode(line.strip_suffix(b"\n").unwrap_or(&line), rules.projection()) {
+        if let Ok(event) = decode(
+            line.strip_suffix(b"\n").unwrap_or(&line),
+            rules.projection(),
+        ) {
             events += 1;
             touched.clear();
             planner.touched_keys(&event, &mut touched);
@@ -162,9 +182,10 @@ pub fn per_event(url: &str, rules: &RuleSet, input: &Path, kind: PerEvent) -> Re
                 let mut inv = script.key(name);
                 match kind {
                     PerEvent::Zset => inv.arg(event.ts).arg(spec.window_ms()).arg(events),
-                    PerEvent::Hash | PerEvent::Ring => {
-                        inv.arg(spec.bucket_of(event.ts)).arg(spec.buckets).arg(2 * spec.window_ms())
-                    }
+                    PerEvent::Hash | PerEvent::Ring => inv
+                        .arg(spec.bucket_of(event.ts))
+                        .arg(spec.buckets)
+                        .arg(2 * spec.window_ms()),
                 };
                 pipe.invoke_script(&inv);
                 in_pipe += 1;
@@ -196,7 +217,12 @@ fn memory_per_key(conn: &mut redis::Connection, pattern: &str) -> Result<f64, Re
     let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(conn)?;
     let mut total = 0u64;
     for key in &keys {
-        let bytes: Option<u64> = redis::cmd("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0).query(conn)?;
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query(conn)?;
         total += bytes.unwrap_or(0);
     }
     Ok(total as f64 / keys.len().max(1) as f64)
@@ -212,12 +238,28 @@ pub struct MemoryRow {
 
 /// Writes `events_per_window` events into each of `keys` keys for four layouts and measures
 /// Redis bytes per key.
-pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<MemoryRow>, RedisBenchError> {
+pub fn memory(
+    url: &str,
+    keys: u64,
+    events_per_window: i64,
+) -> Result<Vec<MemoryRow>, RedisBenchError> {
     let layouts: [(&str, WindowSpec); 4] = [
-        ("count, 10 buckets (10m/1m)", WindowSpec::new(60_000, 10, Aggregate::Count)),
-        ("count, 60 buckets (1h/1m)", WindowSpec::new(60_000, 60, Aggregate::Count)),
-        ("sum, 60 buckets (1h/1m)", WindowSpec::new(60_000, 60, Aggregate::Sum)),
-        ("distinct, 60 buckets, 10 values", WindowSpec::new(60_000, 60, Aggregate::Distinct)),
+        (
+            "count, 10 buckets (10m/1m)",
+            WindowSpec::new(60_000, 10, Aggregate::Count),
+        ),
+        (
+            "count, 60 buckets (1h/1m)",
+            WindowSpec::new(60_000, 60, Aggregate::Count),
+        ),
+        (
+            "sum, 60 buckets (1h/1m)",
+            WindowSpec::new(60_000, 60, Aggregate::Sum),
+        ),
+        (
+            "distinct, 60 buckets, 10 values",
+            WindowSpec::new(60_000, 60, Aggregate::Distinct),
+        ),
     ];
     let mut conn = redis::Client::open(url)?.get_connection()?;
     let mut rows = Vec::new();
@@ -233,12 +275,18 @@ pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<Memory
                 let delta = match spec.aggregate {
                     Aggregate::Count => Delta::Count,
                     Aggregate::Sum => Delta::Sum((i * 37) % 5000 * 10_000),
-                    Aggregate::Distinct => Delta::Distinct(u128::from((i % 10) as u64) << 64 | u128::from(key)),
+                    Aggregate::Distinct => {
+                        Delta::Distinct(u128::from((i % 10) as u64) << 64 | u128::from(key))
+                    }
                 };
                 store.apply(window, &key.to_le_bytes(), ts, delta)?;
                 store.tick()?;
                 let member = format!("e-{}-{i}", key * 1000);
-                pipe.cmd("ZADD").arg(format!("mz:{n}:{key}")).arg(ts).arg(member).ignore();
+                pipe.cmd("ZADD")
+                    .arg(format!("mz:{n}:{key}"))
+                    .arg(ts)
+                    .arg(member)
+                    .ignore();
             }
             pipe.query::<()>(&mut conn)?;
             pipe = redis::pipe();
@@ -254,7 +302,12 @@ pub fn memory(url: &str, keys: u64, events_per_window: i64) -> Result<Vec<Memory
 }
 
 /// Runs every measurement on an empty Redis database and prints a report.
-pub fn run(url: &str, rules: &RuleSet, input: &Path, out: &mut impl Write) -> Result<(), RedisBenchError> {
+pub fn run(
+    url: &str,
+    rules: &RuleSet,
+    input: &Path,
+    out: &mut impl Write,
+) -> Result<(), RedisBenchError> {
     let mut conn = redis::Client::open(url)?.get_connection()?;
     let keys: i64 = redis::cmd("DBSIZE").query(&mut conn)?;
     if keys > 0 {
@@ -262,7 +315,10 @@ pub fn run(url: &str, rules: &RuleSet, input: &Path, out: &mut impl Write) -> Re
     }
     let rows = memory(url, 1_000, 100)?;
     flushdb(&mut conn)?;
-    writeln!(out, "redis memory per live key, 100 events per window (MEMORY USAGE, 1000 keys each)")?;
+    writeln!(
+        out,
+        "redis memory per live key, 100 events per window (MEMORY USAGE, 1000 keys each)"
+    )?;
     for row in &rows {
         writeln!(
             out,
@@ -279,7 +335,11 @@ pub fn run(url: &str, rules: &RuleSet, input: &Path, out: &mut impl Write) -> Re
         results.push((kind.row(), per_event(url, rules, input, kind)?));
     }
     flushdb(&mut conn)?;
-    writeln!(out, "throughput on the same Redis, {} events, pipeline depth {PIPELINE_DEPTH}", results[0].1.events)?;
+    writeln!(
+        out,
+        "throughput on the same Redis, {} events, pipeline depth {PIPELINE_DEPTH}",
+        results[0].1.events
+    )?;
     for (name, t) in &results {
         writeln!(
             out,
@@ -293,11 +353,22 @@ pub fn run(url: &str, rules: &RuleSet, input: &Path, out: &mut impl Write) -> Re
     }
     let vigil_eps = results[0].1.events_per_second();
     for (name, t) in &results[1..] {
-        writeln!(out, "  vigil / {name}: {:.2}x", vigil_eps / t.events_per_second())?;
+        writeln!(
+            out,
+            "  vigil / {name}: {:.2}x",
+            vigil_eps / t.events_per_second()
+        )?;
     }
     // The targets are against the fastest per-event row, whichever it is on this machine.
-    if let Some((name, fastest)) = results[1..].iter().max_by(|a, b| a.1.events_per_second().total_cmp(&b.1.events_per_second())) {
-        writeln!(out, "  vigil / fastest per-event ({name}): {:.2}x", vigil_eps / fastest.events_per_second())?;
+    if let Some((name, fastest)) = results[1..]
+        .iter()
+        .max_by(|a, b| a.1.events_per_second().total_cmp(&b.1.events_per_second()))
+    {
+        writeln!(
+            out,
+            "  vigil / fastest per-event ({name}): {:.2}x",
+            vigil_eps / fastest.events_per_second()
+        )?;
     }
     Ok(())
 }

@@ -38,13 +38,19 @@ impl BenchInput {
     /// `input` if given; else `spec`'s events written to a temporary file (saying so on stderr).
     pub fn prepare(input: Option<&Path>, spec: &WorkloadSpec) -> Result<BenchInput, BenchError> {
         if let Some(path) = input {
-            return Ok(BenchInput { path: path.to_path_buf(), generated: false });
+            return Ok(BenchInput {
+                path: path.to_path_buf(),
+                generated: false,
+            });
         }
         let path = std::env::temp_dir().join(format!("vigil-bench-{}.jsonl", std::process::id()));
         let started = Instant::now();
         let mut out = BufWriter::new(File::create(&path).map_err(BenchError::CreateWorkload)?);
         // From here on the file exists: dropping the guard removes it, whatever happens next.
-        let input = BenchInput { path, generated: true };
+        let input = BenchInput {
+            path,
+            generated: true,
+        };
         workload::generate(spec, &mut out).map_err(BenchError::WriteWorkload)?;
         out.flush()?;
         eprintln!(
@@ -73,26 +79,67 @@ impl Drop for BenchInput {
 /// Replays `input` single-threaded with the in-process store and writes the report to `out`;
 /// `rss_before` is the peak RSS measured before the input was prepared. Returns the rules, for a
 /// comparison.
-pub fn run(rules: RuleSet, input: &Path, rss_before: Option<u64>, out: &mut impl Write) -> Result<RuleSet, BenchError> {
+pub fn run(
+    rules: RuleSet,
+    input: &Path,
+    rss_before: Option<u64>,
+    out: &mut impl Write,
+) -> Result<RuleSet, BenchError> {
     let bytes = std::fs::metadata(input).map(|m| m.len()).unwrap_or(0);
     let (decoded, decode_secs) = decode_only(&rules, input)?;
     let active = rules.active().len();
     let mut engine = Engine::new(rules, MemoryStore::new());
     let reader = BufReader::with_capacity(1 << 16, File::open(input)?);
-    let summary = pipeline::replay(&mut engine, reader, io::sink(), io::sink(), ReplayOptions::default())?;
+    let summary = pipeline::replay(
+        &mut engine,
+        reader,
+        io::sink(),
+        io::sink(),
+        ReplayOptions::default(),
+    )?;
     let secs = summary.elapsed.as_secs_f64();
     let eps = summary.events_per_second();
     let rss = peak_rss_kib();
 
     writeln!(out, "vigil bench (replay, in-process store, 1 thread)")?;
-    writeln!(out, "  input            {} events, {:.1} MiB, {active} active rules", summary.counts.events, bytes as f64 / 1048576.0)?;
-    writeln!(out, "  decisions        {} ({} late, {} skipped, {} bad lines)", summary.counts.decisions, summary.counts.late, summary.counts.skipped(), summary.bad_lines)?;
-    writeln!(out, "  decode only      {:.0} events/s ({:.0} ns/event)", decoded as f64 / decode_secs, decode_secs * 1e9 / decoded.max(1) as f64)?;
-    writeln!(out, "  full pipeline    {eps:.0} events/s ({:.0} ns/event), {secs:.2}s", secs * 1e9 / summary.counts.events.max(1) as f64)?;
-    writeln!(out, "  vs target        {:.2}x of 1 000 000 events/s", eps / 1e6)?;
+    writeln!(
+        out,
+        "  input            {} events, {:.1} MiB, {active} active rules",
+        summary.counts.events,
+        bytes as f64 / 1048576.0
+    )?;
+    writeln!(
+        out,
+        "  decisions        {} ({} late, {} skipped, {} bad lines)",
+        summary.counts.decisions,
+        summary.counts.late,
+        summary.counts.skipped(),
+        summary.bad_lines
+    )?;
+    writeln!(
+        out,
+        "  decode only      {:.0} events/s ({:.0} ns/event)",
+        decoded as f64 / decode_secs,
+        decode_secs * 1e9 / decoded.max(1) as f64
+    )?;
+    writeln!(
+        out,
+        "  full pipeline    {eps:.0} events/s ({:.0} ns/event), {secs:.2}s",
+        secs * 1e9 / summary.counts.events.max(1) as f64
+    )?;
+    writeln!(
+        out,
+        "  vs target        {:.2}x of 1 000 000 events/s",
+        eps / 1e6
+    )?;
     writeln!(out, "  live keys        {}", engine.store().live_keys())?;
     match (rss_before, rss) {
-        (Some(before), Some(after)) => writeln!(out, "  peak RSS         {:.1} MiB (at start {:.1} MiB)", after as f64 / 1024.0, before as f64 / 1024.0)?,
+        (Some(before), Some(after)) => writeln!(
+            out,
+            "  peak RSS         {:.1} MiB (at start {:.1} MiB)",
+            after as f64 / 1024.0,
+            before as f64 / 1024.0
+        )?,
         _ => writeln!(out, "  peak RSS         n/a (no /proc/self/status)")?,
     }
     Ok(engine.rules().clone())
@@ -105,7 +152,12 @@ fn decode_only(rules: &RuleSet, input: &Path) -> io::Result<(u64, f64)> {
     let mut reader = BufReader::with_capacity(1 << 16, File::open(input)?);
     let mut line = Vec::new();
     while reader.read_until(b'\n', &mut line)? > 0 {
-        if decode(line.strip_suffix(b"\n").unwrap_or(&line), rules.projection()).is_ok() {
+        if decode(
+            line.strip_suffix(b"\n").unwrap_or(&line),
+            rules.projection(),
+        )
+        .is_ok()
+        {
             decoded += 1;
         }
         line.clear();
@@ -127,7 +179,14 @@ pub fn compare_rule_sets(
     let rate = |rules: &RuleSet| -> Result<f64, BenchError> {
         let mut engine = Engine::new(rules.clone(), MemoryStore::new());
         let reader = BufReader::with_capacity(1 << 16, File::open(input)?);
-        Ok(pipeline::replay(&mut engine, reader, io::sink(), io::sink(), ReplayOptions::default())?.events_per_second())
+        Ok(pipeline::replay(
+            &mut engine,
+            reader,
+            io::sink(),
+            io::sink(),
+            ReplayOptions::default(),
+        )?
+        .events_per_second())
     };
     let (mut ra, mut rb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
@@ -142,10 +201,31 @@ pub fn compare_rule_sets(
     };
     let spread = |v: &[f64]| (v[0], v[v.len() - 1]);
     let (ma, mb, mr) = (median(&mut ra), median(&mut rb), median(&mut ratios));
-    writeln!(out, "compare ({} rounds, alternating, same input)", ratios.len())?;
-    writeln!(out, "  {:<28} {ma:.0} events/s median ({:.0}..{:.0})", a_path.display(), spread(&ra).0, spread(&ra).1)?;
-    writeln!(out, "  {:<28} {mb:.0} events/s median ({:.0}..{:.0})", b_path.display(), spread(&rb).0, spread(&rb).1)?;
-    writeln!(out, "  ratio                        {mr:.3} median ({:.3}..{:.3})", spread(&ratios).0, spread(&ratios).1)?;
+    writeln!(
+        out,
+        "compare ({} rounds, alternating, same input)",
+        ratios.len()
+    )?;
+    writeln!(
+        out,
+        "  {:<28} {ma:.0} events/s median ({:.0}..{:.0})",
+        a_path.display(),
+        spread(&ra).0,
+        spread(&ra).1
+    )?;
+    writeln!(
+        out,
+        "  {:<28} {mb:.0} events/s median ({:.0}..{:.0})",
+        b_path.display(),
+        spread(&rb).0,
+        spread(&rb).1
+    )?;
+    writeln!(
+        out,
+        "  ratio                        {mr:.3} median ({:.3}..{:.3})",
+        spread(&ratios).0,
+        spread(&ratios).1
+    )?;
     Ok(())
 }
 
@@ -162,7 +242,10 @@ mod tests {
 
     #[test]
     fn a_generated_input_is_removed_when_dropped_and_a_given_one_kept() {
-        let spec = WorkloadSpec { events: 10, ..WorkloadSpec::default() };
+        let spec = WorkloadSpec {
+            events: 10,
+            ..WorkloadSpec::default()
+        };
         let generated = BenchInput::prepare(None, &spec).unwrap();
         let path = generated.path().to_path_buf();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 10);

@@ -41,7 +41,11 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 3] = [Pattern::CredentialStuffing, Pattern::CardTesting, Pattern::AccountTakeover];
+    pub const ALL: [Pattern; 3] = [
+        Pattern::CredentialStuffing,
+        Pattern::CardTesting,
+        Pattern::AccountTakeover,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -84,7 +88,10 @@ const OSES: [&str; 4] = ["ios", "android", "windows", "macos"];
 pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()> {
     let mut rng = SmallRng::seed_from_u64(spec.seed);
     let invalid = |what: &str, e: rand_distr::ZipfError| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e} (need at least 1, and skew >= 0)"))
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}: {e} (need at least 1, and skew >= 0)"),
+        )
     };
     let users = Zipf::new(spec.users as f64, spec.skew).map_err(|e| invalid("users/skew", e))?;
     let ips = Zipf::new(spec.ips as f64, spec.skew).map_err(|e| invalid("ips/skew", e))?;
@@ -106,7 +113,11 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
         if let Some((pattern, left, actor)) = burst {
             write_fraud(&mut line, &mut rng, pattern, n, ts, actor, spec.users)?;
             out.write_all(&line)?;
-            burst = if left > 1 { Some((pattern, left - 1, actor)) } else { None };
+            burst = if left > 1 {
+                Some((pattern, left - 1, actor))
+            } else {
+                None
+            };
             continue;
         }
         let roll: f64 = rng.random();
@@ -123,7 +134,8 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
         } else {
             spec.ips + user.wrapping_mul(2_654_435_761) % (1 << 24)
         };
-        let country = COUNTRIES[(user % 7 + u64::from(rng.random_ratio(1, 50))) as usize % COUNTRIES.len()];
+        let country =
+            COUNTRIES[(user % 7 + u64::from(rng.random_ratio(1, 50))) as usize % COUNTRIES.len()];
         let device = user * 4 + u64::from(rng.random_ratio(1, 20)) * rng.random_range(1..4u64);
         let os = OSES[(device % 4) as usize];
         write!(
@@ -145,7 +157,11 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
         } else if kind < 90 {
             let card = user * 2 + u64::from(rng.random_ratio(1, 50));
             let cents: u64 = rng.random_range(100..50_000);
-            let result = if rng.random_ratio(1, 10) { "declined" } else { "approved" };
+            let result = if rng.random_ratio(1, 10) {
+                "declined"
+            } else {
+                "approved"
+            };
             write!(
                 line,
                 r#","type":"payment","result":"{result}","merchant_id":"m-{}","card":{{"id":"c-{card}","bin":"4{:05}"}},"amount":{}.{:02}"#,
@@ -155,7 +171,11 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
                 cents % 100,
             )?;
         } else {
-            write!(line, r#","type":"signup","email_domain":"example{}.com""#, user % 50)?;
+            write!(
+                line,
+                r#","type":"signup","email_domain":"example{}.com""#,
+                user % 50
+            )?;
         }
         line.extend_from_slice(b"}\n");
         out.write_all(&line)?;
@@ -165,7 +185,15 @@ pub fn generate(spec: &WorkloadSpec, out: &mut impl Write) -> std::io::Result<()
 
 /// One event of an injected burst, on its own actor (an attacker IP, a stolen card, a taken-over
 /// account) so that the burst alone trips the matching rule.
-fn write_fraud(line: &mut Vec<u8>, rng: &mut SmallRng, pattern: Pattern, n: u64, ts: i64, actor: u64, users: u64) -> std::io::Result<()> {
+fn write_fraud(
+    line: &mut Vec<u8>,
+    rng: &mut SmallRng,
+    pattern: Pattern,
+    n: u64,
+    ts: i64,
+    actor: u64,
+    users: u64,
+) -> std::io::Result<()> {
     let tag = pattern.as_str();
     match pattern {
         Pattern::CredentialStuffing => {
@@ -179,7 +207,11 @@ fn write_fraud(line: &mut Vec<u8>, rng: &mut SmallRng, pattern: Pattern, n: u64,
         }
         Pattern::CardTesting => {
             let cents: u64 = rng.random_range(50..300);
-            let result = if rng.random_ratio(4, 5) { "declined" } else { "approved" };
+            let result = if rng.random_ratio(4, 5) {
+                "declined"
+            } else {
+                "approved"
+            };
             write!(
                 line,
                 r#"{{"event_id":"f-{n}","ts":{ts},"user_id":"m-{actor}","ip":"192.168.{}.{}","device":{{"id":"x-{actor}","os":"linux"}},"geo":{{"country":"BR","city_id":998}},"type":"payment","result":"{result}","merchant_id":"m-t{}","card":{{"id":"s-{actor}","bin":"400000"}},"amount":{}.{:02},"fraud":"{tag}"}}"#,

@@ -11,7 +11,7 @@ use super::engine::Engine;
 use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
 use crate::event::{decode, Event};
 use crate::rules::{Decision, Form, RuleSet};
-use crate::store::{MemoryStore, InputPosition};
+use crate::store::{InputPosition, MemoryStore};
 
 /// One rule's results.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -60,7 +60,11 @@ fn fraud_tag(line: &[u8]) -> Option<String> {
 
 /// Runs the rules of `engine` over `input`; `progress` is called with the lines read so far every
 /// 65 536 lines.
-pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progress: impl FnMut(u64)) -> Result<BacktestReport, ReplayError> {
+pub fn backtest(
+    engine: &mut Engine<MemoryStore>,
+    input: impl BufRead,
+    mut progress: impl FnMut(u64),
+) -> Result<BacktestReport, ReplayError> {
     let rules = engine.rules().clone();
     let mut tally = Tally::new(&rules);
     let mut input = input;
@@ -85,7 +89,9 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let event = match decode(text, rules.projection()).and_then(|event| engine.admit(&event).map(|()| event)) {
+        let event = match decode(text, rules.projection())
+            .and_then(|event| engine.admit(&event).map(|()| event))
+        {
             Ok(event) => event,
             Err(_) => {
                 tally.report.bad_lines += 1;
@@ -96,7 +102,13 @@ pub fn backtest(engine: &mut Engine<MemoryStore>, input: impl BufRead, mut progr
         if let Some(tag) = &fraud {
             *tally.report.fraud_events.entry(tag.clone()).or_default() += 1;
         }
-        let decision = engine.evaluate(&event, InputPosition { lane: 0, offset: tally.report.lines as i64 })?;
+        let decision = engine.evaluate(
+            &event,
+            InputPosition {
+                lane: 0,
+                offset: tally.report.lines as i64,
+            },
+        )?;
         tally.decision(&rules, &event, &decision, fraud.as_ref());
     }
     Ok(tally.finish(engine))
@@ -119,16 +131,32 @@ impl Tally {
                 .iter()
                 .map(|&index| {
                     let rule = rules.rule(index);
-                    RuleReport { rule_id: rule.id.clone(), mode: rule.mode.as_str(), action: rule.action.as_str(), ..RuleReport::default() }
+                    RuleReport {
+                        rule_id: rule.id.clone(),
+                        mode: rule.mode.as_str(),
+                        action: rule.action.as_str(),
+                        ..RuleReport::default()
+                    }
                 })
                 .collect(),
             ..BacktestReport::default()
         };
-        Tally { report, keys: vec![HashSet::new(); active.len()], active, key: Vec::new() }
+        Tally {
+            report,
+            keys: vec![HashSet::new(); active.len()],
+            active,
+            key: Vec::new(),
+        }
     }
 
     /// Counts one event's decision: per rule hit, its times, fraud caught and key.
-    fn decision(&mut self, rules: &RuleSet, event: &Event, decision: &Decision, fraud: Option<&String>) {
+    fn decision(
+        &mut self,
+        rules: &RuleSet,
+        event: &Event,
+        decision: &Decision,
+        fraud: Option<&String>,
+    ) {
         let report = &mut self.report;
         if !decision.is_empty() {
             report.decided += 1;
@@ -137,7 +165,9 @@ impl Tally {
             }
         }
         for hit in &decision.hits {
-            let Some(position) = self.active.iter().position(|&i| i == hit.rule) else { continue };
+            let Some(position) = self.active.iter().position(|&i| i == hit.rule) else {
+                continue;
+            };
             let rule = &mut report.rules[position];
             rule.hits += 1;
             rule.first_hit_ts.get_or_insert(event.ts);
@@ -179,7 +209,10 @@ impl Tally {
 
 fn time(ts: Option<i64>) -> String {
     ts.and_then(chrono::DateTime::from_timestamp_millis)
-        .map_or_else(|| "-".to_owned(), |t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .map_or_else(
+            || "-".to_owned(),
+            |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+        )
 }
 
 /// The report as a table for the terminal.
@@ -201,7 +234,12 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         let caught: Vec<String> = rule
             .fraud_caught
             .iter()
-            .map(|(pattern, n)| format!("{pattern} {n}/{}", report.fraud_events.get(pattern).copied().unwrap_or(0)))
+            .map(|(pattern, n)| {
+                format!(
+                    "{pattern} {n}/{}",
+                    report.fraud_events.get(pattern).copied().unwrap_or(0)
+                )
+            })
             .collect();
         writeln!(
             out,
@@ -215,14 +253,22 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
             time(rule.first_hit_ts),
             time(rule.last_hit_ts),
             100.0 * rule.hit_share,
-            if caught.is_empty() { "-".to_owned() } else { caught.join(", ") }
+            if caught.is_empty() {
+                "-".to_owned()
+            } else {
+                caught.join(", ")
+            }
         )?;
     }
     if !report.fraud_events.is_empty() {
         writeln!(out, "injected fraud caught by enforce-mode rules:")?;
         for (pattern, total) in &report.fraud_events {
             let caught = report.fraud_caught.get(pattern).copied().unwrap_or(0);
-            writeln!(out, "  {pattern:<22} {caught}/{total} events ({:.1}%)", 100.0 * caught as f64 / (*total).max(1) as f64)?;
+            writeln!(
+                out,
+                "  {pattern:<22} {caught}/{total} events ({:.1}%)",
+                100.0 * caught as f64 / (*total).max(1) as f64
+            )?;
         }
     }
     Ok(())

@@ -40,7 +40,10 @@ pub struct EvalCounts {
 
 impl EvalCounts {
     pub fn skipped(&self) -> u64 {
-        self.skipped_dimension + self.skipped_sum_field + self.skipped_sum_range + self.skipped_distinct_field
+        self.skipped_dimension
+            + self.skipped_sum_field
+            + self.skipped_sum_range
+            + self.skipped_distinct_field
     }
 }
 
@@ -117,7 +120,10 @@ const MIN_HOLD_TTL_MS: i64 = 3_600_000;
 /// lateness, an hour), so that an event up to the lateness bound behind still finds it.
 fn hold_ttl_ms(hold_ms: i64, max_lateness_ms: Option<i64>) -> i64 {
     let by_lateness = max_lateness_ms.map_or(0, |lateness| hold_ms.saturating_add(lateness));
-    hold_ms.saturating_mul(2).max(by_lateness).clamp(MIN_HOLD_TTL_MS, MAX_HOLD_TTL_MS)
+    hold_ms
+        .saturating_mul(2)
+        .max(by_lateness)
+        .clamp(MIN_HOLD_TTL_MS, MAX_HOLD_TTL_MS)
 }
 
 impl<S: CounterStore> Engine<S> {
@@ -160,7 +166,10 @@ impl<S: CounterStore> Engine<S> {
         let mut spaces = Vec::with_capacity(self.rules.active().len());
         for index in self.rules.active() {
             let rule = self.rules.rule(index);
-            spaces.push(rule.hold.as_ref().map(|hold| self.store.open_holds(&rule.id, hold_ttl_ms(hold.ms, lateness))));
+            spaces.push(rule.hold.as_ref().map(|hold| {
+                self.store
+                    .open_holds(&rule.id, hold_ttl_ms(hold.ms, lateness))
+            }));
         }
         self.hold_spaces = spaces;
     }
@@ -177,7 +186,10 @@ impl<S: CounterStore> Engine<S> {
 
     /// The newest accepted event time of `lane` (what its watermark follows).
     pub fn newest(&self, lane: u64) -> Option<i64> {
-        self.newest.iter().find(|(l, _)| *l == lane).map(|&(_, n)| n)
+        self.newest
+            .iter()
+            .find(|(l, _)| *l == lane)
+            .map(|&(_, n)| n)
     }
 
     /// Starts `lane` from a known newest event time (what a previous owner of the lane had
@@ -210,7 +222,11 @@ impl<S: CounterStore> Engine<S> {
     fn behind_watermark(&mut self, lane: u64, ts: i64) -> bool {
         match self.newest.iter_mut().find(|(l, _)| *l == lane) {
             Some((_, newest)) => {
-                if self.bounds.watermark(*newest).is_some_and(|watermark| ts < watermark) {
+                if self
+                    .bounds
+                    .watermark(*newest)
+                    .is_some_and(|watermark| ts < watermark)
+                {
                     return true;
                 }
                 if ts > *newest {
@@ -233,7 +249,11 @@ impl<S: CounterStore> Engine<S> {
         let mut changes = CounterChanges::default();
         for index in rules.active_counters() {
             let new = rules.counter(index);
-            let old = self.rules.active_counters().map(|i| self.rules.counter(i)).find(|c| c.id == new.id);
+            let old = self
+                .rules
+                .active_counters()
+                .map(|i| self.rules.counter(i))
+                .find(|c| c.id == new.id);
             // The store keys a window by id, shape and identity (dimensions and field): the same
             // hands back the same state.
             match old {
@@ -283,15 +303,27 @@ impl<S: CounterStore> Engine<S> {
     /// Per-rule counts since the last call, as (rule index, counts) of the active rules.
     pub fn take_rule_counts(&mut self) -> impl Iterator<Item = (usize, RuleCounts)> + '_ {
         let active: Vec<usize> = self.rules.active().collect();
-        let counts = std::mem::replace(&mut self.rule_counts, vec![RuleCounts::default(); active.len()]);
-        active.into_iter().zip(counts).filter(|(_, c)| *c != RuleCounts::default())
+        let counts = std::mem::replace(
+            &mut self.rule_counts,
+            vec![RuleCounts::default(); active.len()],
+        );
+        active
+            .into_iter()
+            .zip(counts)
+            .filter(|(_, c)| *c != RuleCounts::default())
     }
 
     /// Per-counter counts since the last call, as (counter index, counts) of the active counters.
     pub fn take_counter_counts(&mut self) -> impl Iterator<Item = (usize, CounterCounts)> + '_ {
         let active: Vec<usize> = self.rules.active_counters().collect();
-        let counts = std::mem::replace(&mut self.counter_counts, vec![CounterCounts::default(); active.len()]);
-        active.into_iter().zip(counts).filter(|(_, c)| *c != CounterCounts::default())
+        let counts = std::mem::replace(
+            &mut self.counter_counts,
+            vec![CounterCounts::default(); active.len()],
+        );
+        active
+            .into_iter()
+            .zip(counts)
+            .filter(|(_, c)| *c != CounterCounts::default())
     }
 
     pub fn rules(&self) -> &RuleSet {
@@ -321,7 +353,9 @@ impl<S: CounterStore> Engine<S> {
         self.memo.reset();
         for (position, space) in self.hold_spaces.iter().enumerate() {
             let Some(space) = *space else { continue };
-            if self.rules.in_scope(position, event, &mut self.memo) && self.rules.hold_key(position, event, &mut self.hold_key) {
+            if self.rules.in_scope(position, event, &mut self.memo)
+                && self.rules.hold_key(position, event, &mut self.hold_key)
+            {
                 out.push((space, self.hold_key.clone()));
             }
         }
@@ -337,7 +371,10 @@ impl<S: CounterStore> Engine<S> {
                 Plan::Observe(_) => true,
                 Plan::Skip(SkipReason::Dimension) => false,
                 Plan::Skip(_) => self.rules.is_read(position),
-                Plan::NoMatch => self.rules.is_read(position) && self.rules.counter_key(position, event, &mut key),
+                Plan::NoMatch => {
+                    self.rules.is_read(position)
+                        && self.rules.counter_key(position, event, &mut key)
+                }
             };
             if wanted {
                 out.push((self.windows[position], key.clone()));
@@ -348,21 +385,47 @@ impl<S: CounterStore> Engine<S> {
     /// Appends the `apply` calls `evaluate` will make for `events` of `lane` (each with its
     /// offset), evaluated in this order and before anything else: the events behind the lane's
     /// watermark count nowhere, the others into every counter they feed, in file order (for
-    /// [`CounterStore::count_ahead`]). Changes nothing.
-    pub fn plan_counts<'e>(&mut self, lane: u64, events: impl IntoIterator<Item = (&'e Event<'e>, i64)>, out: &mut Vec<Planned>) {
+    /// [`CounterStore::count_ahead`]), each with whether its key includes the event's message
+    /// key (`Planned::follows_message_key`). Changes nothing.
+    pub fn plan_counts<'e>(
+        &mut self,
+        lane: u64,
+        events: impl IntoIterator<Item = (&'e Event<'e>, i64, Option<&'e [u8]>)>,
+        out: &mut Vec<Planned>,
+    ) {
         let mut newest = self.newest(lane);
-        for (event, offset) in events {
+        for (event, offset, message_key) in events {
             // As `behind_watermark` will find, event by event.
             match newest {
-                Some(n) if self.bounds.watermark(n).is_some_and(|watermark| event.ts < watermark) => continue,
+                Some(n)
+                    if self
+                        .bounds
+                        .watermark(n)
+                        .is_some_and(|watermark| event.ts < watermark) =>
+                {
+                    continue
+                }
                 Some(n) => newest = Some(n.max(event.ts)),
                 None => newest = Some(event.ts),
             }
             self.memo.reset();
             for position in 0..self.rules.active_len() {
-                if let Plan::Observe(delta) = self.rules.plan(position, event, &mut self.keys[position], &mut self.memo) {
+                if let Plan::Observe(delta) =
+                    self.rules
+                        .plan(position, event, &mut self.keys[position], &mut self.memo)
+                {
                     let origin = InputPosition { lane, offset };
-                    out.push(Planned { window: self.windows[position], key: self.keys[position].clone(), ts_ms: event.ts, delta, origin });
+                    let follows_message_key = message_key.is_some_and(|m| {
+                        self.rules.counter_follows_message_key(position, event, m)
+                    });
+                    out.push(Planned {
+                        window: self.windows[position],
+                        key: self.keys[position].clone(),
+                        ts_ms: event.ts,
+                        delta,
+                        origin,
+                        follows_message_key,
+                    });
                 }
             }
         }
@@ -371,7 +434,11 @@ impl<S: CounterStore> Engine<S> {
     /// Counts `event`, read from `origin` (its input lane and position there), into every
     /// counter it feeds (in file order), then judges it with every rule (in file order) and
     /// returns the hits. An event behind its lane's watermark is late for every counter.
-    pub fn evaluate(&mut self, event: &Event<'_>, origin: InputPosition) -> Result<Decision, StoreError> {
+    pub fn evaluate(
+        &mut self,
+        event: &Event<'_>,
+        origin: InputPosition,
+    ) -> Result<Decision, StoreError> {
         self.counts.events += 1;
         let behind = self.behind_watermark(origin.lane, event.ts);
         if behind {
@@ -392,53 +459,76 @@ impl<S: CounterStore> Engine<S> {
     /// Counts `event` into the active counter at `position` if it feeds it; its outcome for the
     /// event (counted, late, or left to be read on first reference).
     #[inline]
-    fn count(&mut self, position: usize, event: &Event<'_>, behind: bool) -> Result<Outcome, StoreError> {
-        Ok(match self.rules.plan(position, event, &mut self.keys[position], &mut self.memo) {
-            Plan::NoMatch => {
-                if behind {
-                    Outcome::Unknown
-                } else {
-                    Outcome::Unread
-                }
-            }
-            Plan::Skip(reason) => {
-                *match reason {
-                    SkipReason::Dimension => &mut self.counts.skipped_dimension,
-                    SkipReason::SumField => &mut self.counts.skipped_sum_field,
-                    SkipReason::SumRange => &mut self.counts.skipped_sum_range,
-                    SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
-                } += 1;
-                self.counter_counts[position].skipped[reason.index()] += 1;
-                // A skipped event did not feed the counter: a rule reads it (if its key
-                // can be formed).
-                if behind || reason == SkipReason::Dimension {
-                    Outcome::Unknown
-                } else {
-                    Outcome::Unread
-                }
-            }
-            Plan::Observe(_) if behind => {
-                self.counts.late += 1;
-                self.counter_counts[position].late += 1;
-                Outcome::Unknown
-            }
-            Plan::Observe(delta) => {
-                let observed = self.store.apply(self.windows[position], &self.keys[position], event.ts, delta)?;
-                match observed.applied {
-                    Applied::Late => {
-                        self.counts.late += 1;
-                        self.counter_counts[position].late += 1;
+    fn count(
+        &mut self,
+        position: usize,
+        event: &Event<'_>,
+        behind: bool,
+    ) -> Result<Outcome, StoreError> {
+        Ok(
+            match self
+                .rules
+                .plan(position, event, &mut self.keys[position], &mut self.memo)
+            {
+                Plan::NoMatch => {
+                    if behind {
                         Outcome::Unknown
-                    }
-                    Applied::Counted(value) => Outcome::Known { value, degraded: observed.degraded, counted: true },
-                    Applied::Capped(value) => {
-                        self.counts.capped += 1;
-                        self.counter_counts[position].capped += 1;
-                        Outcome::Known { value, degraded: observed.degraded, counted: true }
+                    } else {
+                        Outcome::Unread
                     }
                 }
-            }
-        })
+                Plan::Skip(reason) => {
+                    *match reason {
+                        SkipReason::Dimension => &mut self.counts.skipped_dimension,
+                        SkipReason::SumField => &mut self.counts.skipped_sum_field,
+                        SkipReason::SumRange => &mut self.counts.skipped_sum_range,
+                        SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
+                    } += 1;
+                    self.counter_counts[position].skipped[reason.index()] += 1;
+                    // A skipped event did not feed the counter: a rule reads it (if its key
+                    // can be formed).
+                    if behind || reason == SkipReason::Dimension {
+                        Outcome::Unknown
+                    } else {
+                        Outcome::Unread
+                    }
+                }
+                Plan::Observe(_) if behind => {
+                    self.counts.late += 1;
+                    self.counter_counts[position].late += 1;
+                    Outcome::Unknown
+                }
+                Plan::Observe(delta) => {
+                    let observed = self.store.apply(
+                        self.windows[position],
+                        &self.keys[position],
+                        event.ts,
+                        delta,
+                    )?;
+                    match observed.applied {
+                        Applied::Late => {
+                            self.counts.late += 1;
+                            self.counter_counts[position].late += 1;
+                            Outcome::Unknown
+                        }
+                        Applied::Counted(value) => Outcome::Known {
+                            value,
+                            degraded: observed.degraded,
+                            counted: true,
+                        },
+                        Applied::Capped(value) => {
+                            self.counts.capped += 1;
+                            self.counter_counts[position].capped += 1;
+                            Outcome::Known {
+                                value,
+                                degraded: observed.degraded,
+                                counted: true,
+                            }
+                        }
+                    }
+                }
+            },
+        )
     }
 
     /// Judges `event` with every active rule in file order (scope, then condition or limit,
@@ -463,7 +553,9 @@ impl<S: CounterStore> Engine<S> {
             self.rule_counts[position].matched += 1;
             let rule = rules.rule(index);
             let candidate = match rule.form {
-                Form::V1 { counter, threshold, .. } => judge.v1_candidate(rule, index, counter, threshold),
+                Form::V1 {
+                    counter, threshold, ..
+                } => judge.v1_candidate(rule, index, counter, threshold),
                 Form::V2 => judge.v2_candidate(rule, index),
             };
             let Some(mut hit) = candidate else { continue };
@@ -505,7 +597,10 @@ mod tests {
         assert_eq!(changes.kept, ["a"]);
         assert_eq!(changes.fresh, ["b", "c", "d"]);
         assert!(changes.redefined.is_empty());
-        let (_, changes) = engine.reload_rules(set(&after.replace("id='a'\ndimensions=['u']\n", "id='a'\nmatch='x == 1'\ndimensions=['u']\n")));
+        let (_, changes) = engine.reload_rules(set(&after.replace(
+            "id='a'\ndimensions=['u']\n",
+            "id='a'\nmatch='x == 1'\ndimensions=['u']\n",
+        )));
         assert_eq!(changes.kept, ["a", "b", "c", "d"]);
         assert_eq!(changes.redefined, ["a"]);
     }

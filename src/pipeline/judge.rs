@@ -18,7 +18,11 @@ pub(super) enum Outcome {
     /// Unknown: its key cannot be formed, or the event is late for it.
     Unknown,
     /// Counted, or read, with this raw value; `degraded` if computed from local state only.
-    Known { value: i64, degraded: bool, counted: bool },
+    Known {
+        value: i64,
+        degraded: bool,
+        counted: bool,
+    },
 }
 
 /// Expression context over one event: fields from the event; counters from the outcomes of
@@ -37,23 +41,37 @@ pub(super) struct Judge<'a, 'e, S> {
 impl<S: CounterStore> Judge<'_, '_, S> {
     /// The outcome of a counter for this event, reading it if needed.
     fn outcome(&mut self, counter: usize) -> Outcome {
-        let Some(position) = self.rules.counter_position(counter) else { return Outcome::Unknown };
+        let Some(position) = self.rules.counter_position(counter) else {
+            return Outcome::Unknown;
+        };
         if self.outcomes[position] == Outcome::Unread {
-            self.outcomes[position] = if !self.rules.counter_key(position, self.event, &mut self.keys[position]) {
-                Outcome::Unknown
-            } else {
-                *self.reads += 1;
-                match self.store.read(self.windows[position], &self.keys[position], self.event.ts) {
-                    Ok(Observed { applied, degraded }) => match applied.value() {
-                        Some(value) => Outcome::Known { value, degraded, counted: false },
-                        None => Outcome::Unknown,
-                    },
-                    Err(e) => {
-                        self.error.get_or_insert(e);
-                        Outcome::Unknown
+            self.outcomes[position] =
+                if !self
+                    .rules
+                    .counter_key(position, self.event, &mut self.keys[position])
+                {
+                    Outcome::Unknown
+                } else {
+                    *self.reads += 1;
+                    match self.store.read(
+                        self.windows[position],
+                        &self.keys[position],
+                        self.event.ts,
+                    ) {
+                        Ok(Observed { applied, degraded }) => match applied.value() {
+                            Some(value) => Outcome::Known {
+                                value,
+                                degraded,
+                                counted: false,
+                            },
+                            None => Outcome::Unknown,
+                        },
+                        Err(e) => {
+                            self.error.get_or_insert(e);
+                            Outcome::Unknown
+                        }
                     }
-                }
-            };
+                };
         }
         self.outcomes[position]
     }
@@ -66,9 +84,10 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
 
     fn counter(&mut self, index: usize) -> Option<Num> {
         match self.outcome(index) {
-            Outcome::Known { value, .. } => {
-                Some(Num::exact(decide::counter_value(self.rules.counter(index).aggregate(), value)))
-            }
+            Outcome::Known { value, .. } => Some(Num::exact(decide::counter_value(
+                self.rules.counter(index).aggregate(),
+                value,
+            ))),
             _ => None,
         }
     }
@@ -94,7 +113,14 @@ impl Candidate {
         Candidate {
             fires: false,
             reason: None,
-            hit: Hit { rule, value: None, reason: None, degraded: false, counters: SmallVec::new(), held_until: None },
+            hit: Hit {
+                rule,
+                value: None,
+                reason: None,
+                degraded: false,
+                counters: SmallVec::new(),
+                held_until: None,
+            },
         }
     }
 }
@@ -104,16 +130,37 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
     /// counter counted (v1 semantics); a held key fires it whatever its counter did. `None`:
     /// its counter is not active, the rule is passed over.
     #[inline]
-    pub(super) fn v1_candidate(&self, rule: &Rule, index: usize, counter: usize, threshold: i64) -> Option<Candidate> {
+    pub(super) fn v1_candidate(
+        &self,
+        rule: &Rule,
+        index: usize,
+        counter: usize,
+        threshold: i64,
+    ) -> Option<Candidate> {
         let counter_position = self.rules.counter_position(counter)?;
         Some(match self.outcomes[counter_position] {
-            Outcome::Known { value, degraded, counted: true } => {
+            Outcome::Known {
+                value,
+                degraded,
+                counted: true,
+            } => {
                 let (fires, reason) = match (degraded, rule.on_store_error) {
                     (false, _) | (true, OnStoreError::Local) => (value > threshold, None),
                     (true, OnStoreError::Allow) => (false, None),
                     (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
                 };
-                Candidate { fires, reason, hit: Hit { rule: index, value: Some(value), reason, degraded, counters: SmallVec::new(), held_until: None } }
+                Candidate {
+                    fires,
+                    reason,
+                    hit: Hit {
+                        rule: index,
+                        value: Some(value),
+                        reason,
+                        degraded,
+                        counters: SmallVec::new(),
+                        held_until: None,
+                    },
+                }
             }
             _ => Candidate::no(index),
         })
@@ -132,7 +179,10 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
         let mut counters = SmallVec::new();
         let mut degraded = false;
         for &counter in rule.counters() {
-            if let Outcome::Known { value, degraded: d, .. } = self.outcome(counter) {
+            if let Outcome::Known {
+                value, degraded: d, ..
+            } = self.outcome(counter)
+            {
                 counters.push((counter, value));
                 degraded |= d;
             }
@@ -142,7 +192,18 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
             (true, OnStoreError::Allow) => (false, None),
             (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
         };
-        Some(Candidate { fires, reason, hit: Hit { rule: index, value: None, reason, degraded, counters, held_until: None } })
+        Some(Candidate {
+            fires,
+            reason,
+            hit: Hit {
+                rule: index,
+                value: None,
+                reason,
+                degraded,
+                counters,
+                held_until: None,
+            },
+        })
     }
 
     /// A rule with a hold: fired by its condition, the hold starts (or extends) from this event;

@@ -10,6 +10,6 @@ mod replay;
 
 pub use engine::{CounterChanges, CounterCounts, Engine, EvalCounts, RuleCounts};
 pub use replay::{
-    input_lane, read_line_bounded, replay, LineRead, ReplayError, ReplayOptions, ReplaySummary, DEFAULT_MAX_EVENT_BYTES,
+    input_lane, read_line_bounded, replay, LineRead, ReplayError, ReplayOptions, ReplaySummary,
+    DEFAULT_MAX_EVENT_BYTES,
 };
-

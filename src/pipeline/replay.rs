@@ -34,7 +34,13 @@ pub struct ReplayOptions {
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { max_event_bytes: DEFAULT_MAX_EVENT_BYTES, emit_allow: false, lane: 0, store_wait: Duration::ZERO, live: false }
+        ReplayOptions {
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            emit_allow: false,
+            lane: 0,
+            store_wait: Duration::ZERO,
+            live: false,
+        }
     }
 }
 
@@ -53,7 +59,11 @@ pub enum LineRead {
 /// Appends the next line of `input` to `out` unless it is longer than `limit` bytes, in which
 /// case it is read through and dropped: memory stays bounded whatever the input (a stream
 /// without a single newline included).
-pub fn read_line_bounded(input: &mut impl BufRead, out: &mut Vec<u8>, limit: usize) -> io::Result<LineRead> {
+pub fn read_line_bounded(
+    input: &mut impl BufRead,
+    out: &mut Vec<u8>,
+    limit: usize,
+) -> io::Result<LineRead> {
     let start = out.len();
     let mut size = 0usize;
     let mut too_large = false;
@@ -81,7 +91,11 @@ pub fn read_line_bounded(input: &mut impl BufRead, out: &mut Vec<u8>, limit: usi
         }
         input.consume(take);
         if done {
-            return Ok(if too_large { LineRead::TooLarge(size) } else { LineRead::Line });
+            return Ok(if too_large {
+                LineRead::TooLarge(size)
+            } else {
+                LineRead::Line
+            });
         }
     }
     Ok(match (too_large, out.len() > start) {
@@ -159,10 +173,18 @@ impl std::fmt::Display for PeakState<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.0;
         if s.peak_state_bytes > 0 {
-            write!(f, ", ~{:.1} MiB of state", s.peak_state_bytes as f64 / 1_048_576.0)?;
+            write!(
+                f,
+                ", ~{:.1} MiB of state",
+                s.peak_state_bytes as f64 / 1_048_576.0
+            )?;
         }
         if s.state.evicted_keys > 0 || s.state.evicted_holds > 0 {
-            write!(f, "; {} keys and {} holds evicted at the bound", s.state.evicted_keys, s.state.evicted_holds)?;
+            write!(
+                f,
+                "; {} keys and {} holds evicted at the bound",
+                s.state.evicted_keys, s.state.evicted_holds
+            )?;
         }
         Ok(())
     }
@@ -218,7 +240,13 @@ pub fn replay<S: CounterStore>(
     let mut record = Vec::with_capacity(1024);
     loop {
         wait_while_saturated(engine.store_mut())?;
-        read_batch(&mut input, &mut batch, &mut ends, options.max_event_bytes, if options.live { 1 } else { REPLAY_BATCH })?;
+        read_batch(
+            &mut input,
+            &mut batch,
+            &mut ends,
+            options.max_event_bytes,
+            if options.live { 1 } else { REPLAY_BATCH },
+        )?;
         if ends.is_empty() {
             break;
         }
@@ -245,18 +273,37 @@ pub fn replay<S: CounterStore>(
                     continue;
                 }
             };
-            let decision = engine.evaluate(event, InputPosition { lane: options.lane, offset: line as i64 })?;
+            let decision = engine.evaluate(
+                event,
+                InputPosition {
+                    lane: options.lane,
+                    offset: line as i64,
+                },
+            )?;
             engine.store_mut().tick()?;
             if !decision.is_empty() || options.emit_allow {
                 record.clear();
-                record::write_record(&mut record, engine.rules(), event, &decision, EventSource::Line(line));
+                record::write_record(
+                    &mut record,
+                    engine.rules(),
+                    event,
+                    &decision,
+                    EventSource::Line(line),
+                );
                 record.push(b'\n');
                 output.write_all(&record)?;
             }
         }
         summary.peak_live_keys = summary.peak_live_keys.max(engine.store().live_keys());
-        summary.peak_state_bytes = summary.peak_state_bytes.max(engine.store().state_stats().bytes);
-        warn_on_evictions(&mut diagnostics, engine.store().state_stats(), &mut summary.state, &mut evictions_said)?;
+        summary.peak_state_bytes = summary
+            .peak_state_bytes
+            .max(engine.store().state_stats().bytes);
+        warn_on_evictions(
+            &mut diagnostics,
+            engine.store().state_stats(),
+            &mut summary.state,
+            &mut evictions_said,
+        )?;
         if options.live {
             output.flush()?;
         }
@@ -301,7 +348,11 @@ fn read_batch(
 }
 
 /// Decodes the batch's lines and refuses events too far in the future; blank lines give none.
-fn decode_batch<'b, S: CounterStore>(engine: &Engine<S>, batch: &'b [u8], ends: &LineEnds) -> Lines<'b> {
+fn decode_batch<'b, S: CounterStore>(
+    engine: &Engine<S>,
+    batch: &'b [u8],
+    ends: &LineEnds,
+) -> Lines<'b> {
     let mut events = Vec::with_capacity(ends.len());
     let mut start = 0;
     for end in ends {
@@ -317,7 +368,11 @@ fn decode_batch<'b, S: CounterStore>(engine: &Engine<S>, batch: &'b [u8], ends: 
         events.push(if text.iter().all(u8::is_ascii_whitespace) {
             None
         } else {
-            Some(decode(text, engine.rules().projection()).and_then(|event| engine.admit(&event).map(|()| event)).map_err(Rejected::Bad))
+            Some(
+                decode(text, engine.rules().projection())
+                    .and_then(|event| engine.admit(&event).map(|()| event))
+                    .map_err(Rejected::Bad),
+            )
         });
     }
     events
@@ -405,5 +460,9 @@ fn trim_line(line: &[u8]) -> &[u8] {
 }
 
 fn report_bad_line(diagnostics: &mut impl Write, line: u64, bad: &BadEvent) -> io::Result<()> {
-    writeln!(diagnostics, "line {line}: bad event ({}): {bad}", bad.code())
+    writeln!(
+        diagnostics,
+        "line {line}: bad event ({}): {bad}",
+        bad.code()
+    )
 }

@@ -66,7 +66,11 @@ impl Decision {
     /// enforce-mode action; `None` (serialised as `allow`) when only shadow rules hit or
     /// nothing did.
     pub fn action(&self, rules: &RuleSet) -> Option<Action> {
-        let enforced = self.hits.iter().map(|h| rules.rule(h.rule)).filter(|r| r.mode == Mode::Enforce);
+        let enforced = self
+            .hits
+            .iter()
+            .map(|h| rules.rule(h.rule))
+            .filter(|r| r.mode == Mode::Enforce);
         let mut most = None;
         for rule in enforced {
             if rule.action == Action::Allow {

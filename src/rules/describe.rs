@@ -31,19 +31,35 @@ fn describe_scope(scope: &Scope, source: Option<&str>) -> Option<String> {
                 .collect::<Vec<_>>()
                 .join(" and "),
         ),
-        Scope::Expr(compiled) => Some(source.map_or_else(|| format!("an expression over {}", paths(&compiled.paths)), str::to_owned)),
+        Scope::Expr(compiled) => Some(source.map_or_else(
+            || format!("an expression over {}", paths(&compiled.paths)),
+            str::to_owned,
+        )),
     }
 }
 
 fn paths(paths: &[crate::event::FieldPath]) -> String {
-    paths.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+    paths
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn what_counts(counter: &Counter) -> String {
     let dims: Vec<&str> = counter.dimensions.iter().map(|p| p.as_str()).collect();
     let what = match (&counter.field, counter.aggregate()) {
-        (Some(f), Aggregate::Sum) => format!("sum of {f}{}", if counter.allow_negative { " (negative allowed)" } else { "" }),
-        (Some(f), Aggregate::Distinct) => format!("distinct {f} (at most {})", counter.window.max_distinct),
+        (Some(f), Aggregate::Sum) => format!(
+            "sum of {f}{}",
+            if counter.allow_negative {
+                " (negative allowed)"
+            } else {
+                ""
+            }
+        ),
+        (Some(f), Aggregate::Distinct) => {
+            format!("distinct {f} (at most {})", counter.window.max_distinct)
+        }
         _ => "count of events".to_owned(),
     };
     format!(
@@ -56,7 +72,8 @@ fn what_counts(counter: &Counter) -> String {
 
 /// One line: what a counter counts, in words a reviewer can read.
 pub fn describe_counter(counter: &Counter) -> String {
-    let scope = describe_scope(&counter.scope, counter.scope_text.as_deref()).map_or_else(String::new, |s| format!(" where {s}"));
+    let scope = describe_scope(&counter.scope, counter.scope_text.as_deref())
+        .map_or_else(String::new, |s| format!(" where {s}"));
     format!(
         "counter {id}{disabled}: {what}{scope}  [{origin}]",
         id = counter.id,
@@ -83,7 +100,8 @@ pub fn describe_rule(rules: &RuleSet, rule: &Rule) -> String {
             format!("{} > {limit}{scope}", what_counts(c))
         }
         Form::V2 => {
-            let scope = scope.map_or_else(|| "every event".to_owned(), |s| format!("events where {s}"));
+            let scope =
+                scope.map_or_else(|| "every event".to_owned(), |s| format!("events where {s}"));
             match (&rule.when, &rule.when_text) {
                 (Some(_), Some(text)) => format!("judges {scope}; fires when {text}"),
                 _ => format!("fires on {scope}"),
@@ -92,7 +110,11 @@ pub fn describe_rule(rules: &RuleSet, rule: &Rule) -> String {
     };
     let hold = rule.hold.as_ref().map_or_else(String::new, |hold| {
         let key: Vec<String> = hold.key.iter().map(ToString::to_string).collect();
-        format!("; then holds {} for {}", key.join(" + "), format_duration(hold.ms))
+        format!(
+            "; then holds {} for {}",
+            key.join(" + "),
+            format_duration(hold.ms)
+        )
     });
     format!("{head} {body}{hold}  [{origin}]", origin = rule.origin)
 }
@@ -103,11 +125,17 @@ pub fn summaries(rules: &RuleSet) -> Vec<String> {
     let mut lines: Vec<((&str, usize), String)> = Vec::new();
     for counter in rules.counters() {
         if !counter.from_rule {
-            lines.push(((&counter.origin.file, counter.origin.line), describe_counter(counter)));
+            lines.push((
+                (&counter.origin.file, counter.origin.line),
+                describe_counter(counter),
+            ));
         }
     }
     for rule in rules.rules() {
-        lines.push(((&rule.origin.file, rule.origin.line), describe_rule(rules, rule)));
+        lines.push((
+            (&rule.origin.file, rule.origin.line),
+            describe_rule(rules, rule),
+        ));
     }
     lines.sort_by_key(|(key, _)| *key);
     lines.into_iter().map(|(_, l)| l).collect()

@@ -38,7 +38,14 @@ pub(super) fn write_str_body(out: &mut Vec<u8>, s: &str) {
         };
         out.extend_from_slice(&bytes[start..i]);
         if escape.is_empty() {
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]);
         } else {
             out.extend_from_slice(escape);
         }
@@ -92,6 +99,9 @@ mod tests {
     fn control_characters_and_quotes_are_escaped() {
         let mut out = Vec::new();
         write_str(&mut out, "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}é\u{7f}/");
-        assert_eq!(String::from_utf8(out).unwrap(), "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001fé\u{7f}/\"");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001fé\u{7f}/\""
+        );
     }
 }

@@ -49,11 +49,19 @@ pub struct Networks {
 }
 
 fn mask4(addr: u32, len: u8) -> u32 {
-    if len == 0 { 0 } else { addr & (u32::MAX << (32 - u32::from(len))) }
+    if len == 0 {
+        0
+    } else {
+        addr & (u32::MAX << (32 - u32::from(len)))
+    }
 }
 
 fn mask6(addr: u128, len: u8) -> u128 {
-    if len == 0 { 0 } else { addr & (u128::MAX << (128 - u32::from(len))) }
+    if len == 0 {
+        0
+    } else {
+        addr & (u128::MAX << (128 - u32::from(len)))
+    }
 }
 
 impl Networks {
@@ -83,11 +91,15 @@ impl Networks {
         match ip {
             IpAddr::V4(a) => {
                 let a = u32::from(a);
-                self.v4_lengths.iter().any(|&len| self.v4.contains(&(len, mask4(a, len))))
+                self.v4_lengths
+                    .iter()
+                    .any(|&len| self.v4.contains(&(len, mask4(a, len))))
             }
             IpAddr::V6(a) => {
                 let a = u128::from(a);
-                self.v6_lengths.iter().any(|&len| self.v6.contains(&(len, mask6(a, len))))
+                self.v6_lengths
+                    .iter()
+                    .any(|&len| self.v6.contains(&(len, mask6(a, len))))
             }
         }
     }
@@ -113,7 +125,9 @@ pub fn parse_network(text: &str) -> Option<IpNet> {
 /// Whether `text` is written as JSON writes a number: an optional `-`, no leading zeros, no `+`.
 fn json_number_syntax(text: &str) -> bool {
     let digits = text.strip_prefix('-').unwrap_or(text);
-    let int_end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+    let int_end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
     int_end > 0 && !(int_end > 1 && digits.starts_with('0'))
 }
 
@@ -161,12 +175,19 @@ impl ListSet {
             ListSet::Strings(s) => {
                 s.insert(text.to_owned());
             }
-            ListSet::Numbers(s) => match Decimal::parse(text).filter(|_| json_number_syntax(text)) {
-                Some(d) => {
-                    s.insert(d);
+            ListSet::Numbers(s) => {
+                match Decimal::parse(text).filter(|_| json_number_syntax(text)) {
+                    Some(d) => {
+                        s.insert(d);
+                    }
+                    None => {
+                        return Err(format!(
+                            "{} is not a number",
+                            crate::event::quote_prefix(text)
+                        ))
+                    }
                 }
-                None => return Err(format!("{} is not a number", crate::event::quote_prefix(text))),
-            },
+            }
             ListSet::Networks(n) => match parse_network(text) {
                 Some(net) => n.insert(net),
                 None => {
@@ -205,23 +226,35 @@ mod tests {
     #[test]
     fn networks_use_the_longest_matching_prefix_structure() {
         let mut n = ListSet::new(ListKind::Cidr);
-        for entry in ["10.0.0.0/8", "192.0.2.7", "203.0.113.5/24", "2001:db8::/32", "::1"] {
+        for entry in [
+            "10.0.0.0/8",
+            "192.0.2.7",
+            "203.0.113.5/24",
+            "2001:db8::/32",
+            "::1",
+        ] {
             n.add(entry).unwrap();
         }
-        let ListSet::Networks(n) = n else { unreachable!() };
+        let ListSet::Networks(n) = n else {
+            unreachable!()
+        };
         let has = |ip: &str| n.contains(ip.parse().unwrap());
         assert!(has("10.200.1.1"));
         assert!(has("192.0.2.7") && !has("192.0.2.8"));
         assert!(has("203.0.113.200"), "host bits of an entry are ignored");
         assert!(has("2001:db8:ffff::1") && has("::1"));
-        assert!(!has("::ffff:10.0.0.1"), "an IPv4-mapped IPv6 address is not in IPv4 networks");
+        assert!(
+            !has("::ffff:10.0.0.1"),
+            "an IPv4-mapped IPv6 address is not in IPv4 networks"
+        );
         assert!(!has("11.0.0.1"));
     }
 
     #[test]
     fn files_skip_comments_and_report_every_bad_line() {
         let mut l = ListSet::new(ListKind::Number);
-        let errors = l.add_file("# risky codes\n6051.0\n\n  4.829e3  \nseven\n12\n  x1\n+5\n007\n-0.5\n");
+        let errors =
+            l.add_file("# risky codes\n6051.0\n\n  4.829e3  \nseven\n12\n  x1\n+5\n007\n-0.5\n");
         assert_eq!(l.len(), 4);
         assert_eq!(
             errors,
@@ -232,7 +265,9 @@ mod tests {
                 (9, 1, "\"007\" is not a number".to_owned()),
             ]
         );
-        let ListSet::Numbers(set) = l else { unreachable!() };
+        let ListSet::Numbers(set) = l else {
+            unreachable!()
+        };
         assert!(set.contains(&Decimal::from_i64(6051)) && set.contains(&Decimal::from_i64(4829)));
     }
 }

@@ -216,8 +216,12 @@ impl Rule {
 
 /// Formats milliseconds in the largest rule-file unit that divides them exactly.
 pub fn format_duration(ms: i64) -> String {
-    const UNITS: [(&str, i64); 4] =
-        [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)];
+    const UNITS: [(&str, i64); 4] = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ];
     for (unit, size) in UNITS {
         if ms != 0 && ms % size == 0 {
             return format!("{}{unit}", ms / size);
@@ -229,7 +233,9 @@ pub fn format_duration(ms: i64) -> String {
 /// Parses a rule-file duration: `<int>` followed by `ms`, `s`, `m`, `h` or `d`. `None` if malformed
 /// or out of range; zero is returned as `Some(0)` for the caller to refuse with its own message.
 pub fn parse_duration(text: &str) -> Option<i64> {
-    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(digits_end);
     if digits.is_empty() {
         return None;
@@ -256,7 +262,17 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Some(250));
         assert_eq!(parse_duration("1d"), Some(86_400_000));
         assert_eq!(parse_duration("0s"), Some(0));
-        for bad in ["", "m", "10", "10 m", "1.5h", "-1s", "10min", "1H", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "m",
+            "10",
+            "10 m",
+            "1.5h",
+            "-1s",
+            "10min",
+            "1H",
+            "99999999999999999999d",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad:?}");
         }
         assert_eq!(format_duration(600_000), "10m");
@@ -267,6 +283,10 @@ mod tests {
 
     #[test]
     fn action_severity_order() {
-        assert!(Action::Block > Action::Challenge && Action::Challenge > Action::Review && Action::Review > Action::Alert);
+        assert!(
+            Action::Block > Action::Challenge
+                && Action::Challenge > Action::Review
+                && Action::Review > Action::Alert
+        );
     }
 }

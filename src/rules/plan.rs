@@ -55,11 +55,19 @@ impl PlannedScope {
     fn new(scope: &Scope, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedScope {
         match scope {
             Scope::All => PlannedScope::All,
-            Scope::Table(matchers) => {
-                PlannedScope::Table(matchers.iter().map(|m| (projection.slot(&m.path), AnyOf::new(&m.any_of))).collect())
-            }
+            Scope::Table(matchers) => PlannedScope::Table(
+                matchers
+                    .iter()
+                    .map(|m| (projection.slot(&m.path), AnyOf::new(&m.any_of)))
+                    .collect(),
+            ),
             Scope::Expr(compiled) => PlannedScope::Expr(
-                compiled.expr.conjuncts().into_iter().map(|conjunct| (slots.slot(conjunct), conjunct.clone())).collect(),
+                compiled
+                    .expr
+                    .conjuncts()
+                    .into_iter()
+                    .map(|conjunct| (slots.slot(conjunct), conjunct.clone()))
+                    .collect(),
             ),
         }
     }
@@ -68,16 +76,22 @@ impl PlannedScope {
     fn holds(&self, event: &Event<'_>, memo: &mut ScopeMemo) -> bool {
         match self {
             PlannedScope::All => true,
-            PlannedScope::Table(matchers) => matchers.iter().all(|(slot, any_of)| any_of.matches(event.field(*slot))),
-            PlannedScope::Expr(conjuncts) => conjuncts.iter().all(|(slot, conjunct)| match memo.0[*slot] {
-                TRUE => true,
-                FALSE => false,
-                _ => {
-                    let holds = conjunct.holds(&mut FieldsOnly(event));
-                    memo.0[*slot] = if holds { TRUE } else { FALSE };
-                    holds
-                }
-            }),
+            PlannedScope::Table(matchers) => matchers
+                .iter()
+                .all(|(slot, any_of)| any_of.matches(event.field(*slot))),
+            PlannedScope::Expr(conjuncts) => {
+                conjuncts
+                    .iter()
+                    .all(|(slot, conjunct)| match memo.0[*slot] {
+                        TRUE => true,
+                        FALSE => false,
+                        _ => {
+                            let holds = conjunct.holds(&mut FieldsOnly(event));
+                            memo.0[*slot] = if holds { TRUE } else { FALSE };
+                            holds
+                        }
+                    })
+            }
         }
     }
 }
@@ -109,11 +123,20 @@ pub(crate) struct PlannedCounter {
 }
 
 impl PlannedCounter {
-    pub(crate) fn new(index: usize, counter: &Counter, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedCounter {
+    pub(crate) fn new(
+        index: usize,
+        counter: &Counter,
+        projection: &mut Projection,
+        slots: &mut ScopeSlots,
+    ) -> PlannedCounter {
         PlannedCounter {
             index,
             scope: PlannedScope::new(&counter.scope, projection, slots),
-            dimensions: counter.dimensions.iter().map(|p| projection.slot(p)).collect(),
+            dimensions: counter
+                .dimensions
+                .iter()
+                .map(|p| projection.slot(p))
+                .collect(),
             field: counter.field.as_ref().map(|p| projection.slot(p)),
             aggregate: counter.aggregate(),
             allow_negative: counter.allow_negative,
@@ -131,9 +154,20 @@ pub(crate) struct PlannedRule {
 }
 
 impl PlannedRule {
-    pub(crate) fn new(index: usize, rule: &Rule, projection: &mut Projection, slots: &mut ScopeSlots) -> PlannedRule {
-        let hold_key = rule.hold.as_ref().map_or_else(Vec::new, |h| h.key.iter().map(|p| projection.slot(p)).collect());
-        PlannedRule { index, scope: PlannedScope::new(&rule.scope, projection, slots), hold_key }
+    pub(crate) fn new(
+        index: usize,
+        rule: &Rule,
+        projection: &mut Projection,
+        slots: &mut ScopeSlots,
+    ) -> PlannedRule {
+        let hold_key = rule.hold.as_ref().map_or_else(Vec::new, |h| {
+            h.key.iter().map(|p| projection.slot(p)).collect()
+        });
+        PlannedRule {
+            index,
+            scope: PlannedScope::new(&rule.scope, projection, slots),
+            hold_key,
+        }
     }
 }
 
@@ -153,7 +187,12 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, in the order of [`SkipReason::index`].
-    pub const ALL: [SkipReason; 4] = [SkipReason::Dimension, SkipReason::SumField, SkipReason::SumRange, SkipReason::DistinctField];
+    pub const ALL: [SkipReason; 4] = [
+        SkipReason::Dimension,
+        SkipReason::SumField,
+        SkipReason::SumRange,
+        SkipReason::DistinctField,
+    ];
 
     /// Position in [`SkipReason::ALL`] (per-reason counters are arrays).
     pub fn index(self) -> usize {
@@ -199,7 +238,11 @@ impl PlannedCounter {
         let delta = match (self.aggregate, field) {
             (Aggregate::Count, _) => Delta::Count,
             (Aggregate::Sum, Some(FieldValue::Number(n))) => {
-                let low = if self.allow_negative { -SUM_LIMIT_MICROS } else { -1 };
+                let low = if self.allow_negative {
+                    -SUM_LIMIT_MICROS
+                } else {
+                    -1
+                };
                 match n.exact.to_micros_half_even() {
                     Some(micros) if micros > low && micros < SUM_LIMIT_MICROS => Delta::Sum(micros),
                     _ => return Plan::Skip(SkipReason::SumRange),
@@ -220,6 +263,20 @@ impl PlannedCounter {
     #[inline]
     pub(crate) fn key(&self, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
         encode_key(&self.dimensions, event, key)
+    }
+
+    /// Whether one of this counter's dimension values for `event` is `message_key` (a string
+    /// with those bytes, or a number of that value): then the key decides the message key, and
+    /// with it the partition, so no other partition feeds it.
+    pub(crate) fn follows_message_key(&self, event: &Event<'_>, message_key: &[u8]) -> bool {
+        let number = std::str::from_utf8(message_key)
+            .ok()
+            .and_then(Decimal::parse);
+        self.dimensions.iter().any(|&slot| match event.field(slot) {
+            FieldValue::Str(s) => s.as_bytes() == message_key,
+            FieldValue::Number(n) => number.is_some_and(|k| k == n.exact),
+            _ => false,
+        })
     }
 }
 
@@ -264,7 +321,11 @@ fn encode_key(slots: &[usize], event: &Event<'_>, key: &mut Vec<u8>) -> bool {
 #[derive(Debug, Clone)]
 pub(crate) enum AnyOf {
     Few(Vec<MatchValue>),
-    Many { strings: hashbrown::HashSet<String>, numbers: hashbrown::HashSet<Decimal>, bools: [bool; 2] },
+    Many {
+        strings: hashbrown::HashSet<String>,
+        numbers: hashbrown::HashSet<Decimal>,
+        bools: [bool; 2],
+    },
 }
 
 impl AnyOf {
@@ -272,7 +333,11 @@ impl AnyOf {
         if values.len() <= 8 {
             return AnyOf::Few(values.to_vec());
         }
-        let (mut strings, mut numbers, mut bools) = (hashbrown::HashSet::new(), hashbrown::HashSet::new(), [false; 2]);
+        let (mut strings, mut numbers, mut bools) = (
+            hashbrown::HashSet::new(),
+            hashbrown::HashSet::new(),
+            [false; 2],
+        );
         for value in values {
             match value {
                 MatchValue::Str(s) => {
@@ -284,13 +349,21 @@ impl AnyOf {
                 MatchValue::Bool(b) => bools[usize::from(*b)] = true,
             }
         }
-        AnyOf::Many { strings, numbers, bools }
+        AnyOf::Many {
+            strings,
+            numbers,
+            bools,
+        }
     }
 
     fn matches(&self, value: &FieldValue<'_>) -> bool {
         match self {
             AnyOf::Few(values) => values.iter().any(|v| value_matches(value, v)),
-            AnyOf::Many { strings, numbers, bools } => match value {
+            AnyOf::Many {
+                strings,
+                numbers,
+                bools,
+            } => match value {
                 FieldValue::Str(s) => strings.contains(s.as_ref()),
                 FieldValue::Number(n) => numbers.contains(&n.exact),
                 FieldValue::Bool(b) => bools[usize::from(*b)],
@@ -325,8 +398,8 @@ pub fn digest(scalar: &Scalar<'_>) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::RuleSet;
     use crate::event::decode;
+    use crate::rules::RuleSet;
 
     fn set(extra: &str) -> RuleSet {
         let text = format!(
@@ -338,7 +411,10 @@ mod tests {
     fn plan(rules: &RuleSet, line: &str) -> (Plan, Vec<u8>) {
         let event = decode(line.as_bytes(), rules.projection()).unwrap();
         let mut key = Vec::new();
-        (rules.plan(0, &event, &mut key, &mut rules.scope_memo()), key)
+        (
+            rules.plan(0, &event, &mut key, &mut rules.scope_memo()),
+            key,
+        )
     }
 
     #[test]
@@ -360,11 +436,26 @@ mod tests {
         let mut values: Vec<String> = (0..500).map(|i| format!("'ip-{i}'")).collect();
         values.extend(["7".into(), "2.50".into(), "true".into()]);
         let rules = set(&format!("match = {{ v = [{}] }}", values.join(", ")));
-        let hit = |v: &str| plan(&rules, &format!(r#"{{"ts":1,"user_id":"u","device":{{"id":"d"}},"v":{v}}}"#)).0 != Plan::NoMatch;
+        let hit = |v: &str| {
+            plan(
+                &rules,
+                &format!(r#"{{"ts":1,"user_id":"u","device":{{"id":"d"}},"v":{v}}}"#),
+            )
+            .0 != Plan::NoMatch
+        };
         for yes in [r#""ip-0""#, r#""ip-499""#, "7", "7.0", "2.5", "true"] {
             assert!(hit(yes), "{yes}");
         }
-        for no in [r#""ip-500""#, r#""7""#, "8", "false", r#""true""#, "null", "[7]", r#"{"a":7}"#] {
+        for no in [
+            r#""ip-500""#,
+            r#""7""#,
+            "8",
+            "false",
+            r#""true""#,
+            "null",
+            "[7]",
+            r#"{"a":7}"#,
+        ] {
             assert!(!hit(no), "{no}");
         }
     }
@@ -372,10 +463,34 @@ mod tests {
     #[test]
     fn keys_distinguish_types_but_not_number_spelling() {
         let rules = set("");
-        let key = |uid: &str| plan(&rules, &format!(r#"{{"ts":1,"user_id":{uid},"device":{{"id":1}}}}"#)).1;
+        let key = |uid: &str| {
+            plan(
+                &rules,
+                &format!(r#"{{"ts":1,"user_id":{uid},"device":{{"id":1}}}}"#),
+            )
+            .1
+        };
         assert_eq!(key("17"), key("17.0"));
         assert_ne!(key("17"), key("\"17\""));
         assert_eq!(key("\"a\""), key("\"\\u0061\""));
+    }
+
+    #[test]
+    fn a_key_follows_the_message_key_when_one_of_its_values_is_that_key() {
+        let rules = set("");
+        let follows = |event: &str, message_key: &[u8]| {
+            let event = decode(event.as_bytes(), rules.projection()).unwrap();
+            rules.counter_follows_message_key(0, &event, message_key)
+        };
+        let user = |uid: &str| format!(r#"{{"ts":1,"user_id":{uid},"device":{{"id":"d-1"}}}}"#);
+        assert!(follows(&user("\"u-7\""), b"u-7"));
+        assert!(follows(&user("\"u-7\""), b"d-1"), "any of the dimensions");
+        assert!(follows(&user("17"), b"17"));
+        assert!(follows(&user("17.0"), b"17"), "a number by value");
+        assert!(!follows(&user("\"u-7\""), b"u-70"));
+        assert!(!follows(&user("\"u-7\""), b""));
+        assert!(!follows(&user("17"), b"x"));
+        assert!(!follows(&user("\"17\""), b"17.0"), "a string by its bytes");
     }
 
     #[test]
@@ -383,25 +498,58 @@ mod tests {
         let rules = set("");
         for uid in ["null", "{}", "[1]"] {
             let line = format!(r#"{{"ts":1,"user_id":{uid},"device":{{"id":1}}}}"#);
-            assert_eq!(plan(&rules, &line).0, Plan::Skip(SkipReason::Dimension), "{uid}");
+            assert_eq!(
+                plan(&rules, &line).0,
+                Plan::Skip(SkipReason::Dimension),
+                "{uid}"
+            );
         }
-        assert_eq!(plan(&rules, r#"{"ts":1,"user_id":1}"#).0, Plan::Skip(SkipReason::Dimension));
+        assert_eq!(
+            plan(&rules, r#"{"ts":1,"user_id":1}"#).0,
+            Plan::Skip(SkipReason::Dimension)
+        );
 
         let sum = set("aggregate='sum'\nfield='amount'");
-        let line = |amount: &str| format!(r#"{{"ts":1,"user_id":1,"device":{{"id":1}},"amount":{amount}}}"#);
-        assert_eq!(plan(&sum, &line("\"12\"")).0, Plan::Skip(SkipReason::SumField));
-        assert_eq!(plan(&sum, &line("12.5")).0, Plan::Observe(Delta::Sum(12_500_000)));
+        let line = |amount: &str| {
+            format!(r#"{{"ts":1,"user_id":1,"device":{{"id":1}},"amount":{amount}}}"#)
+        };
+        assert_eq!(
+            plan(&sum, &line("\"12\"")).0,
+            Plan::Skip(SkipReason::SumField)
+        );
+        assert_eq!(
+            plan(&sum, &line("12.5")).0,
+            Plan::Observe(Delta::Sum(12_500_000))
+        );
         assert_eq!(plan(&sum, &line("-1")).0, Plan::Skip(SkipReason::SumRange));
-        assert_eq!(plan(&sum, &line("1e12")).0, Plan::Skip(SkipReason::SumRange));
-        assert_eq!(plan(&sum, &line("0.0000005")).0, Plan::Observe(Delta::Sum(0)));
+        assert_eq!(
+            plan(&sum, &line("1e12")).0,
+            Plan::Skip(SkipReason::SumRange)
+        );
+        assert_eq!(
+            plan(&sum, &line("0.0000005")).0,
+            Plan::Observe(Delta::Sum(0))
+        );
 
         let distinct = set("aggregate='distinct'\nfield='ip'");
         let with_ip = |ip: &str| format!(r#"{{"ts":1,"user_id":1,"device":{{"id":1}},"ip":{ip}}}"#);
-        assert_eq!(plan(&distinct, &with_ip("null")).0, Plan::Skip(SkipReason::DistinctField));
-        assert_eq!(plan(&distinct, r#"{"ts":1,"user_id":1,"device":{"id":1}}"#).0, Plan::Skip(SkipReason::DistinctField));
-        let (Plan::Observe(Delta::Distinct(a)), _) = plan(&distinct, &with_ip("1")) else { panic!() };
-        let (Plan::Observe(Delta::Distinct(b)), _) = plan(&distinct, &with_ip("1.0")) else { panic!() };
-        let (Plan::Observe(Delta::Distinct(c)), _) = plan(&distinct, &with_ip("\"1\"")) else { panic!() };
+        assert_eq!(
+            plan(&distinct, &with_ip("null")).0,
+            Plan::Skip(SkipReason::DistinctField)
+        );
+        assert_eq!(
+            plan(&distinct, r#"{"ts":1,"user_id":1,"device":{"id":1}}"#).0,
+            Plan::Skip(SkipReason::DistinctField)
+        );
+        let (Plan::Observe(Delta::Distinct(a)), _) = plan(&distinct, &with_ip("1")) else {
+            panic!()
+        };
+        let (Plan::Observe(Delta::Distinct(b)), _) = plan(&distinct, &with_ip("1.0")) else {
+            panic!()
+        };
+        let (Plan::Observe(Delta::Distinct(c)), _) = plan(&distinct, &with_ip("\"1\"")) else {
+            panic!()
+        };
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
@@ -434,17 +582,39 @@ when = "$a > 0 || $b > 0"
         assert_eq!(rules.scope_memo().0.len(), 4);
         let mut memo = rules.scope_memo();
         for (line, a, b, r) in [
-            (r#"{"ts":1,"user":"u","type":"pay","amount":9}"#, true, true, true),
-            (r#"{"ts":1,"user":"u","type":"pay","amount":1,"result":"ok"}"#, false, true, false),
-            (r#"{"ts":1,"user":"u","type":"pay","result":"ok"}"#, false, true, false),
+            (
+                r#"{"ts":1,"user":"u","type":"pay","amount":9}"#,
+                true,
+                true,
+                true,
+            ),
+            (
+                r#"{"ts":1,"user":"u","type":"pay","amount":1,"result":"ok"}"#,
+                false,
+                true,
+                false,
+            ),
+            (
+                r#"{"ts":1,"user":"u","type":"pay","result":"ok"}"#,
+                false,
+                true,
+                false,
+            ),
             (r#"{"ts":1,"user":"u","type":"pay"}"#, false, false, false),
-            (r#"{"ts":1,"user":"u","type":"login","amount":9}"#, false, false, false),
+            (
+                r#"{"ts":1,"user":"u","type":"login","amount":9}"#,
+                false,
+                false,
+                false,
+            ),
             (r#"{"ts":1,"user":"u","amount":9}"#, false, false, false),
         ] {
             let event = decode(line.as_bytes(), rules.projection()).unwrap();
             memo.reset();
             let mut key = Vec::new();
-            let fed = |position: usize, memo: &mut ScopeMemo, key: &mut Vec<u8>| rules.plan(position, &event, key, memo) != Plan::NoMatch;
+            let fed = |position: usize, memo: &mut ScopeMemo, key: &mut Vec<u8>| {
+                rules.plan(position, &event, key, memo) != Plan::NoMatch
+            };
             assert_eq!(fed(0, &mut memo, &mut key), a, "{line}");
             assert_eq!(fed(1, &mut memo, &mut key), b, "{line}");
             assert_eq!(rules.in_scope(0, &event, &mut memo), r, "{line}");

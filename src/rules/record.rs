@@ -13,13 +13,23 @@ use crate::event::{Event, FieldValue};
 pub enum EventSource<'a> {
     /// Replay: 1-based line number of the input.
     Line(u64),
-    Kafka { topic: &'a str, partition: i32, offset: i64 },
+    Kafka {
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+    },
 }
 
 /// Appends the decision record for `event` to `out` as one JSON object (no newline): its
 /// `decision_id` (from `source`, deterministic, for downstream de-duplication), `event_id`,
 /// `ts`, `action`, `rules_version`, `hits` and `source`.
-pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decision: &Decision, source: EventSource<'_>) {
+pub fn write_record(
+    out: &mut Vec<u8>,
+    rules: &RuleSet,
+    event: &Event<'_>,
+    decision: &Decision,
+    source: EventSource<'_>,
+) {
     let parts = rules.record_parts();
     out.extend_from_slice(b"{\"decision_id\":\"");
     match source {
@@ -27,7 +37,11 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
             out.extend_from_slice(b"line/");
             write_int(out, line);
         }
-        EventSource::Kafka { topic, partition, offset } => {
+        EventSource::Kafka {
+            topic,
+            partition,
+            offset,
+        } => {
             write_str_body(out, topic);
             out.push(b'/');
             write_int(out, partition);
@@ -44,7 +58,12 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
     out.extend_from_slice(b",\"ts\":");
     write_int(out, event.ts);
     out.extend_from_slice(b",\"action\":\"");
-    out.extend_from_slice(decision.action(rules).map_or("allow", Action::as_str).as_bytes());
+    out.extend_from_slice(
+        decision
+            .action(rules)
+            .map_or("allow", Action::as_str)
+            .as_bytes(),
+    );
     out.push(b'"');
     out.extend_from_slice(&parts.version);
     for (i, hit) in decision.hits.iter().enumerate() {
@@ -59,7 +78,11 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
             out.extend_from_slice(b"{\"line\":");
             write_int(out, line);
         }
-        EventSource::Kafka { topic, partition, offset } => {
+        EventSource::Kafka {
+            topic,
+            partition,
+            offset,
+        } => {
             out.extend_from_slice(b"{\"topic\":");
             write_str(out, topic);
             out.extend_from_slice(b",\"partition\":");
@@ -71,7 +94,13 @@ pub fn write_record(out: &mut Vec<u8>, rules: &RuleSet, event: &Event<'_>, decis
     out.extend_from_slice(b"}}");
 }
 
-fn write_hit(out: &mut Vec<u8>, rules: &RuleSet, parts: &RecordParts, event: &Event<'_>, hit: &Hit) {
+fn write_hit(
+    out: &mut Vec<u8>,
+    rules: &RuleSet,
+    parts: &RecordParts,
+    event: &Event<'_>,
+    hit: &Hit,
+) {
     let rule = rules.rule(hit.rule);
     out.extend_from_slice(&parts.rule_heads[hit.rule]);
     if let Some(reason) = hit.reason {
@@ -119,9 +148,19 @@ fn write_hit(out: &mut Vec<u8>, rules: &RuleSet, parts: &RecordParts, event: &Ev
 }
 
 /// A counter's dimension values for this event, by path, as canonical JSON scalars.
-fn write_key(out: &mut Vec<u8>, rules: &RuleSet, parts: &RecordParts, event: &Event<'_>, counter: usize) {
+fn write_key(
+    out: &mut Vec<u8>,
+    rules: &RuleSet,
+    parts: &RecordParts,
+    event: &Event<'_>,
+    counter: usize,
+) {
     out.push(b'{');
-    for (i, (path, &slot)) in parts.counter_paths[counter].iter().zip(rules.dimension_slots(counter)).enumerate() {
+    for (i, (path, &slot)) in parts.counter_paths[counter]
+        .iter()
+        .zip(rules.dimension_slots(counter))
+        .enumerate()
+    {
         if i > 0 {
             out.push(b',');
         }
@@ -134,10 +173,10 @@ fn write_key(out: &mut Vec<u8>, rules: &RuleSet, parts: &RecordParts, event: &Ev
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::decide::Reason;
-    use smallvec::SmallVec;
     use crate::event::decode;
+    use crate::rules::decide::Reason;
     use serde_json::{json, Value};
+    use smallvec::SmallVec;
 
     fn rules() -> RuleSet {
         RuleSet::from_sources([(
@@ -175,11 +214,32 @@ hold_key = ["user"]
         let rules = rules();
         let line = br#"{"event_id":"e\"1","ts":1700000000000,"type":"pay","user":"u\n1","card":{"id":7},"geo":"FR","amount":1.25}"#;
         let event = decode(line, rules.projection()).unwrap();
-        let (v1, v2) = (rules.rules().iter().position(|r| r.id == "v1-sum").unwrap(), 1);
-        let (sum, fails) = (rules.counters().iter().position(|c| c.id == "v1-sum").unwrap(), rules.counters().iter().position(|c| c.id == "fails").unwrap());
+        let (v1, v2) = (
+            rules.rules().iter().position(|r| r.id == "v1-sum").unwrap(),
+            1,
+        );
+        let (sum, fails) = (
+            rules
+                .counters()
+                .iter()
+                .position(|c| c.id == "v1-sum")
+                .unwrap(),
+            rules
+                .counters()
+                .iter()
+                .position(|c| c.id == "fails")
+                .unwrap(),
+        );
         let decision = Decision {
             hits: vec![
-                Hit { rule: v1, value: Some(12_500_000), reason: None, degraded: false, counters: SmallVec::new(), held_until: None },
+                Hit {
+                    rule: v1,
+                    value: Some(12_500_000),
+                    reason: None,
+                    degraded: false,
+                    counters: SmallVec::new(),
+                    held_until: None,
+                },
                 Hit {
                     rule: v2,
                     value: None,
@@ -191,7 +251,17 @@ hold_key = ["user"]
             ],
         };
         let mut out = Vec::new();
-        write_record(&mut out, &rules, &event, &decision, EventSource::Kafka { topic: "ev\"ents", partition: 3, offset: 42 });
+        write_record(
+            &mut out,
+            &rules,
+            &event,
+            &decision,
+            EventSource::Kafka {
+                topic: "ev\"ents",
+                partition: 3,
+                offset: 42,
+            },
+        );
         let record: Value = serde_json::from_slice(&out).unwrap();
         let expected = json!({
             "decision_id": "ev\"ents/3/42",
@@ -213,15 +283,28 @@ hold_key = ["user"]
         });
         assert_eq!(record, expected);
         // Exact decimals are printed as written, never through a double.
-        assert!(String::from_utf8(out).unwrap().contains(r#""value":12.5,"limit":10.5,"#));
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains(r#""value":12.5,"limit":10.5,"#));
     }
 
     #[test]
     fn a_replay_record_has_a_line_id_and_null_for_what_is_missing() {
         let rules = rules();
-        let event = decode(br#"{"ts":5,"type":"pay","user":"u","card":{"id":"c"},"geo":"FR","amount":1}"#, rules.projection()).unwrap();
+        let event = decode(
+            br#"{"ts":5,"type":"pay","user":"u","card":{"id":"c"},"geo":"FR","amount":1}"#,
+            rules.projection(),
+        )
+        .unwrap();
         let decision = Decision {
-            hits: vec![Hit { rule: 1, value: None, reason: Some(Reason::When), degraded: false, counters: SmallVec::new(), held_until: None }],
+            hits: vec![Hit {
+                rule: 1,
+                value: None,
+                reason: Some(Reason::When),
+                degraded: false,
+                counters: SmallVec::new(),
+                held_until: None,
+            }],
         };
         let mut out = Vec::new();
         write_record(&mut out, &rules, &event, &decision, EventSource::Line(9));

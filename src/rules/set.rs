@@ -51,7 +51,9 @@ pub struct RuleSet {
 impl RuleSet {
     /// Compiles `(file name, text)` pairs in the order given. Every error of every file is
     /// reported; no rule set is built if there is any.
-    pub fn from_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<RuleSet, RuleErrors> {
+    pub fn from_sources<'a>(
+        sources: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<RuleSet, RuleErrors> {
         RuleSet::from_sources_with_files(sources, &compile::no_files)
     }
 
@@ -64,7 +66,10 @@ impl RuleSet {
         let sources: Vec<(&str, &str)> = sources.into_iter().collect();
         let compiled = compile::compile_sources(&sources, read).map_err(RuleErrors)?;
         let mut hasher = blake3::Hasher::new();
-        let list_files = compiled.list_files.iter().map(|(n, t)| (n.as_str(), t.as_str()));
+        let list_files = compiled
+            .list_files
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()));
         for (name, text) in sources.iter().copied().chain(list_files) {
             // The file's own name, not where the directory happens to be.
             let name = name.rsplit(['/', '\\']).next().unwrap_or(name);
@@ -91,7 +96,14 @@ impl RuleSet {
     }
 
     fn build(compiled: compile::CompiledSet, version: String) -> RuleSet {
-        let compile::CompiledSet { counters, rules, lists, list_files, mut projection, warnings } = compiled;
+        let compile::CompiledSet {
+            counters,
+            rules,
+            lists,
+            list_files,
+            mut projection,
+            warnings,
+        } = compiled;
         let list_files = list_files.into_iter().map(|(name, _)| name).collect();
         let mut counter_position = vec![None; counters.len()];
         let mut active_counters = Vec::new();
@@ -99,7 +111,12 @@ impl RuleSet {
         for (index, counter) in counters.iter().enumerate() {
             if counter.enabled {
                 counter_position[index] = Some(active_counters.len());
-                active_counters.push(plan::PlannedCounter::new(index, counter, &mut projection, &mut slots));
+                active_counters.push(plan::PlannedCounter::new(
+                    index,
+                    counter,
+                    &mut projection,
+                    &mut slots,
+                ));
             }
         }
         let active_rules = rules
@@ -146,7 +163,9 @@ impl RuleSet {
 
     /// Every list, by id, with its size (for metrics and `vigil check`).
     pub fn lists(&self) -> impl Iterator<Item = (&str, &lists::ListSet)> + '_ {
-        self.lists.iter().map(|(id, set)| (id.as_str(), set.as_ref()))
+        self.lists
+            .iter()
+            .map(|(id, set)| (id.as_str(), set.as_ref()))
     }
 
     /// The list files the rules read (paths as loaded), for the reload watcher.
@@ -205,8 +224,26 @@ impl RuleSet {
     /// Plans the counter at active `position` for `event`, writing its canonical dimension key
     /// into `key` (cleared first) unless the result is [`Plan::NoMatch`] or a dimension skip.
     #[inline]
-    pub fn plan(&self, position: usize, event: &Event<'_>, key: &mut Vec<u8>, memo: &mut ScopeMemo) -> Plan {
+    pub fn plan(
+        &self,
+        position: usize,
+        event: &Event<'_>,
+        key: &mut Vec<u8>,
+        memo: &mut ScopeMemo,
+    ) -> Plan {
         self.active_counters[position].plan(event, key, memo)
+    }
+
+    /// Whether the key of the counter at active `position` for `event` includes `message_key`
+    /// (the event's Kafka key) as one of its values: only that key's partition feeds it.
+    #[inline]
+    pub fn counter_follows_message_key(
+        &self,
+        position: usize,
+        event: &Event<'_>,
+        message_key: &[u8],
+    ) -> bool {
+        self.active_counters[position].follows_message_key(event, message_key)
     }
 
     /// Writes the counter's dimension key for `event` into `key`; false if a dimension value is

@@ -75,16 +75,25 @@ impl ProducerContext for SinkContext {
         match result {
             Ok(_) => {
                 if ticket.kind == Kind::Decision {
-                    self.metrics.processing_acknowledged.observe(ticket.polled_at.elapsed().as_secs_f64());
+                    self.metrics
+                        .processing_acknowledged
+                        .observe(ticket.polled_at.elapsed().as_secs_f64());
                     if let Some(event_ms) = ticket.event_time_ms {
                         let latency_ms = now_ms().saturating_sub(event_ms).max(0);
-                        self.metrics.decision_latency.observe(latency_ms as f64 / 1000.0);
+                        self.metrics
+                            .decision_latency
+                            .observe(latency_ms as f64 / 1000.0);
                     }
                 }
                 ticket.progress.delivered(ticket.offset);
             }
             Err((error, message)) => {
-                self.metrics.delivery_errors.get_or_create(&CodeLabels { code: error_code(error) }).inc();
+                self.metrics
+                    .delivery_errors
+                    .get_or_create(&CodeLabels {
+                        code: error_code(error),
+                    })
+                    .inc();
                 tracing::warn!(error = %error, offset = ticket.offset, "record not delivered; producing it again");
                 let failed = Failed {
                     topic: message.topic().to_owned(),
@@ -93,14 +102,19 @@ impl ProducerContext for SinkContext {
                     headers: message.headers().map(|h| h.detach()),
                     ticket,
                 };
-                self.failed.lock().unwrap_or_else(|p| p.into_inner()).push(failed);
+                self.failed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(failed);
             }
         }
     }
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Low-cardinality code of a Kafka error.
@@ -109,7 +123,9 @@ pub fn error_code(error: &KafkaError) -> &'static str {
         Some(RDKafkaErrorCode::MessageTimedOut) => "timed_out",
         Some(RDKafkaErrorCode::QueueFull) => "queue_full",
         Some(RDKafkaErrorCode::MessageSizeTooLarge) => "too_large",
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) => "unknown_topic",
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) => {
+            "unknown_topic"
+        }
         Some(RDKafkaErrorCode::TopicAuthorizationFailed) => "not_authorized",
         Some(_) => "broker",
         None => "client",
@@ -143,7 +159,11 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 impl Sink {
     /// The producer of [`producer_config`]. A broker failure retrying cannot fix is reported to
     /// `fatal`.
-    pub fn new(kafka: &KafkaConfig, metrics: Arc<Metrics>, fatal: Fatal) -> Result<Sink, KafkaError> {
+    pub fn new(
+        kafka: &KafkaConfig,
+        metrics: Arc<Metrics>,
+        fatal: Fatal,
+    ) -> Result<Sink, KafkaError> {
         let producer = producer_config(kafka).create_with_context(SinkContext {
             metrics,
             failed: Mutex::new(Vec::new()),
@@ -159,7 +179,14 @@ impl Sink {
 
     /// Hands a record to the producer, waiting while its queue is full. The ticket's offset must
     /// have been registered with `Progress::expect_delivery`.
-    pub fn send(&self, topic: &str, key: Option<&[u8]>, payload: &[u8], headers: Option<OwnedHeaders>, ticket: Box<Ticket>) {
+    pub fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        headers: Option<OwnedHeaders>,
+        ticket: Box<Ticket>,
+    ) {
         let mut record = BaseRecord::with_opaque_to(topic, ticket).payload(payload);
         if let Some(key) = key {
             record = record.key(key);
@@ -176,7 +203,14 @@ impl Sink {
                 }
                 Err((error, back)) => {
                     // Refused before queueing (e.g. too large): report it as a failed delivery.
-                    self.producer.context().metrics.delivery_errors.get_or_create(&CodeLabels { code: error_code(&error) }).inc();
+                    self.producer
+                        .context()
+                        .metrics
+                        .delivery_errors
+                        .get_or_create(&CodeLabels {
+                            code: error_code(&error),
+                        })
+                        .inc();
                     tracing::error!(error = %error, topic, "record refused by the producer; retrying later");
                     let failed = Failed {
                         topic: topic.to_owned(),
@@ -185,7 +219,12 @@ impl Sink {
                         headers: back.headers,
                         ticket: back.delivery_opaque,
                     };
-                    self.producer.context().failed.lock().unwrap_or_else(|p| p.into_inner()).push(failed);
+                    self.producer
+                        .context()
+                        .failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(failed);
                     return;
                 }
             }
@@ -194,7 +233,14 @@ impl Sink {
 
     /// Produces again every record the producer gave up on.
     pub fn resend_failed(&self) {
-        let failed = std::mem::take(&mut *self.producer.context().failed.lock().unwrap_or_else(|p| p.into_inner()));
+        let failed = std::mem::take(
+            &mut *self
+                .producer
+                .context()
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         for f in failed {
             self.send(&f.topic, f.key.as_deref(), &f.payload, f.headers, f.ticket);
         }
@@ -202,7 +248,12 @@ impl Sink {
 
     /// Records given up on and waiting to be produced again.
     pub fn failed(&self) -> usize {
-        self.producer.context().failed.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.producer
+            .context()
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Waits up to `timeout` for every queued record to be acknowledged.
@@ -224,7 +275,10 @@ pub fn dead_letter_headers(
     let mut headers = OwnedHeaders::new();
     if let Some(original) = original {
         for header in original.iter() {
-            headers = headers.insert(Header { key: header.key, value: header.value });
+            headers = headers.insert(Header {
+                key: header.key,
+                value: header.value,
+            });
         }
     }
     let partition = partition.to_string();
@@ -236,7 +290,10 @@ pub fn dead_letter_headers(
         ("vigil.source.partition", partition.as_str()),
         ("vigil.source.offset", offset.as_str()),
     ] {
-        headers = headers.insert(Header { key, value: Some(value) });
+        headers = headers.insert(Header {
+            key,
+            value: Some(value),
+        });
     }
     headers
 }

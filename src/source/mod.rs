@@ -30,10 +30,17 @@ impl Rejection {
 }
 
 /// Decodes a message payload (an absent payload is an empty one).
-pub fn decode_message<'a>(payload: Option<&'a [u8]>, limit: usize, projection: &Projection) -> Result<Event<'a>, Rejection> {
+pub fn decode_message<'a>(
+    payload: Option<&'a [u8]>,
+    limit: usize,
+    projection: &Projection,
+) -> Result<Event<'a>, Rejection> {
     let payload = payload.unwrap_or_default();
     if payload.len() > limit {
-        return Err(Rejection::TooLarge { size: payload.len(), limit });
+        return Err(Rejection::TooLarge {
+            size: payload.len(),
+            limit,
+        });
     }
     Ok(decode(payload, projection)?)
 }
@@ -49,11 +56,17 @@ pub fn consumer_config(kafka: &KafkaConfig, worker: &WorkerConfig) -> ClientConf
         .set("group.id", &kafka.group_id)
         .set("client.id", "vigil")
         .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", worker.commit_interval.as_millis().max(1).to_string())
+        .set(
+            "auto.commit.interval.ms",
+            worker.commit_interval.as_millis().max(1).to_string(),
+        )
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("statistics.interval.ms", kafka.statistics_interval.as_millis().to_string());
+        .set(
+            "statistics.interval.ms",
+            kafka.statistics_interval.as_millis().to_string(),
+        );
     for (key, value) in &kafka.properties {
         config.set(key, value);
     }
@@ -67,7 +80,11 @@ mod tests {
     #[test]
     fn rejections_carry_reason_codes() {
         let projection = Projection::new();
-        let code = |payload: Option<&[u8]>, limit| decode_message(payload, limit, &projection).err().map(|r| r.code());
+        let code = |payload: Option<&[u8]>, limit| {
+            decode_message(payload, limit, &projection)
+                .err()
+                .map(|r| r.code())
+        };
         assert_eq!(code(Some(br#"{"ts":1}"#), 100), None);
         assert_eq!(code(Some(br#"{"ts":1}"#), 3), Some("too_large"));
         assert_eq!(code(None, 100), Some("invalid_json"));

@@ -69,7 +69,12 @@ impl Progress {
         }
         // The newest durable batch end with every record before it delivered.
         let first_undelivered = inner.undelivered.keys().next().copied().unwrap_or(i64::MAX);
-        let end = inner.durable_ends.iter().rev().find(|&&end| end < first_undelivered).copied()?;
+        let end = inner
+            .durable_ends
+            .iter()
+            .rev()
+            .find(|&&end| end < first_undelivered)
+            .copied()?;
         while inner.durable_ends.front().is_some_and(|&older| older < end) {
             inner.durable_ends.pop_front();
         }
@@ -105,7 +110,11 @@ mod tests {
         progress.expect_delivery(11);
         progress.processed(12, 5);
         assert_eq!(progress.committable(4), None, "deltas not durable yet");
-        assert_eq!(progress.committable(5), None, "11 waits for its decision, and 10..=12 is one batch");
+        assert_eq!(
+            progress.committable(5),
+            None,
+            "11 waits for its decision, and 10..=12 is one batch"
+        );
         progress.delivered(11);
         assert_eq!(progress.committable(5), Some(13));
         // Batch 13..=20 with two records for 15, then a later batch already durable.
@@ -114,7 +123,11 @@ mod tests {
         progress.processed(20, 9);
         progress.processed(25, 9);
         progress.delivered(15);
-        assert_eq!(progress.committable(9), Some(13), "batch 13..=20 waits for 15");
+        assert_eq!(
+            progress.committable(9),
+            Some(13),
+            "batch 13..=20 waits for 15"
+        );
         progress.delivered(15);
         assert_eq!(progress.committable(9), Some(26));
         assert_eq!(progress.undelivered(), 0);

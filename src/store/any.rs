@@ -1,6 +1,8 @@
 //! The store a command was configured with, in process or Redis, behind one type.
 
-use super::counter_store::{CounterStore, HoldSpace, InputPosition, Observed, Planned, StateStats, StoreError, WindowId};
+use super::counter_store::{
+    CounterStore, HoldSpace, InputPosition, Observed, Planned, StateStats, StoreError, WindowId,
+};
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use crate::window::{Delta, WindowSpec};
@@ -24,7 +26,13 @@ impl CounterStore for AnyStore {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
         delegate!(self, s => s.open_window(name, spec))
     }
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+    fn apply(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+    ) -> Result<Observed, StoreError> {
         delegate!(self, s => s.apply(window, key, ts_ms, delta))
     }
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
@@ -36,7 +44,12 @@ impl CounterStore for AnyStore {
     fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
         delegate!(self, s => s.held_until(space, key))
     }
-    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+    fn extend_hold(
+        &mut self,
+        space: HoldSpace,
+        key: &[u8],
+        until_ms: i64,
+    ) -> Result<i64, StoreError> {
         delegate!(self, s => s.extend_hold(space, key, until_ms))
     }
     fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
@@ -93,5 +106,4 @@ impl CounterStore for AnyStore {
     fn forget_cached(&mut self) {
         delegate!(self, s => s.forget_cached())
     }
-
 }

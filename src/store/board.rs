@@ -31,24 +31,45 @@ pub struct ProgressBoard {
 
 impl ProgressBoard {
     /// Connects to the Redis at `url`; `namespace` (the consumer group) names the board.
-    pub fn connect(url: &str, config: &RedisStoreConfig, namespace: &str) -> Result<ProgressBoard, StoreError> {
+    pub fn connect(
+        url: &str,
+        config: &RedisStoreConfig,
+        namespace: &str,
+    ) -> Result<ProgressBoard, StoreError> {
         let (target, cluster, _) = open_target(url, config)?;
-        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.response_timeout,
+            replica_ack: None,
+        };
         let link = Link::open(target, timeouts, config.retry_backoff)?;
         let mut key = String::from("vg:align:");
-        push_hex(&mut key, &blake3::hash(namespace.as_bytes()).as_bytes()[..16]);
-        Ok(ProgressBoard { link, cluster, key, attempts: 1 })
+        push_hex(
+            &mut key,
+            &blake3::hash(namespace.as_bytes()).as_bytes()[..16],
+        );
+        Ok(ProgressBoard {
+            link,
+            cluster,
+            key,
+            attempts: 1,
+        })
     }
 
     /// Writes this worker's lanes and reads every lane of the group, in one round trip. The
     /// board expires `ttl` after the last exchange of any worker.
-    pub fn exchange(&mut self, mine: &[LanePosition], ttl: Duration) -> Result<Vec<LanePosition>, StoreError> {
+    pub fn exchange(
+        &mut self,
+        mine: &[LanePosition],
+        ttl: Duration,
+    ) -> Result<Vec<LanePosition>, StoreError> {
         let mut batch = Batch::default();
         if !mine.is_empty() {
             let mut set = redis::cmd("HSET");
             set.arg(&self.key);
             for entry in mine {
-                set.arg(entry.lane).arg(format!("{}:{}", entry.event_ms, entry.moved_wall_ms));
+                set.arg(entry.lane)
+                    .arg(format!("{}:{}", entry.event_ms, entry.moved_wall_ms));
             }
             batch.command(self.cluster, &self.key, set);
         }
@@ -70,11 +91,21 @@ fn parse_board(reply: Value) -> Vec<LanePosition> {
     let pairs: Vec<(String, String)> = match reply {
         Value::Map(pairs) => pairs
             .into_iter()
-            .filter_map(|(k, v)| Some((redis::from_redis_value(k).ok()?, redis::from_redis_value(v).ok()?)))
+            .filter_map(|(k, v)| {
+                Some((
+                    redis::from_redis_value(k).ok()?,
+                    redis::from_redis_value(v).ok()?,
+                ))
+            })
             .collect(),
         Value::Array(items) => items
             .chunks_exact(2)
-            .filter_map(|kv| Some((redis::from_redis_value(kv[0].clone()).ok()?, redis::from_redis_value(kv[1].clone()).ok()?)))
+            .filter_map(|kv| {
+                Some((
+                    redis::from_redis_value(kv[0].clone()).ok()?,
+                    redis::from_redis_value(kv[1].clone()).ok()?,
+                ))
+            })
             .collect(),
         _ => Vec::new(),
     };
@@ -82,7 +113,11 @@ fn parse_board(reply: Value) -> Vec<LanePosition> {
         .into_iter()
         .filter_map(|(lane, entry)| {
             let (event_ms, moved_wall_ms) = entry.split_once(':')?;
-            Some(LanePosition { lane: lane.parse().ok()?, event_ms: event_ms.parse().ok()?, moved_wall_ms: moved_wall_ms.parse().ok()? })
+            Some(LanePosition {
+                lane: lane.parse().ok()?,
+                event_ms: event_ms.parse().ok()?,
+                moved_wall_ms: moved_wall_ms.parse().ok()?,
+            })
         })
         .collect()
 }
@@ -94,7 +129,21 @@ mod tests {
     #[test]
     fn board_entries_parse_and_malformed_ones_are_left_out() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let reply = Value::Array(vec![bulk("3"), bulk("1700000000000:1800000000000"), bulk("x"), bulk("1:2"), bulk("4"), bulk("12")]);
-        assert_eq!(parse_board(reply), vec![LanePosition { lane: 3, event_ms: 1_700_000_000_000, moved_wall_ms: 1_800_000_000_000 }]);
+        let reply = Value::Array(vec![
+            bulk("3"),
+            bulk("1700000000000:1800000000000"),
+            bulk("x"),
+            bulk("1:2"),
+            bulk("4"),
+            bulk("12"),
+        ]);
+        assert_eq!(
+            parse_board(reply),
+            vec![LanePosition {
+                lane: 3,
+                event_ms: 1_700_000_000_000,
+                moved_wall_ms: 1_800_000_000_000
+            }]
+        );
     }
 }

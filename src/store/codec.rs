@@ -1,8 +1,8 @@
 //! How windows look in Redis: the arguments a flush sends for one key to
 //! `lua/apply_window.lua`, the script's replies, and a key's hash read back with HGETALL.
 
-use super::scripts::ScriptCall;
 use super::counter_store::{InputPosition, StoreError};
+use super::scripts::ScriptCall;
 use crate::window::{Aggregate, Delta, WindowSpec, WindowState};
 
 /// One key's reply: its items (head, late, skipped, version, marker, field, value, …).
@@ -10,12 +10,14 @@ pub(super) type KeyReply = Vec<Vec<u8>>;
 
 /// A script call's replies, one per key, from the raw reply.
 pub(super) fn key_replies(value: redis::Value) -> Result<Vec<KeyReply>, StoreError> {
-    redis::from_redis_value(value).map_err(|e| StoreError::Protocol(format!("apply_window reply: {e}")))
+    redis::from_redis_value(value)
+        .map_err(|e| StoreError::Protocol(format!("apply_window reply: {e}")))
 }
 
 /// A flat list of byte strings (HGETALL) from the raw reply.
 pub(super) fn flat(value: redis::Value) -> Result<Vec<Vec<u8>>, StoreError> {
-    redis::from_redis_value(value).map_err(|e| StoreError::Protocol(format!("unexpected reply: {e}")))
+    redis::from_redis_value(value)
+        .map_err(|e| StoreError::Protocol(format!("unexpected reply: {e}")))
 }
 
 /// One counted observation Redis has not acknowledged.
@@ -43,7 +45,10 @@ pub(super) fn raise(offsets: &mut Offsets, lane: u64, offset: i64) {
 /// A recorded offset field (`o:<lane>` → offset). Lanes vigil does not write (not a number)
 /// are someone else's business: `None`.
 fn recorded_offset(field: &[u8], value: &[u8]) -> Option<(u64, i64)> {
-    let lane = std::str::from_utf8(field.strip_prefix(b"o:")?).ok()?.parse().ok()?;
+    let lane = std::str::from_utf8(field.strip_prefix(b"o:")?)
+        .ok()?
+        .parse()
+        .ok()?;
     let offset = std::str::from_utf8(value).ok()?.parse().ok()?;
     Some((lane, offset))
 }
@@ -94,7 +99,10 @@ fn valid_head(spec: &WindowSpec, head: i64) -> bool {
 }
 
 /// Parses the script's reply for one key.
-pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply, ReplyCounts), StoreError> {
+pub(super) fn parse_reply(
+    spec: &WindowSpec,
+    reply: &KeyReply,
+) -> Result<(Reply, ReplyCounts), StoreError> {
     let counts = ReplyCounts::default();
     if reply.is_empty() {
         return Ok((Reply::Empty, counts));
@@ -108,18 +116,28 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
     }
     let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
     let number = |bytes: &[u8]| -> Result<i64, StoreError> {
-        std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad("not an integer"))
+        std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| bad("not an integer"))
     };
     if reply.len() < 5 || reply.len() % 2 == 0 {
         return Err(bad("wrong length"));
     }
     let before = reply[4].as_slice() == b"<";
     // Before a key's first deltas there is no head.
-    let head = if before && reply[0].is_empty() { None } else { Some(number(&reply[0])?) };
+    let head = if before && reply[0].is_empty() {
+        None
+    } else {
+        Some(number(&reply[0])?)
+    };
     if head.is_some_and(|head| !valid_head(spec, head)) {
         return Err(bad("a head no event time can have"));
     }
-    let counts = ReplyCounts { late: number(&reply[1])? as u64, skipped: number(&reply[2])? as u64 };
+    let counts = ReplyCounts {
+        late: number(&reply[1])? as u64,
+        skipped: number(&reply[2])? as u64,
+    };
     let version = number(&reply[3])? as u64;
     match reply[4].as_slice() {
         b"=" => return Ok((Reply::Current { version }, counts)),
@@ -150,19 +168,35 @@ pub(super) fn parse_reply(spec: &WindowSpec, reply: &KeyReply) -> Result<(Reply,
         None if buckets.is_empty() && values.is_empty() => WindowState::new(spec.aggregate),
         None => return Err(bad("a window without a head")),
     };
-    let stored = Stored { state, version, offsets };
-    Ok((if before { Reply::Before(stored) } else { Reply::Window(stored) }, counts))
+    let stored = Stored {
+        state,
+        version,
+        offsets,
+    };
+    Ok((
+        if before {
+            Reply::Before(stored)
+        } else {
+            Reply::Window(stored)
+        },
+        counts,
+    ))
 }
 
 /// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
 /// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
 pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored, StoreError> {
     if flat.is_empty() {
-        return Ok(Stored { state: WindowState::new(spec.aggregate), version: 0, offsets: Offsets::new() });
+        return Ok(Stored {
+            state: WindowState::new(spec.aggregate),
+            version: 0,
+            offsets: Offsets::new(),
+        });
     }
     let bad = |what: &str| StoreError::Protocol(format!("stored window: {what}"));
     fn text(bytes: &[u8]) -> Result<&str, StoreError> {
-        std::str::from_utf8(bytes).map_err(|_| StoreError::Protocol("stored window: not text".into()))
+        std::str::from_utf8(bytes)
+            .map_err(|_| StoreError::Protocol("stored window: not text".into()))
     }
     if flat.len() % 2 != 0 {
         return Err(bad("odd field count"));
@@ -170,15 +204,33 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
     let (mut head, mut version) = (None, None);
     for pair in flat.chunks_exact(2) {
         match pair[0].as_slice() {
-            b"h" => head = Some(text(&pair[1])?.parse::<i64>().map_err(|_| bad("bad head"))?),
-            b"v" => version = Some(text(&pair[1])?.parse::<u64>().map_err(|_| bad("bad version"))?),
+            b"h" => {
+                head = Some(
+                    text(&pair[1])?
+                        .parse::<i64>()
+                        .map_err(|_| bad("bad head"))?,
+                )
+            }
+            b"v" => {
+                version = Some(
+                    text(&pair[1])?
+                        .parse::<u64>()
+                        .map_err(|_| bad("bad version"))?,
+                )
+            }
             _ => {}
         }
     }
-    let head = head.filter(|&h| valid_head(spec, h)).ok_or_else(|| bad("no head, or one no event time can have"))?;
+    let head = head
+        .filter(|&h| valid_head(spec, h))
+        .ok_or_else(|| bad("no head, or one no event time can have"))?;
     let k = spec.buckets;
     // Checked: the hash is outside this process's control (anything may have written it).
-    let unslot = |slot: i64| head.checked_sub(slot).map(|d| head - d.rem_euclid(k)).ok_or_else(|| bad("bad slot"));
+    let unslot = |slot: i64| {
+        head.checked_sub(slot)
+            .map(|d| head - d.rem_euclid(k))
+            .ok_or_else(|| bad("bad slot"))
+    };
     let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
     for pair in flat.chunks_exact(2) {
         let (field, value) = (&pair[0], &pair[1]);
@@ -192,7 +244,10 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
             // Versions before exact sums stored units as doubles: read them as micro-units.
             let amount = match value.parse::<i64>() {
                 Ok(amount) => amount,
-                Err(_) => value.parse::<f64>().map(|units| (units * 1e6).round() as i64).map_err(|_| bad("bad amount"))?,
+                Err(_) => value
+                    .parse::<f64>()
+                    .map(|units| (units * 1e6).round() as i64)
+                    .map_err(|_| bad("bad amount"))?,
             };
             buckets.push((unslot(slot)?, amount));
         } else if field.len() == 17 && field[0] == b'd' {
@@ -203,7 +258,11 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
         }
     }
     let state = WindowState::from_window(spec, head, buckets, values);
-    Ok(Stored { state, version: version.unwrap_or(0), offsets })
+    Ok(Stored {
+        state,
+        version: version.unwrap_or(0),
+        offsets,
+    })
 }
 
 /// A version for a key created by this process: random, so that a key that expired and was
@@ -211,7 +270,8 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
 fn fresh_version() -> u64 {
     use std::hash::BuildHasher;
     use std::sync::atomic::{AtomicU64, Ordering};
-    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
+    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> =
+        std::sync::LazyLock::new(Default::default);
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     // Below 2^52: Lua's doubles then count up from it exactly.
     SEED.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) % (1 << 52) + 1
@@ -258,7 +318,11 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
     });
     call.int(key.spec.buckets);
     // The script records at most this many distinct values per key, as the view does.
-    call.int(if key.spec.aggregate == Aggregate::Distinct { i64::from(key.spec.max_distinct) } else { 0 });
+    call.int(if key.spec.aggregate == Aggregate::Distinct {
+        i64::from(key.spec.max_distinct)
+    } else {
+        0
+    });
     call.int(key.ttl_ms);
     call.int(if tagged { 4 } else { 2 });
     match key.version {
@@ -326,7 +390,9 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
 /// merges the deltas instead.
 fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     let (spec, state, deltas) = (key.spec, key.state, key.deltas);
-    let Some(head) = state.head() else { return false };
+    let Some(head) = state.head() else {
+        return false;
+    };
     let k = spec.buckets;
     let oldest_live = head - k + 1;
     let base_head = if key.full { None } else { key.base_head };
@@ -335,7 +401,11 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     let sets_count = call.placeholder();
     let sets_start = call.args();
     call.arg(b"v");
-    call.int(if version == 0 { fresh_version() } else { version + 1 } as i64);
+    call.int(if version == 0 {
+        fresh_version()
+    } else {
+        version + 1
+    } as i64);
     call.arg(b"h");
     call.int(head);
     match state {
@@ -343,13 +413,18 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
             let mut touched: smallvec::SmallVec<[(i64, i64); 4]> = if key.full {
                 series.buckets().collect()
             } else {
-                let mut buckets: smallvec::SmallVec<[i64; 4]> =
-                    deltas.iter().map(|o| o.bucket).filter(|&b| b >= oldest_live).collect();
+                let mut buckets: smallvec::SmallVec<[i64; 4]> = deltas
+                    .iter()
+                    .map(|o| o.bucket)
+                    .filter(|&b| b >= oldest_live)
+                    .collect();
                 buckets.sort_unstable();
                 buckets.dedup();
                 let mut touched = smallvec::SmallVec::new();
                 for bucket in buckets {
-                    let Some(value) = state.bucket_value(bucket) else { return false };
+                    let Some(value) = state.bucket_value(bucket) else {
+                        return false;
+                    };
                     touched.push((bucket, value));
                 }
                 touched
@@ -382,13 +457,21 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
             } else {
                 let mut digests: smallvec::SmallVec<[u128; 4]> = deltas
                     .iter()
-                    .filter_map(|o| if let Delta::Distinct(v) = o.delta { Some(v) } else { None })
+                    .filter_map(|o| {
+                        if let Delta::Distinct(v) = o.delta {
+                            Some(v)
+                        } else {
+                            None
+                        }
+                    })
                     .collect();
                 digests.sort_unstable();
                 digests.dedup();
                 let mut values = smallvec::SmallVec::new();
                 for value in digests {
-                    let Some(latest) = state.latest_bucket(value) else { return false };
+                    let Some(latest) = state.latest_bucket(value) else {
+                        return false;
+                    };
                     values.push((value, latest));
                 }
                 values
@@ -411,7 +494,11 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
 /// The highest offset per lane of the deltas (and, for a full write, of the whole view), as
 /// `o:<lane>` fields.
 fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
-    let mut offsets = if key.full { key.offsets.clone() } else { Offsets::new() };
+    let mut offsets = if key.full {
+        key.offsets.clone()
+    } else {
+        Offsets::new()
+    };
     for origin in key.deltas.iter().filter_map(|o| o.origin) {
         raise(&mut offsets, origin.lane, origin.offset);
     }
@@ -428,7 +515,9 @@ fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
 /// bounded variants in the test suite: RESP bytes → the script's per-key replies and a stored
 /// hash, for every aggregate. Never panics; errors are fine.
 pub fn decode_untrusted(resp: &[u8]) -> usize {
-    let Ok(value) = redis::parse_redis_value(resp) else { return 0 };
+    let Ok(value) = redis::parse_redis_value(resp) else {
+        return 0;
+    };
     let specs = [
         WindowSpec::new(1_000, 60, Aggregate::Count),
         WindowSpec::new(60_000, 7, Aggregate::Sum),

@@ -14,10 +14,14 @@ pub(super) struct Windows(Vec<(String, WindowSpec)>);
 
 impl Windows {
     pub(crate) fn open(&mut self, name: &str, spec: WindowSpec) -> WindowId {
-        let position = self.0.iter().position(|(n, s)| n == name && *s == spec).unwrap_or_else(|| {
-            self.0.push((name.to_owned(), spec));
-            self.0.len() - 1
-        });
+        let position = self
+            .0
+            .iter()
+            .position(|(n, s)| n == name && *s == spec)
+            .unwrap_or_else(|| {
+                self.0.push((name.to_owned(), spec));
+                self.0.len() - 1
+            });
         WindowId(position as u32)
     }
 
@@ -82,6 +86,9 @@ pub struct Planned {
     pub ts_ms: i64,
     pub delta: Delta,
     pub origin: InputPosition,
+    /// The key includes the message key its event was read with (events keyed by user, a
+    /// per-user counter): only one partition feeds it, so it is never counted ahead.
+    pub follows_message_key: bool,
 }
 
 /// The size of a store's local state and what its bound made it drop.
@@ -107,7 +114,10 @@ pub struct Observed {
 impl Observed {
     /// A value computed with the shared store's view.
     pub fn exact(applied: Applied) -> Observed {
-        Observed { applied, degraded: false }
+        Observed {
+            applied,
+            degraded: false,
+        }
     }
 }
 
@@ -140,7 +150,13 @@ pub trait CounterStore {
 
     /// Applies one observation at event time `ts_ms` to `key` in `window`, returning the key's
     /// window value or [`Applied::Late`].
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError>;
+    fn apply(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+    ) -> Result<Observed, StoreError>;
 
     /// Reads `key` in `window` at event time `ts_ms` without changing anything (a counter an
     /// event refers to but does not feed): late if the time's bucket slid out of the key's
@@ -158,7 +174,12 @@ pub trait CounterStore {
 
     /// Raises the hold of `key` in `space` to `until_ms` unless it is already later, and returns
     /// the hold as it stands after.
-    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError>;
+    fn extend_hold(
+        &mut self,
+        space: HoldSpace,
+        key: &[u8],
+        until_ms: i64,
+    ) -> Result<i64, StoreError>;
 
     /// Loads the holds of `keys` that are not known locally (or not recently), in as few round
     /// trips as possible, ahead of the `held_until` calls that will need them.
@@ -261,5 +282,4 @@ pub trait CounterStore {
     fn saturated(&self) -> bool {
         false
     }
-
 }

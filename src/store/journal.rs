@@ -34,11 +34,11 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::link::{Batch, Link, Timeouts};
+use super::counter_store::StoreError;
 use super::keys::push_hex;
+use super::link::{Batch, Link, Timeouts};
 use super::redis::{open_target, RedisStoreConfig};
 use super::scripts::JOURNAL;
-use super::counter_store::StoreError;
 
 /// How long a journal outlives its last write.
 const JOURNAL_TTL_MS: i64 = 7 * 86_400_000;
@@ -59,7 +59,9 @@ impl Journal {
     /// cover it, `Some(None)` if it produced no record.
     pub fn produced(&self, offset: i64) -> Option<Option<&[u8]>> {
         match self.covered {
-            Some(covered) if offset <= covered => Some(self.records.get(&offset).map(Vec::as_slice)),
+            Some(covered) if offset <= covered => {
+                Some(self.records.get(&offset).map(Vec::as_slice))
+            }
             _ => None,
         }
     }
@@ -72,7 +74,11 @@ impl Journal {
     /// Reads a journal hash (HGETALL).
     fn parse(flat: &[Vec<u8>]) -> Journal {
         let mut journal = Journal::default();
-        let number = |bytes: &[u8]| std::str::from_utf8(bytes).ok().and_then(|s| s.parse::<i64>().ok());
+        let number = |bytes: &[u8]| {
+            std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+        };
         for pair in flat.chunks_exact(2) {
             let (field, value) = (pair[0].as_slice(), &pair[1]);
             if field == b"n" {
@@ -162,9 +168,17 @@ pub struct JournalWriter {
 impl JournalWriter {
     /// Connects to the Redis at `url`; `namespace` (the consumer group) tells apart groups that
     /// number their lanes alike.
-    pub fn connect(url: &str, config: &RedisStoreConfig, namespace: &str) -> Result<JournalWriter, StoreError> {
+    pub fn connect(
+        url: &str,
+        config: &RedisStoreConfig,
+        namespace: &str,
+    ) -> Result<JournalWriter, StoreError> {
         let (target, cluster, _) = open_target(url, config)?;
-        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.response_timeout,
+            replica_ack: None,
+        };
         let mut link = Link::open(target, timeouts, config.retry_backoff)?;
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();
@@ -178,7 +192,9 @@ impl JournalWriter {
                     }
                 }
             })
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the journal thread: {e}")))?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot start the journal thread: {e}"))
+            })?;
         Ok(JournalWriter {
             jobs: Some(jobs),
             done,
@@ -208,7 +224,9 @@ impl JournalWriter {
     fn call(&mut self, key: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
         if let Some(since) = self.outage {
             if since.elapsed() < self.probe_interval {
-                return Err(StoreError::Unavailable("Redis did not answer the journal lately".into()));
+                return Err(StoreError::Unavailable(
+                    "Redis did not answer the journal lately".into(),
+                ));
             }
         }
         if let Some(outstanding) = self.outstanding {
@@ -219,7 +237,11 @@ impl JournalWriter {
                         break;
                     }
                     Ok(_) => continue,
-                    Err(_) => return Err(StoreError::Unavailable("an earlier journal call is still waiting for Redis".into())),
+                    Err(_) => {
+                        return Err(StoreError::Unavailable(
+                            "an earlier journal call is still waiting for Redis".into(),
+                        ))
+                    }
                 }
             }
         }
@@ -227,24 +249,38 @@ impl JournalWriter {
         let id = self.next_id;
         let mut batch = Batch::default();
         batch.command(self.cluster, key, cmd);
-        let jobs = self.jobs.as_ref().expect("the journal thread runs until drop");
-        jobs.send(Job { id, batch }).map_err(|_| StoreError::Unavailable("the journal thread stopped".into()))?;
+        let jobs = self
+            .jobs
+            .as_ref()
+            .expect("the journal thread runs until drop");
+        jobs.send(Job { id, batch })
+            .map_err(|_| StoreError::Unavailable("the journal thread stopped".into()))?;
         let deadline = Instant::now() + self.deadline;
         let result = loop {
-            match self.done.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .done
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
                 Ok(done) if done.id == id => break done.result,
                 Ok(_) => continue,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.outstanding = Some(id);
-                    break Err(StoreError::Unavailable(format!("no reply from Redis within {:?}", self.deadline)));
+                    break Err(StoreError::Unavailable(format!(
+                        "no reply from Redis within {:?}",
+                        self.deadline
+                    )));
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break Err(StoreError::Unavailable("the journal thread stopped".into())),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(StoreError::Unavailable("the journal thread stopped".into()))
+                }
             }
         };
         match result {
             Ok(mut replies) => {
                 self.outage = None;
-                replies.pop().ok_or_else(|| StoreError::Protocol("no reply to a journal call".into()))
+                replies
+                    .pop()
+                    .ok_or_else(|| StoreError::Protocol("no reply to a journal call".into()))
             }
             Err(e) => {
                 self.outage = Some(Instant::now());
@@ -255,7 +291,12 @@ impl JournalWriter {
 
     fn script(&self, key: &str, op: &str, token: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(JOURNAL.get_hash()).arg(1).arg(key).arg(op).arg(token).arg(JOURNAL_TTL_MS);
+        cmd.arg(JOURNAL.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(op)
+            .arg(token)
+            .arg(JOURNAL_TTL_MS);
         cmd
     }
 
@@ -265,7 +306,8 @@ impl JournalWriter {
         let mut token = String::new();
         push_hex(&mut token, &rand::random::<[u8; 12]>());
         let reply = self.call(&key, self.script(&key, "claim", &token))?;
-        let flat: Vec<Vec<u8>> = redis::from_redis_value(reply).map_err(|e| StoreError::Protocol(format!("journal: {e}")))?;
+        let flat: Vec<Vec<u8>> = redis::from_redis_value(reply)
+            .map_err(|e| StoreError::Protocol(format!("journal: {e}")))?;
         let journal = Journal::parse(&flat);
         let lane = self.lanes.entry(lane).or_default();
         *lane = Lane {
@@ -280,14 +322,21 @@ impl JournalWriter {
 
     /// Records a batch of `lane`, if this worker still owns it.
     pub fn write(&mut self, lane: u64, batch: &JournalBatch) -> Result<(), JournalError> {
-        let Some(state) = self.lanes.get(&lane) else { return Err(JournalError::Fenced) };
+        let Some(state) = self.lanes.get(&lane) else {
+            return Err(JournalError::Fenced);
+        };
         let (key, token) = (state.key.clone(), state.token.clone());
         let (trims, trimmed_marks): (Vec<i64>, Vec<i64>) = match state.trim_below {
-            Some(below) => (state.held.range(..below).copied().collect(), state.held_marks.range(..below - 1).copied().collect()),
+            Some(below) => (
+                state.held.range(..below).copied().collect(),
+                state.held_marks.range(..below - 1).copied().collect(),
+            ),
             None => (Vec::new(), Vec::new()),
         };
         let mut cmd = self.script(&key, "write", &token);
-        let entries = usize::from(batch.covered.is_some()) + usize::from(batch.mark.is_some()) + batch.records.len();
+        let entries = usize::from(batch.covered.is_some())
+            + usize::from(batch.mark.is_some())
+            + batch.records.len();
         cmd.arg(2 * entries);
         if let Some(covered) = batch.covered {
             cmd.arg("n").arg(covered);
@@ -311,8 +360,12 @@ impl JournalWriter {
             return Err(JournalError::Fenced);
         }
         let state = self.lanes.get_mut(&lane).expect("looked up above");
-        state.held.extend(batch.records.iter().map(|(offset, _)| *offset));
-        state.held_marks.extend(batch.mark.map(|(offset, _)| offset));
+        state
+            .held
+            .extend(batch.records.iter().map(|(offset, _)| *offset));
+        state
+            .held_marks
+            .extend(batch.mark.map(|(offset, _)| offset));
         for offset in trims {
             state.held.remove(&offset);
         }
@@ -341,10 +394,21 @@ mod tests {
 
     #[test]
     fn a_journal_says_what_each_covered_offset_produced() {
-        let flat: Vec<Vec<u8>> = [&b"owner"[..], b"t", b"n", b"12", b"w9", b"1700000000000", b"10", b"{\"a\":1}", b"3", b"{}"]
-            .iter()
-            .map(|b| b.to_vec())
-            .collect();
+        let flat: Vec<Vec<u8>> = [
+            &b"owner"[..],
+            b"t",
+            b"n",
+            b"12",
+            b"w9",
+            b"1700000000000",
+            b"10",
+            b"{\"a\":1}",
+            b"3",
+            b"{}",
+        ]
+        .iter()
+        .map(|b| b.to_vec())
+        .collect();
         let journal = Journal::parse(&flat);
         assert_eq!(journal.produced(10), Some(Some(&b"{\"a\":1}"[..])));
         assert_eq!(journal.produced(11), Some(None), "covered, no record");

@@ -22,7 +22,10 @@ impl KeyBytes {
         if key.len() <= INLINE_KEY {
             let mut bytes = [0u8; INLINE_KEY];
             bytes[..key.len()].copy_from_slice(key);
-            KeyBytes::Inline { len: key.len() as u8, bytes }
+            KeyBytes::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
         } else {
             KeyBytes::Heap(key.into())
         }
@@ -59,7 +62,11 @@ pub(crate) struct KeyRef<'a> {
 
 impl Hash for StoredKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        KeyRef { window: self.window, key: self.key.as_slice() }.hash(state)
+        KeyRef {
+            window: self.window,
+            key: self.key.as_slice(),
+        }
+        .hash(state)
     }
 }
 

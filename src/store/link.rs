@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::scripts::{ScriptCall, SOURCES};
 use super::counter_store::StoreError;
+use super::scripts::{ScriptCall, SOURCES};
 
 /// Most calls sent in one pipeline (one round trip) while the connection holds. The replies of a
 /// pipeline cut by a lost connection are all lost (the calls ran, and are sent again and skipped
@@ -76,7 +76,10 @@ impl Op {
 pub(super) enum Target {
     Single(redis::Client),
     Sentinel(Arc<SentinelTarget>),
-    Cluster { seed: redis::Client, topology: Arc<Mutex<Topology>> },
+    Cluster {
+        seed: redis::Client,
+        topology: Arc<Mutex<Topology>>,
+    },
 }
 
 /// A master/replica set managed by Redis Sentinel: every connection asks the sentinels (in turn,
@@ -99,15 +102,24 @@ impl SentinelTarget {
     pub(super) fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<SingleConn> {
         let mut first_error = None;
         for (host, port) in &self.sentinels {
-            let sentinel = node_info(&self.seed, host, *port).set_redis_settings(redis::RedisConnectionInfo::default());
-            let address = redis::Client::open(sentinel).and_then(|client| open_single(&client, timeouts)).and_then(|mut conn| {
-                redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&self.service).query::<Option<(String, u16)>>(&mut conn)
-            });
+            let sentinel = node_info(&self.seed, host, *port)
+                .set_redis_settings(redis::RedisConnectionInfo::default());
+            let address = redis::Client::open(sentinel)
+                .and_then(|client| open_single(&client, timeouts))
+                .and_then(|mut conn| {
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(&self.service)
+                        .query::<Option<(String, u16)>>(&mut conn)
+                });
             let (master_host, master_port) = match address {
                 Ok(Some(address)) => address,
                 Ok(None) => {
                     first_error.get_or_insert_with(|| {
-                        redis::RedisError::from((redis::ErrorKind::Io, "the sentinels do not monitor this master name"))
+                        redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "the sentinels do not monitor this master name",
+                        ))
                     });
                     continue;
                 }
@@ -129,19 +141,28 @@ impl SentinelTarget {
             // A sentinel that has not yet seen the failover names the old master, which may be
             // back as a replica: never write there.
             if single.master != Some(true) {
-                first_error.get_or_insert_with(|| redis::RedisError::from((redis::ErrorKind::Io, "the node a sentinel named is not known to be a master")));
+                first_error.get_or_insert_with(|| {
+                    redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the node a sentinel named is not known to be a master",
+                    ))
+                });
                 continue;
             }
             let mut master = self.master.lock().expect("sentinel lock");
             let found = Some((master_host, master_port));
             if master.0.is_some() && master.0 != found {
                 master.1 += 1;
-                tracing::warn!("Redis Sentinel names a new master (a failover): checking for writes it lacks");
+                tracing::warn!(
+                    "Redis Sentinel names a new master (a failover): checking for writes it lacks"
+                );
             }
             master.0 = found;
             return Ok(single);
         }
-        Err(first_error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "no sentinel given"))))
+        Err(first_error.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Io, "no sentinel given"))
+        }))
     }
 }
 
@@ -162,7 +183,10 @@ pub(super) struct Topology {
 
 impl Topology {
     pub(super) fn new(host: String, port: u16) -> Topology {
-        Topology { nodes: vec![(host, port)], ..Topology::default() }
+        Topology {
+            nodes: vec![(host, port)],
+            ..Topology::default()
+        }
     }
 }
 
@@ -187,8 +211,16 @@ const ROLE_INTERVAL: Duration = Duration::from_secs(5);
 impl SingleConn {
     fn new(mut conn: redis::Connection) -> redis::RedisResult<SingleConn> {
         let role = role(&mut conn)?;
-        let (master, replicas) = (role.map(|(master, _)| master), role.map_or(0, |(_, replicas)| replicas));
-        Ok(SingleConn { conn, master, replicas, role_read: std::time::Instant::now() })
+        let (master, replicas) = (
+            role.map(|(master, _)| master),
+            role.map_or(0, |(_, replicas)| replicas),
+        );
+        Ok(SingleConn {
+            conn,
+            master,
+            replicas,
+            role_read: std::time::Instant::now(),
+        })
     }
 }
 
@@ -208,13 +240,18 @@ fn role(conn: &mut redis::Connection) -> redis::RedisResult<Option<(bool, usize)
         Err(e) => return Err(e),
     };
     Ok(Some(match (role.first(), role.get(2)) {
-        (Some(Value::BulkString(r)), Some(Value::Array(replicas))) if r == b"master" => (true, replicas.len()),
+        (Some(Value::BulkString(r)), Some(Value::Array(replicas))) if r == b"master" => {
+            (true, replicas.len())
+        }
         _ => (false, 0),
     }))
 }
 
 /// Opens a connection to one server with the timeouts set.
-fn open_single(client: &redis::Client, timeouts: Timeouts) -> redis::RedisResult<redis::Connection> {
+fn open_single(
+    client: &redis::Client,
+    timeouts: Timeouts,
+) -> redis::RedisResult<redis::Connection> {
     let conn = client.get_connection_with_timeout(timeouts.connect)?;
     conn.set_read_timeout(Some(timeouts.response))?;
     conn.set_write_timeout(Some(timeouts.response))?;
@@ -263,20 +300,31 @@ type SlotRange = (u16, u16, (String, u16, String), Vec<(String, u16)>);
 
 fn parse_slots(reply: Vec<Value>) -> Vec<SlotRange> {
     let node = |value: &Value| -> Option<(String, u16, String)> {
-        let Value::Array(node) = value else { return None };
+        let Value::Array(node) = value else {
+            return None;
+        };
         let host: String = redis::from_redis_value(node.first()?.clone()).ok()?;
         let port: u16 = redis::from_redis_value(node.get(1)?.clone()).ok()?;
-        let id: String = node.get(2).and_then(|id| redis::from_redis_value(id.clone()).ok()).unwrap_or_default();
+        let id: String = node
+            .get(2)
+            .and_then(|id| redis::from_redis_value(id.clone()).ok())
+            .unwrap_or_default();
         Some((host, port, id))
     };
     reply
         .into_iter()
         .filter_map(|range| {
-            let Value::Array(items) = range else { return None };
+            let Value::Array(items) = range else {
+                return None;
+            };
             let start: u16 = redis::from_redis_value(items.first()?.clone()).ok()?;
             let end: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
             let master = node(items.get(2)?)?;
-            let replicas = items[3..].iter().filter_map(node).map(|(h, p, _)| (h, p)).collect();
+            let replicas = items[3..]
+                .iter()
+                .filter_map(node)
+                .map(|(h, p, _)| (h, p))
+                .collect();
             Some((start, end, master, replicas))
         })
         .collect()
@@ -286,16 +334,27 @@ fn parse_slots(reply: Vec<Value>) -> Vec<SlotRange> {
 fn node_info(seed: &redis::Client, host: &str, port: u16) -> redis::ConnectionInfo {
     let info = seed.get_connection_info().clone();
     let addr = match info.addr() {
-        redis::ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
-            redis::ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure: *insecure, tls_params: tls_params.clone() }
-        }
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
         _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
     };
     info.set_addr(addr)
 }
 
 impl ClusterConn {
-    fn open(seed: &redis::Client, topology: &Arc<Mutex<Topology>>, timeouts: Timeouts) -> redis::RedisResult<ClusterConn> {
+    fn open(
+        seed: &redis::Client,
+        topology: &Arc<Mutex<Topology>>,
+        timeouts: Timeouts,
+    ) -> redis::RedisResult<ClusterConn> {
         let mut conn = ClusterConn {
             cluster: None,
             seed: seed.clone(),
@@ -314,7 +373,11 @@ impl ClusterConn {
         if self.cluster.is_none() {
             let nodes: Vec<redis::ConnectionInfo> = {
                 let topology = self.topology.lock().expect("topology lock");
-                topology.nodes.iter().map(|(host, port)| node_info(&self.seed, host, *port)).collect()
+                topology
+                    .nodes
+                    .iter()
+                    .map(|(host, port)| node_info(&self.seed, host, *port))
+                    .collect()
             };
             // Its own retries stay few: the store's attempts, backoff and breaker are the ones
             // that bound how long a flush waits on a cluster that is down.
@@ -337,7 +400,11 @@ impl ClusterConn {
         for (host, port) in nodes {
             let reply = redis::Client::open(node_info(&self.seed, &host, port))
                 .and_then(|client| open_single(&client, self.timeouts))
-                .and_then(|mut conn| redis::cmd("CLUSTER").arg("SLOTS").query::<Vec<Value>>(&mut conn));
+                .and_then(|mut conn| {
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query::<Vec<Value>>(&mut conn)
+                });
             match reply {
                 Ok(reply) if !reply.is_empty() => {
                     ranges = Some(parse_slots(reply));
@@ -350,15 +417,24 @@ impl ClusterConn {
             }
         }
         let Some(ranges) = ranges else {
-            return Err(first_error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "no node knows the slot map"))));
+            return Err(first_error.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Io, "no node knows the slot map"))
+            }));
         };
         self.map_read = std::time::Instant::now();
         {
             let mut topology = self.topology.lock().expect("topology lock");
-            let masters: Vec<String> = ranges.iter().map(|(_, _, (_, _, id), _)| id.clone()).collect();
-            if !topology.masters.is_empty() && masters.iter().any(|id| !topology.masters.contains(id)) {
+            let masters: Vec<String> = ranges
+                .iter()
+                .map(|(_, _, (_, _, id), _)| id.clone())
+                .collect();
+            if !topology.masters.is_empty()
+                && masters.iter().any(|id| !topology.masters.contains(id))
+            {
                 topology.promotions += 1;
-                tracing::warn!("the Redis Cluster has a new master (a failover): checking for writes it lacks");
+                tracing::warn!(
+                    "the Redis Cluster has a new master (a failover): checking for writes it lacks"
+                );
             }
             topology.masters = masters;
             for (_, _, (host, port, _), replicas) in &ranges {
@@ -370,10 +446,20 @@ impl ClusterConn {
             }
         }
         for (start, end, (host, port, _), replicas) in ranges {
-            let index = match self.masters.iter().position(|m| m.host == host && m.port == port) {
+            let index = match self
+                .masters
+                .iter()
+                .position(|m| m.host == host && m.port == port)
+            {
                 Some(index) => index,
                 None => {
-                    self.masters.push(Master { host, port, conn: None, replicas: 0, unconfirmed: false });
+                    self.masters.push(Master {
+                        host,
+                        port,
+                        conn: None,
+                        replicas: 0,
+                        unconfirmed: false,
+                    });
                     self.masters.len() - 1
                 }
             };
@@ -390,7 +476,10 @@ impl ClusterConn {
         let timeouts = self.timeouts;
         let master = &mut self.masters[index];
         if master.conn.is_none() {
-            master.conn = Some(open_single(&redis::Client::open(node_info(&self.seed, &master.host, master.port))?, timeouts)?);
+            master.conn = Some(open_single(
+                &redis::Client::open(node_info(&self.seed, &master.host, master.port))?,
+                timeouts,
+            )?);
         }
         Ok(master.conn.as_mut().expect("opened above"))
     }
@@ -398,7 +487,9 @@ impl ClusterConn {
     /// Whether a replica has confirmed every confirmed-batch write sent to the masters that
     /// serve slots now (a master with no replica has nothing to confirm).
     fn replicated(&self) -> bool {
-        self.serving().into_iter().all(|index| !self.masters[index].unconfirmed)
+        self.serving()
+            .into_iter()
+            .all(|index| !self.masters[index].unconfirmed)
     }
 
     /// The masters that own slots in the map now (a failed-over master stays in `masters`).
@@ -422,7 +513,12 @@ impl ClusterConn {
     /// Runs every call, grouped per master, keeping each call's result across attempts: only
     /// calls that have not run are sent again (after a reconnect or a fresh slot map), so no call
     /// is applied twice because another master failed.
-    fn run(&mut self, batch: &Batch, attempts: u32, backoff: Duration) -> (redis::RedisResult<Vec<Value>>, u64) {
+    fn run(
+        &mut self,
+        batch: &Batch,
+        attempts: u32,
+        backoff: Duration,
+    ) -> (redis::RedisResult<Vec<Value>>, u64) {
         if self.map_read.elapsed() >= SLOT_MAP_INTERVAL {
             // A failure here changes nothing: the map in hand still routes, and a call that meets
             // a moved slot reads it again.
@@ -439,10 +535,15 @@ impl ClusterConn {
             };
             retries += redirected;
             if results.iter().all(Option::is_some) {
-                let calls = results.into_iter().map(|r| r.expect("checked above")).collect();
+                let calls = results
+                    .into_iter()
+                    .map(|r| r.expect("checked above"))
+                    .collect();
                 return (Ok(calls), retries);
             }
-            let error = error.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "calls left unanswered")));
+            let error = error.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Io, "calls left unanswered"))
+            });
             failed_attempts += 1;
             if failed_attempts >= attempts {
                 return (Err(error), retries);
@@ -456,7 +557,11 @@ impl ClusterConn {
 
     /// One pass over the calls without a result; returns how many were redirected (MOVED/ASK or
     /// NOSCRIPT) and run again through the cluster client.
-    fn run_pending(&mut self, batch: &Batch, results: &mut [Option<Value>]) -> redis::RedisResult<u64> {
+    fn run_pending(
+        &mut self,
+        batch: &Batch,
+        results: &mut [Option<Value>],
+    ) -> redis::RedisResult<u64> {
         let mut per_master: Vec<Vec<usize>> = vec![Vec::new(); self.masters.len()];
         for (call, &slot) in batch.slots.iter().enumerate() {
             if results[call].is_none() {
@@ -466,7 +571,11 @@ impl ClusterConn {
         let mut first_error = None;
         let mut redirected = Vec::new();
         let mut reload = false;
-        for (master, calls) in per_master.into_iter().enumerate().filter(|(_, c)| !c.is_empty()) {
+        for (master, calls) in per_master
+            .into_iter()
+            .enumerate()
+            .filter(|(_, c)| !c.is_empty())
+        {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &call in &calls {
@@ -508,7 +617,14 @@ impl ClusterConn {
                     }
                     // MOVED/ASK: the call did not run on this node; the cluster client follows the
                     // redirect.
-                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)) => {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            redis::ErrorKind::Server(
+                                redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask
+                            )
+                        ) =>
+                    {
                         redirected.push(call)
                     }
                     // CLUSTERDOWN, TRYAGAIN: the call did not run; it waits for the next attempt,
@@ -536,7 +652,10 @@ impl ClusterConn {
         }
         if !redirected.is_empty() {
             for call in redirected {
-                match self.cluster().and_then(|cluster| batch.calls[call].cmd().query::<Value>(cluster)) {
+                match self
+                    .cluster()
+                    .and_then(|cluster| batch.calls[call].cmd().query::<Value>(cluster))
+                {
                     Ok(reply) => results[call] = Some(reply),
                     Err(e) => {
                         if !matches!(e.kind(), redis::ErrorKind::Server(_)) {
@@ -564,9 +683,15 @@ impl Target {
 
     fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<Conn> {
         match self {
-            Target::Single(client) => SingleConn::new(open_single(client, timeouts)?).map(|c| Conn::Single(Box::new(c))),
-            Target::Sentinel(sentinel) => sentinel.connect(timeouts).map(|c| Conn::Single(Box::new(c))),
-            Target::Cluster { seed, topology } => ClusterConn::open(seed, topology, timeouts).map(|c| Conn::Cluster(Box::new(c))),
+            Target::Single(client) => {
+                SingleConn::new(open_single(client, timeouts)?).map(|c| Conn::Single(Box::new(c)))
+            }
+            Target::Sentinel(sentinel) => sentinel
+                .connect(timeouts)
+                .map(|c| Conn::Single(Box::new(c))),
+            Target::Cluster { seed, topology } => {
+                ClusterConn::open(seed, topology, timeouts).map(|c| Conn::Cluster(Box::new(c)))
+            }
         }
     }
 }
@@ -610,10 +735,20 @@ pub(super) struct Link {
 impl Link {
     /// Connects (within the connect timeout) and loads the script, so the first flushes do not
     /// meet NOSCRIPT.
-    pub(super) fn open(target: Target, timeouts: Timeouts, backoff: Duration) -> Result<Link, StoreError> {
+    pub(super) fn open(
+        target: Target,
+        timeouts: Timeouts,
+        backoff: Duration,
+    ) -> Result<Link, StoreError> {
         let mut conn = target.connect(timeouts).map_err(unavailable)?;
         load_script(&mut conn).map_err(unavailable)?;
-        Ok(Link { target, conn: Some(conn), timeouts, backoff, unconfirmed: false })
+        Ok(Link {
+            target,
+            conn: Some(conn),
+            timeouts,
+            backoff,
+            unconfirmed: false,
+        })
     }
 
     /// How many failovers (promoted replicas) this store has seen, by any of its links: new
@@ -632,14 +767,20 @@ impl Link {
         match &self.conn {
             Some(Conn::Cluster(cluster)) => cluster.replicated(),
             Some(Conn::Single(_)) => !self.unconfirmed,
-            None => !self.unconfirmed && matches!(self.target, Target::Single(_) | Target::Sentinel(_)),
+            None => {
+                !self.unconfirmed && matches!(self.target, Target::Single(_) | Target::Sentinel(_))
+            }
         }
     }
 
     /// Runs `batch` in at most `attempts` attempts; also returns how many failed attempts were
     /// retried. Both a cluster (`ClusterConn::run`) and a single Redis keep each call's result and
     /// retry only the calls that have none.
-    pub(super) fn query(&mut self, batch: &Batch, attempts: u32) -> (Result<Vec<Value>, StoreError>, u64) {
+    pub(super) fn query(
+        &mut self,
+        batch: &Batch,
+        attempts: u32,
+    ) -> (Result<Vec<Value>, StoreError>, u64) {
         let attempts = attempts.max(1);
         if batch.is_empty() {
             return (Ok(Vec::new()), 0);
@@ -653,7 +794,10 @@ impl Link {
             let pipeline = (PIPELINE_CALLS >> (2 * failed_attempts.min(3))).max(1);
             let error = match self.attempt(batch, &mut results, attempts, pipeline) {
                 Ok(redone) => {
-                    let replies = results.into_iter().map(|r| r.expect("every call answered")).collect();
+                    let replies = results
+                        .into_iter()
+                        .map(|r| r.expect("every call answered"))
+                        .collect();
                     return (Ok(replies), retries + redone);
                 }
                 Err(e) => e,
@@ -677,7 +821,13 @@ impl Link {
 
     /// One attempt (a cluster runs its own attempts in it); on success, how many calls had to be
     /// sent again (NOSCRIPT, or a cluster's redirects and retries).
-    fn attempt(&mut self, batch: &Batch, results: &mut [Option<Value>], attempts: u32, pipeline: usize) -> redis::RedisResult<u64> {
+    fn attempt(
+        &mut self,
+        batch: &Batch,
+        results: &mut [Option<Value>],
+        attempts: u32,
+        pipeline: usize,
+    ) -> redis::RedisResult<u64> {
         if self.conn.is_none() {
             let mut conn = self.target.connect(self.timeouts)?;
             load_script(&mut conn)?;
@@ -720,7 +870,9 @@ impl Link {
         // again at once, after loading the script once for all of them.
         let mut redone = 0;
         for _pass in 0..2 {
-            let waiting: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_none()).collect();
+            let waiting: Vec<usize> = (0..results.len())
+                .filter(|&i| results[i].is_none())
+                .collect();
             let (mut error, mut reload) = (None, false);
             for chunk in waiting.chunks(pipeline) {
                 let mut pipe = redis::pipe();
@@ -762,7 +914,10 @@ impl Link {
             load_scripts(conn)?;
             redone += results.iter().filter(|r| r.is_none()).count() as u64;
         }
-        Err(redis::RedisError::from((redis::ErrorKind::Io, "NOSCRIPT after loading the script")))
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "NOSCRIPT after loading the script",
+        )))
     }
 }
 
@@ -776,7 +931,10 @@ fn load_script(conn: &mut Conn) -> redis::RedisResult<()> {
 /// SCRIPT LOAD of every script on one server.
 fn load_scripts(conn: &mut redis::Connection) -> redis::RedisResult<()> {
     for source in SOURCES {
-        redis::cmd("SCRIPT").arg("LOAD").arg(source).query::<String>(conn)?;
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(source)
+            .query::<String>(conn)?;
     }
     Ok(())
 }
@@ -800,7 +958,11 @@ pub(super) fn slot(key: &str) -> u16 {
     for &byte in hashed.as_bytes() {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc % 16384
@@ -819,15 +981,32 @@ mod tests {
     #[test]
     fn slot_maps_name_masters_with_their_ids_and_replicas() {
         let node = |port: i64, id: &str| {
-            Value::Array(vec![Value::BulkString(b"127.0.0.1".to_vec()), Value::Int(port), Value::BulkString(id.as_bytes().to_vec())])
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(id.as_bytes().to_vec()),
+            ])
         };
         let reply = vec![
-            Value::Array(vec![Value::Int(0), Value::Int(5460), node(7000, "a"), node(7003, "d")]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node(7000, "a"),
+                node(7003, "d"),
+            ]),
             Value::Array(vec![Value::Int(5461), Value::Int(16383), node(7001, "b")]),
         ];
         let ranges = parse_slots(reply);
         assert_eq!(ranges.len(), 2);
-        assert_eq!(ranges[0], (0, 5460, ("127.0.0.1".to_owned(), 7000, "a".to_owned()), vec![("127.0.0.1".to_owned(), 7003)]));
+        assert_eq!(
+            ranges[0],
+            (
+                0,
+                5460,
+                ("127.0.0.1".to_owned(), 7000, "a".to_owned()),
+                vec![("127.0.0.1".to_owned(), 7003)]
+            )
+        );
         assert_eq!(ranges[1].2 .2, "b");
         assert!(ranges[1].3.is_empty());
     }

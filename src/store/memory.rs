@@ -3,8 +3,10 @@
 use hashbrown::HashMap;
 use smallvec::SmallVec;
 
+use super::counter_store::{
+    CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows,
+};
 use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
-use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows};
 use crate::window::{Delta, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
@@ -70,8 +72,16 @@ struct KeyEntry {
 impl KeyEntry {
     /// Estimated bytes this entry and its key own outside the table's slot.
     fn bytes(&self, key: &KeyBytes) -> usize {
-        let windows_heap = if self.windows.spilled() { self.windows.capacity() * size_of::<(u32, WindowState)>() } else { 0 };
-        let states: usize = self.windows.iter().map(|(_, state)| state.heap_bytes()).sum();
+        let windows_heap = if self.windows.spilled() {
+            self.windows.capacity() * size_of::<(u32, WindowState)>()
+        } else {
+            0
+        };
+        let states: usize = self
+            .windows
+            .iter()
+            .map(|(_, state)| state.heap_bytes())
+            .sum();
         key.heap_bytes() + windows_heap + states
     }
 }
@@ -128,7 +138,9 @@ impl MemoryStore {
             if let Some(horizon) = horizon {
                 entry.windows.retain(|(window, state)| {
                     let spec = windows.spec(*window);
-                    state.head().is_none_or(|head| !spec.can_drop(head, horizon))
+                    state
+                        .head()
+                        .is_none_or(|head| !spec.can_drop(head, horizon))
                 });
             }
             pairs += entry.windows.len();
@@ -141,7 +153,10 @@ impl MemoryStore {
             self.evict();
         }
         self.inserts_since_sweep = 0;
-        self.sweep_after = self.pairs.max(self.sweep_interval_floor).min(self.max_keys - self.pairs.min(self.max_keys) + 1);
+        self.sweep_after = self
+            .pairs
+            .max(self.sweep_interval_floor)
+            .min(self.max_keys - self.pairs.min(self.max_keys) + 1);
     }
 
     /// Evicts the keys with the oldest newest event (then the smallest key bytes) until about a
@@ -149,13 +164,22 @@ impl MemoryStore {
     /// per new key.
     fn evict(&mut self) {
         let target = self.max_keys - self.max_keys / 16;
-        let mut order: Vec<(i64, &[u8])> = self.states.iter().map(|(key, entry)| (entry.newest_ts, key.as_slice())).collect();
+        let mut order: Vec<(i64, &[u8])> = self
+            .states
+            .iter()
+            .map(|(key, entry)| (entry.newest_ts, key.as_slice()))
+            .collect();
         // Keys, in proportion to the windows to free; the smallest in (newest event, key bytes)
         // order, a total order, so the same set whatever the table's iteration order. Selecting
         // them is linear (no sort).
-        let evict = (order.len() * (self.pairs - target)).div_ceil(self.pairs.max(1)).clamp(1, order.len());
+        let evict = (order.len() * (self.pairs - target))
+            .div_ceil(self.pairs.max(1))
+            .clamp(1, order.len());
         order.select_nth_unstable(evict - 1);
-        let victims: Vec<KeyBytes> = order[..evict].iter().map(|&(_, key)| KeyBytes::new(key)).collect();
+        let victims: Vec<KeyBytes> = order[..evict]
+            .iter()
+            .map(|&(_, key)| KeyBytes::new(key))
+            .collect();
         for key in &victims {
             if let Some(entry) = self.states.remove(key) {
                 self.pairs -= entry.windows.len();
@@ -168,11 +192,20 @@ impl MemoryStore {
     /// Past the bound, drops the holds that end first (then by key) until a sixteenth is free.
     fn evict_holds(&mut self) {
         let target = self.max_keys - self.max_keys / 16;
-        let mut order: Vec<(i64, u32, &[u8])> = self.holds.iter().map(|(key, &until)| (until, key.window, key.key.as_slice())).collect();
+        let mut order: Vec<(i64, u32, &[u8])> = self
+            .holds
+            .iter()
+            .map(|(key, &until)| (until, key.window, key.key.as_slice()))
+            .collect();
         let evict = self.holds.len() - target;
         order.select_nth_unstable(evict - 1);
-        let victims: Vec<StoredKey> =
-            order[..evict].iter().map(|&(_, window, key)| StoredKey { window, key: KeyBytes::new(key) }).collect();
+        let victims: Vec<StoredKey> = order[..evict]
+            .iter()
+            .map(|&(_, window, key)| StoredKey {
+                window,
+                key: KeyBytes::new(key),
+            })
+            .collect();
         for key in &victims {
             self.holds.remove(key);
             self.bytes = self.bytes.saturating_sub(hold_bytes(key));
@@ -186,14 +219,23 @@ impl CounterStore for MemoryStore {
         self.windows.open(name, spec)
     }
 
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+    fn apply(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+    ) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         let entry = match self.states.get_mut(&BytesRef(key)) {
             Some(entry) => entry,
             None => {
                 let key = KeyBytes::new(key);
-                let entry = KeyEntry { newest_ts: ts_ms, windows: KeyWindows::new() };
+                let entry = KeyEntry {
+                    newest_ts: ts_ms,
+                    windows: KeyWindows::new(),
+                };
                 self.bytes += entry.bytes(&key);
                 self.states.entry(key).or_insert(entry)
             }
@@ -209,7 +251,13 @@ impl CounterStore for MemoryStore {
             None => {
                 let mut state = WindowState::new(spec.aggregate);
                 let applied = state.apply(&spec, bucket, delta);
-                let heap = |w: &KeyWindows| if w.spilled() { w.capacity() * size_of::<(u32, WindowState)>() } else { 0 };
+                let heap = |w: &KeyWindows| {
+                    if w.spilled() {
+                        w.capacity() * size_of::<(u32, WindowState)>()
+                    } else {
+                        0
+                    }
+                };
                 let before = heap(&entry.windows);
                 self.bytes += state.heap_bytes();
                 entry.windows.push((window.0, state));
@@ -227,7 +275,10 @@ impl CounterStore for MemoryStore {
 
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
-        let state = self.states.get(&BytesRef(key)).and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
+        let state = self
+            .states
+            .get(&BytesRef(key))
+            .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
         let applied = match state {
             Some((_, state)) => state.read(&spec, spec.bucket_of(ts_ms)),
             None => crate::window::Applied::Counted(0),
@@ -240,17 +291,34 @@ impl CounterStore for MemoryStore {
     }
 
     fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
-        Ok(self.holds.get(&KeyRef { window: space.0, key }).copied())
+        Ok(self
+            .holds
+            .get(&KeyRef {
+                window: space.0,
+                key,
+            })
+            .copied())
     }
 
-    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
-        let until = match self.holds.get_mut(&KeyRef { window: space.0, key }) {
+    fn extend_hold(
+        &mut self,
+        space: HoldSpace,
+        key: &[u8],
+        until_ms: i64,
+    ) -> Result<i64, StoreError> {
+        let until = match self.holds.get_mut(&KeyRef {
+            window: space.0,
+            key,
+        }) {
             Some(held) => {
                 *held = (*held).max(until_ms);
                 *held
             }
             None => {
-                let key = StoredKey { window: space.0, key: KeyBytes::new(key) };
+                let key = StoredKey {
+                    window: space.0,
+                    key: KeyBytes::new(key),
+                };
                 self.bytes += hold_bytes(&key);
                 self.holds.insert(key, until_ms);
                 if self.holds.len() > self.max_keys {
@@ -279,7 +347,11 @@ impl CounterStore for MemoryStore {
         // doubling), plus what entries own on the heap.
         let tables = self.states.capacity() * (size_of::<(KeyBytes, KeyEntry)>() + 1)
             + self.holds.capacity() * (size_of::<(StoredKey, i64)>() + 1);
-        StateStats { bytes: tables + self.bytes, evicted_keys: self.evicted_keys, evicted_holds: self.evicted_holds }
+        StateStats {
+            bytes: tables + self.bytes,
+            evicted_keys: self.evicted_keys,
+            evicted_holds: self.evicted_holds,
+        }
     }
 }
 
@@ -296,7 +368,10 @@ mod tests {
         let a = s.open_window("a", COUNT_1S_X10);
         assert_eq!(s.open_window("a", COUNT_1S_X10), a);
         assert_ne!(s.open_window("b", COUNT_1S_X10), a);
-        let other = WindowSpec { buckets: 5, ..COUNT_1S_X10 };
+        let other = WindowSpec {
+            buckets: 5,
+            ..COUNT_1S_X10
+        };
         assert_ne!(s.open_window("a", other), a);
     }
 
@@ -305,10 +380,22 @@ mod tests {
         let mut s = MemoryStore::new();
         let a = s.open_window("a", COUNT_1S_X10);
         let b = s.open_window("b", COUNT_1S_X10);
-        assert_eq!(s.apply(a, b"k", 0, Delta::Count).unwrap().applied, Applied::Counted(1));
-        assert_eq!(s.apply(a, b"k", 1, Delta::Count).unwrap().applied, Applied::Counted(2));
-        assert_eq!(s.apply(b, b"k", 2, Delta::Count).unwrap().applied, Applied::Counted(1));
-        assert_eq!(s.apply(a, b"k2", 3, Delta::Count).unwrap().applied, Applied::Counted(1));
+        assert_eq!(
+            s.apply(a, b"k", 0, Delta::Count).unwrap().applied,
+            Applied::Counted(1)
+        );
+        assert_eq!(
+            s.apply(a, b"k", 1, Delta::Count).unwrap().applied,
+            Applied::Counted(2)
+        );
+        assert_eq!(
+            s.apply(b, b"k", 2, Delta::Count).unwrap().applied,
+            Applied::Counted(1)
+        );
+        assert_eq!(
+            s.apply(a, b"k2", 3, Delta::Count).unwrap().applied,
+            Applied::Counted(1)
+        );
         assert_eq!(s.live_keys(), 3);
     }
 
@@ -322,7 +409,11 @@ mod tests {
             let t = (i * 10) as i64;
             s.set_horizon(t - 1_000);
             s.apply(w, &i.to_le_bytes(), t, Delta::Count).unwrap();
-            assert!(s.live_keys() <= 2 * 300 + 16, "{} keys live at {i}", s.live_keys());
+            assert!(
+                s.live_keys() <= 2 * 300 + 16,
+                "{} keys live at {i}",
+                s.live_keys()
+            );
         }
     }
 
@@ -331,11 +422,17 @@ mod tests {
         let mut s = MemoryStore::with_sweep_interval(1);
         let w = s.open_window("w", COUNT_1S_X10);
         for i in 0..1_000u64 {
-            s.apply(w, &i.to_le_bytes(), (i * 10_000) as i64, Delta::Count).unwrap();
+            s.apply(w, &i.to_le_bytes(), (i * 10_000) as i64, Delta::Count)
+                .unwrap();
         }
         assert_eq!(s.live_keys(), 1_000);
         // A key a year old still counts its old window exactly.
-        assert_eq!(s.apply(w, &0u64.to_le_bytes(), 5, Delta::Count).unwrap().applied, Applied::Counted(2));
+        assert_eq!(
+            s.apply(w, &0u64.to_le_bytes(), 5, Delta::Count)
+                .unwrap()
+                .applied,
+            Applied::Counted(2)
+        );
     }
 
     #[test]
@@ -348,7 +445,10 @@ mod tests {
         for i in 0..10u64 {
             s.apply(w, &i.to_le_bytes(), 5_000, Delta::Count).unwrap();
         }
-        assert_eq!(s.apply(w, b"old", 1_899, Delta::Count).unwrap().applied, Applied::Counted(2));
+        assert_eq!(
+            s.apply(w, b"old", 1_899, Delta::Count).unwrap().applied,
+            Applied::Counted(2)
+        );
         // Old's head is now bucket 18: kept until the horizon reaches bucket 28.
         s.set_horizon(2_799);
         s.apply(w, b"new", 5_000, Delta::Count).unwrap();
@@ -374,13 +474,22 @@ mod tests {
             s.apply(w, &i.to_le_bytes(), t, Delta::Count).unwrap();
             assert!(s.live_keys() <= 160, "{} keys at {i}", s.live_keys());
         }
-        assert_eq!(s.apply(w, b"victim", 10_000, Delta::Count).unwrap().applied, Applied::Counted(201));
+        assert_eq!(
+            s.apply(w, b"victim", 10_000, Delta::Count).unwrap().applied,
+            Applied::Counted(201)
+        );
         let stats = s.state_stats();
         assert!(stats.evicted_keys >= 10_000 - 160, "{stats:?}");
         assert!(stats.bytes > 0 && stats.bytes < 160 * 1024, "{stats:?}");
         // The newest flood keys are the ones kept.
-        assert_eq!(s.read(w, &9_999u64.to_le_bytes(), 10_000).unwrap().applied, Applied::Counted(1));
-        assert_eq!(s.read(w, &0u64.to_le_bytes(), 10_000).unwrap().applied, Applied::Counted(0));
+        assert_eq!(
+            s.read(w, &9_999u64.to_le_bytes(), 10_000).unwrap().applied,
+            Applied::Counted(1)
+        );
+        assert_eq!(
+            s.read(w, &0u64.to_le_bytes(), 10_000).unwrap().applied,
+            Applied::Counted(0)
+        );
     }
 
     #[test]
@@ -390,7 +499,8 @@ mod tests {
             let w = s.open_window("w", COUNT_1S_X10);
             // Every key at the same time: the order is the key bytes alone.
             for i in 0..100u64 {
-                s.apply(w, &(i * 7919 % 100).to_be_bytes(), 5, Delta::Count).unwrap();
+                s.apply(w, &(i * 7919 % 100).to_be_bytes(), 5, Delta::Count)
+                    .unwrap();
             }
             let mut kept: Vec<Vec<u8>> = s.states.keys().map(|k| k.as_slice().to_vec()).collect();
             kept.sort();
@@ -408,7 +518,8 @@ mod tests {
         let mut s = MemoryStore::new().with_max_keys(64);
         let h = s.open_holds("r", 60_000);
         for i in 0..1_000u64 {
-            s.extend_hold(h, &i.to_le_bytes(), 1_000 + i as i64).unwrap();
+            s.extend_hold(h, &i.to_le_bytes(), 1_000 + i as i64)
+                .unwrap();
             assert!(s.holds.len() <= 64);
         }
         assert_eq!(s.held_until(h, &999u64.to_le_bytes()).unwrap(), Some(1_999));

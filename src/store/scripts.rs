@@ -6,7 +6,8 @@ use std::sync::LazyLock;
 
 /// Applies a key's pending deltas, refuses late ones, prunes, refreshes the TTL and returns the
 /// key's window (see the header of `lua/apply_window.lua` for the protocol).
-pub static APPLY_WINDOW: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(APPLY_WINDOW_SOURCE));
+pub static APPLY_WINDOW: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(APPLY_WINDOW_SOURCE));
 
 const APPLY_WINDOW_SOURCE: &str = include_str!("../../lua/apply_window.lua");
 

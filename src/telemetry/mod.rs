@@ -73,7 +73,9 @@ pub struct Stages {
 }
 
 impl Stages {
-    pub const NAMES: [&'static str; 8] = ["queued", "paused", "lock", "decode", "load", "judge", "journal", "handover"];
+    pub const NAMES: [&'static str; 8] = [
+        "queued", "paused", "lock", "decode", "load", "judge", "journal", "handover",
+    ];
 
     fn new(family: &Family<StageLabels, Histogram, fn() -> Histogram>) -> Stages {
         let stage = |stage: &'static str| family.get_or_create_owned(&StageLabels { stage });
@@ -100,9 +102,15 @@ impl Metrics {
     pub fn rules_loaded(&self, rules: &crate::rules::RuleSet) {
         self.list_entries.clear();
         for (id, set) in rules.lists() {
-            self.list_entries.get_or_create(&ListLabels { list: id.to_owned() }).set(set.len() as i64);
+            self.list_entries
+                .get_or_create(&ListLabels {
+                    list: id.to_owned(),
+                })
+                .set(set.len() as i64);
         }
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         self.rules_loaded_seconds.set(now as i64);
     }
 }
@@ -266,12 +274,17 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("vigil");
-        let processing_latency: Family<UntilLabels, Histogram, fn() -> Histogram> = Family::new_with_constructor(processing_buckets);
+        let processing_latency: Family<UntilLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(processing_buckets);
         // Handles on the two series, so observing takes no label lookup; created here, both
         // series are exported from the start.
-        let processing_produced = processing_latency.get_or_create_owned(&UntilLabels { until: "produced" });
-        let processing_acknowledged = processing_latency.get_or_create_owned(&UntilLabels { until: "acknowledged" });
-        let processing_stage: Family<StageLabels, Histogram, fn() -> Histogram> = Family::new_with_constructor(stage_buckets);
+        let processing_produced =
+            processing_latency.get_or_create_owned(&UntilLabels { until: "produced" });
+        let processing_acknowledged = processing_latency.get_or_create_owned(&UntilLabels {
+            until: "acknowledged",
+        });
+        let processing_stage: Family<StageLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(stage_buckets);
         let stages = Stages::new(&processing_stage);
         let metrics = Metrics {
             events: Family::default(),
@@ -326,15 +339,30 @@ impl Metrics {
         metrics.register_judging(&mut registry);
         metrics.register_store(&mut registry);
         metrics.register_worker(&mut registry);
-        Metrics { registry, ..metrics }
+        Metrics {
+            registry,
+            ..metrics
+        }
     }
 
     /// Events, decisions, rule hits, counting and the rules in force.
     fn register_judging(&self, registry: &mut Registry) {
         registry.register("events", "Events read, by outcome", self.events.clone());
-        registry.register("decisions", "Decision records produced, by action", self.decisions.clone());
-        registry.register("rule_hits", "Rule hits, by rule, mode and action", self.rule_hits.clone());
-        registry.register("late_events", "Events too late for the key's window, by counter", self.late_events.clone());
+        registry.register(
+            "decisions",
+            "Decision records produced, by action",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "rule_hits",
+            "Rule hits, by rule, mode and action",
+            self.rule_hits.clone(),
+        );
+        registry.register(
+            "late_events",
+            "Events too late for the key's window, by counter",
+            self.late_events.clone(),
+        );
         registry.register(
             "skipped_events",
             "Events not counted: unusable dimension or field, or a sum out of range, by counter and reason",
@@ -345,10 +373,26 @@ impl Metrics {
             "Distinct values not recorded because their key's window held max_distinct values, by counter",
             self.distinct_capped.clone(),
         );
-        registry.register("dead_letters", "Events sent to the dead-letter topic, by reason", self.dead_letters.clone());
-        registry.register("rule_reloads", "Rule reloads, by result", self.rule_reloads.clone());
-        registry.register("rules_active", "Enabled rules in force", self.rules_active.clone());
-        registry.register("list_entries", "Entries of each list in force, by list", self.list_entries.clone());
+        registry.register(
+            "dead_letters",
+            "Events sent to the dead-letter topic, by reason",
+            self.dead_letters.clone(),
+        );
+        registry.register(
+            "rule_reloads",
+            "Rule reloads, by result",
+            self.rule_reloads.clone(),
+        );
+        registry.register(
+            "rules_active",
+            "Enabled rules in force",
+            self.rules_active.clone(),
+        );
+        registry.register(
+            "list_entries",
+            "Entries of each list in force, by list",
+            self.list_entries.clone(),
+        );
         registry.register(
             "rules_loaded_timestamp_seconds",
             "When the rules and lists in force were loaded",
@@ -358,9 +402,21 @@ impl Metrics {
 
     /// The counter store: write-behind, Redis health, local state.
     fn register_store(&self, registry: &mut Registry) {
-        registry.register("flush_batch_keys", "Keys per write-behind flush", self.flush_keys.clone());
-        registry.register("flush_duration_seconds", "Write-behind flush latency", self.flush_seconds.clone());
-        registry.register("redis_errors", "Redis failures, by code", self.redis_errors.clone());
+        registry.register(
+            "flush_batch_keys",
+            "Keys per write-behind flush",
+            self.flush_keys.clone(),
+        );
+        registry.register(
+            "flush_duration_seconds",
+            "Write-behind flush latency",
+            self.flush_seconds.clone(),
+        );
+        registry.register(
+            "redis_errors",
+            "Redis failures, by code",
+            self.redis_errors.clone(),
+        );
         registry.register(
             "replayed_observations",
             "Observations judged but not counted again (offset already applied to the key)",
@@ -371,15 +427,31 @@ impl Metrics {
             "Write-behind writes refused because another worker had changed the key",
             self.stale_writes.clone(),
         );
-        registry.register("store_live_keys", "(rule, key) windows held in this process", self.live_keys.clone());
-        registry.register("store_state_bytes", "Estimated bytes of the in-process store's state", self.state_bytes.clone());
+        registry.register(
+            "store_live_keys",
+            "(rule, key) windows held in this process",
+            self.live_keys.clone(),
+        );
+        registry.register(
+            "store_state_bytes",
+            "Estimated bytes of the in-process store's state",
+            self.state_bytes.clone(),
+        );
         registry.register(
             "evicted_keys",
             "In-process state evicted at memory.max_keys (oldest newest event first), by kind",
             self.evicted_keys.clone(),
         );
-        registry.register("redis_available", "1 while Redis answers, 0 while counting locally", self.redis_available.clone());
-        registry.register("redis_outages", "Times Redis became unavailable", self.redis_outages.clone());
+        registry.register(
+            "redis_available",
+            "1 while Redis answers, 0 while counting locally",
+            self.redis_available.clone(),
+        );
+        registry.register(
+            "redis_outages",
+            "Times Redis became unavailable",
+            self.redis_outages.clone(),
+        );
         registry.register(
             "degraded_observations",
             "Observations counted locally while Redis was unavailable",
@@ -390,9 +462,21 @@ impl Metrics {
             "Rule hits on locally counted values while Redis was unavailable, by rule",
             self.degraded_hits.clone(),
         );
-        registry.register("redis_data_losses", "Times Redis was found to have lost its data", self.redis_data_losses.clone());
-        registry.register("redis_reseeded_keys", "Keys written again from local views after a Redis data loss", self.reseeded_keys.clone());
-        registry.register("redis_failovers", "Redis failovers followed (a promoted replica became the master)", self.redis_failovers.clone());
+        registry.register(
+            "redis_data_losses",
+            "Times Redis was found to have lost its data",
+            self.redis_data_losses.clone(),
+        );
+        registry.register(
+            "redis_reseeded_keys",
+            "Keys written again from local views after a Redis data loss",
+            self.reseeded_keys.clone(),
+        );
+        registry.register(
+            "redis_failovers",
+            "Redis failovers followed (a promoted replica became the master)",
+            self.redis_failovers.clone(),
+        );
         registry.register(
             "redis_rewritten_unconfirmed",
             "Observations written again after a Redis failover because no replica had confirmed them",
@@ -403,14 +487,30 @@ impl Metrics {
             "Observations on keys other workers count too, applied in Redis before their batch was judged",
             self.counted_ahead.clone(),
         );
-        registry.register("redis_lost_keys", "Keys found gone from Redis at a known version, written again", self.lost_keys.clone());
-        registry.register("store_saturated", "1 while local state waiting for Redis is full", self.store_saturated.clone());
+        registry.register(
+            "redis_lost_keys",
+            "Keys found gone from Redis at a known version, written again",
+            self.lost_keys.clone(),
+        );
+        registry.register(
+            "store_saturated",
+            "1 while local state waiting for Redis is full",
+            self.store_saturated.clone(),
+        );
     }
 
     /// The Kafka worker: deliveries, partitions, offsets, the decision journal.
     fn register_worker(&self, registry: &mut Registry) {
-        registry.register("kafka_delivery_errors", "Kafka produce failures, by code", self.delivery_errors.clone());
-        registry.register("consumer_lag", "Consumer lag per partition (messages)", self.consumer_lag.clone());
+        registry.register(
+            "kafka_delivery_errors",
+            "Kafka produce failures, by code",
+            self.delivery_errors.clone(),
+        );
+        registry.register(
+            "consumer_lag",
+            "Consumer lag per partition (messages)",
+            self.consumer_lag.clone(),
+        );
         registry.register(
             "committed_offset",
             "Last committed offset per partition (next to read)",
@@ -431,8 +531,16 @@ impl Metrics {
             "Time a partition batch spent in each stage, per batch, by stage (queued, paused, lock, decode, load, judge, journal, handover)",
             self.processing_stage.clone(),
         );
-        registry.register("batch_messages", "Messages per partition batch", self.batch_messages.clone());
-        registry.register("assigned_partitions", "Partitions owned by this worker", self.assigned_partitions.clone());
+        registry.register(
+            "batch_messages",
+            "Messages per partition batch",
+            self.batch_messages.clone(),
+        );
+        registry.register(
+            "assigned_partitions",
+            "Partitions owned by this worker",
+            self.assigned_partitions.clone(),
+        );
         registry.register(
             "partition_skew_seconds",
             "Event time between the newest and the slowest active partition of the group",
@@ -443,26 +551,41 @@ impl Metrics {
             "Time partition loops waited for slower partitions (input.max_partition_skew)",
             self.partition_wait_seconds.clone(),
         );
-        registry.register("paused_partitions", "Partitions paused in the consumer while their loop's queue is full", self.paused_partitions.clone());
-        registry.register("journaled_decisions", "Decision records written to the decision journal", self.journaled_decisions.clone());
+        registry.register(
+            "paused_partitions",
+            "Partitions paused in the consumer while their loop's queue is full",
+            self.paused_partitions.clone(),
+        );
+        registry.register(
+            "journaled_decisions",
+            "Decision records written to the decision journal",
+            self.journaled_decisions.clone(),
+        );
         registry.register(
             "redelivered_decisions",
             "Decisions delivered again from the journal for events re-read after a crash",
             self.redelivered_decisions.clone(),
         );
-        registry.register("journal_errors", "Decision journal writes not made, by code", self.journal_errors.clone());
+        registry.register(
+            "journal_errors",
+            "Decision journal writes not made, by code",
+            self.journal_errors.clone(),
+        );
     }
 
     /// The registry in Prometheus/OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 
     pub fn inc_events(&self, outcome: &'static str, n: u64) {
         if n > 0 {
-            self.events.get_or_create(&OutcomeLabels { outcome }).inc_by(n);
+            self.events
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc_by(n);
         }
     }
 }
@@ -495,14 +618,20 @@ pub struct LogLimiter {
 
 impl LogLimiter {
     pub fn new(every: std::time::Duration) -> LogLimiter {
-        LogLimiter { every, seen: Default::default() }
+        LogLimiter {
+            every,
+            seen: Default::default(),
+        }
     }
 
     /// `Some(n)` when a line of this kind may be logged now, `n` being how many like it were
     /// held back since the last one; `None` when it is held back. Lines are alike when they
     /// match but for digits (ports, counts, durations).
     pub fn allow(&self, facility: &str, message: &str) -> Option<u64> {
-        let kind: String = facility.chars().chain(message.chars().filter(|c| !c.is_ascii_digit()).take(80)).collect();
+        let kind: String = facility
+            .chars()
+            .chain(message.chars().filter(|c| !c.is_ascii_digit()).take(80))
+            .collect();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if seen.len() > 1024 {
             seen.clear();
@@ -527,14 +656,22 @@ impl LogLimiter {
     /// Routes a librdkafka log line to `tracing`, rate-limited.
     pub fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
         use rdkafka::config::RDKafkaLogLevel as L;
-        let Some(held) = self.allow(facility, message) else { return };
+        let Some(held) = self.allow(facility, message) else {
+            return;
+        };
         match level {
             L::Emerg | L::Alert | L::Critical | L::Error => {
                 tracing::error!(target: "librdkafka", facility, held_back = held, "{message}")
             }
-            L::Warning => tracing::warn!(target: "librdkafka", facility, held_back = held, "{message}"),
-            L::Notice | L::Info => tracing::info!(target: "librdkafka", facility, held_back = held, "{message}"),
-            L::Debug => tracing::debug!(target: "librdkafka", facility, held_back = held, "{message}"),
+            L::Warning => {
+                tracing::warn!(target: "librdkafka", facility, held_back = held, "{message}")
+            }
+            L::Notice | L::Info => {
+                tracing::info!(target: "librdkafka", facility, held_back = held, "{message}")
+            }
+            L::Debug => {
+                tracing::debug!(target: "librdkafka", facility, held_back = held, "{message}")
+            }
         }
     }
 }
@@ -549,8 +686,12 @@ pub fn init_logging(config: &LogConfig) -> Result<(), String> {
     .map_err(|e| format!("log.level: {e}"))?;
     // Colour only for a person at a terminal (and not under NO_COLOR): log files and
     // collectors get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let result = match config.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
@@ -569,9 +710,15 @@ mod tests {
         let text = Metrics::new().encode();
         let mut missing = Vec::new();
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
             let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
-            let shown = if kind == "counter" { format!("`{name}_total`") } else { format!("`{name}`") };
+            let shown = if kind == "counter" {
+                format!("`{name}_total`")
+            } else {
+                format!("`{name}`")
+            };
             if !guide.contains(&shown) {
                 missing.push(shown);
             }
@@ -582,8 +729,14 @@ mod tests {
     #[test]
     fn repeated_lines_pass_once_per_period() {
         let limiter = LogLimiter::new(std::time::Duration::from_secs(3600));
-        assert_eq!(limiter.allow("FAIL", "127.0.0.1:9092/1: Connect failed (after 3ms)"), Some(0));
-        assert_eq!(limiter.allow("FAIL", "127.0.0.1:9092/1: Connect failed (after 12ms)"), None);
+        assert_eq!(
+            limiter.allow("FAIL", "127.0.0.1:9092/1: Connect failed (after 3ms)"),
+            Some(0)
+        );
+        assert_eq!(
+            limiter.allow("FAIL", "127.0.0.1:9092/1: Connect failed (after 12ms)"),
+            None
+        );
         assert_eq!(limiter.allow("FAIL", "other broker unreachable"), Some(0));
         let now = LogLimiter::new(std::time::Duration::ZERO);
         assert_eq!(now.allow("FAIL", "x"), Some(0));

@@ -64,11 +64,17 @@ struct Lanes {
 impl Alignment {
     pub(super) fn new(skew: Option<Duration>, idle: Duration) -> Alignment {
         let skew_ms = skew.map(|s| i64::try_from(s.as_millis()).unwrap_or(i64::MAX));
-        Alignment { skew_ms, idle, lanes: Mutex::new(Lanes::default()) }
+        Alignment {
+            skew_ms,
+            idle,
+            lanes: Mutex::new(Lanes::default()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lanes> {
-        self.lanes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.lanes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The worker took `lane` over (at `now`).
@@ -104,7 +110,10 @@ impl Alignment {
 
     /// How far apart in event time the active partitions are (the newest minus the slowest).
     pub(super) fn spread_ms(&self, now: Instant, wall_ms: i64) -> i64 {
-        let positions: Vec<i64> = self.active(now, wall_ms, None).filter(|&p| p != i64::MIN).collect();
+        let positions: Vec<i64> = self
+            .active(now, wall_ms, None)
+            .filter(|&p| p != i64::MIN)
+            .collect();
         match (positions.iter().min(), positions.iter().max()) {
             (Some(min), Some(max)) => max - min,
             _ => 0,
@@ -136,7 +145,11 @@ impl Alignment {
             .filter(|entry| Some(entry.lane) != except && !lanes.local.contains_key(&entry.lane))
             .filter(|entry| {
                 // Just assigned, no position yet: holds the others back for the grace only.
-                let within = if entry.event_ms == i64::MIN { grace_ms } else { idle_ms };
+                let within = if entry.event_ms == i64::MIN {
+                    grace_ms
+                } else {
+                    idle_ms
+                };
                 wall_ms.saturating_sub(entry.moved_wall_ms) < within
             })
             .map(|entry| entry.event_ms);
@@ -151,8 +164,13 @@ impl Alignment {
             .local
             .iter()
             .map(|(&lane, &(position, moved))| {
-                let ago = i64::try_from(now.saturating_duration_since(moved).as_millis()).unwrap_or(i64::MAX);
-                LanePosition { lane, event_ms: position.unwrap_or(i64::MIN), moved_wall_ms: wall_ms.saturating_sub(ago) }
+                let ago = i64::try_from(now.saturating_duration_since(moved).as_millis())
+                    .unwrap_or(i64::MAX);
+                LanePosition {
+                    lane,
+                    event_ms: position.unwrap_or(i64::MIN),
+                    moved_wall_ms: wall_ms.saturating_sub(ago),
+                }
             })
             .collect()
     }
@@ -172,15 +190,15 @@ impl Alignment {
         let lanes = self.lock();
         let idle_ms = i64::try_from(self.idle.as_millis()).unwrap_or(i64::MAX);
         let unsettled = lanes.assigned.is_some_and(|at| {
-            now.saturating_duration_since(at) < START_GRACE && lanes.exchanged.is_none_or(|e| e < at + BOARD_SETTLE)
+            now.saturating_duration_since(at) < START_GRACE
+                && lanes.exchanged.is_none_or(|e| e < at + BOARD_SETTLE)
         });
         unsettled
-            || lanes
-                .remote
-                .iter()
-                .any(|entry| !lanes.local.contains_key(&entry.lane) && wall_ms.saturating_sub(entry.moved_wall_ms) < idle_ms)
+            || lanes.remote.iter().any(|entry| {
+                !lanes.local.contains_key(&entry.lane)
+                    && wall_ms.saturating_sub(entry.moved_wall_ms) < idle_ms
+            })
     }
-
 }
 
 impl Worker {
@@ -188,7 +206,10 @@ impl Worker {
     /// positions with the group's board in Redis (reconnecting when Redis is away: meanwhile
     /// other workers' entries age out and each worker aligns its own partitions), and exports
     /// the skew.
-    pub(super) fn spawn_aligner(self: &Arc<Self>, done: &Shutdown) -> Result<JoinHandle<()>, WorkerError> {
+    pub(super) fn spawn_aligner(
+        self: &Arc<Self>,
+        done: &Shutdown,
+    ) -> Result<JoinHandle<()>, WorkerError> {
         let (worker, done) = (Arc::clone(self), done.clone());
         std::thread::Builder::new()
             .name("vigil-align".into())
@@ -203,10 +224,16 @@ impl Worker {
         let mut board: Option<ProgressBoard> = None;
         let mut failed_at: Option<Instant> = None;
         // The board outlives a worker briefly: long enough for its entries to go idle.
-        let ttl = self.config.input.partition_idle_timeout.saturating_mul(4).max(Duration::from_secs(60));
+        let ttl = self
+            .config
+            .input
+            .partition_idle_timeout
+            .saturating_mul(4)
+            .max(Duration::from_secs(60));
         while !done.wait(BOARD_INTERVAL) {
             if let Some(url) = &url {
-                let retry_due = failed_at.is_none_or(|at| at.elapsed() >= self.config.redis.probe_interval);
+                let retry_due =
+                    failed_at.is_none_or(|at| at.elapsed() >= self.config.redis.probe_interval);
                 if board.is_none() && retry_due {
                     let config = self.config.redis.store_config(None);
                     match ProgressBoard::connect(url, &config, &self.config.kafka.group_id) {
@@ -230,7 +257,9 @@ impl Worker {
                 }
             }
             let spread = self.alignment.spread_ms(Instant::now(), wall_ms());
-            self.metrics.partition_skew_seconds.set(spread as f64 / 1000.0);
+            self.metrics
+                .partition_skew_seconds
+                .set(spread as f64 / 1000.0);
         }
     }
 }
@@ -255,8 +284,16 @@ mod tests {
         alignment.advance(1, 100_000, now);
         alignment.advance(2, 90_000, now);
         alignment.advance(3, 120_000, now);
-        assert_eq!(alignment.limit(1, now, 0), Some(95_000), "the slowest other is lane 2");
-        assert_eq!(alignment.limit(2, now, 0), Some(105_000), "the slowest may always go on");
+        assert_eq!(
+            alignment.limit(1, now, 0),
+            Some(95_000),
+            "the slowest other is lane 2"
+        );
+        assert_eq!(
+            alignment.limit(2, now, 0),
+            Some(105_000),
+            "the slowest may always go on"
+        );
         assert_eq!(alignment.spread_ms(now, 0), 30_000);
         // Positions only move forward.
         alignment.advance(2, 80_000, now);
@@ -284,12 +321,24 @@ mod tests {
         alignment.advance(2, 10_000, start);
         let later = start + IDLE;
         alignment.advance(1, 101_000, later);
-        assert_eq!(alignment.limit(1, later, 0), None, "lane 2 has not moved for the idle timeout");
+        assert_eq!(
+            alignment.limit(1, later, 0),
+            None,
+            "lane 2 has not moved for the idle timeout"
+        );
         alignment.advance(2, 11_000, later);
-        assert_eq!(alignment.limit(1, later, 0), Some(16_000), "it moved: it counts again");
+        assert_eq!(
+            alignment.limit(1, later, 0),
+            Some(16_000),
+            "it moved: it counts again"
+        );
         alignment.revoke(2);
         assert_eq!(alignment.limit(1, later, 0), None);
-        assert_eq!(alignment.outgoing(later, 5_000).len(), 1, "only lane 1 is this worker's now");
+        assert_eq!(
+            alignment.outgoing(later, 5_000).len(),
+            1,
+            "only lane 1 is this worker's now"
+        );
     }
 
     #[test]
@@ -299,12 +348,20 @@ mod tests {
         alignment.assign(1, start);
         alignment.assign(2, start);
         alignment.advance(1, 100_000, start);
-        assert_eq!(alignment.limit(1, start, 0), Some(i64::MIN + 5_000), "lane 2 has not started yet");
+        assert_eq!(
+            alignment.limit(1, start, 0),
+            Some(i64::MIN + 5_000),
+            "lane 2 has not started yet"
+        );
         assert_eq!(alignment.limit(2, start, 0), Some(105_000));
         alignment.advance(2, 90_000, start);
         assert_eq!(alignment.limit(1, start, 0), Some(95_000));
         alignment.assign(3, start);
-        assert_eq!(alignment.limit(1, start + START_GRACE, 0), Some(95_000), "lane 3 got nothing within the grace");
+        assert_eq!(
+            alignment.limit(1, start + START_GRACE, 0),
+            Some(95_000),
+            "lane 3 got nothing within the grace"
+        );
         assert_eq!(alignment.spread_ms(start, 0), 10_000);
     }
 
@@ -317,16 +374,39 @@ mod tests {
         let wall = 1_800_000_000_000;
         alignment.incoming(
             vec![
-                LanePosition { lane: 2, event_ms: 50_000, moved_wall_ms: wall - 1_000 },
-                LanePosition { lane: 3, event_ms: 10_000, moved_wall_ms: wall - 31_000 },
+                LanePosition {
+                    lane: 2,
+                    event_ms: 50_000,
+                    moved_wall_ms: wall - 1_000,
+                },
+                LanePosition {
+                    lane: 3,
+                    event_ms: 10_000,
+                    moved_wall_ms: wall - 31_000,
+                },
                 // This worker's own lane, as the board had it before: its own record wins.
-                LanePosition { lane: 1, event_ms: 1_000, moved_wall_ms: wall },
+                LanePosition {
+                    lane: 1,
+                    event_ms: 1_000,
+                    moved_wall_ms: wall,
+                },
             ],
             now,
         );
-        assert_eq!(alignment.limit(1, now, wall), Some(55_000), "lane 3 is idle, lane 1's old entry ignored");
+        assert_eq!(
+            alignment.limit(1, now, wall),
+            Some(55_000),
+            "lane 3 is idle, lane 1's old entry ignored"
+        );
         let mine = alignment.outgoing(now, wall);
-        assert_eq!(mine, vec![LanePosition { lane: 1, event_ms: 100_000, moved_wall_ms: wall }]);
+        assert_eq!(
+            mine,
+            vec![LanePosition {
+                lane: 1,
+                event_ms: 100_000,
+                moved_wall_ms: wall
+            }]
+        );
     }
 
     #[test]
@@ -352,30 +432,92 @@ mod tests {
         );
         alignment.advance(1, 100_000, now);
         let grace = i64::try_from(START_GRACE.as_millis()).unwrap();
-        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - 1_000 }], now);
+        alignment.incoming(
+            vec![LanePosition {
+                lane: 7,
+                event_ms: i64::MIN,
+                moved_wall_ms: wall - 1_000,
+            }],
+            now,
+        );
         alignment.advance(2, 100_000, now);
-        assert_eq!(alignment.limit(1, now, wall), Some(i64::MIN + 5_000), "lane 7 was just assigned to another worker");
-        alignment.incoming(vec![LanePosition { lane: 7, event_ms: i64::MIN, moved_wall_ms: wall - grace }], now);
-        assert_eq!(alignment.limit(1, now, wall), Some(105_000), "past the grace, lane 7 holds nobody back");
+        assert_eq!(
+            alignment.limit(1, now, wall),
+            Some(i64::MIN + 5_000),
+            "lane 7 was just assigned to another worker"
+        );
+        alignment.incoming(
+            vec![LanePosition {
+                lane: 7,
+                event_ms: i64::MIN,
+                moved_wall_ms: wall - grace,
+            }],
+            now,
+        );
+        assert_eq!(
+            alignment.limit(1, now, wall),
+            Some(105_000),
+            "past the grace, lane 7 holds nobody back"
+        );
     }
 
     #[test]
-    fn other_workers_count_too_while_the_board_shows_their_partitions_or_just_after_an_assignment() {
+    fn other_workers_count_too_while_the_board_shows_their_partitions_or_just_after_an_assignment()
+    {
         let alignment = Alignment::new(Some(SKEW), IDLE);
         let now = Instant::now();
         let wall = 1_800_000_000_000;
-        assert!(!alignment.others_active(now, wall), "nothing assigned, nobody on the board");
+        assert!(
+            !alignment.others_active(now, wall),
+            "nothing assigned, nobody on the board"
+        );
         alignment.assign(1, now);
-        assert!(alignment.others_active(now, wall), "just assigned: the others may not be on the board yet");
-        alignment.incoming(vec![LanePosition { lane: 1, event_ms: 5, moved_wall_ms: wall }], now + BOARD_SETTLE / 2);
-        assert!(alignment.others_active(now + BOARD_SETTLE, wall), "the board answered too soon to tell");
+        assert!(
+            alignment.others_active(now, wall),
+            "just assigned: the others may not be on the board yet"
+        );
+        alignment.incoming(
+            vec![LanePosition {
+                lane: 1,
+                event_ms: 5,
+                moved_wall_ms: wall,
+            }],
+            now + BOARD_SETTLE / 2,
+        );
+        assert!(
+            alignment.others_active(now + BOARD_SETTLE, wall),
+            "the board answered too soon to tell"
+        );
         let settled = now + BOARD_SETTLE;
-        alignment.incoming(vec![LanePosition { lane: 1, event_ms: 5, moved_wall_ms: wall }], settled);
-        assert!(!alignment.others_active(settled, wall), "alone: its own lane on the board is not another worker");
+        alignment.incoming(
+            vec![LanePosition {
+                lane: 1,
+                event_ms: 5,
+                moved_wall_ms: wall,
+            }],
+            settled,
+        );
+        assert!(
+            !alignment.others_active(settled, wall),
+            "alone: its own lane on the board is not another worker"
+        );
         alignment.assign(2, now);
-        assert!(!alignment.others_active(now + START_GRACE, wall), "the board answered after this assignment too: alone");
-        alignment.incoming(vec![LanePosition { lane: 3, event_ms: 5, moved_wall_ms: wall - 1_000 }], settled);
+        assert!(
+            !alignment.others_active(now + START_GRACE, wall),
+            "the board answered after this assignment too: alone"
+        );
+        alignment.incoming(
+            vec![LanePosition {
+                lane: 3,
+                event_ms: 5,
+                moved_wall_ms: wall - 1_000,
+            }],
+            settled,
+        );
         assert!(alignment.others_active(settled, wall));
-        assert!(!alignment.others_active(settled, wall + 30_000), "its lane went idle");
+        assert!(
+            !alignment.others_active(settled, wall + 30_000),
+            "its lane went idle"
+        );
     }
 }

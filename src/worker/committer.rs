@@ -28,13 +28,19 @@ impl Worker {
         std::thread::Builder::new()
             .name("vigil-commit".into())
             .spawn(move || worker.commit_loop(&consumer, &done))
-            .map_err(|e| WorkerError::ShutdownIncomplete(format!("cannot start the committer: {e}")))
+            .map_err(|e| {
+                WorkerError::ShutdownIncomplete(format!("cannot start the committer: {e}"))
+            })
     }
 
     /// Every `flush_interval` (at most 100 ms): let the store write behind, export its metrics,
     /// produce failed records again, and store the offsets that became committable.
     fn commit_loop<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, done: &Shutdown) {
-        let tick = self.config.redis.flush_interval.clamp(Duration::from_millis(5), Duration::from_millis(100));
+        let tick = self
+            .config
+            .redis
+            .flush_interval
+            .clamp(Duration::from_millis(5), Duration::from_millis(100));
         while !done.wait(tick) {
             let durable = self.tick_store();
             self.sink.resend_failed();
@@ -56,17 +62,28 @@ impl Worker {
 
     /// Exports the in-process store's size and evictions; logs evictions at most every 30 s.
     fn export_state(&self, state: StateStats) {
-        let mut exported = self.exported_state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut exported = self
+            .exported_state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let (known, logged) = &mut *exported;
         let windows = state.evicted_keys.saturating_sub(known.evicted_keys);
         let holds = state.evicted_holds.saturating_sub(known.evicted_holds);
         if windows > 0 {
-            self.metrics.evicted_keys.get_or_create(&KindLabels { kind: "window" }).inc_by(windows);
+            self.metrics
+                .evicted_keys
+                .get_or_create(&KindLabels { kind: "window" })
+                .inc_by(windows);
         }
         if holds > 0 {
-            self.metrics.evicted_keys.get_or_create(&KindLabels { kind: "hold" }).inc_by(holds);
+            self.metrics
+                .evicted_keys
+                .get_or_create(&KindLabels { kind: "hold" })
+                .inc_by(holds);
         }
-        if (windows > 0 || holds > 0) && logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+        if (windows > 0 || holds > 0)
+            && logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30))
+        {
             tracing::warn!(
                 evicted_windows = state.evicted_keys,
                 evicted_holds = state.evicted_holds,
@@ -76,7 +93,9 @@ impl Worker {
             *logged = Some(Instant::now());
         }
         *known = state;
-        self.metrics.state_bytes.set(i64::try_from(state.bytes).unwrap_or(i64::MAX));
+        self.metrics
+            .state_bytes
+            .set(i64::try_from(state.bytes).unwrap_or(i64::MAX));
     }
 
     /// Lets the store take in finished flushes and start due ones; exports its metrics; returns
@@ -86,12 +105,16 @@ impl Worker {
         if let Err(e) = engine.store_mut().tick() {
             tracing::error!(error = %e, "counter store failed");
         }
-        self.metrics.live_keys.set(engine.store().live_keys() as i64);
+        self.metrics
+            .live_keys
+            .set(engine.store().live_keys() as i64);
         self.export_state(engine.store().state_stats());
         if let AnyStore::Redis(redis) = engine.store_mut() {
             for sample in redis.take_flush_samples() {
                 self.metrics.flush_keys.observe(sample.keys as f64);
-                self.metrics.flush_seconds.observe(sample.elapsed.as_secs_f64());
+                self.metrics
+                    .flush_seconds
+                    .observe(sample.elapsed.as_secs_f64());
             }
             if let Some(e) = redis.take_flush_error() {
                 tracing::warn!(error = %e, "write-behind flush failed; its deltas are kept and sent again");
@@ -101,22 +124,58 @@ impl Worker {
             let retries = stats.retries.saturating_sub(exported.retries);
             let failed = stats.failed_flushes.saturating_sub(exported.failed_flushes);
             if retries > 0 {
-                self.metrics.redis_errors.get_or_create(&CodeLabels { code: "retry" }).inc_by(retries);
+                self.metrics
+                    .redis_errors
+                    .get_or_create(&CodeLabels { code: "retry" })
+                    .inc_by(retries);
             }
             if failed > 0 {
-                self.metrics.redis_errors.get_or_create(&CodeLabels { code: "flush_failed" }).inc_by(failed);
+                self.metrics
+                    .redis_errors
+                    .get_or_create(&CodeLabels {
+                        code: "flush_failed",
+                    })
+                    .inc_by(failed);
             }
-            self.metrics.replayed_observations.inc_by(stats.skipped_applied.saturating_sub(exported.skipped_applied));
-            self.metrics.stale_writes.inc_by(stats.stale_writes.saturating_sub(exported.stale_writes));
-            self.metrics.redis_outages.inc_by(stats.outages.saturating_sub(exported.outages));
-            self.metrics.degraded_observations.inc_by(stats.degraded_observations.saturating_sub(exported.degraded_observations));
-            self.metrics.redis_data_losses.inc_by(stats.data_losses.saturating_sub(exported.data_losses));
-            self.metrics.reseeded_keys.inc_by(stats.reseeded_keys.saturating_sub(exported.reseeded_keys));
-            self.metrics.redis_failovers.inc_by(stats.failovers.saturating_sub(exported.failovers));
-            self.metrics.rewritten_unconfirmed.inc_by(stats.rewritten_unconfirmed.saturating_sub(exported.rewritten_unconfirmed));
-            self.metrics.lost_keys.inc_by(stats.lost_keys.saturating_sub(exported.lost_keys));
-            self.metrics.counted_ahead.inc_by(stats.counted_ahead.saturating_sub(exported.counted_ahead));
-            self.metrics.redis_available.set(i64::from(redis.available()));
+            self.metrics.replayed_observations.inc_by(
+                stats
+                    .skipped_applied
+                    .saturating_sub(exported.skipped_applied),
+            );
+            self.metrics
+                .stale_writes
+                .inc_by(stats.stale_writes.saturating_sub(exported.stale_writes));
+            self.metrics
+                .redis_outages
+                .inc_by(stats.outages.saturating_sub(exported.outages));
+            self.metrics.degraded_observations.inc_by(
+                stats
+                    .degraded_observations
+                    .saturating_sub(exported.degraded_observations),
+            );
+            self.metrics
+                .redis_data_losses
+                .inc_by(stats.data_losses.saturating_sub(exported.data_losses));
+            self.metrics
+                .reseeded_keys
+                .inc_by(stats.reseeded_keys.saturating_sub(exported.reseeded_keys));
+            self.metrics
+                .redis_failovers
+                .inc_by(stats.failovers.saturating_sub(exported.failovers));
+            self.metrics.rewritten_unconfirmed.inc_by(
+                stats
+                    .rewritten_unconfirmed
+                    .saturating_sub(exported.rewritten_unconfirmed),
+            );
+            self.metrics
+                .lost_keys
+                .inc_by(stats.lost_keys.saturating_sub(exported.lost_keys));
+            self.metrics
+                .counted_ahead
+                .inc_by(stats.counted_ahead.saturating_sub(exported.counted_ahead));
+            self.metrics
+                .redis_available
+                .set(i64::from(redis.available()));
             *exported = stats;
         }
         engine.store().durable_mark()
@@ -148,10 +207,15 @@ impl Worker {
     fn stop_partitions(&self, partitions: &[PartitionKey]) -> Vec<(PartitionKey, Arc<Progress>)> {
         let loops: Vec<(PartitionKey, PartitionLoop)> = {
             let mut all = self.lock_partitions();
-            partitions.iter().filter_map(|key| all.remove_entry(key)).collect()
+            partitions
+                .iter()
+                .filter_map(|key| all.remove_entry(key))
+                .collect()
         };
-        let progress: Vec<(PartitionKey, Arc<Progress>)> =
-            loops.iter().map(|(key, state)| (key.clone(), Arc::clone(&state.progress))).collect();
+        let progress: Vec<(PartitionKey, Arc<Progress>)> = loops
+            .iter()
+            .map(|(key, state)| (key.clone(), Arc::clone(&state.progress)))
+            .collect();
         stop_loops(loops.into_iter().map(|(_, state)| state).collect());
         for (key, _) in &progress {
             let lane = self.lane(&key.0, key.1);
@@ -159,7 +223,10 @@ impl Worker {
             self.alignment.revoke(lane);
             self.with_journal(|journal| journal.release(lane));
             self.metrics.assigned_partitions.dec();
-            self.metrics.consumer_lag.remove(&PartitionLabels { topic: key.0.clone(), partition: key.1 });
+            self.metrics.consumer_lag.remove(&PartitionLabels {
+                topic: key.0.clone(),
+                partition: key.1,
+            });
         }
         progress
     }
@@ -212,7 +279,10 @@ impl Worker {
                 let _ = list.add_partition_offset(topic, *partition, Offset::Offset(next));
             }
             if progress.undelivered() > 0 {
-                problems.push(format!("{topic}/{partition}: {} records unacknowledged", progress.undelivered()));
+                problems.push(format!(
+                    "{topic}/{partition}: {} records unacknowledged",
+                    progress.undelivered()
+                ));
             }
         }
         if list.count() > 0 {
@@ -221,8 +291,14 @@ impl Worker {
             consumer.commit(&list, CommitMode::Sync)?;
             for element in list.elements() {
                 if let Offset::Offset(next) = element.offset() {
-                    let labels = PartitionLabels { topic: element.topic().to_owned(), partition: element.partition() };
-                    self.metrics.committed_offset.get_or_create(&labels).set(next);
+                    let labels = PartitionLabels {
+                        topic: element.topic().to_owned(),
+                        partition: element.partition(),
+                    };
+                    self.metrics
+                        .committed_offset
+                        .get_or_create(&labels)
+                        .set(next);
                 }
             }
             tracing::info!(offsets = ?list.elements().iter().map(|e| (e.topic().to_owned(), e.partition(), e.offset())).collect::<Vec<_>>(), "committed");

@@ -51,8 +51,15 @@ impl ClientContext for WorkerContext {
         for (topic, stats) in &statistics.topics {
             for (&partition, p) in &stats.partitions {
                 if partitions.contains_key(&(topic.clone(), partition)) && p.consumer_lag >= 0 {
-                    let labels = PartitionLabels { topic: topic.clone(), partition };
-                    self.worker.metrics.consumer_lag.get_or_create(&labels).set(p.consumer_lag);
+                    let labels = PartitionLabels {
+                        topic: topic.clone(),
+                        partition,
+                    };
+                    self.worker
+                        .metrics
+                        .consumer_lag
+                        .get_or_create(&labels)
+                        .set(p.consumer_lag);
                 }
             }
         }
@@ -62,8 +69,11 @@ impl ClientContext for WorkerContext {
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(list) = rebalance {
-            let revoked: Vec<PartitionKey> =
-                list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+            let revoked: Vec<PartitionKey> = list
+                .elements()
+                .iter()
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .collect();
             tracing::info!(partitions = ?revoked, "partitions revoked: flushing and committing");
             let deadline = Instant::now() + self.worker.config.worker.shutdown_timeout;
             if let Err(e) = self.worker.finish(consumer, &revoked, deadline) {
@@ -75,8 +85,11 @@ impl ConsumerContext for WorkerContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(list) => {
-                let assigned: Vec<PartitionKey> =
-                    list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+                let assigned: Vec<PartitionKey> = list
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_owned(), e.partition()))
+                    .collect();
                 tracing::info!(partitions = ?assigned, "partitions assigned");
                 // While other workers owned partitions, they counted keys this one may hold
                 // views of: read them again.
@@ -95,15 +108,24 @@ impl ConsumerContext for WorkerContext {
             Ok(()) => {
                 for element in offsets.elements() {
                     if let Offset::Offset(next) = element.offset() {
-                        let labels = PartitionLabels { topic: element.topic().to_owned(), partition: element.partition() };
-                        self.worker.metrics.committed_offset.get_or_create(&labels).set(next);
+                        let labels = PartitionLabels {
+                            topic: element.topic().to_owned(),
+                            partition: element.partition(),
+                        };
+                        self.worker
+                            .metrics
+                            .committed_offset
+                            .get_or_create(&labels)
+                            .set(next);
                         // Nobody reads the events before `next` again: their journal entries go.
                         let lane = self.worker.lane(element.topic(), element.partition());
                         self.worker.with_journal(|journal| journal.trim(lane, next));
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "offset commit failed; it is retried with the next commit"),
+            Err(e) => {
+                tracing::warn!(error = %e, "offset commit failed; it is retried with the next commit")
+            }
         }
     }
 }

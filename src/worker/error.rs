@@ -30,7 +30,9 @@ pub enum WorkerError {
 impl From<KafkaError> for WorkerError {
     fn from(error: KafkaError) -> Self {
         match error {
-            KafkaError::ClientConfig(_, description, key, _value) => WorkerError::Property { key, description },
+            KafkaError::ClientConfig(_, description, key, _value) => {
+                WorkerError::Property { key, description }
+            }
             other => WorkerError::Kafka(other),
         }
     }
@@ -61,18 +63,35 @@ mod tests {
             "sasl.jaas.config".into(),
             "ScramLoginModule required username=\"u\" password=\"hunter2\";".into(),
         );
-        assert!(refused.to_string().contains("hunter2"), "rdkafka's own message shows the value");
+        assert!(
+            refused.to_string().contains("hunter2"),
+            "rdkafka's own message shows the value"
+        );
         let error = WorkerError::from(refused);
-        assert_eq!(error.to_string(), "kafka.properties: `sasl.jaas.config`: Java JAAS configuration is not supported");
+        assert_eq!(
+            error.to_string(),
+            "kafka.properties: `sasl.jaas.config`: Java JAAS configuration is not supported"
+        );
         assert_eq!(error.code(), "kafka_property");
         let other = WorkerError::from(KafkaError::ClientCreation("ssl.ca.location failed".into()));
-        assert_eq!((other.code(), other.to_string().as_str()), ("kafka", "kafka: Client creation error: ssl.ca.location failed"));
+        assert_eq!(
+            (other.code(), other.to_string().as_str()),
+            (
+                "kafka",
+                "kafka: Client creation error: ssl.ca.location failed"
+            )
+        );
     }
 
     #[test]
     fn broker_failures_keep_their_code() {
         let reason = "sasl_ssl://k:9093/bootstrap: SASL authentication error: invalid credentials";
-        let failure = BrokerError::classify(&KafkaError::Global(RDKafkaErrorCode::Authentication), reason, "k:9093").unwrap();
+        let failure = BrokerError::classify(
+            &KafkaError::Global(RDKafkaErrorCode::Authentication),
+            reason,
+            "k:9093",
+        )
+        .unwrap();
         let error = WorkerError::from(failure);
         assert_eq!(error.code(), "authentication");
         assert_eq!(error.to_string(), "kafka: broker k:9093: authentication failed: SASL authentication error: invalid credentials");

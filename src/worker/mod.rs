@@ -63,7 +63,15 @@ pub fn run(
     // SIGTERM and returns that failure, instead of retrying it forever.
     let fatal = Fatal::new(&config.kafka.brokers, shutdown.clone());
     let sink = Sink::new(&config.kafka, Arc::clone(&metrics), fatal.clone())?;
-    let worker = Arc::new(Worker::new(config, rules, store, journal, sink, Arc::clone(&metrics), shutdown.clone()));
+    let worker = Arc::new(Worker::new(
+        config,
+        rules,
+        store,
+        journal,
+        sink,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    ));
     let consumer = Arc::new(subscribe(&worker, &health, &fatal)?);
 
     // The helper threads stop on `helpers_done`, after the final commit.
@@ -91,7 +99,10 @@ pub fn run(
     match (&result, &failure) {
         (Err(e), _) => tracing::error!(error = %e, "stopped with work left to the next owner"),
         (Ok(()), None) => {
-            tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "stopped: everything flushed, delivered and committed")
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "stopped: everything flushed, delivered and committed"
+            )
         }
         (Ok(()), Some(_)) => {}
     }
@@ -103,15 +114,27 @@ pub fn run(
 }
 
 /// Creates the consumer with the worker's context and subscribes it to the input topics.
-fn subscribe(worker: &Arc<Worker>, health: &Arc<Health>, fatal: &Fatal) -> Result<BaseConsumer<WorkerContext>, WorkerError> {
-    let consumer: BaseConsumer<WorkerContext> = source::consumer_config(&worker.config.kafka, &worker.config.worker)
-        .create_with_context(WorkerContext {
-            worker: Arc::clone(worker),
-            health: Arc::clone(health),
-            logs: LogLimiter::new(Duration::from_secs(30)),
-            fatal: fatal.clone(),
-        })?;
-    let topics: Vec<&str> = worker.config.kafka.input_topics.iter().map(String::as_str).collect();
+fn subscribe(
+    worker: &Arc<Worker>,
+    health: &Arc<Health>,
+    fatal: &Fatal,
+) -> Result<BaseConsumer<WorkerContext>, WorkerError> {
+    let consumer: BaseConsumer<WorkerContext> =
+        source::consumer_config(&worker.config.kafka, &worker.config.worker).create_with_context(
+            WorkerContext {
+                worker: Arc::clone(worker),
+                health: Arc::clone(health),
+                logs: LogLimiter::new(Duration::from_secs(30)),
+                fatal: fatal.clone(),
+            },
+        )?;
+    let topics: Vec<&str> = worker
+        .config
+        .kafka
+        .input_topics
+        .iter()
+        .map(String::as_str)
+        .collect();
     consumer.subscribe(&topics)?;
     tracing::info!(topics = ?topics, group = %worker.config.kafka.group_id, "subscribed");
     Ok(consumer)

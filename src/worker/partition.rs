@@ -14,12 +14,18 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use super::shared::{stop_loops, PartitionKey, PartitionLoop, Polled, Worker};
 use crate::event::Event;
 use crate::pipeline::Engine;
-use crate::rules::{record, Action, Mode, SkipReason, EventSource};
+use crate::rules::{record, Action, EventSource, Mode, SkipReason};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
-use crate::store::{AnyStore, CounterStore, EarlyReader, EarlyReads, Journal, JournalError, InputPosition, StoreError, WindowId};
-use crate::telemetry::{ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels, Stages};
+use crate::store::{
+    AnyStore, CounterStore, EarlyReader, EarlyReads, InputPosition, Journal, JournalError,
+    StoreError, WindowId,
+};
+use crate::telemetry::{
+    ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels,
+    Stages,
+};
 
 /// Messages a partition loop takes per engine lock.
 const MAX_BATCH: usize = 1024;
@@ -88,7 +94,12 @@ impl Worker {
         let stop = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::new());
         let thread = {
-            let (worker, stop, progress, key) = (Arc::clone(self), Arc::clone(&stop), Arc::clone(&progress), key.clone());
+            let (worker, stop, progress, key) = (
+                Arc::clone(self),
+                Arc::clone(&stop),
+                Arc::clone(&progress),
+                key.clone(),
+            );
             std::thread::Builder::new()
                 .name(format!("vigil-p{}", key.1))
                 .spawn(move || worker.partition_loop(&key, &receiver, &stop, &progress))
@@ -101,25 +112,46 @@ impl Worker {
             }
         };
         self.metrics.assigned_partitions.inc();
-        self.alignment.assign(self.lane(&key.0, key.1), Instant::now());
-        let previous = self
-            .lock_partitions()
-            .insert(key, PartitionLoop { sender: Some(sender), gathered: Polled::default(), stop, thread: Some(thread), progress });
+        self.alignment
+            .assign(self.lane(&key.0, key.1), Instant::now());
+        let previous = self.lock_partitions().insert(
+            key,
+            PartitionLoop {
+                sender: Some(sender),
+                gathered: Polled::default(),
+                stop,
+                thread: Some(thread),
+                progress,
+            },
+        );
         if let Some(previous) = previous {
             stop_loops(vec![previous]);
         }
     }
 
-    fn partition_loop(&self, key: &PartitionKey, receiver: &mpsc::Receiver<Polled>, stop: &AtomicBool, progress: &Arc<Progress>) {
+    fn partition_loop(
+        &self,
+        key: &PartitionKey,
+        receiver: &mpsc::Receiver<Polled>,
+        stop: &AtomicBool,
+        progress: &Arc<Progress>,
+    ) {
         // What a previous owner produced for the events this one may read again.
         let lane = self.lane(&key.0, key.1);
-        let loaded = self.with_journal(|journal| journal.claim(lane)).unwrap_or_else(|| Ok(Journal::default()));
+        let loaded = self
+            .with_journal(|journal| journal.claim(lane))
+            .unwrap_or_else(|| Ok(Journal::default()));
         let journal = loaded.unwrap_or_else(|e| {
             tracing::warn!(error = %e, partition = key.1, "cannot read the decision journal: events re-read after a crash are judged again");
             Journal::default()
         });
         if let Some(covered) = journal.covered {
-            tracing::info!(partition = key.1, covered, records = journal.records.len(), "decision journal loaded");
+            tracing::info!(
+                partition = key.1,
+                covered,
+                records = journal.records.len(),
+                "decision journal loaded"
+            );
         }
         let mut resumed = false;
         loop {
@@ -144,7 +176,11 @@ impl Worker {
                 match journal.newest_before(first) {
                     Some(newest) => self.lock_engine().resume_lane(lane, newest),
                     None if journal.covered.is_some() => {
-                        tracing::warn!(partition = key.1, first, "no watermark recorded before the first offset read: it starts afresh")
+                        tracing::warn!(
+                            partition = key.1,
+                            first,
+                            "no watermark recorded before the first offset read: it starts afresh"
+                        )
                     }
                     None => {}
                 }
@@ -155,16 +191,29 @@ impl Worker {
 
     /// Processes a batch in order; a store failure is retried with backoff from the first event
     /// not processed, until it succeeds or the loop is stopped (its offsets then stay uncommitted).
-    fn process(&self, key: &PartitionKey, batch: &Polled, stop: &AtomicBool, progress: &Arc<Progress>, journal: &Journal) {
+    fn process(
+        &self,
+        key: &PartitionKey,
+        batch: &Polled,
+        stop: &AtomicBool,
+        progress: &Arc<Progress>,
+        journal: &Journal,
+    ) {
         let entered = Instant::now();
         if let Some(first) = batch.polled_at.first() {
-            self.metrics.stages.queued.observe(entered.saturating_duration_since(*first).as_secs_f64());
+            self.metrics
+                .stages
+                .queued
+                .observe(entered.saturating_duration_since(*first).as_secs_f64());
         }
         self.metrics.batch_messages.observe(batch.len() as f64);
         // Time in `process_some` is timed by its stages; the rest of this call is `paused`.
         let mut working = Duration::ZERO;
         self.process_retrying(key, batch, stop, progress, journal, &mut working);
-        self.metrics.stages.paused.observe(entered.elapsed().saturating_sub(working).as_secs_f64());
+        self.metrics
+            .stages
+            .paused
+            .observe(entered.elapsed().saturating_sub(working).as_secs_f64());
     }
 
     fn process_retrying(
@@ -183,7 +232,13 @@ impl Worker {
         let mut backoff = Duration::from_millis(50);
         while start < batch.len() {
             let began = Instant::now();
-            let outcome = self.process_some(key, &batch.messages[start..], &batch.polled_at[start..], progress, journal);
+            let outcome = self.process_some(
+                key,
+                &batch.messages[start..],
+                &batch.polled_at[start..],
+                progress,
+                journal,
+            );
             *working += began.elapsed();
             match outcome {
                 Ok(()) => return,
@@ -199,7 +254,12 @@ impl Worker {
                 }
                 Err((done, Failure::Store(error))) => {
                     start += done;
-                    self.metrics.redis_errors.get_or_create(&CodeLabels { code: "read_failed" }).inc();
+                    self.metrics
+                        .redis_errors
+                        .get_or_create(&CodeLabels {
+                            code: "read_failed",
+                        })
+                        .inc();
                     tracing::warn!(error = %error, partition = key.1, "counter store unavailable; retrying the batch");
                     if self.shutdown.wait(backoff) || stop.load(Ordering::Acquire) {
                         return;
@@ -212,7 +272,12 @@ impl Worker {
 
     /// Waits until the slowest other partition of the group is within `max_partition_skew` of
     /// `event_ms` (the next event's time), or goes idle. False if the loop was stopped meanwhile.
-    fn wait_for_slower_partitions(&self, key: &PartitionKey, event_ms: i64, stop: &AtomicBool) -> bool {
+    fn wait_for_slower_partitions(
+        &self,
+        key: &PartitionKey,
+        event_ms: i64,
+        stop: &AtomicBool,
+    ) -> bool {
         let lane = self.lane(&key.0, key.1);
         let started = Instant::now();
         // Its position is the event it waits for: a slower partition waiting for it cannot be.
@@ -220,9 +285,15 @@ impl Worker {
         let mut waited = started;
         let allowed = loop {
             let now = Instant::now();
-            self.metrics.partition_wait_seconds.inc_by(now.duration_since(waited).as_secs_f64());
+            self.metrics
+                .partition_wait_seconds
+                .inc_by(now.duration_since(waited).as_secs_f64());
             waited = now;
-            if self.alignment.limit(lane, now, super::alignment::wall_ms()).is_none_or(|limit| event_ms <= limit) {
+            if self
+                .alignment
+                .limit(lane, now, super::alignment::wall_ms())
+                .is_none_or(|limit| event_ms <= limit)
+            {
                 break true;
             }
             if self.shutdown.wait(Duration::from_millis(5)) || stop.load(Ordering::Acquire) {
@@ -283,7 +354,9 @@ impl Worker {
         self.metrics.inc_events("decided", judged.decided);
         self.metrics.inc_events("allowed", judged.allowed);
         self.metrics.inc_events("dead_lettered", judged.dead);
-        self.metrics.redelivered_decisions.inc_by(judged.redelivered);
+        self.metrics
+            .redelivered_decisions
+            .inc_by(judged.redelivered);
         // Outside the lock: records go to the producer, each with a ticket back to `progress`.
         self.send_outputs(judged.outputs, progress);
         stopwatch.lap(Stage::Handover);
@@ -318,7 +391,9 @@ impl Worker {
             stopwatch.lap(Stage::Lock);
             let events = decode_batch(&engine, messages, max_bytes);
             stopwatch.lap(Stage::Decode);
-            let shared = self.alignment.others_active(Instant::now(), super::alignment::wall_ms());
+            let shared = self
+                .alignment
+                .others_active(Instant::now(), super::alignment::wall_ms());
             engine.store_mut().set_shared(shared);
             let mut touched = Vec::new();
             let early = plan_early_reads(&mut engine, &events, &mut touched);
@@ -340,7 +415,9 @@ impl Worker {
         if let (Some((reads, replies)), AnyStore::Redis(store)) = (early, engine.store_mut()) {
             store.take_early_reads(reads, replies);
         }
-        let shared = self.alignment.others_active(Instant::now(), super::alignment::wall_ms());
+        let shared = self
+            .alignment
+            .others_active(Instant::now(), super::alignment::wall_ms());
         engine.store_mut().set_shared(shared);
         if engine.store().prefetches() {
             prefetch(&mut engine, &events, touched).map_err(|e| (0, Failure::Store(e)))?;
@@ -352,11 +429,14 @@ impl Worker {
             journal,
             emit_allow: self.config.worker.emit_allow,
         };
-        let limit = self.alignment.limit(batch.lane, Instant::now(), super::alignment::wall_ms());
+        let limit = self
+            .alignment
+            .limit(batch.lane, Instant::now(), super::alignment::wall_ms());
         if shared {
             // Keys other workers count too are counted ahead: in Redis first, so that the
             // batch sees everything they counted before it.
-            count_ahead(&mut engine, batch.lane, messages, &events, limit).map_err(|e| (0, Failure::Store(e)))?;
+            count_ahead(&mut engine, batch.lane, messages, &events, limit)
+                .map_err(|e| (0, Failure::Store(e)))?;
         }
         stopwatch.lap(Stage::Load);
         // Nothing else the batch counts is sent before its records are journaled (below).
@@ -367,7 +447,11 @@ impl Worker {
         }
         // Offsets are committed at batch ends: a next owner resumes after one, with the
         // watermark recorded there.
-        if let Some(last) = judged.processed.checked_sub(1).map(|i| messages[i].offset()) {
+        if let Some(last) = judged
+            .processed
+            .checked_sub(1)
+            .map(|i| messages[i].offset())
+        {
             judged.journaled.covered = Some(last);
             judged.journaled.mark = engine.newest(batch.lane).map(|newest| (last, newest));
         }
@@ -398,17 +482,24 @@ impl Worker {
         events: &Events<'_>,
         limit: Option<i64>,
     ) -> Judged<'m> {
-        let mut judged = Judged { record: Vec::with_capacity(512), ..Judged::default() };
+        let mut judged = Judged {
+            record: Vec::with_capacity(512),
+            ..Judged::default()
+        };
         for ((message, event), &polled_at) in messages.iter().zip(events).zip(polled_at) {
             match event {
-                Err(rejection) => self.dead_letter(batch, message, polled_at, rejection, &mut judged),
+                Err(rejection) => {
+                    self.dead_letter(batch, message, polled_at, rejection, &mut judged)
+                }
                 Ok(event) if limit.is_some_and(|limit| event.ts > limit) => {
                     // Too far ahead of the slowest partition: it and the rest wait.
                     judged.ahead = Some(event.ts);
                     break;
                 }
                 Ok(event) => {
-                    if let Err(e) = self.judge_one(engine, batch, message, polled_at, event, &mut judged) {
+                    if let Err(e) =
+                        self.judge_one(engine, batch, message, polled_at, event, &mut judged)
+                    {
                         judged.failure = Some(e);
                         break;
                     }
@@ -432,9 +523,20 @@ impl Worker {
     ) {
         let offset = message.offset();
         judged.dead += 1;
-        self.metrics.dead_letters.get_or_create(&ReasonLabels { reason: rejection.code() }).inc();
-        let headers =
-            dead_letter_headers(message.headers(), rejection.code(), &rejection.to_string(), batch.topic, batch.partition, offset);
+        self.metrics
+            .dead_letters
+            .get_or_create(&ReasonLabels {
+                reason: rejection.code(),
+            })
+            .inc();
+        let headers = dead_letter_headers(
+            message.headers(),
+            rejection.code(),
+            &rejection.to_string(),
+            batch.topic,
+            batch.partition,
+            offset,
+        );
         judged.outputs.push(Output {
             offset,
             key: message.key(),
@@ -458,7 +560,10 @@ impl Worker {
         judged: &mut Judged<'m>,
     ) -> Result<(), StoreError> {
         let offset = message.offset();
-        let origin = InputPosition { lane: batch.lane, offset };
+        let origin = InputPosition {
+            lane: batch.lane,
+            offset,
+        };
         let decision = engine.evaluate(event, origin)?;
         if decision.is_empty() {
             judged.allowed += 1;
@@ -472,21 +577,50 @@ impl Worker {
             judged.redelivered += 1;
             if let Some(payload) = earlier {
                 let payload = payload.to_vec();
-                judged.outputs.push(Output { offset, key: message.key(), payload, dead_letter: None, event_time_ms, polled_at });
+                judged.outputs.push(Output {
+                    offset,
+                    key: message.key(),
+                    payload,
+                    dead_letter: None,
+                    event_time_ms,
+                    polled_at,
+                });
             }
         } else if !decision.is_empty() || batch.emit_allow {
             judged.record.clear();
-            let source = EventSource::Kafka { topic: batch.topic, partition: batch.partition, offset };
+            let source = EventSource::Kafka {
+                topic: batch.topic,
+                partition: batch.partition,
+                offset,
+            };
             record::write_record(&mut judged.record, engine.rules(), event, &decision, source);
-            let action = decision.action(engine.rules()).map_or("allow", Action::as_str);
-            self.metrics.decisions.get_or_create(&ActionLabels { action }).inc();
-            judged.journaled.records.push((offset, judged.record.clone()));
+            let action = decision
+                .action(engine.rules())
+                .map_or("allow", Action::as_str);
+            self.metrics
+                .decisions
+                .get_or_create(&ActionLabels { action })
+                .inc();
+            judged
+                .journaled
+                .records
+                .push((offset, judged.record.clone()));
             let payload = judged.record.clone();
-            judged.outputs.push(Output { offset, key: message.key(), payload, dead_letter: None, event_time_ms, polled_at });
+            judged.outputs.push(Output {
+                offset,
+                key: message.key(),
+                payload,
+                dead_letter: None,
+                event_time_ms,
+                polled_at,
+            });
         }
         for hit in decision.hits.iter().filter(|h| h.degraded) {
             let rule = engine.rules().rule(hit.rule).id.clone();
-            self.metrics.degraded_hits.get_or_create(&RuleLabels { rule }).inc();
+            self.metrics
+                .degraded_hits
+                .get_or_create(&RuleLabels { rule })
+                .inc();
         }
         Ok(())
     }
@@ -501,8 +635,15 @@ impl Worker {
                     Mode::Enforce => "enforce",
                     Mode::Shadow => "shadow",
                 };
-                let labels = RuleHitLabels { rule: rule.id.clone(), mode, action: rule.action.as_str() };
-                self.metrics.rule_hits.get_or_create(&labels).inc_by(counts.hits);
+                let labels = RuleHitLabels {
+                    rule: rule.id.clone(),
+                    mode,
+                    action: rule.action.as_str(),
+                };
+                self.metrics
+                    .rule_hits
+                    .get_or_create(&labels)
+                    .inc_by(counts.hits);
             }
         }
     }
@@ -513,15 +654,28 @@ impl Worker {
         for (index, counts) in counts {
             let counter = engine.rules().counter(index);
             if counts.late > 0 {
-                self.metrics.late_events.get_or_create(&CounterLabels { counter: counter.id.clone() }).inc_by(counts.late);
+                self.metrics
+                    .late_events
+                    .get_or_create(&CounterLabels {
+                        counter: counter.id.clone(),
+                    })
+                    .inc_by(counts.late);
             }
             if counts.capped > 0 {
-                let labels = CounterLabels { counter: counter.id.clone() };
-                self.metrics.distinct_capped.get_or_create(&labels).inc_by(counts.capped);
+                let labels = CounterLabels {
+                    counter: counter.id.clone(),
+                };
+                self.metrics
+                    .distinct_capped
+                    .get_or_create(&labels)
+                    .inc_by(counts.capped);
             }
             for (reason, n) in SkipReason::ALL.iter().zip(counts.skipped) {
                 if n > 0 {
-                    let labels = SkipLabels { counter: counter.id.clone(), reason: reason.code() };
+                    let labels = SkipLabels {
+                        counter: counter.id.clone(),
+                        reason: reason.code(),
+                    };
                     self.metrics.skipped_events.get_or_create(&labels).inc_by(n);
                 }
             }
@@ -541,20 +695,28 @@ impl Worker {
     ) -> Result<(), Failure> {
         match self.with_journal(|journal| journal.write(batch.lane, journaled)) {
             None | Some(Ok(())) => {
-                self.metrics.journaled_decisions.inc_by(journaled.records.len() as u64);
+                self.metrics
+                    .journaled_decisions
+                    .inc_by(journaled.records.len() as u64);
             }
             Some(Err(JournalError::Fenced)) => {
                 // Another worker owns the partition now (the broker moved it while this
                 // one still ran): it counts and judges these events itself.
                 tracing::warn!(topic = %batch.topic, partition = batch.partition, "partition taken over by another worker: dropping this batch and stopping");
-                self.metrics.journal_errors.get_or_create(&CodeLabels { code: "fenced" }).inc();
+                self.metrics
+                    .journal_errors
+                    .get_or_create(&CodeLabels { code: "fenced" })
+                    .inc();
                 if let Err(e) = engine.store_mut().discard_batch(batch.lane, first_offset) {
                     tracing::warn!(error = %e, "the counts kept besides the fenced batch are not all in Redis yet; they are sent again");
                 }
                 return Err(Failure::Fenced);
             }
             Some(Err(e)) => {
-                self.metrics.journal_errors.get_or_create(&CodeLabels { code: e.code() }).inc();
+                self.metrics
+                    .journal_errors
+                    .get_or_create(&CodeLabels { code: e.code() })
+                    .inc();
             }
         }
         Ok(())
@@ -576,9 +738,17 @@ impl Worker {
                 polled_at: output.polled_at,
                 kind,
             });
-            self.sink.send(topic, output.key, &output.payload, output.dead_letter, ticket);
+            self.sink.send(
+                topic,
+                output.key,
+                &output.payload,
+                output.dead_letter,
+                ticket,
+            );
             if kind == Kind::Decision {
-                self.metrics.processing_produced.observe(output.polled_at.elapsed().as_secs_f64());
+                self.metrics
+                    .processing_produced
+                    .observe(output.polled_at.elapsed().as_secs_f64());
             }
         }
     }
@@ -604,7 +774,10 @@ struct Stopwatch {
 
 impl Stopwatch {
     fn start() -> Stopwatch {
-        Stopwatch { lap: Instant::now(), spent: [Duration::ZERO; 6] }
+        Stopwatch {
+            lap: Instant::now(),
+            spent: [Duration::ZERO; 6],
+        }
     }
 
     /// Adds the time since the previous lap to `stage`.
@@ -615,7 +788,14 @@ impl Stopwatch {
     }
 
     fn observe(&self, stages: &Stages) {
-        let series = [&stages.lock, &stages.decode, &stages.load, &stages.judge, &stages.journal, &stages.handover];
+        let series = [
+            &stages.lock,
+            &stages.decode,
+            &stages.load,
+            &stages.judge,
+            &stages.journal,
+            &stages.handover,
+        ];
         for (histogram, spent) in series.into_iter().zip(self.spent) {
             histogram.observe(spent.as_secs_f64());
         }
@@ -623,7 +803,11 @@ impl Stopwatch {
 }
 
 /// Decodes each message and refuses events too far in the future.
-fn decode_batch<'m>(engine: &Engine<AnyStore>, messages: &'m [OwnedMessage], limit: usize) -> Events<'m> {
+fn decode_batch<'m>(
+    engine: &Engine<AnyStore>,
+    messages: &'m [OwnedMessage],
+    limit: usize,
+) -> Events<'m> {
     messages
         .iter()
         .map(|m| {
@@ -646,8 +830,13 @@ fn count_ahead(
     let evaluated = messages
         .iter()
         .zip(events)
-        .filter_map(|(message, event)| event.as_ref().ok().map(|event| (event, message.offset())))
-        .take_while(|(event, _)| limit.is_none_or(|limit| event.ts <= limit));
+        .filter_map(|(message, event)| {
+            event
+                .as_ref()
+                .ok()
+                .map(|event| (event, message.offset(), message.key()))
+        })
+        .take_while(|(event, _, _)| limit.is_none_or(|limit| event.ts <= limit));
     let mut planned = Vec::new();
     engine.plan_counts(lane, evaluated, &mut planned);
     engine.store_mut().count_ahead(&planned)
@@ -666,11 +855,16 @@ fn plan_early_reads(
     for event in events.iter().flatten() {
         engine.touched_keys(event, touched);
     }
-    let AnyStore::Redis(store) = engine.store_mut() else { return None };
+    let AnyStore::Redis(store) = engine.store_mut() else {
+        return None;
+    };
     let reads = store.plan_early_reads(touched)?;
     let Some(reader) = store.early_reader() else {
         // Nothing to read them with: given back, the prefetch reads them.
-        store.take_early_reads(reads, Err(StoreError::Unavailable("no early reader".into())));
+        store.take_early_reads(
+            reads,
+            Err(StoreError::Unavailable("no early reader".into())),
+        );
         return None;
     };
     Some((reads, reader))
@@ -678,7 +872,11 @@ fn plan_early_reads(
 
 /// Loads the windows and holds the batch's events touch (`touched`, if not empty: listed
 /// already), in one round trip each.
-fn prefetch(engine: &mut Engine<AnyStore>, events: &Events<'_>, mut touched: Vec<(WindowId, Vec<u8>)>) -> Result<(), StoreError> {
+fn prefetch(
+    engine: &mut Engine<AnyStore>,
+    events: &Events<'_>,
+    mut touched: Vec<(WindowId, Vec<u8>)>,
+) -> Result<(), StoreError> {
     if touched.is_empty() {
         for event in events.iter().flatten() {
             engine.touched_keys(event, &mut touched);

@@ -27,14 +27,23 @@ impl Worker {
     /// Polls until `shutdown` fires. Messages are gathered while the consumer has more ready,
     /// then handed over per partition: under load a partition loop takes whole batches per
     /// engine lock; when idle each message goes on at once.
-    pub(super) fn poll_until<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, health: &Health, shutdown: &Shutdown) {
+    pub(super) fn poll_until<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        health: &Health,
+        shutdown: &Shutdown,
+    ) {
         let mut gathered = 0;
         let mut paused: HashSet<PartitionKey> = HashSet::new();
         // While the brokers are away every poll reports the same errors: log each once per 30 s.
         let mut logged: HashMap<String, Instant> = HashMap::new();
         while !shutdown.is_triggered() {
             health.beat();
-            let timeout = if gathered == 0 { Duration::from_millis(100) } else { Duration::ZERO };
+            let timeout = if gathered == 0 {
+                Duration::from_millis(100)
+            } else {
+                Duration::ZERO
+            };
             match consumer.poll(timeout) {
                 Some(Ok(message)) => {
                     // vigil's own latency starts here, when the consumer hands the event over.
@@ -58,7 +67,10 @@ impl Worker {
                 }
                 Some(Err(e)) => {
                     let text = e.to_string();
-                    if logged.get(&text).is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                    if logged
+                        .get(&text)
+                        .is_none_or(|at| at.elapsed() >= Duration::from_secs(30))
+                    {
                         tracing::warn!(error = %text, "consumer error (repeats of it are logged every 30 s)");
                         logged.insert(text, Instant::now());
                     }
@@ -89,7 +101,9 @@ impl Worker {
             if state.gathered.is_empty() {
                 continue;
             }
-            let Some(sender) = &state.sender else { continue };
+            let Some(sender) = &state.sender else {
+                continue;
+            };
             match sender.try_send(std::mem::take(&mut state.gathered)) {
                 Ok(()) | Err(TrySendError::Disconnected(_)) => {}
                 Err(TrySendError::Full(back)) => state.gathered = back,
@@ -100,7 +114,11 @@ impl Worker {
     /// Pauses in the consumer the partitions holding `PAUSE_AT` messages their loops did not
     /// take, and resumes those whose messages all went. A paused partition is fetched again from
     /// the message after the last one polled.
-    fn pause_or_resume<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, paused: &mut HashSet<PartitionKey>) {
+    fn pause_or_resume<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        paused: &mut HashSet<PartitionKey>,
+    ) {
         let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
         {
             let partitions = self.lock_partitions();

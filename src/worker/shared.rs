@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use rdkafka::message::OwnedMessage;
 
+use super::alignment::Alignment;
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::pipeline::Engine;
@@ -20,7 +21,6 @@ use crate::sink::Sink;
 use crate::source::Progress;
 use crate::store::{AnyStore, JournalWriter, RedisStats, StateStats};
 use crate::telemetry::Metrics;
-use super::alignment::Alignment;
 
 /// A partition, as the consumer names it: (topic, partition).
 pub(super) type PartitionKey = (String, i32);
@@ -96,7 +96,10 @@ impl Worker {
         shutdown: Shutdown,
     ) -> Worker {
         Worker {
-            engine: Mutex::new(Engine::new(rules, store).with_time(config.input.time_bounds(), Arc::new(SystemClock))),
+            engine: Mutex::new(
+                Engine::new(rules, store)
+                    .with_time(config.input.time_bounds(), Arc::new(SystemClock)),
+            ),
             sink,
             metrics,
             shutdown,
@@ -104,7 +107,10 @@ impl Worker {
             exported: Mutex::new(RedisStats::default()),
             exported_state: Mutex::new((StateStats::default(), None)),
             journal: journal.map(Mutex::new),
-            alignment: Alignment::new(config.input.max_partition_skew, config.input.partition_idle_timeout),
+            alignment: Alignment::new(
+                config.input.max_partition_skew,
+                config.input.partition_idle_timeout,
+            ),
             config,
         }
     }
@@ -118,7 +124,9 @@ impl Worker {
     }
 
     pub(super) fn with_journal<T>(&self, f: impl FnOnce(&mut JournalWriter) -> T) -> Option<T> {
-        self.journal.as_ref().map(|journal| f(&mut journal.lock().unwrap_or_else(|p| p.into_inner())))
+        self.journal
+            .as_ref()
+            .map(|journal| f(&mut journal.lock().unwrap_or_else(|p| p.into_inner())))
     }
 
     /// The lane the store records applied offsets under (`o:<partition>`): the
@@ -146,4 +154,3 @@ pub(super) fn stop_loops(loops: Vec<PartitionLoop>) {
         let _ = thread.join();
     }
 }
-

@@ -13,13 +13,18 @@ use crate::telemetry::ResultLabels;
 
 impl Worker {
     /// Starts the rule watcher thread; it stops when `done` fires.
-    pub(super) fn spawn_watcher(self: &Arc<Self>, done: &Shutdown) -> Result<JoinHandle<()>, WorkerError> {
+    pub(super) fn spawn_watcher(
+        self: &Arc<Self>,
+        done: &Shutdown,
+    ) -> Result<JoinHandle<()>, WorkerError> {
         let (worker, done) = (Arc::clone(self), done.clone());
         let path = worker.config.rules.path.clone();
         std::thread::Builder::new()
             .name("vigil-rules".into())
             .spawn(move || worker.watch_rules(&path, &done))
-            .map_err(|e| WorkerError::ShutdownIncomplete(format!("cannot start the rule watcher: {e}")))
+            .map_err(|e| {
+                WorkerError::ShutdownIncomplete(format!("cannot start the rule watcher: {e}"))
+            })
     }
 
     /// Polls the rule files every `rules.reload_interval`; a change is validated and swapped in
@@ -41,11 +46,17 @@ impl Worker {
                     list_files = rules.list_file_names().to_vec();
                     seen = fingerprint(path, &list_files);
                     let version = rules.version().to_owned();
-                    let lists: Vec<String> = rules.lists().map(|(id, set)| format!("{id} ({} {})", set.len(), set.kind().as_str())).collect();
+                    let lists: Vec<String> = rules
+                        .lists()
+                        .map(|(id, set)| format!("{id} ({} {})", set.len(), set.kind().as_str()))
+                        .collect();
                     self.metrics.rules_loaded(&rules);
                     let (_, changes) = self.lock_engine().reload_rules(rules);
                     self.metrics.rules_active.set(active as i64);
-                    self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+                    self.metrics
+                        .rule_reloads
+                        .get_or_create(&ResultLabels { result: "ok" })
+                        .inc();
                     tracing::info!(
                         path = %path.display(),
                         active,
@@ -69,7 +80,10 @@ impl Worker {
 
     /// A reload that failed: every diagnostic logged, the previous rules stay in force.
     fn refuse_reload(&self, path: &Path, error: &LoadError) {
-        self.metrics.rule_reloads.get_or_create(&ResultLabels { result: "error" }).inc();
+        self.metrics
+            .rule_reloads
+            .get_or_create(&ResultLabels { result: "error" })
+            .inc();
         match error {
             LoadError::Invalid(errors) => {
                 for diagnostic in &errors.0 {
@@ -98,7 +112,10 @@ fn fingerprint(path: &Path, list_files: &[String]) -> Option<blake3::Hash> {
         match std::fs::metadata(file) {
             Ok(meta) => {
                 hasher.update(&meta.len().to_le_bytes());
-                let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                let modified = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
                 hasher.update(&modified.map_or(0, |d| d.as_nanos()).to_le_bytes());
             }
             Err(_) => {

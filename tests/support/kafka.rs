@@ -30,7 +30,11 @@ use super::free_port;
 fn kafka_version() -> String {
     let pom = std::fs::read_to_string(scripts().join("pom.xml")).expect("scripts/kafka/pom.xml");
     pom.lines()
-        .find_map(|l| l.trim().strip_prefix("<kafka.version>").and_then(|rest| rest.strip_suffix("</kafka.version>")))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("<kafka.version>")
+                .and_then(|rest| rest.strip_suffix("</kafka.version>"))
+        })
         .expect("a <kafka.version> line in scripts/kafka/pom.xml")
         .to_owned()
 }
@@ -45,9 +49,15 @@ pub fn kafka_libs() -> PathBuf {
     if let Some(path) = std::env::var_os("VIGIL_KAFKA_LIBS") {
         return PathBuf::from(path);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     let libs = home.join(format!(".cache/vigil-tools/kafka-{}/libs", kafka_version()));
-    assert!(libs.join(".complete").exists(), "Apache Kafka's jars are not in {}: run scripts/test.sh, which fetches them", libs.display());
+    assert!(
+        libs.join(".complete").exists(),
+        "Apache Kafka's jars are not in {}: run scripts/test.sh, which fetches them",
+        libs.display()
+    );
     libs
 }
 
@@ -55,7 +65,10 @@ pub fn kafka_libs() -> PathBuf {
 pub fn kafka_tool(class: &str) -> Command {
     let mut command = Command::new("java");
     command
-        .arg(format!("-Dlog4j2.configurationFile={}", scripts().join("log4j2-tools.properties").display()))
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            scripts().join("log4j2-tools.properties").display()
+        ))
         .arg("-cp")
         .arg(format!("{}/*", kafka_libs().display()))
         .arg(class);
@@ -93,7 +106,11 @@ fn spawn_for_life(mut command: Command) -> std::io::Result<Child> {
         });
     }
     let (reply, answer) = mpsc::channel();
-    spawner.lock().unwrap().send((command, reply)).expect("spawner alive");
+    spawner
+        .lock()
+        .unwrap()
+        .send((command, reply))
+        .expect("spawner alive");
     answer.recv().expect("spawner answers")
 }
 
@@ -115,22 +132,39 @@ impl Security {
     /// A client listener that takes SASL/SCRAM-SHA-256 over TLS only: the broker's certificate
     /// is `certificates.cert` (signed by `certificates.ca`), and `user` / `password` is the one
     /// credential, created by the storage format step.
-    pub fn scram_over_tls(dir: &Path, certificates: &super::TestCertificates, user: &str, password: &str) -> Security {
+    pub fn scram_over_tls(
+        dir: &Path,
+        certificates: &super::TestCertificates,
+        user: &str,
+        password: &str,
+    ) -> Security {
         // Kafka's PEM keystore: the private key, then the certificate.
         let keystore = dir.join("broker-keystore.pem");
-        let pem = std::fs::read_to_string(&certificates.key).unwrap() + &std::fs::read_to_string(&certificates.cert).unwrap();
+        let pem = std::fs::read_to_string(&certificates.key).unwrap()
+            + &std::fs::read_to_string(&certificates.cert).unwrap();
         std::fs::write(&keystore, pem).unwrap();
-        let pairs = |pairs: &[(&str, &str)]| pairs.iter().map(|&(k, v)| (k.to_owned(), v.to_owned())).collect::<Vec<_>>();
+        let pairs = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+                .collect::<Vec<_>>()
+        };
         Security {
             broker_properties: pairs(&[
                 ("sasl.enabled.mechanisms", "SCRAM-SHA-256"),
                 // The server side of SCRAM needs a login module, not a credential: brokers talk
                 // among themselves on a plaintext listener.
-                ("listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config", "org.apache.kafka.common.security.scram.ScramLoginModule required;"),
+                (
+                    "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config",
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                ),
                 ("ssl.keystore.type", "PEM"),
                 ("ssl.keystore.location", &keystore.display().to_string()),
             ]),
-            format_args: vec!["--add-scram".into(), format!("SCRAM-SHA-256=[name={user},password={password}]")],
+            format_args: vec![
+                "--add-scram".into(),
+                format!("SCRAM-SHA-256=[name={user},password={password}]"),
+            ],
             protocol: "SASL_SSL".into(),
             client_properties: pairs(&[
                 ("security.protocol", "SASL_SSL"),
@@ -162,7 +196,10 @@ impl Broker {
 
     /// A broker of this test's own whose client listener is secured as `security` says.
     pub fn start_secured(security: Security) -> Broker {
-        let dir = tempfile::Builder::new().prefix("vigil-kafka-").tempdir().expect("broker directory");
+        let dir = tempfile::Builder::new()
+            .prefix("vigil-kafka-")
+            .tempdir()
+            .expect("broker directory");
         let path = dir.path().to_path_buf();
         Broker::launch(path, Some(dir), security)
     }
@@ -173,7 +210,8 @@ impl Broker {
         static SHARED: OnceLock<Broker> = OnceLock::new();
         let broker = SHARED.get_or_init(|| {
             remove_stale_shared_dirs();
-            let dir = std::env::temp_dir().join(format!("vigil-kafka-shared-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("vigil-kafka-shared-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("shared broker directory");
             let broker = Broker::launch(dir, None, Security::default());
             stop_at_exit(broker.child.as_ref().map_or(0, Child::id), &broker.dir);
@@ -184,9 +222,21 @@ impl Broker {
     }
 
     fn launch(dir: PathBuf, owned_dir: Option<tempfile::TempDir>, security: Security) -> Broker {
-        let mut broker = Broker { child: None, port: 0, controller_port: 0, inter_broker_port: 0, dir, _owned_dir: owned_dir, security };
+        let mut broker = Broker {
+            child: None,
+            port: 0,
+            controller_port: 0,
+            inter_broker_port: 0,
+            dir,
+            _owned_dir: owned_dir,
+            security,
+        };
         for attempt in 0..5 {
-            (broker.port, broker.controller_port, broker.inter_broker_port) = (free_port(), free_port(), free_port());
+            (
+                broker.port,
+                broker.controller_port,
+                broker.inter_broker_port,
+            ) = (free_port(), free_port(), free_port());
             broker.write_properties();
             if attempt == 0 {
                 broker.format();
@@ -197,7 +247,10 @@ impl Broker {
             }
             broker.kill();
         }
-        panic!("could not start Apache Kafka on free ports; its log:\n{}", broker.log_tail(200));
+        panic!(
+            "could not start Apache Kafka on free ports; its log:\n{}",
+            broker.log_tail(200)
+        );
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -223,15 +276,24 @@ impl Broker {
         let mut properties = vec![
             ("process.roles".to_owned(), "broker,controller".to_owned()),
             ("node.id".into(), "1".into()),
-            ("controller.quorum.voters".into(), format!("1@127.0.0.1:{controller}")),
+            (
+                "controller.quorum.voters".into(),
+                format!("1@127.0.0.1:{controller}"),
+            ),
             ("controller.listener.names".into(), "CONTROLLER".into()),
             ("log.dirs".into(), self.data_dir().display().to_string()),
             ("num.partitions".into(), "1".into()),
             ("offsets.topic.replication.factor".into(), "1".into()),
             ("offsets.topic.num.partitions".into(), "1".into()),
-            ("transaction.state.log.replication.factor".into(), "1".into()),
+            (
+                "transaction.state.log.replication.factor".into(),
+                "1".into(),
+            ),
             ("transaction.state.log.min.isr".into(), "1".into()),
-            ("share.coordinator.state.topic.replication.factor".into(), "1".into()),
+            (
+                "share.coordinator.state.topic.replication.factor".into(),
+                "1".into(),
+            ),
             ("share.coordinator.state.topic.min.isr".into(), "1".into()),
             ("group.initial.rebalance.delay.ms".into(), "0".into()),
             // The crash tests give members a 1.5 s session so a killed worker's partitions move
@@ -248,14 +310,26 @@ impl Broker {
             ]);
         } else {
             properties.extend([
-                ("listeners".into(), format!("PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}")),
-                ("advertised.listeners".into(), format!("PLAINTEXT://127.0.0.1:{port}")),
-                ("listener.security.protocol.map".into(), "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".into()),
+                (
+                    "listeners".into(),
+                    format!("PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}"),
+                ),
+                (
+                    "advertised.listeners".into(),
+                    format!("PLAINTEXT://127.0.0.1:{port}"),
+                ),
+                (
+                    "listener.security.protocol.map".into(),
+                    "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".into(),
+                ),
                 ("inter.broker.listener.name".into(), "PLAINTEXT".into()),
             ]);
         }
         properties.extend(self.security.broker_properties.iter().cloned());
-        let text: String = properties.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        let text: String = properties
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect();
         std::fs::write(self.properties_path(), text).expect("server.properties");
     }
 
@@ -277,11 +351,18 @@ impl Broker {
     }
 
     fn spawn(&self) -> Child {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("broker.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("broker.log");
         let mut command = Command::new("java");
         command
             .args(["-Xms128m", "-Xmx512m"])
-            .arg(format!("-Dlog4j2.configurationFile={}", scripts().join("log4j2-broker.properties").display()))
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                scripts().join("log4j2-broker.properties").display()
+            ))
             .arg("-cp")
             .arg(format!("{}/*", kafka_libs().display()))
             .arg("kafka.Kafka")
@@ -296,12 +377,23 @@ impl Broker {
     fn wait_until_serving(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            if self.child.as_mut().is_none_or(|c| c.try_wait().ok().flatten().is_some()) {
+            if self
+                .child
+                .as_mut()
+                .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+            {
                 return false;
             }
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                let consumer: BaseConsumer = self.client_config().set("log_level", "0").create().expect("metadata client");
-                if consumer.fetch_metadata(None, Duration::from_secs(2)).is_ok_and(|m| !m.brokers().is_empty()) {
+                let consumer: BaseConsumer = self
+                    .client_config()
+                    .set("log_level", "0")
+                    .create()
+                    .expect("metadata client");
+                if consumer
+                    .fetch_metadata(None, Duration::from_secs(2))
+                    .is_ok_and(|m| !m.brokers().is_empty())
+                {
                     return true;
                 }
             }
@@ -337,7 +429,12 @@ impl Broker {
                 return;
             }
             self.kill();
-            assert!(Instant::now() < deadline, "the broker did not come back on port {}:\n{}", self.port, self.log_tail(100));
+            assert!(
+                Instant::now() < deadline,
+                "the broker did not come back on port {}:\n{}",
+                self.port,
+                self.log_tail(100)
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -348,15 +445,24 @@ impl Broker {
 
     /// The last `lines` lines of the broker's log.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&std::fs::read_to_string(self.log_path()).unwrap_or_default(), lines)
+        tail(
+            &std::fs::read_to_string(self.log_path()).unwrap_or_default(),
+            lines,
+        )
     }
 
     pub fn create_topic(&self, name: &str, partitions: u32) {
-        let admin: AdminClient<DefaultClientContext> = self.client_config().create().expect("admin client");
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let admin: AdminClient<DefaultClientContext> =
+            self.client_config().create().expect("admin client");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let topic = NewTopic::new(name, partitions as i32, TopicReplication::Fixed(1));
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = runtime.block_on(admin.create_topics([&topic], &options)).expect("create topics request");
+        let results = runtime
+            .block_on(admin.create_topics([&topic], &options))
+            .expect("create topics request");
         for result in results {
             result.unwrap_or_else(|(topic, e)| panic!("create topic {topic}: {e}"));
         }
@@ -368,7 +474,12 @@ impl Broker {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let name = |what: &str| format!("{test}-{n}-{what}");
-        let topics = Topics { events: name("events"), decisions: name("decisions"), dead_letters: name("dlq"), group: name("group") };
+        let topics = Topics {
+            events: name("events"),
+            decisions: name("decisions"),
+            dead_letters: name("dlq"),
+            group: name("group"),
+        };
         self.create_topic(&topics.events, events_partitions);
         self.create_topic(&topics.decisions, 1);
         self.create_topic(&topics.dead_letters, 1);
@@ -377,8 +488,18 @@ impl Broker {
 
     /// Produces `records` (key, payload) in order, each to `partition` if given, else by key, as
     /// a user's producer would: idempotent, `acks=all`, batched (`linger.ms` 5).
-    pub fn produce(&self, topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)], partition: Option<i32>) {
-        let producer: BaseProducer = self.client_config().set("enable.idempotence", "true").set("linger.ms", "5").create().expect("test producer");
+    pub fn produce(
+        &self,
+        topic: &str,
+        records: &[(Option<Vec<u8>>, Vec<u8>)],
+        partition: Option<i32>,
+    ) {
+        let producer: BaseProducer = self
+            .client_config()
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()
+            .expect("test producer");
         for (key, payload) in records {
             let mut record = BaseRecord::to(topic).payload(payload);
             if let Some(key) = key {
@@ -387,7 +508,10 @@ impl Broker {
             if let Some(partition) = partition {
                 record = record.partition(partition);
             }
-            let mut record = record.headers(OwnedHeaders::new().insert(Header { key: "origin", value: Some("test") }));
+            let mut record = record.headers(OwnedHeaders::new().insert(Header {
+                key: "origin",
+                value: Some("test"),
+            }));
             loop {
                 match producer.send(record) {
                     Ok(()) => break,
@@ -399,7 +523,9 @@ impl Broker {
             }
             producer.poll(Duration::ZERO);
         }
-        producer.flush(Duration::from_secs(180)).expect("test records delivered");
+        producer
+            .flush(Duration::from_secs(180))
+            .expect("test records delivered");
     }
 
     /// The number of records in each batch of `topic`'s `partition`, in log order, as Kafka's
@@ -412,8 +538,22 @@ impl Broker {
             .filter(|p| p.extension().is_some_and(|x| x == "log"))
             .collect();
         segments.sort();
-        let output = kafka_tool("org.apache.kafka.tools.DumpLogSegments").arg("--files").arg(segments.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(",")).output().expect("DumpLogSegments");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let output = kafka_tool("org.apache.kafka.tools.DumpLogSegments")
+            .arg("--files")
+            .arg(
+                segments
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .output()
+            .expect("DumpLogSegments");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8_lossy(&output.stdout)
             .lines()
             .filter_map(|l| l.split(" count: ").nth(1))
@@ -423,7 +563,14 @@ impl Broker {
 
     /// Reads `topic` from the start of every partition until `wanted(records)` holds and no new
     /// record arrived for `quiet`, or `timeout` passes.
-    pub fn read(&self, topic: &str, partitions: i32, wanted: impl Fn(&[Record]) -> bool, quiet: Duration, timeout: Duration) -> Vec<Record> {
+    pub fn read(
+        &self,
+        topic: &str,
+        partitions: i32,
+        wanted: impl Fn(&[Record]) -> bool,
+        quiet: Duration,
+        timeout: Duration,
+    ) -> Vec<Record> {
         let consumer: BaseConsumer = self
             .client_config()
             .set("group.id", format!("reader-{}", std::process::id()))
@@ -433,7 +580,8 @@ impl Broker {
             .expect("test reader");
         let mut list = TopicPartitionList::new();
         for p in 0..partitions {
-            list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+            list.add_partition_offset(topic, p, Offset::Beginning)
+                .unwrap();
         }
         consumer.assign(&list).expect("assign");
         let deadline = Instant::now() + timeout;
@@ -444,7 +592,17 @@ impl Broker {
                 Some(Ok(m)) => {
                     let headers = m
                         .headers()
-                        .map(|h| h.iter().map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())).collect())
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| {
+                                    (
+                                        h.key.to_owned(),
+                                        String::from_utf8_lossy(h.value.unwrap_or_default())
+                                            .into_owned(),
+                                    )
+                                })
+                                .collect()
+                        })
                         .unwrap_or_default();
                     records.push(Record {
                         partition: m.partition(),
@@ -471,7 +629,11 @@ impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("--- broker log ({}), last 200 lines ---\n{}", self.log_path().display(), self.log_tail(200));
+            eprintln!(
+                "--- broker log ({}), last 200 lines ---\n{}",
+                self.log_path().display(),
+                self.log_tail(200)
+            );
         }
     }
 }
@@ -499,17 +661,29 @@ impl Drop for SharedBroker {
             let _ = file.seek(SeekFrom::Start(self.log_from));
             let _ = file.read_to_string(&mut text);
         }
-        eprintln!("--- shared broker log during this test ({}), last 200 lines ---\n{}", self.broker.log_path().display(), tail(&text, 200));
+        eprintln!(
+            "--- shared broker log during this test ({}), last 200 lines ---\n{}",
+            self.broker.log_path().display(),
+            tail(&text, 200)
+        );
     }
 }
 
 /// Removes shared-broker directories left by test processes that are gone (one that failed
 /// before its broker started registers no exit hook).
 fn remove_stale_shared_dirs() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("vigil-kafka-shared-")).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("vigil-kafka-shared-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
@@ -627,9 +801,17 @@ impl Worker {
     pub fn start_with_env(dir: &Path, name: &str, config: &str, env: &[(&str, &str)]) -> Worker {
         let http_port = free_port();
         let config_path = dir.join(format!("{name}.toml"));
-        std::fs::write(&config_path, format!("{config}\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n")).unwrap();
+        std::fs::write(
+            &config_path,
+            format!("{config}\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n"),
+        )
+        .unwrap();
         let log = dir.join(format!("{name}.log"));
-        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_vigil"))
             .args(["run", "--config"])
             .arg(&config_path)
@@ -639,17 +821,28 @@ impl Worker {
             .stderr(log_file)
             .spawn()
             .expect("vigil binary");
-        Worker { child, http_port, log }
+        Worker {
+            child,
+            http_port,
+            log,
+        }
     }
 
     /// Starts a worker that is expected to stop on its own (a refused configuration) and waits up
     /// to 30 s for it: its exit code, how long it ran and its log. Panics if it still runs.
-    pub fn run_until_it_stops(dir: &Path, name: &str, config: &str, env: &[(&str, &str)]) -> (Option<i32>, Duration, String) {
+    pub fn run_until_it_stops(
+        dir: &Path,
+        name: &str,
+        config: &str,
+        env: &[(&str, &str)],
+    ) -> (Option<i32>, Duration, String) {
         let started = Instant::now();
         let mut worker = Worker::start_with_env(dir, name, config, env);
         let status = worker.wait_exit(Duration::from_secs(30));
         let log = worker.log_text();
-        let status = status.unwrap_or_else(|| panic!("the worker still runs after 30 s (it must not retry a refusal forever):\n{log}"));
+        let status = status.unwrap_or_else(|| {
+            panic!("the worker still runs after 30 s (it must not retry a refusal forever):\n{log}")
+        });
         (status.code(), started.elapsed(), log)
     }
 
@@ -661,11 +854,18 @@ impl Worker {
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.http_port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
         let status = response.split_whitespace().nth(1)?.parse().ok()?;
-        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         Some((status, body))
     }
 
@@ -673,7 +873,10 @@ impl Worker {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("worker exited with {status} before it was ready:\n{}", self.log_text());
+                panic!(
+                    "worker exited with {status} before it was ready:\n{}",
+                    self.log_text()
+                );
             }
             if self.get("/readyz").is_some_and(|(status, _)| status == 200) {
                 return;
@@ -686,7 +889,11 @@ impl Worker {
     /// The value of a metric line (`name{labels}` exactly as exported), if present.
     pub fn metric(&self, series: &str) -> Option<f64> {
         let (_, body) = self.get("/metrics")?;
-        body.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        body.lines().find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
     }
 
     pub fn log_text(&self) -> String {
@@ -694,7 +901,10 @@ impl Worker {
     }
 
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status().unwrap();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
         assert!(status.success());
     }
 

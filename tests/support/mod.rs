@@ -31,7 +31,11 @@ pub struct TestCertificates {
 impl TestCertificates {
     pub fn make(dir: &std::path::Path) -> TestCertificates {
         let file = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-        std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
         let openssl = |args: &[&str]| {
             let status = Command::new("openssl")
                 .args(args)
@@ -41,17 +45,71 @@ impl TestCertificates {
                 .expect("openssl not found: run scripts/test.sh, which installs it");
             assert!(status.success(), "openssl {args:?}");
         };
-        let (ca_key, ca, key, csr, cert, ext) =
-            (file("ca.key"), file("ca.pem"), file("key.pem"), file("server.csr"), file("cert.pem"), file("server.ext"));
-        openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=vigil test CA", "-keyout", &ca_key, "-out", &ca]);
-        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr]);
-        openssl(&["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "2", "-extfile", &ext, "-out", &cert]);
-        TestCertificates { ca: ca.into(), cert: cert.into(), key: key.into() }
+        let (ca_key, ca, key, csr, cert, ext) = (
+            file("ca.key"),
+            file("ca.pem"),
+            file("key.pem"),
+            file("server.csr"),
+            file("cert.pem"),
+            file("server.ext"),
+        );
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=vigil test CA",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca,
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &cert,
+        ]);
+        TestCertificates {
+            ca: ca.into(),
+            cert: cert.into(),
+            key: key.into(),
+        }
     }
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 /// Spawns `redis-server` (TLS-only when `extra` has `--tls-port`) on `port` and waits until the
@@ -66,7 +124,14 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
     };
     let mut args: Vec<String> = config;
     args.extend(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from));
-    args.extend(["--port".to_owned(), if tls { "0".to_owned() } else { port.to_string() }]);
+    args.extend([
+        "--port".to_owned(),
+        if tls {
+            "0".to_owned()
+        } else {
+            port.to_string()
+        },
+    ]);
     args.extend(extra.iter().cloned());
     let mut child = Command::new("redis-server")
         .args(&args)
@@ -88,7 +153,9 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
                 .and_then(|mut c| redis::cmd("INFO").arg("server").query(&mut c))
                 .ok();
             let pid = info.as_deref().and_then(|i| {
-                i.lines().find_map(|l| l.strip_prefix("process_id:")).and_then(|p| p.trim().parse::<u32>().ok())
+                i.lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|p| p.trim().parse::<u32>().ok())
             });
             if pid == Some(child.id()) {
                 return Some(child);
@@ -115,7 +182,11 @@ impl RedisServer {
             let port = free_port();
             let args = extra(port);
             if let Some(child) = spawn_redis(port, &args) {
-                return RedisServer { child, port, extra: args };
+                return RedisServer {
+                    child,
+                    port,
+                    extra: args,
+                };
             }
         }
         panic!("could not start redis-server on a free port");
@@ -125,11 +196,23 @@ impl RedisServer {
     /// server and the path of the CA certificate.
     pub fn start_tls(dir: &std::path::Path) -> (RedisServer, std::path::PathBuf) {
         let certificates = TestCertificates::make(dir);
-        let (cert, key, ca) = (certificates.cert.display().to_string(), certificates.key.display().to_string(), certificates.ca.display().to_string());
+        let (cert, key, ca) = (
+            certificates.cert.display().to_string(),
+            certificates.key.display().to_string(),
+            certificates.ca.display().to_string(),
+        );
         let extra = |port: u16| {
             [
-                "--tls-port", &port.to_string(), "--tls-cert-file", &cert, "--tls-key-file", &key,
-                "--tls-ca-cert-file", &ca, "--tls-auth-clients", "no",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+                "--tls-auth-clients",
+                "no",
             ]
             .map(String::from)
             .to_vec()
@@ -141,7 +224,18 @@ impl RedisServer {
     /// answering (`appendfsync always`): a SIGKILL loses nothing it acknowledged.
     pub fn start_persistent(dir: &std::path::Path) -> RedisServer {
         let dir = dir.to_str().unwrap().to_owned();
-        RedisServer::start_with(move |_| ["--appendonly", "yes", "--appendfsync", "always", "--dir", &dir].map(String::from).to_vec())
+        RedisServer::start_with(move |_| {
+            [
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                &dir,
+            ]
+            .map(String::from)
+            .to_vec()
+        })
     }
 
     /// Kills the server (SIGKILL) and starts it again on the same port: empty, or with what its
@@ -178,13 +272,19 @@ impl RedisServer {
     }
 
     pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 }
 
 /// Sends `signal` (e.g. "STOP") to a process this test started.
 pub fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill").args([format!("-{signal}"), pid.to_string()]).status().expect("kill");
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("kill");
     assert!(status.success(), "kill -{signal} {pid}");
 }
 
@@ -214,7 +314,11 @@ impl RedisSentinels {
         let master_port = master.port.to_string();
         let replica = RedisServer::start_with(|_| {
             let mut args = data("replica");
-            args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master_port.clone()]);
+            args.extend([
+                "--replicaof".to_owned(),
+                "127.0.0.1".to_owned(),
+                master_port.clone(),
+            ]);
             args
         });
         let sentinels: Vec<RedisServer> = (0..3)
@@ -229,34 +333,64 @@ impl RedisSentinels {
                         service = RedisSentinels::SERVICE
                     );
                     std::fs::write(&config, text).unwrap();
-                    vec![config.to_str().unwrap().to_owned(), "--sentinel".to_owned(), "--dir".to_owned(), dir.path().to_str().unwrap().to_owned()]
+                    vec![
+                        config.to_str().unwrap().to_owned(),
+                        "--sentinel".to_owned(),
+                        "--dir".to_owned(),
+                        dir.path().to_str().unwrap().to_owned(),
+                    ]
                 })
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let replication: String = redis::cmd("INFO").arg("replication").query(&mut replica.connection()).unwrap();
+            let replication: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut replica.connection())
+                .unwrap();
             let known = sentinels.iter().all(|sentinel| {
                 let mut conn = sentinel.connection();
-                let replicas: Vec<redis::Value> =
-                    redis::cmd("SENTINEL").arg("REPLICAS").arg(RedisSentinels::SERVICE).query(&mut conn).unwrap_or_default();
-                let others: Vec<redis::Value> =
-                    redis::cmd("SENTINEL").arg("SENTINELS").arg(RedisSentinels::SERVICE).query(&mut conn).unwrap_or_default();
+                let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg(RedisSentinels::SERVICE)
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                let others: Vec<redis::Value> = redis::cmd("SENTINEL")
+                    .arg("SENTINELS")
+                    .arg(RedisSentinels::SERVICE)
+                    .query(&mut conn)
+                    .unwrap_or_default();
                 replicas.len() == 1 && others.len() == 2
             });
             if replication.contains("master_link_status:up") && known {
                 break;
             }
-            assert!(Instant::now() < deadline, "the sentinels did not learn the replica and each other");
+            assert!(
+                Instant::now() < deadline,
+                "the sentinels did not learn the replica and each other"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
-        RedisSentinels { master, replica, sentinels, _dir: dir }
+        RedisSentinels {
+            master,
+            replica,
+            sentinels,
+            _dir: dir,
+        }
     }
 
     /// `redis+sentinel://` naming every sentinel.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-        format!("redis+sentinel://{}/{}", hosts.join(","), RedisSentinels::SERVICE)
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!(
+            "redis+sentinel://{}/{}",
+            hosts.join(","),
+            RedisSentinels::SERVICE
+        )
     }
 
     /// The port the sentinels name as the master now.
@@ -275,7 +409,9 @@ impl Drop for RedisServer {
         // Only the process this test started, by its PID (resumed first if a test paused it;
         // not if a test killed it already).
         if self.alive() {
-            let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.child.id().to_string()])
+                .status();
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -304,15 +440,24 @@ impl RedisCluster {
             .map(|_| {
                 RedisServer::start_with(|port| {
                     [
-                        "--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf"),
-                        "--cluster-node-timeout", "2000", "--dir", &path,
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                        "--cluster-node-timeout",
+                        "2000",
+                        "--dir",
+                        &path,
                     ]
                     .map(String::from)
                     .to_vec()
                 })
             })
             .collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let status = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -326,11 +471,21 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         for node in &nodes {
             loop {
-                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut node.connection()).unwrap();
-                let replication: String = redis::cmd("INFO").arg("replication").query(&mut node.connection()).unwrap();
-                let synced = !replication.contains("role:slave") || replication.contains("master_link_status:up");
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap();
+                let replication: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut node.connection())
+                    .unwrap();
+                let synced = !replication.contains("role:slave")
+                    || replication.contains("master_link_status:up");
                 // Every node's slot map names every replica (a client learns them from it).
-                let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut node.connection()).unwrap();
+                let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query(&mut node.connection())
+                    .unwrap();
                 let listed = slots.len() == 3
                     && slots.iter().all(|range| matches!(range, redis::Value::Array(items) if items.len() == 3 + replicas));
                 if info.contains("cluster_state:ok") && synced && listed {
@@ -348,7 +503,9 @@ impl RedisCluster {
         (0..self.nodes.len())
             .filter(|&i| {
                 self.nodes[i].alive() && {
-                    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut self.nodes[i].connection()).unwrap();
+                    let role: Vec<redis::Value> = redis::cmd("ROLE")
+                        .query(&mut self.nodes[i].connection())
+                        .unwrap();
                     matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master")
                 }
             })
@@ -363,11 +520,17 @@ impl RedisCluster {
                 continue;
             }
             loop {
-                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.nodes[i].connection()).unwrap();
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut self.nodes[i].connection())
+                    .unwrap();
                 if info.contains("cluster_state:ok") {
                     break;
                 }
-                assert!(start.elapsed() < timeout, "cluster did not become ok again within {timeout:?}");
+                assert!(
+                    start.elapsed() < timeout,
+                    "cluster did not become ok again within {timeout:?}"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -393,38 +556,85 @@ impl RedisCluster {
         self.nodes
             .iter()
             .position(|n| {
-                let info: String = redis::cmd("INFO").arg("replication").query(&mut n.connection()).unwrap();
-                info.lines().any(|l| l.trim() == format!("master_port:{port}"))
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut n.connection())
+                    .unwrap();
+                info.lines()
+                    .any(|l| l.trim() == format!("master_port:{port}"))
             })
             .expect("every master has a replica")
     }
 
     pub fn node_id(node: &RedisServer) -> String {
-        redis::cmd("CLUSTER").arg("MYID").query(&mut node.connection()).unwrap()
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut node.connection())
+            .unwrap()
     }
 
     /// Moves every key of `slot` from the node that serves it to another, as `redis-cli
     /// --cluster reshard` does: clients holding the old slot map then get MOVED/ASK replies.
     pub fn migrate_slot(&self, slot: u16) {
         let serves = |node: &RedisServer| -> bool {
-            let n: i64 = redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot).query(&mut node.connection()).unwrap();
+            let n: i64 = redis::cmd("CLUSTER")
+                .arg("COUNTKEYSINSLOT")
+                .arg(slot)
+                .query(&mut node.connection())
+                .unwrap();
             n > 0
         };
-        let source = self.nodes.iter().position(serves).expect("a node holds keys of the slot");
+        let source = self
+            .nodes
+            .iter()
+            .position(serves)
+            .expect("a node holds keys of the slot");
         let target = (source + 1) % self.nodes.len();
         let (src, dst) = (&self.nodes[source], &self.nodes[target]);
         let (src_id, dst_id) = (Self::node_id(src), Self::node_id(dst));
-        let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("IMPORTING").arg(&src_id).query(&mut dst.connection()).unwrap();
-        let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("MIGRATING").arg(&dst_id).query(&mut src.connection()).unwrap();
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&src_id)
+            .query(&mut dst.connection())
+            .unwrap();
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&dst_id)
+            .query(&mut src.connection())
+            .unwrap();
         loop {
-            let keys: Vec<String> = redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100).query(&mut src.connection()).unwrap();
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut src.connection())
+                .unwrap();
             if keys.is_empty() {
                 break;
             }
-            let _: () = redis::cmd("MIGRATE").arg("127.0.0.1").arg(dst.port).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys).query(&mut src.connection()).unwrap();
+            let _: () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(dst.port)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut src.connection())
+                .unwrap();
         }
         for node in &self.nodes {
-            let _: () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("NODE").arg(&dst_id).query(&mut node.connection()).unwrap();
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&dst_id)
+                .query(&mut node.connection())
+                .unwrap();
         }
     }
 }
@@ -434,16 +644,27 @@ impl RedisCluster {
 pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
     let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
     let hold = |k: &str| k.starts_with("vg:h:") && k.matches(':').count() == 3;
-    let internal = |k: &str| k.starts_with("vg:epoch") || k.starts_with("vg:j:") || k.starts_with("vg:align:");
-    keys.into_iter().filter(|k| !internal(k) && !hold(k)).collect()
+    let internal =
+        |k: &str| k.starts_with("vg:epoch") || k.starts_with("vg:j:") || k.starts_with("vg:align:");
+    keys.into_iter()
+        .filter(|k| !internal(k) && !hold(k))
+        .collect()
 }
 
 /// Asserts that the totals `got` from Redis equal those of one clean pass (`want`): the same keys
 /// with the same values; on failure, how many differ, five examples and `context` (a log).
-pub fn assert_totals_equal(got: &BTreeMap<String, (i128, usize)>, want: &BTreeMap<String, (i128, usize)>, context: &str) {
+pub fn assert_totals_equal(
+    got: &BTreeMap<String, (i128, usize)>,
+    want: &BTreeMap<String, (i128, usize)>,
+    context: &str,
+) {
     eprintln!("comparing {} Redis keys with one clean pass", want.len());
-    let differing: Vec<_> =
-        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).take(5).map(|(k, v)| (k, v, got.get(k))).collect();
+    let differing: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(*v))
+        .take(5)
+        .map(|(k, v)| (k, v, got.get(k)))
+        .collect();
     let extra = got.keys().filter(|k| !want.contains_key(*k)).count();
     assert!(
         differing.is_empty() && extra == 0,
@@ -459,12 +680,16 @@ pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usi
     counter_keys(conn)
         .into_iter()
         .map(|key| {
-            let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
+            let fields: Vec<(Vec<u8>, String)> =
+                redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
             // Bucket fields are slot numbers (digits only); distinct fields start with 'd'.
             let total: i128 = fields
                 .iter()
                 .filter(|(f, _)| f.iter().all(u8::is_ascii_digit))
-                .map(|(_, v)| v.parse::<i128>().unwrap_or_else(|_| panic!("{key}: bucket {v:?} is not an integer")))
+                .map(|(_, v)| {
+                    v.parse::<i128>()
+                        .unwrap_or_else(|_| panic!("{key}: bucket {v:?} is not an integer"))
+                })
                 .sum();
             let distinct = fields.iter().filter(|(f, _)| f[0] == b'd').count();
             (key, (total, distinct))
@@ -474,7 +699,10 @@ pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usi
 
 /// How many EVALSHA calls (vigil's flushes) a node has served.
 pub fn evalsha_calls(node: &mut redis::Connection) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(node).unwrap_or_default();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(node)
+        .unwrap_or_default();
     stats
         .lines()
         .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
@@ -487,7 +715,10 @@ pub fn evalsha_calls(node: &mut redis::Connection) -> u64 {
 /// (what the failover itself took, before vigil can do a thing) and when it served its first
 /// flush (its EVALSHA count: as a replica it only receives the scripts' effects), both counted
 /// from the kill; `None` if no flush came within a minute.
-pub fn first_flush_on(url: String, killed: Instant) -> std::thread::JoinHandle<Option<(Duration, Duration)>> {
+pub fn first_flush_on(
+    url: String,
+    killed: Instant,
+) -> std::thread::JoinHandle<Option<(Duration, Duration)>> {
     std::thread::spawn(move || {
         let client = redis::Client::open(url).unwrap();
         let mut conn = None;
@@ -512,7 +743,10 @@ pub fn first_flush_on(url: String, killed: Instant) -> std::thread::JoinHandle<O
                 }
             }
             if evalsha_calls(node) > 0 {
-                return Some((promoted.unwrap_or_else(|| killed.elapsed()), killed.elapsed()));
+                return Some((
+                    promoted.unwrap_or_else(|| killed.elapsed()),
+                    killed.elapsed(),
+                ));
             }
         }
         None

@@ -48,7 +48,8 @@ impl Proxy {
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 let state = Arc::clone(&accept_state);
-                let (client_in, server_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (client_in, server_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || pump(client_in, server_out, None));
                 std::thread::spawn(move || pump(server, client, Some(state)));
             }
@@ -80,8 +81,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, state: Option<Arc<State>>) {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                if state.as_ref().is_some_and(|s| s.stop.load(Ordering::Acquire)) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if state
+                    .as_ref()
+                    .is_some_and(|s| s.stop.load(Ordering::Acquire))
+                {
                     break;
                 }
                 continue;

@@ -19,7 +19,8 @@ pub fn aggregate_field(aggregate: &str) -> Option<&'static str> {
 
 /// The value at a dotted `path` of an event, if every step is an object that has it.
 pub fn get<'v>(event: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(event, |v, seg| v.as_object()?.get(seg))
+    path.split('.')
+        .try_fold(event, |v, seg| v.as_object()?.get(seg))
 }
 
 /// A scalar's identity: type tag plus value, numbers by mathematical value.
@@ -52,12 +53,17 @@ pub fn num(x: f64) -> Value {
 /// The key an event counts under for `dims`: the identities of its dimension values joined by
 /// `|`; `None` if one is missing or not a scalar.
 pub fn key_of(event: &Value, dims: &[&str]) -> Option<String> {
-    dims.iter().map(|d| get(event, d).and_then(scalar_id)).collect::<Option<Vec<_>>>().map(|k| k.join("|"))
+    dims.iter()
+        .map(|d| get(event, d).and_then(scalar_id))
+        .collect::<Option<Vec<_>>>()
+        .map(|k| k.join("|"))
 }
 
 /// The `key` object a decision record prints for `dims` (the event has every dimension).
 pub fn key_record(event: &Value, dims: &[&str]) -> Map<String, Value> {
-    dims.iter().map(|d| (d.to_string(), scalar_out(get(event, d).unwrap()))).collect()
+    dims.iter()
+        .map(|d| (d.to_string(), scalar_out(get(event, d).unwrap())))
+        .collect()
 }
 
 /// The shape of one window: its aggregate (`count`, `sum` or `distinct`) and its buckets.
@@ -90,7 +96,10 @@ impl KeyState {
     /// late, i.e. its bucket already left the window.
     pub fn observe(&mut self, window: &Window, ts: i64, seen: Observation) -> Option<f64> {
         let bucket = ts.div_euclid(window.bucket_ms);
-        if self.head.is_some_and(|head| bucket <= head - window.buckets) {
+        if self
+            .head
+            .is_some_and(|head| bucket <= head - window.buckets)
+        {
             return None;
         }
         let head = self.head.map_or(bucket, |h| h.max(bucket));
@@ -110,7 +119,9 @@ impl KeyState {
     /// The window value an event at `ts` sees, without changing anything; `None` if late.
     pub fn read(&self, window: &Window, ts: i64) -> Option<f64> {
         let bucket = ts.div_euclid(window.bucket_ms);
-        let Some(head) = self.head else { return Some(0.0) };
+        let Some(head) = self.head else {
+            return Some(0.0);
+        };
         if bucket <= head - window.buckets {
             return None;
         }
@@ -131,8 +142,18 @@ pub struct Windows {
 
 impl Windows {
     /// Counts an event at `ts` in window `index` under `key`: see [`KeyState::observe`].
-    pub fn observe(&mut self, index: usize, key: String, window: &Window, ts: i64, seen: Observation) -> Option<f64> {
-        self.keys.entry((index, key)).or_default().observe(window, ts, seen)
+    pub fn observe(
+        &mut self,
+        index: usize,
+        key: String,
+        window: &Window,
+        ts: i64,
+        seen: Observation,
+    ) -> Option<f64> {
+        self.keys
+            .entry((index, key))
+            .or_default()
+            .observe(window, ts, seen)
     }
 
     /// The value an event at `ts` sees in window `index` under `key` (0 for a key never

@@ -45,7 +45,14 @@ pub(super) fn type_name(item: &Item) -> &'static str {
 pub(super) fn string<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<&'t str> {
     let s = item.as_str();
     if s.is_none() {
-        report.error(item_offset(item), format!("{key_q} must be a string, found {}", type_name(item), key_q = q(key)));
+        report.error(
+            item_offset(item),
+            format!(
+                "{key_q} must be a string, found {}",
+                type_name(item),
+                key_q = q(key)
+            ),
+        );
     }
     s
 }
@@ -53,7 +60,14 @@ pub(super) fn string<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> 
 pub(super) fn boolean(item: &Item, key: &str, report: &mut Report<'_>) -> Option<bool> {
     let b = item.as_bool();
     if b.is_none() {
-        report.error(item_offset(item), format!("{key_q} must be a boolean, found {}", type_name(item), key_q = q(key)));
+        report.error(
+            item_offset(item),
+            format!(
+                "{key_q} must be a boolean, found {}",
+                type_name(item),
+                key_q = q(key)
+            ),
+        );
     }
     b
 }
@@ -72,7 +86,10 @@ pub(super) fn keyword<T>(
     string(item, key, report).and_then(|s| {
         let parsed = parse(s);
         if parsed.is_none() {
-            report.error(at, format!("invalid {what} {s_q}: expected {expected}", s_q = q(s)));
+            report.error(
+                at,
+                format!("invalid {what} {s_q}: expected {expected}", s_q = q(s)),
+            );
         }
         parsed
     })
@@ -85,26 +102,52 @@ pub(super) fn read_id(item: &Item, report: &mut Report<'_>, what: &str) -> Optio
         if valid_id(id) {
             Some(id.to_owned())
         } else {
-            report.error(at, format!("invalid {what} id {id_q}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$", id_q = q(id)));
+            report.error(
+                at,
+                format!(
+                    "invalid {what} id {id_q}: must match ^[a-z0-9][a-z0-9_.-]{{0,63}}$",
+                    id_q = q(id)
+                ),
+            );
             None
         }
     })
 }
 
 pub(super) fn bad_path(path: &str) -> String {
-    format!("invalid field path {path_q}: expected names separated by single dots, like \"device.id\"", path_q = q(path))
+    format!(
+        "invalid field path {path_q}: expected names separated by single dots, like \"device.id\"",
+        path_q = q(path)
+    )
 }
 
 /// A duration string (`"10m"`) longer than zero: its milliseconds, its text and where it is.
-pub(super) fn duration<'t>(item: &'t Item, key: &str, report: &mut Report<'_>) -> Option<(i64, &'t str, usize)> {
+pub(super) fn duration<'t>(
+    item: &'t Item,
+    key: &str,
+    report: &mut Report<'_>,
+) -> Option<(i64, &'t str, usize)> {
     let at = item_offset(item);
     let Some(text) = item.as_str() else {
-        report.error(at, format!("{key_q} must be a duration string like \"10m\", found {}", type_name(item), key_q = q(key)));
+        report.error(
+            at,
+            format!(
+                "{key_q} must be a duration string like \"10m\", found {}",
+                type_name(item),
+                key_q = q(key)
+            ),
+        );
         return None;
     };
     match parse_duration(text) {
         Some(0) => {
-            report.error(at, format!("{key} must be longer than zero, found {text_q}", text_q = q(text)));
+            report.error(
+                at,
+                format!(
+                    "{key} must be longer than zero, found {text_q}",
+                    text_q = q(text)
+                ),
+            );
             None
         }
         Some(ms) => Some((ms, text, at)),
@@ -123,27 +166,52 @@ pub(super) fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<Fie
 }
 
 /// A key made of 1 to `MAX_DIMENSIONS` distinct field paths (`dimensions`, `hold_key`).
-pub(super) fn field_paths(item: &Item, key: &str, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
+pub(super) fn field_paths(
+    item: &Item,
+    key: &str,
+    report: &mut Report<'_>,
+) -> Option<Vec<FieldPath>> {
     let at = item_offset(item);
     let Some(array) = item.as_array() else {
-        report.error(at, format!("{key_q} must be an array of field paths, found {}", type_name(item), key_q = q(key)));
+        report.error(
+            at,
+            format!(
+                "{key_q} must be an array of field paths, found {}",
+                type_name(item),
+                key_q = q(key)
+            ),
+        );
         return None;
     };
     if array.is_empty() || array.len() > MAX_DIMENSIONS {
         report.error(
             at,
-            format!("{key_q} must list 1 to {MAX_DIMENSIONS} field paths, found {}", array.len(), key_q = q(key)),
+            format!(
+                "{key_q} must list 1 to {MAX_DIMENSIONS} field paths, found {}",
+                array.len(),
+                key_q = q(key)
+            ),
         );
         return None;
     }
-    let noun = if key == "dimensions" { "dimension" } else { "hold_key entry" };
+    let noun = if key == "dimensions" {
+        "dimension"
+    } else {
+        "hold_key entry"
+    };
     let mut paths: Vec<FieldPath> = Vec::new();
     let mut ok = true;
     for value in array.iter() {
         let at = value.span().map_or(at, |s| s.start);
         match value.as_str() {
             None => {
-                report.error(at, format!("{noun} must be a field path string, found {}", value.type_name()));
+                report.error(
+                    at,
+                    format!(
+                        "{noun} must be a field path string, found {}",
+                        value.type_name()
+                    ),
+                );
                 ok = false;
             }
             Some(s) => match FieldPath::parse(s) {
@@ -168,7 +236,13 @@ pub(super) fn read_limit(item: &Item, report: &mut Report<'_>) -> Option<Decimal
     let number = match item {
         Item::Value(v @ (Value::Integer(_) | Value::Float(_))) => exact_number(v, report),
         other => {
-            report.error(at, format!("\"limit\" must be a number >= 0, found {}", type_name(other)));
+            report.error(
+                at,
+                format!(
+                    "\"limit\" must be a number >= 0, found {}",
+                    type_name(other)
+                ),
+            );
             return None;
         }
     };
@@ -177,7 +251,10 @@ pub(super) fn read_limit(item: &Item, report: &mut Report<'_>) -> Option<Decimal
         return None;
     };
     if number.is_negative() {
-        report.error(at, format!("\"limit\" must be a number >= 0, found {number}"));
+        report.error(
+            at,
+            format!("\"limit\" must be a number >= 0, found {number}"),
+        );
         return None;
     }
     Some(number)
@@ -207,15 +284,25 @@ pub(super) fn exact_number(value: &Value, report: &Report<'_>) -> Option<Decimal
 /// A `match` table value that reads like a comparison (`"> 500"`): a table matches it literally.
 fn looks_like_comparison(s: &str) -> bool {
     let t = s.trim_start();
-    ["<", ">", "!=", "==", ">=", "<="].iter().any(|op| t.starts_with(op)) && t.len() > 1
+    ["<", ">", "!=", "==", ">=", "<="]
+        .iter()
+        .any(|op| t.starts_with(op))
+        && t.len() > 1
 }
 
 /// A `match` table: field = value(s), nested tables as dotted paths.
-pub(super) fn matchers(item: &Item, report: &mut Report<'_>, warnings: &mut Vec<Diagnostic>) -> Option<Vec<Matcher>> {
+pub(super) fn matchers(
+    item: &Item,
+    report: &mut Report<'_>,
+    warnings: &mut Vec<Diagnostic>,
+) -> Option<Vec<Matcher>> {
     let Some(table) = item.as_table_like() else {
         report.error(
             item_offset(item),
-            format!("\"match\" must be an expression string or a table of field = value(s), found {}", type_name(item)),
+            format!(
+                "\"match\" must be an expression string or a table of field = value(s), found {}",
+                type_name(item)
+            ),
         );
         return None;
     };
@@ -238,7 +325,11 @@ fn collect_matchers(
 ) -> bool {
     let mut ok = true;
     for (key, item) in table.iter() {
-        let path_text = if prefix.is_empty() { key.to_owned() } else { format!("{prefix}.{key}") };
+        let path_text = if prefix.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{prefix}.{key}")
+        };
         if let Some(nested) = item.as_table_like() {
             if nested.is_empty() {
                 // An empty table would add no condition: the match would hold for every event.
@@ -261,7 +352,13 @@ fn collect_matchers(
             _ => Vec::new(),
         };
         if values.is_empty() {
-            report.error(at, format!("match on {path_text_q} lists no values, so it could never hold", path_text_q = q(&path_text)));
+            report.error(
+                at,
+                format!(
+                    "match on {path_text_q} lists no values, so it could never hold",
+                    path_text_q = q(&path_text)
+                ),
+            );
             ok = false;
             continue;
         }

@@ -18,15 +18,24 @@ mod tables;
 pub use fields::MAX_DIMENSIONS;
 pub use positions::{not_utf8, Diagnostic};
 pub use resolve::{no_files, CompiledSet, ReadFile};
-pub use tables::{COUNTER_KEYS, DEFAULT_BUCKETS, LIST_KEYS, MAX_BUCKETS, MAX_DISTINCT_LIMIT, MAX_WINDOW_MS, RULE_KEYS};
+pub use tables::{
+    COUNTER_KEYS, DEFAULT_BUCKETS, LIST_KEYS, MAX_BUCKETS, MAX_DISTINCT_LIMIT, MAX_WINDOW_MS,
+    RULE_KEYS,
+};
 
 use positions::RuleFile;
 
 /// Compiles `(file name, text)` pairs, in the order given, reading list files with `read`.
 /// Every error of every file is reported; nothing is built if there is any.
-pub fn compile_sources(sources: &[(&str, &str)], read: ReadFile<'_>) -> Result<CompiledSet, Vec<Diagnostic>> {
+pub fn compile_sources(
+    sources: &[(&str, &str)],
+    read: ReadFile<'_>,
+) -> Result<CompiledSet, Vec<Diagnostic>> {
     // One line index per file, shared by every position reported in it.
-    let files: Vec<RuleFile> = sources.iter().map(|(name, text)| RuleFile::new(name, text)).collect();
+    let files: Vec<RuleFile> = sources
+        .iter()
+        .map(|(name, text)| RuleFile::new(name, text))
+        .collect();
     let tables = tables::read_files(&files);
     resolve::resolve(&files, tables, read)
 }
@@ -66,11 +75,24 @@ limit = 5
         assert_eq!(r.id, "login-fail-user-10m");
         assert_eq!(r.mode, Mode::Enforce);
         assert!(r.enabled);
-        assert_eq!(r.form, Form::V1 { counter: 0, limit: Decimal::from_i64(5), threshold: 5 });
+        assert_eq!(
+            r.form,
+            Form::V1 {
+                counter: 0,
+                limit: Decimal::from_i64(5),
+                threshold: 5
+            }
+        );
         let c = &set.counters[0];
         assert_eq!(c.id, r.id);
-        assert_eq!((c.window.bucket_ms, c.window.buckets, c.window.aggregate), (10_000, 60, Aggregate::Count));
-        assert_ne!(c.window.identity, 0, "what the window counts is part of its identity");
+        assert_eq!(
+            (c.window.bucket_ms, c.window.buckets, c.window.aggregate),
+            (10_000, 60, Aggregate::Count)
+        );
+        assert_ne!(
+            c.window.identity, 0,
+            "what the window counts is part of its identity"
+        );
         assert!(matches!(&r.scope, Scope::Table(m) if m.len() == 2));
         assert_eq!(r.origin.to_string(), "r.toml:2:1");
     }
@@ -79,7 +101,9 @@ limit = 5
     fn nested_match_tables_become_dotted_paths() {
         let text = "[[rule]]\nid='a'\naction='alert'\ndimensions=['u']\nwindow='1m'\nlimit=1\nmatch.device.os='ios'\n[rule.match.geo]\ncountry=['FR','DE']\n";
         let set = compile_one(text);
-        let Scope::Table(matchers) = &set.rules[0].scope else { panic!("a table") };
+        let Scope::Table(matchers) = &set.rules[0].scope else {
+            panic!("a table")
+        };
         let paths: Vec<&str> = matchers.iter().map(|m| m.path.as_str()).collect();
         assert_eq!(paths, ["device.os", "geo.country"]);
     }
@@ -142,7 +166,11 @@ match = '''
     #[test]
     fn warns_about_likely_mistakes() {
         let text = "[[counter]]\nid='unread'\ndimensions=['u']\nwindow='1m'\n\n[[rule]]\nid='never'\naction='block'\nwhen=\"'a' > 1\"\n\n[[rule]]\nid='cmp'\naction='review'\nmatch={ amount = '> 500' }\n";
-        let warnings: Vec<String> = compile_one(text).warnings.iter().map(ToString::to_string).collect();
+        let warnings: Vec<String> = compile_one(text)
+            .warnings
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(
             warnings,
             [
@@ -156,6 +184,8 @@ match = '''
     #[test]
     fn columns_count_characters_not_bytes() {
         let text = "# é\n[[rule]]\nid = \"ü\"\n";
-        assert!(errors(text).iter().any(|e| e.starts_with("r.toml:3:6: invalid rule id")));
+        assert!(errors(text)
+            .iter()
+            .any(|e| e.starts_with("r.toml:3:6: invalid rule id")));
     }
 }

@@ -32,7 +32,11 @@ pub(super) struct RuleFile<'a> {
 
 impl<'a> RuleFile<'a> {
     pub(super) fn new(name: &'a str, text: &'a str) -> RuleFile<'a> {
-        RuleFile { name, text, line_starts: std::cell::OnceCell::new() }
+        RuleFile {
+            name,
+            text,
+            line_starts: std::cell::OnceCell::new(),
+        }
     }
 
     /// 1-based line and column (in characters) of a byte offset.
@@ -42,11 +46,23 @@ impl<'a> RuleFile<'a> {
             offset -= 1;
         }
         let starts = self.line_starts.get_or_init(|| {
-            std::iter::once(0).chain(self.text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i + 1)).collect()
+            std::iter::once(0)
+                .chain(
+                    self.text
+                        .bytes()
+                        .enumerate()
+                        .filter(|&(_, b)| b == b'\n')
+                        .map(|(i, _)| i + 1),
+                )
+                .collect()
         });
         let line = starts.partition_point(|&start| start <= offset);
         let line_start = starts[line - 1];
-        FileLocation { file: self.name.to_owned(), line, col: self.text[line_start..offset].chars().count() + 1 }
+        FileLocation {
+            file: self.name.to_owned(),
+            line,
+            col: self.text[line_start..offset].chars().count() + 1,
+        }
     }
 }
 
@@ -58,7 +74,10 @@ pub(super) struct Report<'a> {
 
 impl Report<'_> {
     pub(super) fn error(&mut self, offset: usize, message: impl Into<String>) {
-        self.diagnostics.push(Diagnostic { origin: self.source.origin(offset), message: message.into() });
+        self.diagnostics.push(Diagnostic {
+            origin: self.source.origin(offset),
+            message: message.into(),
+        });
     }
 }
 
@@ -66,7 +85,10 @@ impl Report<'_> {
 pub fn not_utf8(name: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
     let valid = std::str::from_utf8(&bytes[..valid_up_to]).unwrap_or_default();
     let source = RuleFile::new(name, valid);
-    Diagnostic { origin: source.origin(valid_up_to), message: "file is not valid UTF-8".to_owned() }
+    Diagnostic {
+        origin: source.origin(valid_up_to),
+        message: "file is not valid UTF-8".to_owned(),
+    }
 }
 
 /// The byte offset, within a TOML string token `raw` (starting at its opening quote), of the
@@ -131,7 +153,10 @@ pub(super) fn raw_offset(raw: &str, decoded: usize) -> usize {
 
 /// Where `key` is written in `table` (0 if it has no span).
 pub(super) fn key_offset(table: &dyn TableLike, key: &str) -> usize {
-    table.get_key_value(key).and_then(|(k, _)| k.span()).map_or(0, |s| s.start)
+    table
+        .get_key_value(key)
+        .and_then(|(k, _)| k.span())
+        .map_or(0, |s| s.start)
 }
 
 /// Where a value is written (0 if it has no span).

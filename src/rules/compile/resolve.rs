@@ -8,12 +8,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::positions::{raw_offset, Diagnostic, RuleFile};
-use super::tables::drafts::{CounterDraft, DraftScope, ExprSite, InlineEntry, ListDraft, ListEntries, RuleDraft};
+use super::tables::drafts::{
+    CounterDraft, DraftScope, ExprSite, InlineEntry, ListDraft, ListEntries, RuleDraft,
+};
 use super::tables::ReadTables;
 use crate::event::{quote_prefix as q, Projection};
 use crate::rules::expr::{self, Names};
 use crate::rules::lists::{ListKind, ListSet};
-use crate::rules::model::{Counter, Form, FileLocation, Rule, Scope};
+use crate::rules::model::{Counter, FileLocation, Form, Rule, Scope};
 use crate::window::Aggregate;
 
 /// What compiling a set of files gives.
@@ -33,47 +35,115 @@ pub type ReadFile<'a> = &'a dyn Fn(&str) -> Result<String, String>;
 
 /// A reader for callers without files: every list file is an error.
 pub fn no_files(path: &str) -> Result<String, String> {
-    Err(format!("cannot read {path}: list files are read only when loading a rule directory"))
+    Err(format!(
+        "cannot read {path}: list files are read only when loading a rule directory"
+    ))
 }
 
 /// Resolves the tables read from `files` against each other; every error, in file order then
 /// by position, if there is any.
-pub(super) fn resolve(files: &[RuleFile<'_>], tables: ReadTables, read: ReadFile<'_>) -> Result<CompiledSet, Vec<Diagnostic>> {
-    let ReadTables { counters, rules, lists: list_drafts, mut ids, orphans, mut diagnostics, mut warnings } = tables;
+pub(super) fn resolve(
+    files: &[RuleFile<'_>],
+    tables: ReadTables,
+    read: ReadFile<'_>,
+) -> Result<CompiledSet, Vec<Diagnostic>> {
+    let ReadTables {
+        counters,
+        rules,
+        lists: list_drafts,
+        mut ids,
+        orphans,
+        mut diagnostics,
+        mut warnings,
+    } = tables;
     let file_order = file_order(files);
     report_duplicate_ids(&mut ids, &file_order, &mut diagnostics);
     let (lists, list_files) = read_lists(&list_drafts, files, read, &mut diagnostics);
 
     // Names resolve against every counter that was read, so a reference to a counter with an
     // error of its own is not reported a second time as unknown.
-    let index: HashMap<String, (usize, bool)> =
-        counters.iter().enumerate().map(|(i, c)| (c.counter.id.clone(), (i, c.counter.enabled))).collect();
+    let index: HashMap<String, (usize, bool)> = counters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.counter.id.clone(), (i, c.counter.enabled)))
+        .collect();
     let rule_ids: HashSet<&str> = rules.iter().map(|r| r.id.as_str()).collect();
-    let scales: Vec<i32> = counters.iter().map(|c| if c.counter.aggregate() == Aggregate::Sum { 6 } else { 0 }).collect();
-    let list_index: HashMap<&str, usize> = lists.iter().enumerate().rev().map(|(i, (id, _))| (id.as_str(), i)).collect();
-    let names = CounterNames { index: &index, scales: &scales, rule_ids: &rule_ids, lists: &lists, list_index: &list_index };
-    let exprs = Exprs { files, names: &names };
+    let scales: Vec<i32> = counters
+        .iter()
+        .map(|c| {
+            if c.counter.aggregate() == Aggregate::Sum {
+                6
+            } else {
+                0
+            }
+        })
+        .collect();
+    let list_index: HashMap<&str, usize> = lists
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, (id, _))| (id.as_str(), i))
+        .collect();
+    let names = CounterNames {
+        index: &index,
+        scales: &scales,
+        rule_ids: &rule_ids,
+        lists: &lists,
+        list_index: &list_index,
+    };
+    let exprs = Exprs {
+        files,
+        names: &names,
+    };
     let mut projection = Projection::new();
     exprs.check_orphans(&orphans, &mut diagnostics);
     let built_counters = build_counters(&counters, &exprs, &mut projection, &mut diagnostics);
-    let built_rules = build_rules(&rules, &counters, &exprs, &mut projection, &mut diagnostics, &mut warnings);
+    let built_rules = build_rules(
+        &rules,
+        &counters,
+        &exprs,
+        &mut projection,
+        &mut diagnostics,
+        &mut warnings,
+    );
     if !diagnostics.is_empty() {
         // By file (in load order), then by position.
-        let file_index = |d: &Diagnostic| file_order.get(d.origin.file.as_str()).copied().unwrap_or(usize::MAX);
+        let file_index = |d: &Diagnostic| {
+            file_order
+                .get(d.origin.file.as_str())
+                .copied()
+                .unwrap_or(usize::MAX)
+        };
         diagnostics.sort_by_key(|d| (file_index(d), d.origin.line, d.origin.col));
         return Err(diagnostics);
     }
     warn_unread_counters(&built_counters, &built_rules, &mut warnings);
-    Ok(CompiledSet { counters: built_counters, rules: built_rules, lists, list_files, projection, warnings })
+    Ok(CompiledSet {
+        counters: built_counters,
+        rules: built_rules,
+        lists,
+        list_files,
+        projection,
+        warnings,
+    })
 }
 
 /// Each file's position in load order, by name (the first, if a name is given twice).
 fn file_order<'a>(files: &[RuleFile<'a>]) -> HashMap<&'a str, usize> {
-    files.iter().enumerate().rev().map(|(i, source)| (source.name, i)).collect()
+    files
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, source)| (source.name, i))
+        .collect()
 }
 
 /// A second definition of an id, anywhere in the set, is an error at that definition.
-fn report_duplicate_ids(ids: &mut [(String, FileLocation)], file_order: &HashMap<&str, usize>, diagnostics: &mut Vec<Diagnostic>) {
+fn report_duplicate_ids(
+    ids: &mut [(String, FileLocation)],
+    file_order: &HashMap<&str, usize>,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
     // In file order, then by position (tables are read kind by kind).
     ids.sort_by_key(|(_, o)| (file_order.get(o.file.as_str()).copied(), o.line, o.col));
     let mut first: HashMap<&str, &FileLocation> = HashMap::new();
@@ -106,15 +176,30 @@ fn read_lists(
         match &draft.entries {
             ListEntries::Inline(values) => add_inline(&mut set, draft, values, source, diagnostics),
             ListEntries::File(file, at) => {
-                let path = Path::new(source.name).parent().unwrap_or(Path::new("")).join(file).display().to_string();
+                let path = Path::new(source.name)
+                    .parent()
+                    .unwrap_or(Path::new(""))
+                    .join(file)
+                    .display()
+                    .to_string();
                 match read(&path) {
                     Ok(text) => {
                         for (line, col, message) in set.add_file(&text) {
-                            diagnostics.push(Diagnostic { origin: FileLocation { file: path.clone(), line, col }, message });
+                            diagnostics.push(Diagnostic {
+                                origin: FileLocation {
+                                    file: path.clone(),
+                                    line,
+                                    col,
+                                },
+                                message,
+                            });
                         }
                         list_files.push((path, text));
                     }
-                    Err(message) => diagnostics.push(Diagnostic { origin: source.origin(*at), message }),
+                    Err(message) => diagnostics.push(Diagnostic {
+                        origin: source.origin(*at),
+                        message,
+                    }),
                 }
             }
         }
@@ -124,17 +209,28 @@ fn read_lists(
 }
 
 /// Adds a list's inline values to its set; a value of the wrong kind is an error where written.
-fn add_inline(set: &mut ListSet, draft: &ListDraft, values: &[(InlineEntry, usize)], source: &RuleFile<'_>, diagnostics: &mut Vec<Diagnostic>) {
+fn add_inline(
+    set: &mut ListSet,
+    draft: &ListDraft,
+    values: &[(InlineEntry, usize)],
+    source: &RuleFile<'_>,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
     for (entry, at) in values {
         let result = match (entry, draft.kind) {
             (InlineEntry::Str(s), ListKind::String | ListKind::Cidr) => set.add(s),
             (InlineEntry::Num(d), ListKind::Number) => set.add(&d.to_string()),
             (InlineEntry::Num(_), _) => Err(format!("a number in a {} list", draft.kind.as_str())),
             (InlineEntry::Str(_), ListKind::Number) => Err("a string in a number list".to_owned()),
-            (InlineEntry::Other(what), _) => Err(format!("a {what} in a {} list", draft.kind.as_str())),
+            (InlineEntry::Other(what), _) => {
+                Err(format!("a {what} in a {} list", draft.kind.as_str()))
+            }
         };
         if let Err(message) = result {
-            diagnostics.push(Diagnostic { origin: source.origin(*at), message: format!("list {:?}: {message}", draft.id) });
+            diagnostics.push(Diagnostic {
+                origin: source.origin(*at),
+                message: format!("list {:?}: {message}", draft.id),
+            });
         }
     }
 }
@@ -149,7 +245,10 @@ impl Exprs<'_, '_> {
     /// An expression error, at its column in the file.
     fn site_error(&self, site: &ExprSite, e: expr::ExprError) -> Diagnostic {
         let source = &self.files[site.file];
-        Diagnostic { origin: source.origin(site.at + raw_offset(&source.text[site.at..], e.offset)), message: e.message }
+        Diagnostic {
+            origin: source.origin(site.at + raw_offset(&source.text[site.at..], e.offset)),
+            message: e.message,
+        }
     }
 
     /// Expressions of tables with other errors: their own errors too (names they use may belong
@@ -157,29 +256,46 @@ impl Exprs<'_, '_> {
     fn check_orphans(&self, orphans: &[(ExprSite, bool)], diagnostics: &mut Vec<Diagnostic>) {
         let lenient = LenientNames(self.names);
         for (site, allow_counters) in orphans {
-            if let Err(e) = expr::compile(&site.value, &mut Projection::new(), &lenient, *allow_counters) {
+            if let Err(e) = expr::compile(
+                &site.value,
+                &mut Projection::new(),
+                &lenient,
+                *allow_counters,
+            ) {
                 diagnostics.push(self.site_error(site, e));
             }
         }
     }
 
     /// A `match` (`None`: its expression has an error, reported).
-    fn scope(&self, scope: &DraftScope, projection: &mut Projection, diagnostics: &mut Vec<Diagnostic>) -> Option<Scope> {
+    fn scope(
+        &self,
+        scope: &DraftScope,
+        projection: &mut Projection,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<Scope> {
         match scope {
             DraftScope::All => Some(Scope::All),
             DraftScope::Table(m) => Some(Scope::Table(m.clone())),
-            DraftScope::Expr(site) => match expr::compile(&site.value, projection, self.names, false) {
-                Ok(c) => Some(Scope::Expr(Box::new(c))),
-                Err(e) => {
-                    diagnostics.push(self.site_error(site, e));
-                    None
+            DraftScope::Expr(site) => {
+                match expr::compile(&site.value, projection, self.names, false) {
+                    Ok(c) => Some(Scope::Expr(Box::new(c))),
+                    Err(e) => {
+                        diagnostics.push(self.site_error(site, e));
+                        None
+                    }
                 }
-            },
+            }
         }
     }
 
     /// A rule's `when`, if it has one (`None`: it has an error, reported).
-    fn when(&self, when: Option<&ExprSite>, projection: &mut Projection, diagnostics: &mut Vec<Diagnostic>) -> Option<Option<Box<expr::Compiled>>> {
+    fn when(
+        &self,
+        when: Option<&ExprSite>,
+        projection: &mut Projection,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<Option<Box<expr::Compiled>>> {
         match when {
             None => Some(None),
             Some(site) => match expr::compile(&site.value, projection, self.names, true) {
@@ -194,11 +310,20 @@ impl Exprs<'_, '_> {
 }
 
 /// The counters whose `match` compiles.
-fn build_counters(drafts: &[CounterDraft], exprs: &Exprs<'_, '_>, projection: &mut Projection, diagnostics: &mut Vec<Diagnostic>) -> Vec<Counter> {
+fn build_counters(
+    drafts: &[CounterDraft],
+    exprs: &Exprs<'_, '_>,
+    projection: &mut Projection,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<Counter> {
     let mut built = Vec::with_capacity(drafts.len());
     for draft in drafts {
         if let Some(scope) = exprs.scope(&draft.scope, projection, diagnostics) {
-            built.push(Counter { scope, scope_text: scope_text(&draft.scope), ..draft.counter.clone() });
+            built.push(Counter {
+                scope,
+                scope_text: scope_text(&draft.scope),
+                ..draft.counter.clone()
+            });
         }
     }
     built
@@ -217,7 +342,9 @@ fn build_rules(
     for draft in drafts {
         let scope = exprs.scope(&draft.scope, projection, diagnostics);
         let when = exprs.when(draft.when.as_ref(), projection, diagnostics);
-        let (Some(scope), Some(when)) = (scope, when) else { continue };
+        let (Some(scope), Some(when)) = (scope, when) else {
+            continue;
+        };
         let form = rule_form(draft, exprs.names, counters);
         if let Some(w) = &when {
             warn_if_constant(draft, w, warnings);
@@ -246,8 +373,16 @@ fn rule_form(draft: &RuleDraft, names: &CounterNames<'_>, counters: &[CounterDra
     match draft.limit {
         Some(limit) => {
             let counter = names.index[&draft.id].0;
-            let scale = if counters[counter].counter.aggregate() == Aggregate::Sum { 6 } else { 0 };
-            Form::V1 { counter, limit, threshold: limit.floor_scaled(scale) }
+            let scale = if counters[counter].counter.aggregate() == Aggregate::Sum {
+                6
+            } else {
+                0
+            };
+            Form::V1 {
+                counter,
+                limit,
+                threshold: limit.floor_scaled(scale),
+            }
         }
         None => Form::V2,
     }
@@ -259,7 +394,11 @@ fn warn_if_constant(draft: &RuleDraft, when: &expr::Compiled, warnings: &mut Vec
         if value != expr::Val::Bool(true) {
             warnings.push(Diagnostic {
                 origin: draft.origin.clone(),
-                message: format!("rule {:?} can never fire: its `when` is always {}", draft.id, constant_name(&value)),
+                message: format!(
+                    "rule {:?} can never fire: its `when` is always {}",
+                    draft.id,
+                    constant_name(&value)
+                ),
             });
         }
     }
@@ -326,7 +465,10 @@ impl Names for LenientNames<'_> {
     }
 
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
-        Ok(self.0.list(id).unwrap_or_else(|_| Arc::new(ListSet::new(ListKind::String))))
+        Ok(self
+            .0
+            .list(id)
+            .unwrap_or_else(|_| Arc::new(ListSet::new(ListKind::String))))
     }
 }
 
@@ -335,7 +477,9 @@ impl Names for CounterNames<'_> {
         match self.index.get(id) {
             Some(&(i, true)) => Ok(i),
             Some(&(_, false)) => Err(format!("counter {} is disabled (enabled = false)", q(id))),
-            None if self.rule_ids.contains(id) => Err(format!("{} is a rule, not a counter", q(id))),
+            None if self.rule_ids.contains(id) => {
+                Err(format!("{} is a rule, not a counter", q(id)))
+            }
             None => Err(format!("unknown counter {}", q(id))),
         }
     }
@@ -347,7 +491,9 @@ impl Names for CounterNames<'_> {
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
         match self.list_index.get(id) {
             Some(&i) => Ok(Arc::clone(&self.lists[i].1)),
-            None if self.index.contains_key(id) => Err(format!("{} is a counter, not a list (write ${id})", q(id))),
+            None if self.index.contains_key(id) => {
+                Err(format!("{} is a counter, not a list (write ${id})", q(id)))
+            }
             None => Err(format!("unknown list {}", q(id))),
         }
     }

@@ -20,7 +20,10 @@ pub struct Num {
 
 impl Num {
     pub fn exact(d: Decimal) -> Num {
-        Num { float: d.to_f64(), exact: Some(d) }
+        Num {
+            float: d.to_f64(),
+            exact: Some(d),
+        }
     }
 }
 
@@ -99,17 +102,43 @@ pub enum Expr {
     Neg(Box<Expr>),
     Bin(BinOp, Box<Expr>, Box<Expr>),
     /// `field == 'text'` (or `!=`): the most common test, compared without building values.
-    FieldIsStr { negated: bool, slot: usize, text: Box<str> },
+    FieldIsStr {
+        negated: bool,
+        slot: usize,
+        text: Box<str>,
+    },
     /// `$counter OP number` (either way round), compared on the counter's raw integer scale:
     /// `floor` and `ceil` are the literal times 10^scale rounded down and up, so `raw > floor`
     /// is exactly `value > literal` (see [`CounterCmp`]).
-    CounterCmp { cmp: CounterCmp, index: usize, floor: i64, ceil: i64 },
+    CounterCmp {
+        cmp: CounterCmp,
+        index: usize,
+        floor: i64,
+        ceil: i64,
+    },
     /// `x in [...]`: string elements apart (looked up by `&str`, no allocation), the others by
     /// literal.
-    InSet { negated: bool, value: Box<Expr>, strings: StrSet, set: HashSet<Literal> },
-    InField { negated: bool, value: Box<Expr>, field: usize },
-    InCidr { negated: bool, value: Box<Expr>, nets: Vec<IpNet> },
-    InList { negated: bool, value: Box<Expr>, list: std::sync::Arc<ListSet> },
+    InSet {
+        negated: bool,
+        value: Box<Expr>,
+        strings: StrSet,
+        set: HashSet<Literal>,
+    },
+    InField {
+        negated: bool,
+        value: Box<Expr>,
+        field: usize,
+    },
+    InCidr {
+        negated: bool,
+        value: Box<Expr>,
+        nets: Vec<IpNet>,
+    },
+    InList {
+        negated: bool,
+        value: Box<Expr>,
+        list: std::sync::Arc<ListSet>,
+    },
     Exists(usize),
     StartsWith(Box<Expr>, Box<Expr>),
     EndsWith(Box<Expr>, Box<Expr>),
@@ -163,10 +192,20 @@ impl Expr {
             out.push(')');
         };
         match self {
-            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } => {
+            Expr::Lit(_)
+            | Expr::Num(_)
+            | Expr::Field(_)
+            | Expr::Counter(_)
+            | Expr::Exists(_)
+            | Expr::FieldIsStr { .. }
+            | Expr::CounterCmp { .. } => {
                 let _ = write!(out, "{self:?}");
             }
-            Expr::InField { negated, value, field } => sub(out, &format!("in_field{negated}{field}"), &[value]),
+            Expr::InField {
+                negated,
+                value,
+                field,
+            } => sub(out, &format!("in_field{negated}{field}"), &[value]),
             Expr::Not(a) => sub(out, "not", &[a]),
             Expr::Neg(a) => sub(out, "neg", &[a]),
             Expr::Lower(a) => sub(out, "lower", &[a]),
@@ -175,7 +214,12 @@ impl Expr {
             Expr::EndsWith(a, b) => sub(out, "ends_with", &[a, b]),
             Expr::Contains(a, b) => sub(out, "contains", &[a, b]),
             Expr::Matches(a, regex) => sub(out, &format!("matches{:?}", regex.as_str()), &[a]),
-            Expr::InSet { negated, value, strings, set } => {
+            Expr::InSet {
+                negated,
+                value,
+                strings,
+                set,
+            } => {
                 let mut members: Vec<String> = match strings {
                     StrSet::Few(few) => few.iter().map(|s| format!("{s:?}")).collect(),
                     StrSet::Many(many) => many.iter().map(|s| format!("{s:?}")).collect(),
@@ -184,9 +228,21 @@ impl Expr {
                 members.sort_unstable();
                 sub(out, &format!("in{negated}{members:?}"), &[value]);
             }
-            Expr::InCidr { negated, value, nets } => sub(out, &format!("cidr{negated}{nets:?}"), &[value]),
-            Expr::InList { negated, value, list } => {
-                sub(out, &format!("list{negated}{:p}", std::sync::Arc::as_ptr(list)), &[value]);
+            Expr::InCidr {
+                negated,
+                value,
+                nets,
+            } => sub(out, &format!("cidr{negated}{nets:?}"), &[value]),
+            Expr::InList {
+                negated,
+                value,
+                list,
+            } => {
+                sub(
+                    out,
+                    &format!("list{negated}{:p}", std::sync::Arc::as_ptr(list)),
+                    &[value],
+                );
             }
         }
     }

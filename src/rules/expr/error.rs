@@ -9,5 +9,8 @@ pub struct ExprError {
 }
 
 pub(super) fn err<T>(offset: usize, message: impl Into<String>) -> Result<T, ExprError> {
-    Err(ExprError { offset, message: message.into() })
+    Err(ExprError {
+        offset,
+        message: message.into(),
+    })
 }

@@ -141,7 +141,11 @@ fn in_set(v: &Val<'_>, strings: &StrSet, set: &HashSet<Literal>) -> Truth {
 fn in_array<'e>(v: &Val<'_>, field: &'e FieldValue<'e>) -> Truth {
     match (v, field) {
         (Val::Unknown, _) => None,
-        (_, FieldValue::Array(items)) => Some(items.iter().any(|item| equal(v, &field_val(item)) == Some(true))),
+        (_, FieldValue::Array(items)) => Some(
+            items
+                .iter()
+                .any(|item| equal(v, &field_val(item)) == Some(true)),
+        ),
         _ => None,
     }
 }
@@ -154,9 +158,13 @@ fn in_list(v: Val<'_>, list: &ListSet) -> Truth {
         (Val::Unknown, _) => None,
         (Val::Str(s), ListSet::Strings(set)) => Some(set.contains(s.as_ref())),
         (Val::Num(Num { exact: Some(d), .. }), ListSet::Numbers(set)) => Some(set.contains(&d)),
-        (Val::Num(n), ListSet::Numbers(set)) => Some(Decimal::from_f64(n.float).is_some_and(|d| set.contains(&d))),
+        (Val::Num(n), ListSet::Numbers(set)) => {
+            Some(Decimal::from_f64(n.float).is_some_and(|d| set.contains(&d)))
+        }
         (_, ListSet::Strings(_) | ListSet::Numbers(_)) => Some(false),
-        (Val::Str(s), ListSet::Networks(nets)) => s.parse::<IpAddr>().ok().map(|ip| nets.contains(ip)),
+        (Val::Str(s), ListSet::Networks(nets)) => {
+            s.parse::<IpAddr>().ok().map(|ip| nets.contains(ip))
+        }
         (_, ListSet::Networks(_)) => None,
     }
 }
@@ -170,29 +178,39 @@ impl Expr {
             Expr::Field(slot) => field_val(cx.field(*slot)),
             Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
             Expr::Neg(inner) => match inner.eval(cx) {
-                Val::Num(n) => Val::Num(Num { float: -n.float, exact: n.exact.map(|d| -d) }),
+                Val::Num(n) => Val::Num(Num {
+                    float: -n.float,
+                    exact: n.exact.map(|d| -d),
+                }),
                 _ => Val::Unknown,
             },
-            Expr::Bin(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div), l, r) => match (l.eval(cx), r.eval(cx)) {
-                (Val::Num(x), Val::Num(y)) => {
-                    let (x, y) = (x.float, y.float);
-                    let v = match op {
-                        BinOp::Add => x + y,
-                        BinOp::Sub => x - y,
-                        BinOp::Mul => x * y,
-                        _ if y == 0.0 => return Val::Unknown,
-                        _ => x / y,
-                    };
-                    if v.is_nan() {
-                        Val::Unknown
-                    } else {
-                        Val::Num(Num { float: v, exact: None })
+            Expr::Bin(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div), l, r) => {
+                match (l.eval(cx), r.eval(cx)) {
+                    (Val::Num(x), Val::Num(y)) => {
+                        let (x, y) = (x.float, y.float);
+                        let v = match op {
+                            BinOp::Add => x + y,
+                            BinOp::Sub => x - y,
+                            BinOp::Mul => x * y,
+                            _ if y == 0.0 => return Val::Unknown,
+                            _ => x / y,
+                        };
+                        if v.is_nan() {
+                            Val::Unknown
+                        } else {
+                            Val::Num(Num {
+                                float: v,
+                                exact: None,
+                            })
+                        }
                     }
+                    _ => Val::Unknown,
                 }
-                _ => Val::Unknown,
-            },
+            }
             Expr::Lower(a) => match a.eval(cx) {
-                Val::Str(s) if s.bytes().any(|b| b.is_ascii_uppercase()) || !s.is_ascii() => Val::Str(Cow::Owned(s.to_lowercase())),
+                Val::Str(s) if s.bytes().any(|b| b.is_ascii_uppercase()) || !s.is_ascii() => {
+                    Val::Str(Cow::Owned(s.to_lowercase()))
+                }
                 Val::Str(s) => Val::Str(s),
                 _ => Val::Unknown,
             },
@@ -229,7 +247,11 @@ impl Expr {
                     _ => None,
                 }
             }
-            Expr::Bin(op @ (BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge), l, r) => {
+            Expr::Bin(
+                op @ (BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge),
+                l,
+                r,
+            ) => {
                 let (a, b) = (l.eval(cx), r.eval(cx));
                 match op {
                     BinOp::Eq => equal(&a, &b),
@@ -242,40 +264,80 @@ impl Expr {
                     }),
                 }
             }
-            Expr::CounterCmp { cmp, index, floor, ceil } => cx.counter_raw(*index).map(|raw| cmp.holds(raw, *floor, *ceil)),
-            Expr::FieldIsStr { negated, slot, text } => match cx.field(*slot) {
+            Expr::CounterCmp {
+                cmp,
+                index,
+                floor,
+                ceil,
+            } => cx
+                .counter_raw(*index)
+                .map(|raw| cmp.holds(raw, *floor, *ceil)),
+            Expr::FieldIsStr {
+                negated,
+                slot,
+                text,
+            } => match cx.field(*slot) {
                 FieldValue::Missing => None,
                 FieldValue::Str(s) => Some((s.as_ref() == text.as_ref()) != *negated),
                 // Strict types: a value of any other type is not equal to a string.
                 _ => Some(*negated),
             },
-            Expr::InSet { negated, value, strings, set } => negate_if(*negated, in_set(&value.eval(cx), strings, set)),
-            Expr::InField { negated, value, field } => negate_if(*negated, in_array(&value.eval(cx), cx.field(*field))),
-            Expr::InCidr { negated, value, nets } => {
+            Expr::InSet {
+                negated,
+                value,
+                strings,
+                set,
+            } => negate_if(*negated, in_set(&value.eval(cx), strings, set)),
+            Expr::InField {
+                negated,
+                value,
+                field,
+            } => negate_if(*negated, in_array(&value.eval(cx), cx.field(*field))),
+            Expr::InCidr {
+                negated,
+                value,
+                nets,
+            } => {
                 let found = match value.eval(cx) {
-                    Val::Str(s) => s.parse::<IpAddr>().ok().map(|ip| nets.iter().any(|n| n.contains(&ip))),
+                    Val::Str(s) => s
+                        .parse::<IpAddr>()
+                        .ok()
+                        .map(|ip| nets.iter().any(|n| n.contains(&ip))),
                     _ => None,
                 };
                 negate_if(*negated, found)
             }
-            Expr::InList { negated, value, list } => negate_if(*negated, in_list(value.eval(cx), list)),
-            Expr::Exists(slot) => Some(!matches!(cx.field(*slot), FieldValue::Missing | FieldValue::Null)),
-            Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => match (a.eval(cx), b.eval(cx)) {
-                (Val::Str(s), Val::Str(p)) => Some(match self {
-                    Expr::StartsWith(..) => s.starts_with(p.as_ref()),
-                    Expr::EndsWith(..) => s.ends_with(p.as_ref()),
-                    _ => s.contains(p.as_ref()),
-                }),
-                _ => None,
-            },
+            Expr::InList {
+                negated,
+                value,
+                list,
+            } => negate_if(*negated, in_list(value.eval(cx), list)),
+            Expr::Exists(slot) => Some(!matches!(
+                cx.field(*slot),
+                FieldValue::Missing | FieldValue::Null
+            )),
+            Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
+                match (a.eval(cx), b.eval(cx)) {
+                    (Val::Str(s), Val::Str(p)) => Some(match self {
+                        Expr::StartsWith(..) => s.starts_with(p.as_ref()),
+                        Expr::EndsWith(..) => s.ends_with(p.as_ref()),
+                        _ => s.contains(p.as_ref()),
+                    }),
+                    _ => None,
+                }
+            }
             Expr::Matches(a, regex) => match a.eval(cx) {
                 Val::Str(s) => Some(regex.is_match(&s)),
                 _ => None,
             },
             // A value: true only if it is the boolean true.
-            Expr::Lit(_) | Expr::Num(_) | Expr::Field(_) | Expr::Counter(_) | Expr::Neg(_) | Expr::Bin(..) | Expr::Lower(_) => {
-                truth(&self.eval(cx))
-            }
+            Expr::Lit(_)
+            | Expr::Num(_)
+            | Expr::Field(_)
+            | Expr::Counter(_)
+            | Expr::Neg(_)
+            | Expr::Bin(..)
+            | Expr::Lower(_) => truth(&self.eval(cx)),
         }
     }
 
@@ -308,12 +370,20 @@ impl Expr {
     fn reads_input(&self) -> bool {
         match self {
             Expr::Lit(_) | Expr::Num(_) => false,
-            Expr::Field(_) | Expr::Counter(_) | Expr::Exists(_) | Expr::InField { .. } | Expr::FieldIsStr { .. } | Expr::CounterCmp { .. } => true,
+            Expr::Field(_)
+            | Expr::Counter(_)
+            | Expr::Exists(_)
+            | Expr::InField { .. }
+            | Expr::FieldIsStr { .. }
+            | Expr::CounterCmp { .. } => true,
             Expr::Not(a) | Expr::Neg(a) | Expr::Lower(a) | Expr::Matches(a, _) => a.reads_input(),
-            Expr::Bin(_, a, b) | Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
-                a.reads_input() || b.reads_input()
+            Expr::Bin(_, a, b)
+            | Expr::StartsWith(a, b)
+            | Expr::EndsWith(a, b)
+            | Expr::Contains(a, b) => a.reads_input() || b.reads_input(),
+            Expr::InSet { value, .. } | Expr::InCidr { value, .. } | Expr::InList { value, .. } => {
+                value.reads_input()
             }
-            Expr::InSet { value, .. } | Expr::InCidr { value, .. } | Expr::InList { value, .. } => value.reads_input(),
         }
     }
 }

@@ -19,7 +19,10 @@ pub(super) enum Tok {
     End,
 }
 
-const OPS: [&str; 19] = ["||", "&&", "==", "!=", "<=", ">=", "<", ">", "!", "+", "-", "*", "/", "(", ")", "[", "]", ",", "."];
+const OPS: [&str; 19] = [
+    "||", "&&", "==", "!=", "<=", ">=", "<", ">", "!", "+", "-", "*", "/", "(", ")", "[", "]", ",",
+    ".",
+];
 
 fn is_ref_char(c: u8) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'.' | b'-')
@@ -57,7 +60,9 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
                 i = end;
             }
             b'`' => {
-                let Some(len) = text[i + 1..].find('`') else { return err(start, "unterminated backquoted name") };
+                let Some(len) = text[i + 1..].find('`') else {
+                    return err(start, "unterminated backquoted name");
+                };
                 if len == 0 {
                     return err(start, "empty backquoted name");
                 }
@@ -71,12 +76,25 @@ pub(super) fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
                 }
                 let name = text[start + 1..i].to_owned();
                 if name.is_empty() {
-                    let what = if c == b'$' { "a counter id after '$'" } else { "a list id after '@'" };
+                    let what = if c == b'$' {
+                        "a counter id after '$'"
+                    } else {
+                        "a list id after '@'"
+                    };
                     return err(start, format!("expected {what}"));
                 }
-                out.push((if c == b'$' { Tok::Counter(name) } else { Tok::List(name) }, start));
+                out.push((
+                    if c == b'$' {
+                        Tok::Counter(name)
+                    } else {
+                        Tok::List(name)
+                    },
+                    start,
+                ));
             }
-            b'=' if !text[i..].starts_with("==") => return err(start, "'=' is not an operator: write '=='"),
+            b'=' if !text[i..].starts_with("==") => {
+                return err(start, "'=' is not an operator: write '=='")
+            }
             _ => {
                 let Some(op) = OPS.iter().find(|op| text[i..].starts_with(**op)) else {
                     let ch = text[i..].chars().next().unwrap_or('?');
@@ -117,11 +135,17 @@ fn lex_number(text: &str, start: usize) -> Result<(Decimal, usize), ExprError> {
         }
     }
     if i < bytes.len() && (bytes[i].is_ascii_alphabetic() || bytes[i] == b'_') {
-        return err(start, format!("invalid number {}", quote_prefix(&text[start..=i])));
+        return err(
+            start,
+            format!("invalid number {}", quote_prefix(&text[start..=i])),
+        );
     }
     match Decimal::parse(&text[start..i]) {
         Some(d) => Ok((d, i)),
-        None => err(start, format!("invalid number {}", quote_prefix(&text[start..i]))),
+        None => err(
+            start,
+            format!("invalid number {}", quote_prefix(&text[start..i])),
+        ),
     }
 }
 
@@ -129,7 +153,10 @@ fn lex_number(text: &str, start: usize) -> Result<(Decimal, usize), ExprError> {
 fn lex_string(text: &str, start: usize) -> Result<(String, usize), ExprError> {
     let quote = text.as_bytes()[start] as char;
     let mut out = String::new();
-    let mut chars = text[start + 1..].char_indices().map(|(j, c)| (start + 1 + j, c)).peekable();
+    let mut chars = text[start + 1..]
+        .char_indices()
+        .map(|(j, c)| (start + 1 + j, c))
+        .peekable();
     while let Some((at, c)) = chars.next() {
         if c == quote {
             return Ok((out, at + 1));
@@ -153,23 +180,46 @@ fn lex_string(text: &str, start: usize) -> Result<(String, usize), ExprError> {
                         match chars.next() {
                             Some((_, '}')) => break,
                             Some((_, h)) if h.is_ascii_hexdigit() && hex.len() < 6 => hex.push(h),
-                            _ => return err(at, "invalid \\u{…} escape: expected 1 to 6 hex digits and '}'"),
+                            _ => {
+                                return err(
+                                    at,
+                                    "invalid \\u{…} escape: expected 1 to 6 hex digits and '}'",
+                                )
+                            }
                         }
                     }
                     if hex.is_empty() {
-                        return err(at, "invalid \\u{…} escape: expected 1 to 6 hex digits and '}'");
+                        return err(
+                            at,
+                            "invalid \\u{…} escape: expected 1 to 6 hex digits and '}'",
+                        );
                     }
                     u32::from_str_radix(&hex, 16).ok()
                 } else {
-                    fn four(chars: &mut std::iter::Peekable<impl Iterator<Item = (usize, char)>>) -> Option<u32> {
-                        let hex: String =
-                            (0..4).filter_map(|_| chars.next_if(|(_, c)| c.is_ascii_hexdigit()).map(|(_, c)| c)).collect();
-                        if hex.len() == 4 { u32::from_str_radix(&hex, 16).ok() } else { None }
+                    fn four(
+                        chars: &mut std::iter::Peekable<impl Iterator<Item = (usize, char)>>,
+                    ) -> Option<u32> {
+                        let hex: String = (0..4)
+                            .filter_map(|_| {
+                                chars
+                                    .next_if(|(_, c)| c.is_ascii_hexdigit())
+                                    .map(|(_, c)| c)
+                            })
+                            .collect();
+                        if hex.len() == 4 {
+                            u32::from_str_radix(&hex, 16).ok()
+                        } else {
+                            None
+                        }
                     }
-                    let Some(high) = four(&mut chars) else { return err(at, "invalid \\u escape: expected 4 hex digits") };
+                    let Some(high) = four(&mut chars) else {
+                        return err(at, "invalid \\u escape: expected 4 hex digits");
+                    };
                     if (0xD800..0xDC00).contains(&high) {
                         // A UTF-16 surrogate pair, as JSON writes characters beyond the BMP.
-                        let low = if chars.next_if(|&(_, c)| c == '\\').is_some() && chars.next_if(|&(_, c)| c == 'u').is_some() {
+                        let low = if chars.next_if(|&(_, c)| c == '\\').is_some()
+                            && chars.next_if(|&(_, c)| c == 'u').is_some()
+                        {
                             four(&mut chars)
                         } else {
                             None

@@ -21,7 +21,12 @@ pub use parse::{BinOp, MAX_NESTING};
 pub use resolve::Names;
 
 /// Parses and resolves `text`. `allow_counters` is false for a `match`.
-pub fn compile(text: &str, projection: &mut Projection, names: &dyn Names, allow_counters: bool) -> Result<Compiled, ExprError> {
+pub fn compile(
+    text: &str,
+    projection: &mut Projection,
+    names: &dyn Names,
+    allow_counters: bool,
+) -> Result<Compiled, ExprError> {
     let ast = parse::parse(text)?;
     resolve::resolve(&ast, projection, names, allow_counters)
 }
@@ -31,8 +36,8 @@ mod tests {
     use super::eval::truth;
     use super::*;
     use crate::event::Decimal;
-    use crate::rules::lists::ListSet;
     use crate::event::{decode, quote_prefix, FieldValue};
+    use crate::rules::lists::ListSet;
 
     struct Counters;
     impl Names for Counters {
@@ -69,7 +74,10 @@ mod tests {
         let mut p = Projection::new();
         let c = compile(expr, &mut p, &Counters, true).unwrap_or_else(|e| panic!("{expr}: {e:?}"));
         let e = decode(event.as_bytes(), &p).unwrap();
-        let mut cx = Cx { event: &e, counters: [Some(Num::exact(Decimal::from_i64(6))), None] };
+        let mut cx = Cx {
+            event: &e,
+            counters: [Some(Num::exact(Decimal::from_i64(6))), None],
+        };
         truth(&c.expr.eval(&mut cx))
     }
 
@@ -135,7 +143,10 @@ mod tests {
         assert_eq!(eval("'x' in tags", ev), Some(false));
         assert_eq!(eval("'x' in c", ev), None);
         assert_eq!(eval("ip in cidr('10.0.0.0/8')", ev), Some(true));
-        assert_eq!(eval("ip in cidr('192.168.0.0/16', '10.1.2.3')", ev), Some(true));
+        assert_eq!(
+            eval("ip in cidr('192.168.0.0/16', '10.1.2.3')", ev),
+            Some(true)
+        );
         assert_eq!(eval("ip6 in cidr('2001:db8::/32')", ev), Some(true));
         assert_eq!(eval("mapped in cidr('10.0.0.0/8')", ev), Some(false));
         assert_eq!(eval("c in cidr('10.0.0.0/8')", ev), None);
@@ -146,24 +157,66 @@ mod tests {
         assert_eq!(eval("contains(email, '@')", ev), Some(true));
         assert_eq!(eval("contains(n, '3')", ev), None);
         assert_eq!(eval("matches(email, '@example\\\\.com$')", ev), Some(false));
-        assert_eq!(eval("matches(lower(email), '@example\\\\.com$')", ev), Some(true));
-        assert_eq!(eval("headers.`x-forwarded-for` == null", r#"{"ts":1,"headers":{"x-forwarded-for":null}}"#), Some(true));
+        assert_eq!(
+            eval("matches(lower(email), '@example\\\\.com$')", ev),
+            Some(true)
+        );
+        assert_eq!(
+            eval(
+                "headers.`x-forwarded-for` == null",
+                r#"{"ts":1,"headers":{"x-forwarded-for":null}}"#
+            ),
+            Some(true)
+        );
         assert_eq!(eval("`in` == 1", r#"{"ts":1,"in":1}"#), Some(true));
-        assert_eq!(eval("'\\u{1F600}' == '\\uD83D\\uDE00' && 'a\\tb' == \"a\\tb\"", ev), Some(true));
+        assert_eq!(
+            eval(
+                "'\\u{1F600}' == '\\uD83D\\uDE00' && 'a\\tb' == \"a\\tb\"",
+                ev
+            ),
+            Some(true)
+        );
     }
 
     #[test]
     fn errors_point_at_their_column() {
-        assert_eq!(error("a < b < c", true), (6, "comparisons do not chain: combine them with '&&' or parentheses".into()));
-        assert_eq!(error("amount > ", true), (9, "expected a value, found the end of the expression".into()));
-        assert_eq!(error("$nope > 1", true), (0, "unknown counter \"nope\"".into()));
+        assert_eq!(
+            error("a < b < c", true),
+            (
+                6,
+                "comparisons do not chain: combine them with '&&' or parentheses".into()
+            )
+        );
+        assert_eq!(
+            error("amount > ", true),
+            (
+                9,
+                "expected a value, found the end of the expression".into()
+            )
+        );
+        assert_eq!(
+            error("$nope > 1", true),
+            (0, "unknown counter \"nope\"".into())
+        );
         assert_eq!(error("x && $fails > 1", false).0, 5);
-        assert_eq!(error("ip in @bad", true), (6, "unknown list \"bad\"".into()));
+        assert_eq!(
+            error("ip in @bad", true),
+            (6, "unknown list \"bad\"".into())
+        );
         assert_eq!(error("foo(x)", true).1, "unknown function \"foo\"; expected exists, starts_with, ends_with, contains, matches, lower or cidr");
-        assert_eq!(error("x == 'a\\q'", true), (7, "invalid escape '\\q'".into()));
-        assert_eq!(error("x = 1", true), (2, "'=' is not an operator: write '=='".into()));
+        assert_eq!(
+            error("x == 'a\\q'", true),
+            (7, "invalid escape '\\q'".into())
+        );
+        assert_eq!(
+            error("x = 1", true),
+            (2, "'=' is not an operator: write '=='".into())
+        );
         assert_eq!(error("matches(x, '(')", true).0, 11);
-        assert_eq!(error("exists('x')", true), (7, "exists() takes a field path".into()));
+        assert_eq!(
+            error("exists('x')", true),
+            (7, "exists() takes a field path".into())
+        );
         assert_eq!(error("ip in cidr('10.0.0.0/33')", true).0, 11);
         assert_eq!(error("in == 1", true).0, 0);
         assert_eq!(error("x == 'open", true), (5, "unterminated string".into()));

@@ -2,8 +2,8 @@
 //! read by precedence climbing over one table ([`Infix::binding`]), so `a || b && c` and
 //! `a + b * c` group as usual; how deep the tree may nest is bounded by [`MAX_NESTING`].
 
-use super::lex::{describe, lex, Tok};
 use super::error::{err, ExprError};
+use super::lex::{describe, lex, Tok};
 use crate::event::{quote_prefix, Decimal, FieldPath};
 
 /// A binary operator, of the syntax tree and of the compiled expression.
@@ -37,7 +37,11 @@ pub(super) enum Ast {
     Not(Box<(Ast, usize)>),
     Neg(Box<(Ast, usize)>),
     Bin(BinOp, Box<(Ast, usize)>, Box<(Ast, usize)>),
-    In { negated: bool, value: Box<(Ast, usize)>, set: Box<(Ast, usize)> },
+    In {
+        negated: bool,
+        value: Box<(Ast, usize)>,
+        set: Box<(Ast, usize)>,
+    },
     Call(String, Vec<(Ast, usize)>),
 }
 
@@ -75,7 +79,9 @@ enum Assoc {
 enum Infix {
     Bin(BinOp),
     /// `in`, `not in`.
-    In { negated: bool },
+    In {
+        negated: bool,
+    },
 }
 
 impl Infix {
@@ -84,9 +90,8 @@ impl Infix {
         match self {
             Infix::Bin(BinOp::Or) => (OR, Assoc::Left),
             Infix::Bin(BinOp::And) => (AND, Assoc::Left),
-            Infix::Bin(BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge) | Infix::In { .. } => {
-                (COMPARE, Assoc::None)
-            }
+            Infix::Bin(BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge)
+            | Infix::In { .. } => (COMPARE, Assoc::None),
             Infix::Bin(BinOp::Add | BinOp::Sub) => (SUM, Assoc::Left),
             Infix::Bin(BinOp::Mul | BinOp::Div) => (PRODUCT, Assoc::Left),
         }
@@ -97,7 +102,11 @@ impl Infix {
         let at = left.1;
         let ast = match self {
             Infix::Bin(op) => Ast::Bin(op, Box::new(left), Box::new(right)),
-            Infix::In { negated } => Ast::In { negated, value: Box::new(left), set: Box::new(right) },
+            Infix::In { negated } => Ast::In {
+                negated,
+                value: Box::new(left),
+                set: Box::new(right),
+            },
         };
         (ast, at)
     }
@@ -109,10 +118,17 @@ pub(super) fn parse(text: &str) -> Result<(Ast, usize), ExprError> {
     if toks.len() == 1 {
         return err(0, "empty expression");
     }
-    let mut parser = Parser { toks, pos: 0, depth: 0 };
+    let mut parser = Parser {
+        toks,
+        pos: 0,
+        depth: 0,
+    };
     let ast = parser.expression()?;
     if !matches!(parser.peek(), Tok::End) {
-        return err(parser.at(), format!("unexpected {}", describe(parser.peek())));
+        return err(
+            parser.at(),
+            format!("unexpected {}", describe(parser.peek())),
+        );
     }
     Ok(ast)
 }
@@ -155,7 +171,10 @@ impl Parser {
             self.bump();
             Ok(())
         } else {
-            err(self.at(), format!("expected '{op}', found {}", describe(self.peek())))
+            err(
+                self.at(),
+                format!("expected '{op}', found {}", describe(self.peek())),
+            )
         }
     }
 
@@ -192,7 +211,9 @@ impl Parser {
             Tok::Ident(w) if w == "or" => BinOp::Or,
             Tok::Ident(w) if w == "and" => BinOp::And,
             Tok::Ident(w) if w == "in" => return Some((Infix::In { negated: false }, 1)),
-            Tok::Ident(w) if w == "not" && self.next_is_word("in") => return Some((Infix::In { negated: true }, 2)),
+            Tok::Ident(w) if w == "not" && self.next_is_word("in") => {
+                return Some((Infix::In { negated: true }, 2))
+            }
             _ => return None,
         };
         Some((Infix::Bin(op), 1))
@@ -220,7 +241,10 @@ impl Parser {
                 self.depth -= links;
                 (chain, links) = (level, 0);
             } else if assoc == Assoc::None {
-                return err(self.at(), "comparisons do not chain: combine them with '&&' or parentheses");
+                return err(
+                    self.at(),
+                    "comparisons do not chain: combine them with '&&' or parentheses",
+                );
             }
             for _ in 0..width {
                 self.bump();
@@ -262,29 +286,33 @@ impl Parser {
 
     fn primary(&mut self) -> Result<(Ast, usize), ExprError> {
         let (tok, at) = self.bump();
-        let ast = match tok {
-            Tok::Num(d) => Ast::Num(d),
-            Tok::Str(s) => Ast::Str(s),
-            Tok::Counter(id) => Ast::Counter(id),
-            Tok::List(id) => Ast::ListRef(id),
-            Tok::Op("(") => {
-                self.enter()?;
-                let inner = self.expression()?;
-                self.expect_op(")")?;
-                self.depth -= 1;
-                return Ok((inner.0, at));
-            }
-            Tok::Op("[") => self.list()?,
-            Tok::Ident(word) if word == "true" => Ast::Bool(true),
-            Tok::Ident(word) if word == "false" => Ast::Bool(false),
-            Tok::Ident(word) if word == "null" => Ast::Null,
-            Tok::Ident(word) if RESERVED.contains(&word.as_str()) => {
-                return err(at, format!("unexpected '{word}' (as a field name, write it in backquotes: `{word}`)"))
-            }
-            Tok::Ident(name) if self.is_op("(") => self.call(name)?,
-            Tok::Ident(first) | Tok::Quoted(first) => self.path(first, at)?,
-            other => return err(at, format!("expected a value, found {}", describe(&other))),
-        };
+        let ast =
+            match tok {
+                Tok::Num(d) => Ast::Num(d),
+                Tok::Str(s) => Ast::Str(s),
+                Tok::Counter(id) => Ast::Counter(id),
+                Tok::List(id) => Ast::ListRef(id),
+                Tok::Op("(") => {
+                    self.enter()?;
+                    let inner = self.expression()?;
+                    self.expect_op(")")?;
+                    self.depth -= 1;
+                    return Ok((inner.0, at));
+                }
+                Tok::Op("[") => self.list()?,
+                Tok::Ident(word) if word == "true" => Ast::Bool(true),
+                Tok::Ident(word) if word == "false" => Ast::Bool(false),
+                Tok::Ident(word) if word == "null" => Ast::Null,
+                Tok::Ident(word) if RESERVED.contains(&word.as_str()) => return err(
+                    at,
+                    format!(
+                        "unexpected '{word}' (as a field name, write it in backquotes: `{word}`)"
+                    ),
+                ),
+                Tok::Ident(name) if self.is_op("(") => self.call(name)?,
+                Tok::Ident(first) | Tok::Quoted(first) => self.path(first, at)?,
+                other => return err(at, format!("expected a value, found {}", describe(&other))),
+            };
         Ok((ast, at))
     }
 
@@ -340,7 +368,15 @@ impl Parser {
                     path.push('.');
                     path.push_str(&seg);
                 }
-                (other, at) => return err(at, format!("expected a field name after '.', found {}", describe(&other))),
+                (other, at) => {
+                    return err(
+                        at,
+                        format!(
+                            "expected a field name after '.', found {}",
+                            describe(&other)
+                        ),
+                    )
+                }
             }
         }
         match FieldPath::parse(&path) {

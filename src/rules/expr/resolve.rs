@@ -6,10 +6,9 @@
 use hashbrown::HashSet;
 use ipnet::IpNet;
 
-
-use super::parse::{Ast, BinOp};
 use super::compiled::{Compiled, CounterCmp, Expr, Literal, Num, StrSet};
 use super::error::{err, ExprError};
+use super::parse::{Ast, BinOp};
 use crate::event::{quote_prefix, shorten, FieldPath, Projection};
 use crate::rules::lists::{parse_network, ListSet};
 
@@ -32,9 +31,19 @@ pub(super) fn resolve(
     names: &dyn Names,
     allow_counters: bool,
 ) -> Result<Compiled, ExprError> {
-    let mut resolver = Resolver { projection, names, allow_counters, counters: Vec::new(), paths: Vec::new() };
+    let mut resolver = Resolver {
+        projection,
+        names,
+        allow_counters,
+        counters: Vec::new(),
+        paths: Vec::new(),
+    };
     let expr = resolver.resolve(ast)?;
-    Ok(Compiled { expr, counters: resolver.counters, paths: resolver.paths })
+    Ok(Compiled {
+        expr,
+        counters: resolver.counters,
+        paths: resolver.paths,
+    })
 }
 
 struct Resolver<'a> {
@@ -64,7 +73,13 @@ impl Resolver<'_> {
             Ast::Path(p) => Expr::Field(self.field(p)),
             Ast::Counter(id) => {
                 if !self.allow_counters {
-                    return err(at, format!("a match cannot use counters (${}): test it in the rule's `when`", shorten(id)));
+                    return err(
+                        at,
+                        format!(
+                            "a match cannot use counters (${}): test it in the rule's `when`",
+                            shorten(id)
+                        ),
+                    );
                 }
                 let index = self.names.counter(id).or_else(|m| err(at, m))?;
                 if !self.counters.contains(&index) {
@@ -74,32 +89,48 @@ impl Resolver<'_> {
             }
             Ast::ListRef(id) => {
                 self.names.list(id).or_else(|m| err(at, m))?;
-                return err(at, format!("@{} can only follow 'in' or 'not in'", shorten(id)));
+                return err(
+                    at,
+                    format!("@{} can only follow 'in' or 'not in'", shorten(id)),
+                );
             }
             Ast::Not(inner) => Expr::Not(Box::new(self.resolve(inner)?)),
             Ast::Neg(inner) => Expr::Neg(Box::new(self.resolve(inner)?)),
             Ast::Bin(op, l, r) => {
                 let (l, r) = (self.resolve(l)?, self.resolve(r)?);
                 match (op, l, r) {
-                    (op, Expr::Counter(index), Expr::Num(n)) if counter_cmp(*op, false).is_some() && n.exact.is_some() => {
+                    (op, Expr::Counter(index), Expr::Num(n))
+                        if counter_cmp(*op, false).is_some() && n.exact.is_some() =>
+                    {
                         self.counter_cmp(counter_cmp(*op, false), index, n)
                     }
-                    (op, Expr::Num(n), Expr::Counter(index)) if counter_cmp(*op, true).is_some() && n.exact.is_some() => {
+                    (op, Expr::Num(n), Expr::Counter(index))
+                        if counter_cmp(*op, true).is_some() && n.exact.is_some() =>
+                    {
                         self.counter_cmp(counter_cmp(*op, true), index, n)
                     }
                     (BinOp::Eq | BinOp::Ne, Expr::Field(slot), Expr::Lit(Literal::Str(text)))
                     | (BinOp::Eq | BinOp::Ne, Expr::Lit(Literal::Str(text)), Expr::Field(slot)) => {
-                        Expr::FieldIsStr { negated: *op == BinOp::Ne, slot, text: text.into_boxed_str() }
+                        Expr::FieldIsStr {
+                            negated: *op == BinOp::Ne,
+                            slot,
+                            text: text.into_boxed_str(),
+                        }
                     }
                     (op, l, r) => Expr::Bin(*op, Box::new(l), Box::new(r)),
                 }
             }
-            Ast::In { negated, value, set } => {
+            Ast::In {
+                negated,
+                value,
+                set,
+            } => {
                 let value = Box::new(self.resolve(value)?);
                 let negated = *negated;
                 match &set.0 {
                     Ast::List(items) => {
-                        let (mut strings, mut literals) = (HashSet::<Box<str>>::new(), HashSet::new());
+                        let (mut strings, mut literals) =
+                            (HashSet::<Box<str>>::new(), HashSet::new());
                         for item in items {
                             match literal(item)? {
                                 Literal::Str(s) => {
@@ -110,12 +141,34 @@ impl Resolver<'_> {
                                 }
                             }
                         }
-                        Expr::InSet { negated, value, strings: StrSet::new(strings.into_iter().collect()), set: literals }
+                        Expr::InSet {
+                            negated,
+                            value,
+                            strings: StrSet::new(strings.into_iter().collect()),
+                            set: literals,
+                        }
                     }
-                    Ast::Path(p) => Expr::InField { negated, value, field: self.field(p) },
-                    Ast::ListRef(id) => Expr::InList { negated, value, list: self.names.list(id).or_else(|m| err(set.1, m))? },
-                    Ast::Call(name, args) if name == "cidr" => Expr::InCidr { negated, value, nets: networks(args, set.1)? },
-                    _ => return err(set.1, "'in' needs a list [...], an event array field, @list or cidr(...)"),
+                    Ast::Path(p) => Expr::InField {
+                        negated,
+                        value,
+                        field: self.field(p),
+                    },
+                    Ast::ListRef(id) => Expr::InList {
+                        negated,
+                        value,
+                        list: self.names.list(id).or_else(|m| err(set.1, m))?,
+                    },
+                    Ast::Call(name, args) if name == "cidr" => Expr::InCidr {
+                        negated,
+                        value,
+                        nets: networks(args, set.1)?,
+                    },
+                    _ => {
+                        return err(
+                            set.1,
+                            "'in' needs a list [...], an event array field, @list or cidr(...)",
+                        )
+                    }
                 }
             }
             Ast::Call(name, args) => self.call(name, args, at)?,
@@ -125,13 +178,25 @@ impl Resolver<'_> {
     /// `$counter cmp literal` on the raw scale, or the general comparison when the scaled
     /// literal does not fit 64 bits (then a raw integer cannot decide it exactly).
     fn counter_cmp(&self, cmp: Option<CounterCmp>, index: usize, literal: Num) -> Expr {
-        let (Some(cmp), Some(exact)) = (cmp, literal.exact) else { unreachable!("checked by the caller") };
+        let (Some(cmp), Some(exact)) = (cmp, literal.exact) else {
+            unreachable!("checked by the caller")
+        };
         let scale = self.names.counter_scale(index);
         let floor = exact.floor_scaled(scale);
         let ceil = (-exact).floor_scaled(scale).checked_neg();
         match ceil {
-            Some(ceil) if floor != i64::MAX && floor != i64::MIN && ceil != i64::MAX && ceil != i64::MIN + 1 => {
-                Expr::CounterCmp { cmp, index, floor, ceil }
+            Some(ceil)
+                if floor != i64::MAX
+                    && floor != i64::MIN
+                    && ceil != i64::MAX
+                    && ceil != i64::MIN + 1 =>
+            {
+                Expr::CounterCmp {
+                    cmp,
+                    index,
+                    floor,
+                    ceil,
+                }
             }
             _ => {
                 let op = match cmp {
@@ -142,7 +207,11 @@ impl Resolver<'_> {
                     CounterCmp::Eq => BinOp::Eq,
                     CounterCmp::Ne => BinOp::Ne,
                 };
-                Expr::Bin(op, Box::new(Expr::Counter(index)), Box::new(Expr::Num(literal)))
+                Expr::Bin(
+                    op,
+                    Box::new(Expr::Counter(index)),
+                    Box::new(Expr::Num(literal)),
+                )
             }
         }
     }
@@ -152,7 +221,14 @@ impl Resolver<'_> {
             if args.len() == n {
                 Ok(())
             } else {
-                err(at, format!("{name}() takes {n} argument{}, found {}", if n == 1 { "" } else { "s" }, args.len()))
+                err(
+                    at,
+                    format!(
+                        "{name}() takes {n} argument{}, found {}",
+                        if n == 1 { "" } else { "s" },
+                        args.len()
+                    ),
+                )
             }
         };
         Ok(match name {
@@ -217,7 +293,12 @@ fn literal((ast, at): &(Ast, usize)) -> Result<Literal, ExprError> {
         Ast::Str(s) => Literal::Str(s.clone()),
         Ast::Bool(b) => Literal::Bool(*b),
         Ast::Null => Literal::Null,
-        _ => return err(*at, "list elements must be literals (numbers, strings, true, false, null)"),
+        _ => {
+            return err(
+                *at,
+                "list elements must be literals (numbers, strings, true, false, null)",
+            )
+        }
     })
 }
 

@@ -56,7 +56,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         // The flush in flight first: its keys may turn clean (and shared) with it.
         match self.complete(true) {
             Ok(()) => {}
-            Err(StoreError::Unavailable(m)) if m == super::flusher::FLUSHER_STOPPED => return Err(StoreError::Unavailable(m)),
+            Err(StoreError::Unavailable(m)) if m == super::flusher::FLUSHER_STOPPED => {
+                return Err(StoreError::Unavailable(m))
+            }
             Err(e) => {
                 self.flushing.last_error = Some(e);
                 return Ok(());
@@ -65,9 +67,31 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut keys: Vec<(StoredKey, Vec<Observation>)> = Vec::new();
         // Decided once per key: all of a key's observations go ahead, or none (the cache may
         // evict a view between two of them).
-        let mut index: HashMap<StoredKey, Option<usize>, foldhash::fast::RandomState> = HashMap::default();
+        let mut index: HashMap<StoredKey, Option<usize>, foldhash::fast::RandomState> =
+            HashMap::default();
+        // A key of the message key has no other writer to count ahead of, and counting it
+        // ahead would cost the partition's next owner its exact values: re-reading the batch
+        // after a crash between the step and the decision journal, it would judge the batch's
+        // first events on a window that holds the whole batch.
+        for p in planned.iter().filter(|p| p.follows_message_key) {
+            if !index.contains_key(&KeyRef {
+                window: p.window.0,
+                key: &p.key,
+            }) {
+                index.insert(
+                    StoredKey {
+                        window: p.window.0,
+                        key: KeyBytes::new(&p.key),
+                    },
+                    None,
+                );
+            }
+        }
         for p in planned {
-            let lookup = KeyRef { window: p.window.0, key: &p.key };
+            let lookup = KeyRef {
+                window: p.window.0,
+                key: &p.key,
+            };
             let at = match index.get(&lookup) {
                 Some(&decided) => decided,
                 None => {
@@ -76,7 +100,10 @@ impl<C: MonotonicClock> RedisStore<C> {
                             Some(cached) => self.views.shared_key(p.window.0, &cached.offsets),
                             None => false,
                         };
-                    let stored = StoredKey { window: p.window.0, key: KeyBytes::new(&p.key) };
+                    let stored = StoredKey {
+                        window: p.window.0,
+                        key: KeyBytes::new(&p.key),
+                    };
                     let decided = ahead.then_some(keys.len());
                     if ahead {
                         keys.push((stored.clone(), Vec::new()));
@@ -87,7 +114,11 @@ impl<C: MonotonicClock> RedisStore<C> {
             };
             let Some(at) = at else { continue };
             let bucket = self.windows.spec(p.window.0).bucket_of(p.ts_ms);
-            keys[at].1.push(Observation { bucket, delta: p.delta, origin: Some(p.origin) });
+            keys[at].1.push(Observation {
+                bucket,
+                delta: p.delta,
+                origin: Some(p.origin),
+            });
         }
         if keys.is_empty() {
             return Ok(());
@@ -113,16 +144,37 @@ impl<C: MonotonicClock> RedisStore<C> {
             // or not, a flush will tell) read again when needed.
             self.views.cache.invalidate(&key);
             let spec = self.windows.spec(key.window);
-            if let Ok((Reply::Before(Stored { state, version, offsets: prior_offsets }), counts)) = codec::parse_reply(&spec, &reply) {
+            if let Ok((
+                Reply::Before(Stored {
+                    state,
+                    version,
+                    offsets: prior_offsets,
+                }),
+                counts,
+            )) = codec::parse_reply(&spec, &reply)
+            {
                 self.stats.refused_late += counts.late;
                 self.stats.skipped_applied += counts.skipped;
                 let mut offsets = prior_offsets.clone();
                 for origin in observed.iter().filter_map(|o| o.origin) {
                     codec::raise(&mut offsets, origin.lane, origin.offset);
                 }
-                self.views.learn(key.window, &offsets, || observed.len() >= 2 || super::view::several_observations(&spec, &state));
+                self.views.learn(key.window, &offsets, || {
+                    observed.len() >= 2 || super::view::several_observations(&spec, &state)
+                });
                 let (remaining, counted) = (observed.len(), prior_offsets.clone());
-                self.views.ahead.insert(key.clone(), Ahead { state, prior_offsets, version, offsets, remaining, lost: false, counted });
+                self.views.ahead.insert(
+                    key.clone(),
+                    Ahead {
+                        state,
+                        prior_offsets,
+                        version,
+                        offsets,
+                        remaining,
+                        lost: false,
+                        counted,
+                    },
+                );
             }
             if keep {
                 self.keep_unconfirmed(key, observed, Some(oldest));
@@ -135,36 +187,54 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Sends the step on the flusher's link (one job, waited for): the flattened per-key
     /// replies and whether a replica confirmed them; `None` if a failover crossed it.
     #[allow(clippy::type_complexity)]
-    fn run_ahead(&mut self, keys: &[(StoredKey, Vec<Observation>)]) -> Result<Option<(Vec<codec::KeyReply>, bool)>, StoreError> {
+    fn run_ahead(
+        &mut self,
+        keys: &[(StoredKey, Vec<Observation>)],
+    ) -> Result<Option<(Vec<codec::KeyReply>, bool)>, StoreError> {
         let empty = Offsets::new();
-        let mut batch = self.script_batch(keys, |(key, _)| key, |(key, observations), call, name| {
-            let spec = self.windows.spec(key.window);
-            let unused = WindowState::new(spec.aggregate);
-            let flush = KeyFlush {
-                spec: &spec,
-                ttl_ms: ttl_ms(&spec, self.config.max_lateness),
-                version: None,
-                refresh: true,
-                state: &unused,
-                base_head: None,
-                offsets: &empty,
-                deltas: observations,
-                full: false,
-                before: true,
-            };
-            codec::add_key(call, name, &flush);
-        });
+        let mut batch = self.script_batch(
+            keys,
+            |(key, _)| key,
+            |(key, observations), call, name| {
+                let spec = self.windows.spec(key.window);
+                let unused = WindowState::new(spec.aggregate);
+                let flush = KeyFlush {
+                    spec: &spec,
+                    ttl_ms: ttl_ms(&spec, self.config.max_lateness),
+                    version: None,
+                    refresh: true,
+                    state: &unused,
+                    base_head: None,
+                    offsets: &empty,
+                    deltas: observations,
+                    full: false,
+                    before: true,
+                };
+                codec::add_key(call, name, &flush);
+            },
+        );
         batch.confirm = true;
         let order = batch.order.clone();
-        let Some((calls, replicated)) = self.run_on_flusher(batch)? else { return Ok(None) };
+        let Some((calls, replicated)) = self.run_on_flusher(batch)? else {
+            return Ok(None);
+        };
         let replies = self.replies(calls, &order)?;
         Ok(Some((replies, replicated)))
     }
 
     /// The view `apply` counts a key on while the batch counts it ahead.
     #[inline]
-    pub(super) fn count_on_ahead(&mut self, window: WindowId, key: &[u8], bucket: i64, delta: Delta) -> Option<Observed> {
-        let ahead = self.views.ahead.get_mut(&KeyRef { window: window.0, key })?;
+    pub(super) fn count_on_ahead(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        bucket: i64,
+        delta: Delta,
+    ) -> Option<Observed> {
+        let ahead = self.views.ahead.get_mut(&KeyRef {
+            window: window.0,
+            key,
+        })?;
         let spec = self.windows.spec(window.0);
         let origin = self.origin;
         let applied = if codec::replayed(&ahead.prior_offsets, origin) {
@@ -177,13 +247,19 @@ impl<C: MonotonicClock> RedisStore<C> {
             ahead.state.apply(&spec, bucket, delta)
         };
         ahead.remaining = ahead.remaining.saturating_sub(1);
-        Some(Observed { applied, degraded: false })
+        Some(Observed {
+            applied,
+            degraded: false,
+        })
     }
 
     /// A read of a key the batch counts ahead.
     #[inline]
     pub(super) fn read_ahead(&self, window: WindowId, key: &[u8], bucket: i64) -> Option<Applied> {
-        let ahead = self.views.ahead.get(&KeyRef { window: window.0, key })?;
+        let ahead = self.views.ahead.get(&KeyRef {
+            window: window.0,
+            key,
+        })?;
         Some(ahead.state.read(&self.windows.spec(window.0), bucket))
     }
 

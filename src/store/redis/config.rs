@@ -111,4 +111,3 @@ pub struct FlushSample {
     pub observations: usize,
     pub elapsed: Duration,
 }
-

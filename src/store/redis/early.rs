@@ -62,11 +62,20 @@ impl EarlyReader {
     /// keys itself (and deals with Redis being away).
     pub fn read(&self, reads: &mut EarlyReads) -> Result<Vec<Value>, StoreError> {
         let (reply, replies) = mpsc::sync_channel(1);
-        let job = Job { batch: std::mem::take(&mut reads.batch), attempts: self.attempts, reply };
-        self.jobs.send(job).map_err(|_| StoreError::Unavailable("the early reader stopped".into()))?;
+        let job = Job {
+            batch: std::mem::take(&mut reads.batch),
+            attempts: self.attempts,
+            reply,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| StoreError::Unavailable("the early reader stopped".into()))?;
         match replies.recv_timeout(self.deadline) {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!("no early read reply within {:?}", self.deadline))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no early read reply within {:?}",
+                self.deadline
+            ))),
         }
     }
 }
@@ -89,7 +98,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         if self.early.is_none() {
             let config = &self.config;
-            let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
+            let timeouts = Timeouts {
+                connect: config.connect_timeout,
+                response: config.response_timeout,
+                replica_ack: None,
+            };
             let link = match Link::open(self.target.clone(), timeouts, self.config.retry_backoff) {
                 Ok(link) => link,
                 Err(e) => {
@@ -98,13 +111,21 @@ impl<C: MonotonicClock> RedisStore<C> {
                 }
             };
             let (jobs, receiver) = mpsc::channel();
-            let spawned = std::thread::Builder::new().name("vigil-early".into()).spawn(move || early_reader(link, receiver));
+            let spawned = std::thread::Builder::new()
+                .name("vigil-early".into())
+                .spawn(move || early_reader(link, receiver));
             if let Err(e) = spawned {
                 tracing::debug!(error = %e, "cannot start the early reader");
                 return None;
             }
-            let deadline = self.read_deadline().saturating_mul(self.config.attempts.clamp(1, 2));
-            self.early = Some(EarlyReader { jobs, deadline, attempts: self.config.attempts });
+            let deadline = self
+                .read_deadline()
+                .saturating_mul(self.config.attempts.clamp(1, 2));
+            self.early = Some(EarlyReader {
+                jobs,
+                deadline,
+                attempts: self.config.attempts,
+            });
         }
         self.early.clone()
     }
@@ -125,25 +146,41 @@ impl<C: MonotonicClock> RedisStore<C> {
         for (window, key) in wanted {
             // A shared key's view read again stays with the prefetch, which reads it under the
             // engine, as late as it can. (Alone, `wanted_windows` left out every key with a view.)
-            if self.views.shared && self.views.cache.contains_key(&KeyRef { window: window.0, key }) {
+            if self.views.shared
+                && self.views.cache.contains_key(&KeyRef {
+                    window: window.0,
+                    key,
+                })
+            {
                 continue;
             }
             let name = self.redis_key(window, key);
             let mut cmd = redis::cmd("HGETALL");
             cmd.arg(&name);
             batch.command(self.cluster, &name, cmd);
-            planned.push(StoredKey { window: window.0, key: KeyBytes::new(key) });
+            planned.push(StoredKey {
+                window: window.0,
+                key: KeyBytes::new(key),
+            });
         }
         if planned.is_empty() {
             return None;
         }
         let generation = self.views.cache.watch();
-        Some(EarlyReads { keys: planned, batch, generation })
+        Some(EarlyReads {
+            keys: planned,
+            batch,
+            generation,
+        })
     }
 
     /// Takes in what [`EarlyReader::read`] brought back for `reads`: each window whose key still
     /// has no view, or the same view as when the read was planned. Returns how many were taken.
-    pub fn take_early_reads(&mut self, reads: EarlyReads, replies: Result<Vec<Value>, StoreError>) -> usize {
+    pub fn take_early_reads(
+        &mut self,
+        reads: EarlyReads,
+        replies: Result<Vec<Value>, StoreError>,
+    ) -> usize {
         self.views.cache.unwatch();
         let replies = match replies {
             Ok(replies) if replies.len() == reads.keys.len() => replies,

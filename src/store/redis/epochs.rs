@@ -17,9 +17,9 @@ use redis::Value;
 use super::view::{Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
+use crate::store::counter_store::StoreError;
 use crate::store::keys::{push_hex, StoredKey};
 use crate::store::link::{slot, Batch};
-use crate::store::counter_store::StoreError;
 
 /// The keys that tell whether Redis lost its data (one per master on a cluster), with the value
 /// this process knows each holds.
@@ -41,8 +41,11 @@ impl Epochs {
     /// One epoch key on a single server; on a cluster one per master, in the first slot it
     /// serves. Nothing is known of them yet.
     pub(super) fn new(cluster: bool, first_slots: Vec<u16>) -> Epochs {
-        let keys: Vec<String> =
-            if cluster { first_slots.into_iter().map(epoch_key_in_slot).collect() } else { vec!["vg:epoch".to_owned()] };
+        let keys: Vec<String> = if cluster {
+            first_slots.into_iter().map(epoch_key_in_slot).collect()
+        } else {
+            vec!["vg:epoch".to_owned()]
+        };
         Epochs {
             known: vec![None; keys.len()],
             keys,
@@ -77,7 +80,10 @@ impl Epochs {
                 other => redis::from_redis_value::<Vec<u8>>(other.clone())
                     .map_err(|e| StoreError::Protocol(format!("epoch: {e}")))?,
             };
-            if known.as_ref().is_some_and(|k| *reply == Value::Nil || *k != now) {
+            if known
+                .as_ref()
+                .is_some_and(|k| *reply == Value::Nil || *k != now)
+            {
                 lost = true;
             }
             *known = Some(now);
@@ -112,7 +118,13 @@ impl<C: MonotonicClock> RedisStore<C> {
             if self.views.dirty.contains_key(&key) || cached.state.head().is_none() {
                 continue;
             }
-            let mut dirty = Dirty::new(cached.state.clone(), Some(0), None, None, cached.offsets.clone());
+            let mut dirty = Dirty::new(
+                cached.state.clone(),
+                Some(0),
+                None,
+                None,
+                cached.offsets.clone(),
+            );
             dirty.rewrite();
             self.views.dirty.insert(key, dirty);
             count += 1;

@@ -37,7 +37,12 @@ pub(super) struct Unconfirmed {
 impl<C: MonotonicClock> RedisStore<C> {
     /// Keeps the deltas a flush wrote for `key` (the oldest counted as `oldest`) until a replica
     /// confirms them.
-    pub(super) fn keep_unconfirmed(&mut self, key: StoredKey, observations: Vec<Observation>, oldest: Option<u64>) {
+    pub(super) fn keep_unconfirmed(
+        &mut self,
+        key: StoredKey,
+        observations: Vec<Observation>,
+        oldest: Option<u64>,
+    ) {
         let kept = &mut self.unconfirmed;
         if kept.overflowed || observations.is_empty() {
             return;
@@ -51,7 +56,10 @@ impl<C: MonotonicClock> RedisStore<C> {
                 "no Redis replica has confirmed the last flushes: if a failover came now, writes only the master has could be lost"
             );
             self.stats.unconfirmed_dropped += kept.observations as u64;
-            *kept = Unconfirmed { overflowed: true, ..Unconfirmed::default() };
+            *kept = Unconfirmed {
+                overflowed: true,
+                ..Unconfirmed::default()
+            };
         }
     }
 
@@ -81,7 +89,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.reseed();
             return;
         }
-        let Unconfirmed { keys, observations, oldest, .. } = std::mem::take(&mut self.unconfirmed);
+        let Unconfirmed {
+            keys,
+            observations,
+            oldest,
+            ..
+        } = std::mem::take(&mut self.unconfirmed);
         let index = oldest.unwrap_or(self.counted + 1);
         for (key, again) in keys {
             self.pending += again.len();

@@ -14,10 +14,10 @@ use super::view::{refresh_due, ttl_ms, Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
+use crate::store::counter_store::{StoreError, WindowId};
 use crate::store::keys::StoredKey;
 use crate::store::link::{slot, Batch, Link, Op};
 use crate::store::scripts::ScriptCall;
-use crate::store::counter_store::{StoreError, WindowId};
 use crate::window::WindowState;
 
 pub(super) const FLUSHER_STOPPED: &str = "the flusher thread stopped";
@@ -77,11 +77,20 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<Fl
         let result = first.and_then(|first| {
             // Compared here, before any script runs: after a data loss nothing is merged into
             // the emptied keys; the store writes its views again instead.
-            let lost = first.iter().take(job.epochs).zip(&job.known).any(|(reply, known)| match (reply, known) {
-                (_, None) => false,
-                (Value::Nil, Some(_)) => true,
-                (reply, Some(known)) => redis::from_redis_value::<Vec<u8>>(reply.clone()).ok().as_ref() != Some(known),
-            });
+            let lost = first
+                .iter()
+                .take(job.epochs)
+                .zip(&job.known)
+                .any(|(reply, known)| match (reply, known) {
+                    (_, None) => false,
+                    (Value::Nil, Some(_)) => true,
+                    (reply, Some(known)) => {
+                        redis::from_redis_value::<Vec<u8>>(reply.clone())
+                            .ok()
+                            .as_ref()
+                            != Some(known)
+                    }
+                });
             // A failover seen before the scripts (the epoch keys were replicated, the last
             // writes may not have been): handled like a changed epoch.
             let lost = lost || link.promotions() != job.promotions;
@@ -99,7 +108,15 @@ fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<Fl
             scripts.map(|scripts| (first, Some(scripts)))
         });
         let replicated = link.replicated();
-        if done.send(FlushDone { result, retries, promotions: link.promotions(), replicated }).is_err() {
+        if done
+            .send(FlushDone {
+                result,
+                retries,
+                promotions: link.promotions(),
+                replicated,
+            })
+            .is_err()
+        {
             return;
         }
     }
@@ -132,7 +149,9 @@ impl Flushing {
         let thread = std::thread::Builder::new()
             .name("vigil-flusher".into())
             .spawn(move || flusher(link, job_rx, done_tx))
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the flusher thread: {e}")))?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot start the flusher thread: {e}"))
+            })?;
         Ok(Flushing {
             jobs: Some(jobs),
             done,
@@ -153,7 +172,11 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn write_behind(&mut self) -> Result<(), StoreError> {
         let mut result = self.complete(false);
         let outage = self.breaker.is_open();
-        let interval = if outage { self.config.probe_interval } else { self.config.flush_interval };
+        let interval = if outage {
+            self.config.probe_interval
+        } else {
+            self.config.flush_interval
+        };
         let full = self.pending >= self.config.max_pending;
         let due = (full && !outage) || self.flushing.last_flush.elapsed() >= interval;
         if due && self.flushing.inflight.is_none() {
@@ -167,7 +190,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
         }
         match result {
-            Err(StoreError::Unavailable(m)) if m == FLUSHER_STOPPED => Err(StoreError::Unavailable(m)),
+            Err(StoreError::Unavailable(m)) if m == FLUSHER_STOPPED => {
+                Err(StoreError::Unavailable(m))
+            }
             Err(e) => {
                 self.flushing.last_error = Some(e);
                 Ok(())
@@ -186,7 +211,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         loop {
             self.send()?;
             self.complete(true)?;
-            let settled = self.pending == 0 && self.holds.pending == 0 && !self.views.dirty.values().any(|d| d.full);
+            let settled = self.pending == 0
+                && self.holds.pending == 0
+                && !self.views.dirty.values().any(|d| d.full);
             if settled {
                 self.update_durable();
                 return Ok(());
@@ -199,7 +226,10 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// flight is in, they are all pending, tagged with lane and offset. The rest is flushed.
     pub(super) fn take_back_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
         let completed = self.complete(true);
-        let fenced = |o: &Observation| o.origin.is_some_and(|origin| origin.lane == lane && origin.offset >= since);
+        let fenced = |o: &Observation| {
+            o.origin
+                .is_some_and(|origin| origin.lane == lane && origin.offset >= since)
+        };
         let (mut discarded, mut relearned) = (0, 0);
         let mut emptied = Vec::new();
         for (key, dirty) in self.views.dirty.iter_mut() {
@@ -228,7 +258,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.views.dirty.remove(key);
             self.views.cache.invalidate(key);
         }
-        tracing::warn!(discarded, dropped = emptied.len(), relearned, "counts of a batch another worker now owns taken back");
+        tracing::warn!(
+            discarded,
+            dropped = emptied.len(),
+            relearned,
+            "counts of a batch another worker now owns taken back"
+        );
         // The rest goes now, so that no view holds the batch longer than this call.
         completed.and(self.flush_all())
     }
@@ -236,23 +271,27 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Script calls covering the in-flight deltas of `keys`, up to `KEYS_PER_CALL` keys per
     /// call; in cluster mode each call holds keys of one hash slot.
     fn batch(&self, keys: &[StoredKey]) -> Batch {
-        self.script_batch(keys, |key| key, |key, call, name| {
-            let dirty = &self.views.dirty[key];
-            let spec = self.windows.spec(key.window);
-            let flush = KeyFlush {
-                spec: &spec,
-                ttl_ms: ttl_ms(&spec, self.config.max_lateness),
-                version: dirty.version,
-                refresh: dirty.refresh_sent,
-                state: &dirty.state,
-                base_head: dirty.base_head,
-                offsets: &dirty.offsets,
-                deltas: &dirty.inflight,
-                full: dirty.full,
-                before: false,
-            };
-            codec::add_key(call, name, &flush);
-        })
+        self.script_batch(
+            keys,
+            |key| key,
+            |key, call, name| {
+                let dirty = &self.views.dirty[key];
+                let spec = self.windows.spec(key.window);
+                let flush = KeyFlush {
+                    spec: &spec,
+                    ttl_ms: ttl_ms(&spec, self.config.max_lateness),
+                    version: dirty.version,
+                    refresh: dirty.refresh_sent,
+                    state: &dirty.state,
+                    base_head: dirty.base_head,
+                    offsets: &dirty.offsets,
+                    deltas: &dirty.inflight,
+                    full: dirty.full,
+                    before: false,
+                };
+                codec::add_key(call, name, &flush);
+            },
+        )
     }
 
     /// Script calls covering `keys` (each naming its key through `stored`, added to its call by
@@ -292,21 +331,40 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Runs `scripts` on the flusher's link now, with no flush in flight, and waits for them
     /// (at most two read deadlines): their replies and whether a replica confirmed every write so
     /// far; `None` if a failover crossed them (what they wrote may be lost).
-    pub(super) fn run_on_flusher(&mut self, scripts: Batch) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
+    pub(super) fn run_on_flusher(
+        &mut self,
+        scripts: Batch,
+    ) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
         debug_assert!(self.flushing.inflight.is_none());
         while self.flushing.stray > 0 {
             match self.flushing.done.try_recv() {
                 Ok(_) => self.flushing.stray -= 1,
                 Err(mpsc::TryRecvError::Empty) => {
-                    return Err(StoreError::Unavailable("an earlier step counted ahead is still waiting for Redis".into()))
+                    return Err(StoreError::Unavailable(
+                        "an earlier step counted ahead is still waiting for Redis".into(),
+                    ))
                 }
-                Err(mpsc::TryRecvError::Disconnected) => return Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(StoreError::Unavailable(FLUSHER_STOPPED.into()))
+                }
             }
         }
         let promotions = self.epochs.promotions;
-        let job = FlushJob { first: Batch::default(), epochs: 0, known: Vec::new(), promotions, scripts, attempts: self.config.attempts };
-        let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
-        jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        let job = FlushJob {
+            first: Batch::default(),
+            epochs: 0,
+            known: Vec::new(),
+            promotions,
+            scripts,
+            attempts: self.config.attempts,
+        };
+        let jobs = self
+            .flushing
+            .jobs
+            .as_ref()
+            .expect("the flusher runs until drop");
+        jobs.send(job)
+            .map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
         // On the counting path: waited for no longer than a read (two attempts).
         let deadline = self.read_deadline().saturating_mul(2);
         let done = match self.flushing.done.recv_timeout(deadline) {
@@ -314,11 +372,15 @@ impl<C: MonotonicClock> RedisStore<C> {
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // Its reply is skipped when it comes: the next `complete` must not take it for
                 // its own. Meanwhile Redis is taken as unavailable.
-                let error = StoreError::Unavailable(format!("counting ahead got no reply within {deadline:?}"));
+                let error = StoreError::Unavailable(format!(
+                    "counting ahead got no reply within {deadline:?}"
+                ));
                 self.flushing.stray += 1;
                 return Err(error);
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(StoreError::Unavailable(FLUSHER_STOPPED.into()))
+            }
         };
         self.stats.retries += done.retries;
         let follow = done.promotions > self.epochs.promotions;
@@ -327,21 +389,31 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.follow_failover();
         }
         match done.result {
-            Ok((_, Some(scripts))) if !follow && done.promotions == promotions => Ok(Some((scripts, done.replicated))),
+            Ok((_, Some(scripts))) if !follow && done.promotions == promotions => {
+                Ok(Some((scripts, done.replicated)))
+            }
             Ok(_) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
     /// Flattens per-call replies back into the order the keys were given.
-    pub(super) fn replies(&mut self, calls: Vec<Value>, order: &[usize]) -> Result<Vec<codec::KeyReply>, StoreError> {
+    pub(super) fn replies(
+        &mut self,
+        calls: Vec<Value>,
+        order: &[usize],
+    ) -> Result<Vec<codec::KeyReply>, StoreError> {
         self.stats.script_calls += calls.len() as u64;
         let mut flat = Vec::with_capacity(order.len());
         for call in calls {
             flat.extend(codec::key_replies(call)?);
         }
         if flat.len() != order.len() {
-            return Err(StoreError::Protocol(format!("{} replies for {} keys", flat.len(), order.len())));
+            return Err(StoreError::Protocol(format!(
+                "{} replies for {} keys",
+                flat.len(),
+                order.len()
+            )));
         }
         let mut replies = vec![Vec::new(); order.len()];
         for (reply, &index) in flat.into_iter().zip(order) {
@@ -382,7 +454,10 @@ impl<C: MonotonicClock> RedisStore<C> {
             dirty.sent_head = dirty.state.head();
             dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
         }
-        let observations = keys.iter().map(|k| self.views.dirty[k].inflight.len()).sum();
+        let observations = keys
+            .iter()
+            .map(|k| self.views.dirty[k].inflight.len())
+            .sum();
         let mut scripts = self.batch(&keys);
         scripts.confirm = true;
         let order = scripts.order.clone();
@@ -390,14 +465,19 @@ impl<C: MonotonicClock> RedisStore<C> {
         // a round trip before the scripts. In between, a key lost at a version this process knew
         // is still caught by the script ("?").
         let mut first = Batch::default();
-        let check_epochs =
-            self.epochs.due || self.breaker.is_open() || self.epochs.last_check.elapsed() >= self.config.probe_interval;
+        let check_epochs = self.epochs.due
+            || self.breaker.is_open()
+            || self.epochs.last_check.elapsed() >= self.config.probe_interval;
         if check_epochs {
             self.epochs.due = false;
             self.epochs.last_check = Instant::now();
             self.epochs.add_checks(&mut first, self.cluster);
         }
-        let epochs = if check_epochs { self.epochs.keys.len() } else { 0 };
+        let epochs = if check_epochs {
+            self.epochs.keys.len()
+        } else {
+            0
+        };
         // Hold raises go with the epoch checks: one round trip before the scripts.
         let holds = self.send_holds(&mut first);
         let job = FlushJob {
@@ -408,32 +488,51 @@ impl<C: MonotonicClock> RedisStore<C> {
             scripts,
             attempts: self.config.attempts,
         };
-        let jobs = self.flushing.jobs.as_ref().expect("the flusher runs until drop");
-        jobs.send(job).map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        let jobs = self
+            .flushing
+            .jobs
+            .as_ref()
+            .expect("the flusher runs until drop");
+        jobs.send(job)
+            .map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
         let (sent, sent_stamp) = (Instant::now(), self.clock.now());
         let promotions = self.epochs.promotions;
-        self.flushing.inflight = Some(Inflight { keys, order, observations, sent, sent_stamp, epochs, holds, promotions });
+        self.flushing.inflight = Some(Inflight {
+            keys,
+            order,
+            observations,
+            sent,
+            sent_stamp,
+            epochs,
+            holds,
+            promotions,
+        });
         Ok(())
     }
 
     /// The longest the caller waits for a flush: every attempt's connection and reply, twice
     /// (a flush has two round trips).
     fn flush_deadline(&self) -> Duration {
-        (self.config.connect_timeout + self.config.response_timeout).saturating_mul(2 * self.config.attempts.max(1))
+        (self.config.connect_timeout + self.config.response_timeout)
+            .saturating_mul(2 * self.config.attempts.max(1))
     }
 
     /// Takes in the flush in flight: waits for it if `wait` (at most `flush_deadline`: Redis is
     /// then taken as unavailable, and the flush is taken in whenever it ends), else only if it
     /// is already done.
     pub(super) fn complete(&mut self, wait: bool) -> Result<(), StoreError> {
-        let Some(done) = self.receive_flush(wait)? else { return Ok(()) };
+        let Some(done) = self.receive_flush(wait)? else {
+            return Ok(());
+        };
         let inflight = self.flushing.inflight.take().expect("checked above");
         self.stats.retries += done.retries;
         match done.result {
             Ok((first, mut scripts)) => {
                 // A flush that crossed a failover (met one, or was sent before the store followed
                 // one) is not taken in: its deltas go again, to the master there is now.
-                if done.promotions != inflight.promotions || inflight.promotions != self.epochs.promotions {
+                if done.promotions != inflight.promotions
+                    || inflight.promotions != self.epochs.promotions
+                {
                     scripts = None;
                 }
                 let follow = done.promotions > self.epochs.promotions;
@@ -469,17 +568,24 @@ impl<C: MonotonicClock> RedisStore<C> {
             match self.flushing.done.recv_timeout(self.flush_deadline()) {
                 Ok(done) => Ok(Some(done)),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let error = StoreError::Unavailable(format!("a flush got no reply within {:?}", self.flush_deadline()));
+                    let error = StoreError::Unavailable(format!(
+                        "a flush got no reply within {:?}",
+                        self.flush_deadline()
+                    ));
                     self.fail(&error, "flushing");
                     Err(error)
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    Err(StoreError::Unavailable(FLUSHER_STOPPED.into()))
+                }
             }
         } else {
             match self.flushing.done.try_recv() {
                 Ok(done) => Ok(Some(done)),
                 Err(mpsc::TryRecvError::Empty) => Ok(None),
-                Err(mpsc::TryRecvError::Disconnected) => Err(StoreError::Unavailable(FLUSHER_STOPPED.into())),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    Err(StoreError::Unavailable(FLUSHER_STOPPED.into()))
+                }
             }
         }
     }
@@ -504,7 +610,16 @@ impl<C: MonotonicClock> RedisStore<C> {
         replicated: bool,
         follow: bool,
     ) -> Result<(), StoreError> {
-        let Inflight { keys, order, observations, sent, sent_stamp, epochs, holds, .. } = inflight;
+        let Inflight {
+            keys,
+            order,
+            observations,
+            sent,
+            sent_stamp,
+            epochs,
+            holds,
+            ..
+        } = inflight;
         self.recovered();
         let lost = match self.epochs.check(&first[..epochs.min(first.len())]) {
             Ok(lost) => lost,
@@ -514,7 +629,9 @@ impl<C: MonotonicClock> RedisStore<C> {
                 return Err(e);
             }
         };
-        if let Err(e) = self.acknowledge_holds(&holds, first.get(epochs..).unwrap_or_default(), sent_stamp) {
+        if let Err(e) =
+            self.acknowledge_holds(&holds, first.get(epochs..).unwrap_or_default(), sent_stamp)
+        {
             self.flushing.last_error = Some(e);
         }
         if lost {
@@ -544,7 +661,11 @@ impl<C: MonotonicClock> RedisStore<C> {
                 return Err(e);
             }
         };
-        self.record_flush(FlushSample { keys: keys.len(), observations, elapsed: sent.elapsed() });
+        self.record_flush(FlushSample {
+            keys: keys.len(),
+            observations,
+            elapsed: sent.elapsed(),
+        });
         // Redis ran every call: each key's in-flight deltas are done unless its writes were
         // refused as stale or the key was gone. A reply we cannot read only costs the cached copy.
         // Until a replica confirms them, the deltas Redis took in are kept for a failover.
@@ -589,7 +710,12 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// key's state becomes the window Redis now holds plus what was counted since; a key whose
     /// writes met another writer, or that was gone, goes again (`Ok(false)`: its deltas were not
     /// written). An unreadable reply keeps the view, with no known version, and is returned.
-    fn take_in_reply(&mut self, key: StoredKey, reply: &codec::KeyReply, sent: Instant) -> Result<bool, StoreError> {
+    fn take_in_reply(
+        &mut self,
+        key: StoredKey,
+        reply: &codec::KeyReply,
+        sent: Instant,
+    ) -> Result<bool, StoreError> {
         let spec = self.windows.spec(key.window);
         let parsed = codec::parse_reply(&spec, reply);
         if let Ok((_, counts)) = &parsed {
@@ -607,9 +733,17 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
             _ => {}
         }
-        let dirty = self.views.dirty.remove(&key).expect("in flight keys stay dirty");
+        let dirty = self
+            .views
+            .dirty
+            .remove(&key)
+            .expect("in flight keys stay dirty");
         // Conservative: the refresh happened after the flush was sent.
-        let refreshed = if dirty.refresh_sent || dirty.full { Some(sent) } else { dirty.refreshed };
+        let refreshed = if dirty.refresh_sent || dirty.full {
+            Some(sent)
+        } else {
+            dirty.refreshed
+        };
         let mut result = Ok(());
         let (state, version, base_head, offsets) = match parsed {
             // Nobody else wrote since our view: it already holds the in-flight deltas and
@@ -623,9 +757,17 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
             Ok((reply @ (Reply::Window(_) | Reply::Empty), _)) => {
                 // The window as Redis has it now, plus what was counted since it was sent.
-                let Stored { mut state, version, offsets } = match reply {
+                let Stored {
+                    mut state,
+                    version,
+                    offsets,
+                } = match reply {
                     Reply::Window(stored) => stored,
-                    _ => Stored { state: WindowState::new(spec.aggregate), version: 0, offsets: Offsets::new() },
+                    _ => Stored {
+                        state: WindowState::new(spec.aggregate),
+                        version: 0,
+                        offsets: Offsets::new(),
+                    },
                 };
                 let base_head = state.head();
                 for o in &dirty.pending {
@@ -637,7 +779,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             Ok((Reply::Before(_), _)) => {
                 // Only a call counting ahead asks for it: keep our own merged view, as for a
                 // reply we cannot read.
-                result = Err(StoreError::Protocol("apply_window reply: a prior window for a flush".into()));
+                result = Err(StoreError::Protocol(
+                    "apply_window reply: a prior window for a flush".into(),
+                ));
                 (dirty.state, None, None, dirty.offsets)
             }
             Err(e) => {
@@ -647,9 +791,19 @@ impl<C: MonotonicClock> RedisStore<C> {
                 (dirty.state, None, None, dirty.offsets)
             }
         };
-        self.views.learn(key.window, &offsets, || super::view::several_observations(&spec, &state));
+        self.views.learn(key.window, &offsets, || {
+            super::view::several_observations(&spec, &state)
+        });
         if dirty.pending.is_empty() {
-            self.views.cache.insert(key, Arc::new(Cached { state, version, refreshed, offsets }));
+            self.views.cache.insert(
+                key,
+                Arc::new(Cached {
+                    state,
+                    version,
+                    refreshed,
+                    offsets,
+                }),
+            );
         } else {
             let mut again = Dirty::new(state, version, base_head, refreshed, offsets);
             again.pending = dirty.pending;
@@ -661,7 +815,11 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// The key's writes met a version another writer had moved on.
     fn write_stale_again(&mut self, key: &StoredKey) {
-        let dirty = self.views.dirty.get_mut(key).expect("in flight keys stay dirty");
+        let dirty = self
+            .views
+            .dirty
+            .get_mut(key)
+            .expect("in flight keys stay dirty");
         if dirty.full && dirty.inflight.is_empty() && dirty.pending.is_empty() {
             // A view written again in full found the key re-created by someone else: theirs
             // stands, ours is read again when needed.
@@ -679,7 +837,11 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// The key is gone at a version we knew: write the view again (its deltas were not applied).
     fn write_missing_again(&mut self, key: &StoredKey) {
-        let dirty = self.views.dirty.get_mut(key).expect("in flight keys stay dirty");
+        let dirty = self
+            .views
+            .dirty
+            .get_mut(key)
+            .expect("in flight keys stay dirty");
         self.pending += dirty.inflight.len();
         dirty.send_again();
         dirty.rewrite();
@@ -688,7 +850,13 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Durable: everything counted before the oldest observation Redis has not acknowledged.
     pub(super) fn update_durable(&mut self) {
-        let holds = self.holds.views.values().filter_map(|h| h.inflight.into_iter().chain(h.pending).map(|(_, index)| index).min());
+        let holds = self.holds.views.values().filter_map(|h| {
+            h.inflight
+                .into_iter()
+                .chain(h.pending)
+                .map(|(_, index)| index)
+                .min()
+        });
         // What no replica has confirmed is not durable yet: a failover would need it again.
         let oldest = self
             .views
@@ -705,7 +873,11 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// the next one.
     fn unsent(&mut self, keys: &[StoredKey]) {
         for key in keys {
-            let dirty = self.views.dirty.get_mut(key).expect("in flight keys stay dirty");
+            let dirty = self
+                .views
+                .dirty
+                .get_mut(key)
+                .expect("in flight keys stay dirty");
             self.pending += dirty.inflight.len();
             dirty.send_again();
         }

@@ -9,10 +9,10 @@ use redis::Value;
 
 use super::RedisStore;
 use crate::clock::MonotonicClock;
+use crate::store::counter_store::{HoldSpace, StoreError};
 use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
 use crate::store::link::Batch;
 use crate::store::scripts::HOLD;
-use crate::store::counter_store::{HoldSpace, StoreError};
 
 /// A rule's hold on one key as this process knows it: what Redis said last, raised by what this
 /// process set since.
@@ -32,12 +32,17 @@ impl HoldView {
     /// Whether Redis told the hold less than `interval` before `now` (by the store's clock).
     #[inline]
     fn fresh(&self, now: Instant, interval: Duration) -> bool {
-        self.read_at.is_some_and(|at| now.saturating_duration_since(at) < interval)
+        self.read_at
+            .is_some_and(|at| now.saturating_duration_since(at) < interval)
     }
 
     /// What Redis told (`stored`), raised by this process's unacknowledged raises.
     fn learn(&mut self, stored: Option<i64>, at: Instant) {
-        let raises = self.pending.into_iter().chain(self.inflight).map(|(until, _)| until);
+        let raises = self
+            .pending
+            .into_iter()
+            .chain(self.inflight)
+            .map(|(until, _)| until);
         self.until = stored.into_iter().chain(raises).max();
         self.read_at = Some(at);
     }
@@ -69,9 +74,15 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// The hold as Redis told it within the last flush interval (read again if older), raised by
     /// what this process set; while Redis is unavailable, what this process knows.
     pub(super) fn hold(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
-        let lookup = KeyRef { window: space.0, key };
+        let lookup = KeyRef {
+            window: space.0,
+            key,
+        };
         match self.holds.views.get(&lookup) {
-            Some(view) if self.breaker.is_open() || view.fresh(self.clock.now(), self.config.flush_interval) => {
+            Some(view)
+                if self.breaker.is_open()
+                    || view.fresh(self.clock.now(), self.config.flush_interval) =>
+            {
                 return Ok(view.until)
             }
             None if self.breaker.is_open() => return Ok(None),
@@ -83,7 +94,12 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Raised locally at once (so this process is exact), written behind with the next flush
     /// (so other workers see it within a flush interval).
-    pub(super) fn raise_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+    pub(super) fn raise_hold(
+        &mut self,
+        space: HoldSpace,
+        key: &[u8],
+        until_ms: i64,
+    ) -> Result<i64, StoreError> {
         let current = self.hold(space, key)?;
         if current.is_some_and(|held| held >= until_ms) {
             return Ok(current.unwrap_or(until_ms));
@@ -91,10 +107,28 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.counted += 1;
         let index = self.counted;
         if let Some(undo) = &mut self.holds.batch {
-            let before = self.holds.views.get(&KeyRef { window: space.0, key }).copied();
-            undo.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_insert(before);
+            let before = self
+                .holds
+                .views
+                .get(&KeyRef {
+                    window: space.0,
+                    key,
+                })
+                .copied();
+            undo.entry(StoredKey {
+                window: space.0,
+                key: KeyBytes::new(key),
+            })
+            .or_insert(before);
         }
-        let view = self.holds.views.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
+        let view = self
+            .holds
+            .views
+            .entry(StoredKey {
+                window: space.0,
+                key: KeyBytes::new(key),
+            })
+            .or_default();
         view.until = Some(until_ms);
         view.pending = Some(match view.pending {
             Some((_, first)) => (until_ms, first),
@@ -113,13 +147,25 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         let (now, interval) = (self.clock.now(), self.config.flush_interval);
         let mut wanted: Vec<(HoldSpace, &[u8])> = Vec::new();
-        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
+            Default::default();
         for (space, key) in keys {
-            let lookup = KeyRef { window: space.0, key };
-            if self.holds.views.get(&lookup).is_some_and(|v| v.fresh(now, interval)) {
+            let lookup = KeyRef {
+                window: space.0,
+                key,
+            };
+            if self
+                .holds
+                .views
+                .get(&lookup)
+                .is_some_and(|v| v.fresh(now, interval))
+            {
                 continue;
             }
-            if seen.insert(KeyRef { window: space.0, key }) {
+            if seen.insert(KeyRef {
+                window: space.0,
+                key,
+            }) {
                 wanted.push((*space, key));
             }
         }
@@ -144,13 +190,21 @@ impl<C: MonotonicClock> RedisStore<C> {
                 None => self.holds.views.remove(&key),
             };
         }
-        self.holds.pending = self.holds.views.values().filter(|view| view.pending.is_some()).count();
+        self.holds.pending = self
+            .holds
+            .views
+            .values()
+            .filter(|view| view.pending.is_some())
+            .count();
     }
 
     /// Reads the holds of `keys` from Redis (pipelined GETs) into their views. A failure opens
     /// the breaker: the views stay as they are.
     fn read_holds(&mut self, keys: &[(HoldSpace, &[u8])]) {
-        let names: Vec<String> = keys.iter().map(|&(space, key)| self.redis_hold_key(space, key)).collect();
+        let names: Vec<String> = keys
+            .iter()
+            .map(|&(space, key)| self.redis_hold_key(space, key))
+            .collect();
         let at = self.clock.now();
         let replies = match self.read_each("GET", &names) {
             Ok(replies) => replies,
@@ -164,7 +218,14 @@ impl<C: MonotonicClock> RedisStore<C> {
                 Ok(text) => text.and_then(|t| t.parse::<i64>().ok()),
                 Err(_) => None,
             };
-            let view = self.holds.views.entry(StoredKey { window: space.0, key: KeyBytes::new(key) }).or_default();
+            let view = self
+                .holds
+                .views
+                .entry(StoredKey {
+                    window: space.0,
+                    key: KeyBytes::new(key),
+                })
+                .or_default();
             view.learn(stored, at);
         }
     }
@@ -172,7 +233,9 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// The raises of `holds` did not happen (or are not known to have): they go again.
     pub(super) fn unsent_holds(&mut self, holds: &[StoredKey]) {
         for key in holds {
-            let Some(view) = self.holds.views.get_mut(key) else { continue };
+            let Some(view) = self.holds.views.get_mut(key) else {
+                continue;
+            };
             if let Some(inflight) = view.inflight.take() {
                 if view.pending.is_none() {
                     self.holds.pending += 1;
@@ -190,7 +253,9 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn send_holds(&mut self, batch: &mut Batch) -> Vec<StoredKey> {
         if self.holds.views.len() > HOLD_VIEWS_KEPT {
             let (now, interval) = (self.clock.now(), self.config.flush_interval);
-            self.holds.views.retain(|_, v| v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval));
+            self.holds.views.retain(|_, v| {
+                v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval)
+            });
         }
         if self.holds.pending == 0 {
             return Vec::new();
@@ -208,7 +273,11 @@ impl<C: MonotonicClock> RedisStore<C> {
             let name = self.redis_hold_key(space, key.key.as_slice());
             let (until, _) = self.holds.views[key].inflight.expect("just moved");
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(HOLD.get_hash()).arg(1).arg(&name).arg(until).arg(self.hold_spaces.ttl_ms(key.window));
+            cmd.arg(HOLD.get_hash())
+                .arg(1)
+                .arg(&name)
+                .arg(until)
+                .arg(self.hold_spaces.ttl_ms(key.window));
             batch.command(self.cluster, &name, cmd);
         }
         sent
@@ -217,20 +286,38 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Takes in the replies to the hold raises of a flush: each is the hold as Redis has it now
     /// (told at `sent`, by the store's clock). A raise Redis refused is dropped (it would be
     /// refused again) and reported.
-    pub(super) fn acknowledge_holds(&mut self, holds: &[StoredKey], replies: &[Value], sent: Instant) -> Result<(), StoreError> {
+    pub(super) fn acknowledge_holds(
+        &mut self,
+        holds: &[StoredKey],
+        replies: &[Value],
+        sent: Instant,
+    ) -> Result<(), StoreError> {
         if replies.len() != holds.len() {
             self.unsent_holds(holds);
-            return Err(StoreError::Protocol(format!("{} replies for {} hold raises", replies.len(), holds.len())));
+            return Err(StoreError::Protocol(format!(
+                "{} replies for {} hold raises",
+                replies.len(),
+                holds.len()
+            )));
         }
         let mut refused = None;
         for (key, reply) in holds.iter().zip(replies) {
-            let Some(view) = self.holds.views.get_mut(key) else { continue };
-            let Some((raised, _)) = view.inflight.take() else { continue };
-            match redis::from_redis_value::<String>(reply.clone()).ok().and_then(|t| t.parse::<i64>().ok()) {
+            let Some(view) = self.holds.views.get_mut(key) else {
+                continue;
+            };
+            let Some((raised, _)) = view.inflight.take() else {
+                continue;
+            };
+            match redis::from_redis_value::<String>(reply.clone())
+                .ok()
+                .and_then(|t| t.parse::<i64>().ok())
+            {
                 Some(stored) => view.learn(Some(stored), sent),
                 None => {
                     view.learn(Some(raised), sent);
-                    refused.get_or_insert_with(|| StoreError::Protocol(format!("hold raise refused: {reply:?}")));
+                    refused.get_or_insert_with(|| {
+                        StoreError::Protocol(format!("hold raise refused: {reply:?}"))
+                    });
                 }
             }
         }
@@ -254,6 +341,9 @@ mod tests {
         clock.advance(interval - Duration::from_nanos(1));
         assert!(view.fresh(clock.now(), interval));
         clock.advance(Duration::from_nanos(1));
-        assert!(!view.fresh(clock.now(), interval), "read again once an interval passed");
+        assert!(
+            !view.fresh(clock.now(), interval),
+            "read again once an interval passed"
+        );
     }
 }

@@ -58,8 +58,11 @@ use redis::Value;
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 pub use early::{EarlyReader, EarlyReads};
 
+use super::counter_store::{
+    CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, Planned, StoreError, WindowId,
+    Windows,
+};
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
-use super::counter_store::{CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, Planned, StoreError, WindowId, Windows};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
 use epochs::Epochs;
@@ -122,11 +125,13 @@ impl Breaker {
     }
 }
 
-
 /// Where `url` points: one server, a master found through Redis Sentinel (`redis+sentinel://`),
 /// or a Redis Cluster (found from a node with cluster mode on), and
 /// for a cluster the first slot each master serves.
-pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Target, bool, Vec<u16>), StoreError> {
+pub(super) fn open_target(
+    url: &str,
+    config: &RedisStoreConfig,
+) -> Result<(Target, bool, Vec<u16>), StoreError> {
     // rustls needs a process-wide crypto provider; a second install attempt is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(sentinel) = SentinelUrl::parse(url)? {
@@ -137,19 +142,37 @@ pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Targe
             seed,
             master: std::sync::Mutex::new((None, 0)),
         };
-        let timeouts = Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: None };
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.response_timeout,
+            replica_ack: None,
+        };
         // Fails here, naming the reason, when no sentinel answers or none names a master.
         target.connect(timeouts).map_err(unavailable)?;
-        return Ok((Target::Sentinel(std::sync::Arc::new(target)), false, Vec::new()));
+        return Ok((
+            Target::Sentinel(std::sync::Arc::new(target)),
+            false,
+            Vec::new(),
+        ));
     }
     let client = client_for(url, config)?;
-    let mut probe = client.get_connection_with_timeout(config.connect_timeout).map_err(unavailable)?;
-    probe.set_read_timeout(Some(config.response_timeout)).map_err(unavailable)?;
-    let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(unavailable)?;
+    let mut probe = client
+        .get_connection_with_timeout(config.connect_timeout)
+        .map_err(unavailable)?;
+    probe
+        .set_read_timeout(Some(config.response_timeout))
+        .map_err(unavailable)?;
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query(&mut probe)
+        .map_err(unavailable)?;
     if !info.lines().any(|l| l.trim() == "cluster_enabled:1") {
         return Ok((Target::Single(client), false, Vec::new()));
     }
-    let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut probe).map_err(unavailable)?;
+    let ranges: Vec<Value> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(&mut probe)
+        .map_err(unavailable)?;
     let mut first_slots: Vec<u16> = ranges
         .iter()
         .filter_map(|range| match range {
@@ -161,11 +184,23 @@ pub(super) fn open_target(url: &str, config: &RedisStoreConfig) -> Result<(Targe
     // The URL's node is where the store first asks for the slot map; every node a map names is
     // added as it is read (`link`), so the URL's node may die later.
     let (host, port) = match client.get_connection_info().addr() {
-        redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
-        other => return Err(StoreError::Unavailable(format!("a Redis Cluster needs a TCP address, not {other}"))),
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+        other => {
+            return Err(StoreError::Unavailable(format!(
+                "a Redis Cluster needs a TCP address, not {other}"
+            )))
+        }
     };
     let topology = std::sync::Arc::new(std::sync::Mutex::new(Topology::new(host, port)));
-    Ok((Target::Cluster { seed: client, topology }, true, first_slots))
+    Ok((
+        Target::Cluster {
+            seed: client,
+            topology,
+        },
+        true,
+        first_slots,
+    ))
 }
 
 /// A `redis+sentinel://` URL: the sentinels, the master's name, and a plain URL with the data
@@ -188,7 +223,9 @@ impl SentinelUrl {
             Some(("rediss+sentinel", rest)) => ("rediss", rest),
             _ => return Ok(None),
         };
-        let bad = |why: &str| StoreError::Unavailable(format!("invalid Sentinel URL ({why}): expected {scheme}+sentinel://[user:password@]host[:port][,host[:port]...]/master-name[/db]"));
+        let bad = |why: &str| {
+            StoreError::Unavailable(format!("invalid Sentinel URL ({why}): expected {scheme}+sentinel://[user:password@]host[:port][,host[:port]...]/master-name[/db]"))
+        };
         let (authority, path) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
         let (userinfo, hosts) = match authority.rsplit_once('@') {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
@@ -197,7 +234,11 @@ impl SentinelUrl {
         let mut sentinels = Vec::new();
         for host in hosts.split(',') {
             let (name, port) = match host.rsplit_once(':') {
-                Some((name, port)) => (name, port.parse::<u16>().map_err(|_| bad("a port is not a number"))?),
+                Some((name, port)) => (
+                    name,
+                    port.parse::<u16>()
+                        .map_err(|_| bad("a port is not a number"))?,
+                ),
                 None => (host, 26379),
             };
             if name.is_empty() {
@@ -206,9 +247,15 @@ impl SentinelUrl {
             sentinels.push((name.to_owned(), port));
         }
         let mut segments = path.trim_end_matches('/').split('/');
-        let service = segments.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("no master name"))?.to_owned();
+        let service = segments
+            .next()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| bad("no master name"))?
+            .to_owned();
         let db = match segments.next() {
-            Some(db) => db.parse::<i64>().map_err(|_| bad("the database is not a number"))?,
+            Some(db) => db
+                .parse::<i64>()
+                .map_err(|_| bad("the database is not a number"))?,
             None => 0,
         };
         if segments.next().is_some() {
@@ -217,7 +264,11 @@ impl SentinelUrl {
         let (host, port) = &sentinels[0];
         let credentials = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
         let seed_url = format!("{scheme}://{credentials}{host}:{port}/{db}");
-        Ok(Some(SentinelUrl { sentinels, service, seed_url }))
+        Ok(Some(SentinelUrl {
+            sentinels,
+            service,
+            seed_url,
+        }))
     }
 }
 
@@ -225,9 +276,13 @@ impl SentinelUrl {
 fn client_for(url: &str, config: &RedisStoreConfig) -> Result<redis::Client, StoreError> {
     match &config.tls_ca_file {
         Some(path) => {
-            let root_cert = std::fs::read(path)
-                .map_err(|e| StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display())))?;
-            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) };
+            let root_cert = std::fs::read(path).map_err(|e| {
+                StoreError::Unavailable(format!("cannot read CA file {}: {e}", path.display()))
+            })?;
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            };
             redis::Client::build_with_tls(url, certs).map_err(unavailable)
         }
         None => redis::Client::open(url).map_err(unavailable),
@@ -243,10 +298,17 @@ impl RedisStore {
 
 impl<C: MonotonicClock> RedisStore<C> {
     /// Connects to `url` with `clock` telling when hold views and TTL refreshes grow stale.
-    pub fn connect_with_clock(url: &str, config: RedisStoreConfig, clock: C) -> Result<RedisStore<C>, StoreError> {
+    pub fn connect_with_clock(
+        url: &str,
+        config: RedisStoreConfig,
+        clock: C,
+    ) -> Result<RedisStore<C>, StoreError> {
         let (target, cluster, first_slots) = open_target(url, &config)?;
-        let timeouts =
-            Timeouts { connect: config.connect_timeout, response: config.response_timeout, replica_ack: config.replica_ack_timeout };
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.response_timeout,
+            replica_ack: config.replica_ack_timeout,
+        };
         let mut link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
         let flusher_link = Link::open(target.clone(), timeouts, config.retry_backoff)?;
         let mut epochs = Epochs::new(cluster, first_slots);
@@ -310,7 +372,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         if self.breaker.outage.is_none() {
             self.stats.outages += 1;
             tracing::warn!(error = %error, during, "Redis unavailable: counting locally until it answers again");
-            self.breaker.first_outage.get_or_insert_with(|| format!("{error} (while {during})"));
+            self.breaker
+                .first_outage
+                .get_or_insert_with(|| format!("{error} (while {during})"));
             self.breaker.outage = Some((Instant::now(), error.to_string()));
         }
     }
@@ -332,7 +396,13 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         self.windows.open(name, spec)
     }
 
-    fn apply(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+    fn apply(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+    ) -> Result<Observed, StoreError> {
         self.count(window, key, ts_ms, delta)
     }
 
@@ -352,7 +422,12 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
 
     /// Raised locally at once (so this process is exact), written behind with the next flush
     /// (so other workers see it within a flush interval).
-    fn extend_hold(&mut self, space: HoldSpace, key: &[u8], until_ms: i64) -> Result<i64, StoreError> {
+    fn extend_hold(
+        &mut self,
+        space: HoldSpace,
+        key: &[u8],
+        until_ms: i64,
+    ) -> Result<i64, StoreError> {
         self.raise_hold(space, key, until_ms)
     }
 
@@ -464,19 +539,38 @@ mod tests {
 
     #[test]
     fn sentinel_urls_name_the_sentinels_the_master_and_the_data_nodes_credentials() {
-        let url = SentinelUrl::parse("redis+sentinel://app:s3cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/risk/2").unwrap().unwrap();
+        let url = SentinelUrl::parse(
+            "redis+sentinel://app:s3cret@10.0.0.1:26379,10.0.0.2,[::1]:26380/risk/2",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             url.sentinels,
-            vec![("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26379), ("[::1]".to_owned(), 26380)]
+            vec![
+                ("10.0.0.1".to_owned(), 26379),
+                ("10.0.0.2".to_owned(), 26379),
+                ("[::1]".to_owned(), 26380)
+            ]
         );
         assert_eq!(url.service, "risk");
         assert_eq!(url.seed_url, "redis://app:s3cret@10.0.0.1:26379/2");
-        let tls = SentinelUrl::parse("rediss+sentinel://h:1/m").unwrap().unwrap();
+        let tls = SentinelUrl::parse("rediss+sentinel://h:1/m")
+            .unwrap()
+            .unwrap();
         assert_eq!(tls.seed_url, "rediss://h:1/0");
         assert!(SentinelUrl::parse("redis://h:6379").unwrap().is_none());
-        for bad in ["redis+sentinel://h:1", "redis+sentinel://h:1/", "redis+sentinel://h:x/m", "redis+sentinel://:1/m", "redis+sentinel://h/m/x"] {
+        for bad in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel://h:x/m",
+            "redis+sentinel://:1/m",
+            "redis+sentinel://h/m/x",
+        ] {
             let error = SentinelUrl::parse(bad).unwrap_err().to_string();
-            assert!(error.contains("invalid Sentinel URL") && error.contains("master-name"), "{bad}: {error}");
+            assert!(
+                error.contains("invalid Sentinel URL") && error.contains("master-name"),
+                "{bad}: {error}"
+            );
         }
     }
 }

@@ -9,8 +9,8 @@ use redis::Value;
 
 use super::RedisStore;
 use crate::clock::MonotonicClock;
-use crate::store::link::{Batch, Link};
 use crate::store::counter_store::StoreError;
+use crate::store::link::{Batch, Link};
 
 /// A read for the reader thread: windows (HGETALL per key).
 pub(super) struct ReadJob {
@@ -31,7 +31,14 @@ struct ReadDone {
 fn reader(mut link: Link, jobs: mpsc::Receiver<ReadJob>, done: mpsc::Sender<ReadDone>) {
     for job in jobs {
         let (result, retries) = link.query(&job.batch, job.attempts);
-        if done.send(ReadDone { id: job.id, result, retries }).is_err() {
+        if done
+            .send(ReadDone {
+                id: job.id,
+                result,
+                retries,
+            })
+            .is_err()
+        {
             return;
         }
     }
@@ -58,14 +65,24 @@ impl Reads {
             .name("vigil-reader".into())
             .spawn(move || reader(link, job_rx, done_tx))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the reader thread: {e}")))?;
-        Ok(Reads { jobs: Some(jobs), done, thread: Some(thread), seq: 0, outstanding: None })
+        Ok(Reads {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+            seq: 0,
+            outstanding: None,
+        })
     }
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
     /// One `command` per key name, pipelined on the reader thread (grouped per master on a
     /// cluster): a reply per name, in order.
-    pub(super) fn read_each(&mut self, command: &str, names: &[String]) -> Result<Vec<Value>, StoreError> {
+    pub(super) fn read_each(
+        &mut self,
+        command: &str,
+        names: &[String],
+    ) -> Result<Vec<Value>, StoreError> {
         let mut batch = Batch::default();
         for name in names {
             let mut cmd = redis::cmd(command);
@@ -79,7 +96,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         // lacks is put back in the views first, so the replies never stand in for it.
         self.catch_up_failover();
         if replies.len() != names.len() {
-            return Err(StoreError::Protocol(format!("{} replies for {} {command} reads", replies.len(), names.len())));
+            return Err(StoreError::Protocol(format!(
+                "{} replies for {} {command} reads",
+                replies.len(),
+                names.len()
+            )));
         }
         Ok(replies)
     }
@@ -101,21 +122,37 @@ impl<C: MonotonicClock> RedisStore<C> {
                     }
                     Ok(_) => continue,
                     Err(mpsc::TryRecvError::Empty) => {
-                        return Err(StoreError::Unavailable("an earlier read is still waiting for Redis".into()))
+                        return Err(StoreError::Unavailable(
+                            "an earlier read is still waiting for Redis".into(),
+                        ))
                     }
-                    Err(mpsc::TryRecvError::Disconnected) => return Err(StoreError::Unavailable("the reader thread stopped".into())),
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        return Err(StoreError::Unavailable("the reader thread stopped".into()))
+                    }
                 }
             }
         }
         self.reads.seq += 1;
         let id = self.reads.seq;
-        let reads = self.reads.jobs.as_ref().expect("the reader runs until drop");
+        let reads = self
+            .reads
+            .jobs
+            .as_ref()
+            .expect("the reader runs until drop");
         reads
-            .send(ReadJob { id, batch, attempts })
+            .send(ReadJob {
+                id,
+                batch,
+                attempts,
+            })
             .map_err(|_| StoreError::Unavailable("the reader thread stopped".into()))?;
         let deadline = Instant::now() + self.read_deadline().saturating_mul(attempts.clamp(1, 2));
         loop {
-            match self.reads.done.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .reads
+                .done
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
                 Ok(done) if done.id == id => {
                     self.stats.retries += done.retries;
                     return done.result;
@@ -123,9 +160,14 @@ impl<C: MonotonicClock> RedisStore<C> {
                 Ok(_) => continue,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.reads.outstanding = Some(id);
-                    return Err(StoreError::Unavailable(format!("no reply from Redis within {:?}", self.read_deadline())));
+                    return Err(StoreError::Unavailable(format!(
+                        "no reply from Redis within {:?}",
+                        self.read_deadline()
+                    )));
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(StoreError::Unavailable("the reader thread stopped".into())),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(StoreError::Unavailable("the reader thread stopped".into()))
+                }
             }
         }
     }

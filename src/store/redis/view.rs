@@ -11,8 +11,8 @@ use hashbrown::HashMap;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, Observation, Offsets, Stored};
-use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
 use crate::store::counter_store::{Observed, StoreError, WindowId};
+use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
 use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
 
 /// This process's views of windows.
@@ -77,8 +77,13 @@ impl Views {
     /// misses what the others wrote while it stayed cached.
     pub(super) fn shared_key(&self, window: u32, offsets: &Offsets) -> bool {
         self.shared
-            && (self.locality.get(window as usize).is_none_or(Locality::spanning)
-                || offsets.iter().any(|(lane, _)| !self.own_lanes.contains(lane)))
+            && (self
+                .locality
+                .get(window as usize)
+                .is_none_or(Locality::spanning)
+                || offsets
+                    .iter()
+                    .any(|(lane, _)| !self.own_lanes.contains(lane)))
     }
 
     /// Learns from a key's recorded offsets whether its window's keys span partitions. A key
@@ -125,14 +130,20 @@ pub(super) struct CleanViews {
 }
 
 impl CleanViews {
-    pub(super) fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> Option<Arc<Cached>> {
+    pub(super) fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> Option<Arc<Cached>> {
         match self.loaded.get(key) {
             Some(loaded) => Some(Arc::clone(loaded)),
             None => self.cache.get(key),
         }
     }
 
-    pub(super) fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
+    pub(super) fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> bool {
         self.loaded.contains_key(key) || self.cache.contains_key(key)
     }
 
@@ -203,7 +214,10 @@ impl CleanViews {
 
     /// Removes a window read for this batch: the batch counts into its key, whose clean view is
     /// not used again before its flush brings a newer one.
-    fn unload<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&mut self, key: &Q) -> Option<Arc<Cached>> {
+    fn unload<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &mut self,
+        key: &Q,
+    ) -> Option<Arc<Cached>> {
         self.loaded.remove(key)
     }
 
@@ -223,7 +237,11 @@ impl CleanViews {
     pub(super) fn drain(&mut self) -> Vec<(StoredKey, Arc<Cached>)> {
         self.void_early_reads();
         let mut all: Vec<(StoredKey, Arc<Cached>)> = self.loaded.drain().collect();
-        all.extend(self.cache.iter().map(|(key, cached)| ((*key).clone(), cached)));
+        all.extend(
+            self.cache
+                .iter()
+                .map(|(key, cached)| ((*key).clone(), cached)),
+        );
         self.cache.invalidate_all();
         all
     }
@@ -233,7 +251,10 @@ impl CleanViews {
     }
 
     /// Moves the windows read for the last batch into the cache, but for those it made dirty.
-    pub(super) fn settle(&mut self, dirty: &HashMap<StoredKey, Dirty, foldhash::fast::RandomState>) {
+    pub(super) fn settle(
+        &mut self,
+        dirty: &HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
+    ) {
         for (key, cached) in self.loaded.drain() {
             if !dirty.contains_key(&key) {
                 self.cache.insert(key, cached);
@@ -302,7 +323,13 @@ pub(super) struct Dirty {
 impl Dirty {
     /// A key with `pending` observations (the oldest counted as `pending_oldest`) over a view of
     /// Redis at `version`, nothing in flight.
-    pub(super) fn new(state: WindowState, version: Option<u64>, base_head: Option<i64>, refreshed: Option<Instant>, offsets: Offsets) -> Dirty {
+    pub(super) fn new(
+        state: WindowState,
+        version: Option<u64>,
+        base_head: Option<i64>,
+        refreshed: Option<Instant>,
+        offsets: Offsets,
+    ) -> Dirty {
         Dirty {
             state,
             version,
@@ -373,15 +400,26 @@ const MAX_TTL_MS: i64 = 10 * 365 * 86_400_000;
 /// window apart) it stays above max(2 × window, window + lateness).
 pub(super) fn ttl_ms(spec: &WindowSpec, max_lateness: Option<i64>) -> i64 {
     let window = spec.window_ms();
-    let by_lateness = max_lateness.map_or(0, |lateness| window.saturating_mul(2).saturating_add(lateness));
-    window.saturating_mul(TTL_WINDOWS).max(by_lateness).clamp(1, MAX_TTL_MS)
+    let by_lateness = max_lateness.map_or(0, |lateness| {
+        window.saturating_mul(2).saturating_add(lateness)
+    });
+    window
+        .saturating_mul(TTL_WINDOWS)
+        .max(by_lateness)
+        .clamp(1, MAX_TTL_MS)
 }
 
 /// Whether a write should refresh the key's TTL (see `TTL_WINDOWS`), `now` by the store's clock.
 #[inline]
-pub(super) fn refresh_due(spec: &WindowSpec, version: Option<u64>, refreshed: Option<Instant>, now: Instant) -> bool {
+pub(super) fn refresh_due(
+    spec: &WindowSpec,
+    version: Option<u64>,
+    refreshed: Option<Instant>,
+    now: Instant,
+) -> bool {
     let window = Duration::from_millis(spec.window_ms().max(0) as u64);
-    version.is_none_or(|v| v == 0) || refreshed.is_none_or(|at| now.saturating_duration_since(at) >= window)
+    version.is_none_or(|v| v == 0)
+        || refreshed.is_none_or(|at| now.saturating_duration_since(at) >= window)
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
@@ -401,7 +439,13 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// Counts one observation on the key's view (`CounterStore::apply`).
-    pub(super) fn count(&mut self, window: WindowId, key: &[u8], ts_ms: i64, delta: Delta) -> Result<Observed, StoreError> {
+    pub(super) fn count(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+    ) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         if !self.views.ahead.is_empty() {
@@ -409,13 +453,22 @@ impl<C: MonotonicClock> RedisStore<C> {
                 return Ok(observed);
             }
         }
-        let lookup = KeyRef { window: window.0, key };
-        let observation = Observation { bucket, delta, origin: self.origin };
+        let lookup = KeyRef {
+            window: window.0,
+            key,
+        };
+        let observation = Observation {
+            bucket,
+            delta,
+            origin: self.origin,
+        };
         let index = self.counted + 1;
         let (applied, counted, base_unknown) = match self.views.dirty.get_mut(&lookup) {
-            Some(dirty) if codec::replayed(&dirty.offsets, observation.origin) => {
-                (judge(&dirty.state, &spec, bucket), false, dirty.base_unknown)
-            }
+            Some(dirty) if codec::replayed(&dirty.offsets, observation.origin) => (
+                judge(&dirty.state, &spec, bucket),
+                false,
+                dirty.base_unknown,
+            ),
             Some(dirty) => {
                 let applied = dirty.state.apply(&spec, bucket, delta);
                 let counted = applied.is_counted();
@@ -434,19 +487,35 @@ impl<C: MonotonicClock> RedisStore<C> {
                         // The key turns dirty at once (but for a late observation): a view read
                         // for this batch is moved into its dirty view rather than copied.
                         drop(self.views.cache.unload(&lookup));
-                        let Cached { mut state, version, refreshed, offsets } =
-                            Arc::try_unwrap(clean).unwrap_or_else(|shared| Cached::clone(&shared));
+                        let Cached {
+                            mut state,
+                            version,
+                            refreshed,
+                            offsets,
+                        } = Arc::try_unwrap(clean).unwrap_or_else(|shared| Cached::clone(&shared));
                         let base_head = state.head();
                         let applied = state.apply(&spec, bucket, delta);
                         let counted = applied.is_counted();
-                        let stored = StoredKey { window: window.0, key: KeyBytes::new(key) };
+                        let stored = StoredKey {
+                            window: window.0,
+                            key: KeyBytes::new(key),
+                        };
                         if counted {
-                            let mut dirty = Dirty::new(state, version, base_head, refreshed, offsets);
+                            let mut dirty =
+                                Dirty::new(state, version, base_head, refreshed, offsets);
                             dirty.push(observation, index);
                             self.views.dirty.insert(stored, dirty);
                         } else {
                             // Late: the window did not change; it stays the clean view.
-                            self.views.cache.load(stored, Arc::new(Cached { state, version, refreshed, offsets }));
+                            self.views.cache.load(
+                                stored,
+                                Arc::new(Cached {
+                                    state,
+                                    version,
+                                    refreshed,
+                                    offsets,
+                                }),
+                            );
                         }
                         (applied, counted, false)
                     }
@@ -458,7 +527,13 @@ impl<C: MonotonicClock> RedisStore<C> {
                         let mut dirty = Dirty::new(state, None, None, None, Offsets::new());
                         dirty.base_unknown = true;
                         dirty.push(observation, index);
-                        self.views.dirty.insert(StoredKey { window: window.0, key: KeyBytes::new(key) }, dirty);
+                        self.views.dirty.insert(
+                            StoredKey {
+                                window: window.0,
+                                key: KeyBytes::new(key),
+                            },
+                            dirty,
+                        );
                         (applied, true, true)
                     }
                 }
@@ -480,24 +555,44 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// Reads the key's view without changing it (`CounterStore::read`).
-    pub(super) fn observe(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
+    pub(super) fn observe(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+    ) -> Result<Observed, StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         if !self.views.ahead.is_empty() {
             if let Some(applied) = self.read_ahead(window, key, bucket) {
-                return Ok(Observed { applied, degraded: false });
+                return Ok(Observed {
+                    applied,
+                    degraded: false,
+                });
             }
         }
-        let lookup = KeyRef { window: window.0, key };
+        let lookup = KeyRef {
+            window: window.0,
+            key,
+        };
         if let Some(dirty) = self.views.dirty.get(&lookup) {
             let degraded = dirty.base_unknown || self.breaker.is_open();
-            return Ok(Observed { applied: dirty.state.read(&spec, bucket), degraded });
+            return Ok(Observed {
+                applied: dirty.state.read(&spec, bucket),
+                degraded,
+            });
         }
         let clean = self.clean_view(window, key);
         Ok(match clean {
-            Some(clean) => Observed { applied: clean.state.read(&spec, bucket), degraded: self.breaker.is_open() },
+            Some(clean) => Observed {
+                applied: clean.state.read(&spec, bucket),
+                degraded: self.breaker.is_open(),
+            },
             // Redis is unavailable and nothing was counted here: what this process knows is 0.
-            None => Observed { applied: Applied::Counted(0), degraded: true },
+            None => Observed {
+                applied: Applied::Counted(0),
+                degraded: true,
+            },
         })
     }
 
@@ -522,23 +617,37 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// The keys of `keys` (once each) to read before counting: neither dirty nor counted ahead,
     /// and without a clean view, or (while others count too) with one of a shared key.
-    pub(super) fn wanted_windows<'k>(&self, keys: &'k [(WindowId, Vec<u8>)]) -> Vec<(WindowId, &'k [u8])> {
+    pub(super) fn wanted_windows<'k>(
+        &self,
+        keys: &'k [(WindowId, Vec<u8>)],
+    ) -> Vec<(WindowId, &'k [u8])> {
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
-        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> = Default::default();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
+            Default::default();
         for (window, key) in keys {
-            let lookup = KeyRef { window: window.0, key };
+            let lookup = KeyRef {
+                window: window.0,
+                key,
+            };
             if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
             // Alone, any cached view will do (and `contains_key` costs less than a `get`).
             let fresh = match self.views.shared {
                 false => self.views.cache.contains_key(&lookup),
-                true => self.views.cache.get(&lookup).is_some_and(|cached| !self.views.shared_key(window.0, &cached.offsets)),
+                true => self
+                    .views
+                    .cache
+                    .get(&lookup)
+                    .is_some_and(|cached| !self.views.shared_key(window.0, &cached.offsets)),
             };
             if fresh {
                 continue;
             }
-            if seen.insert(KeyRef { window: window.0, key }) {
+            if seen.insert(KeyRef {
+                window: window.0,
+                key,
+            }) {
                 wanted.push((*window, key));
             }
         }
@@ -549,7 +658,10 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// master on a cluster) and caches them. A plain read needs no script: every field a hash
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
-        let names: Vec<String> = keys.iter().map(|&(window, key)| self.redis_key(window, key)).collect();
+        let names: Vec<String> = keys
+            .iter()
+            .map(|&(window, key)| self.redis_key(window, key))
+            .collect();
         let replies = self.read_each("HGETALL", &names)?;
         if self.views.cache.overfull() {
             self.views.cache.settle(&self.views.dirty);
@@ -557,18 +669,38 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.stats.loads += replies.len() as u64;
         let mut states = Vec::with_capacity(keys.len());
         for (&(window, key), reply) in keys.iter().zip(replies) {
-            states.push(self.take_in_read(StoredKey { window: window.0, key: KeyBytes::new(key) }, reply)?);
+            states.push(self.take_in_read(
+                StoredKey {
+                    window: window.0,
+                    key: KeyBytes::new(key),
+                },
+                reply,
+            )?);
         }
         Ok(states)
     }
 
     /// Takes in a window Redis returned for `key` (an `HGETALL` reply) as its clean view, and
     /// what its recorded offsets tell of its counter's locality.
-    pub(super) fn take_in_read(&mut self, key: StoredKey, reply: redis::Value) -> Result<Arc<Cached>, StoreError> {
+    pub(super) fn take_in_read(
+        &mut self,
+        key: StoredKey,
+        reply: redis::Value,
+    ) -> Result<Arc<Cached>, StoreError> {
         let spec = self.windows.spec(key.window);
-        let Stored { state, version, offsets } = codec::decode_hash(&spec, &codec::flat(reply)?)?;
-        self.views.learn(key.window, &offsets, || several_observations(&spec, &state));
-        let cached = Arc::new(Cached { state, version: Some(version), refreshed: None, offsets });
+        let Stored {
+            state,
+            version,
+            offsets,
+        } = codec::decode_hash(&spec, &codec::flat(reply)?)?;
+        self.views
+            .learn(key.window, &offsets, || several_observations(&spec, &state));
+        let cached = Arc::new(Cached {
+            state,
+            version: Some(version),
+            refreshed: None,
+            offsets,
+        });
         self.views.cache.load(key, Arc::clone(&cached));
         Ok(cached)
     }
@@ -576,7 +708,10 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// The clean view of a key that is not dirty: cached, else read from Redis; `None` while
     /// Redis is unavailable.
     fn clean_view(&mut self, window: WindowId, key: &[u8]) -> Option<Arc<Cached>> {
-        match self.views.cache.get(&KeyRef { window: window.0, key }) {
+        match self.views.cache.get(&KeyRef {
+            window: window.0,
+            key,
+        }) {
             Some(state) => Some(state),
             None => self.load(window, key),
         }
@@ -609,26 +744,53 @@ mod tests {
     #[test]
     fn clean_views_record_changes_while_early_reads_are_out() {
         let mut views = Views::new(1_000, Duration::from_secs(60));
-        let key = |name: &[u8]| StoredKey { window: 0, key: KeyBytes::new(name) };
-        let cached = || Arc::new(Cached { state: WindowState::new(Aggregate::Count), version: Some(1), refreshed: None, offsets: Offsets::new() });
+        let key = |name: &[u8]| StoredKey {
+            window: 0,
+            key: KeyBytes::new(name),
+        };
+        let cached = || {
+            Arc::new(Cached {
+                state: WindowState::new(Aggregate::Count),
+                version: Some(1),
+                refreshed: None,
+                offsets: Offsets::new(),
+            })
+        };
         views.cache.insert(key(b"before"), cached());
         let generation = views.cache.watch();
-        assert!(!views.cache.touched(&key(b"before")), "changed before the read was planned");
+        assert!(
+            !views.cache.touched(&key(b"before")),
+            "changed before the read was planned"
+        );
         views.cache.insert(key(b"flushed"), cached());
         views.cache.invalidate(&key(b"dropped"));
         views.cache.load(key(b"read"), cached());
         assert!(views.cache.touched(&key(b"flushed")) && views.cache.touched(&key(b"dropped")));
-        assert!(!views.cache.touched(&key(b"read")), "another read is no newer than the views it may replace");
+        assert!(
+            !views.cache.touched(&key(b"read")),
+            "another read is no newer than the views it may replace"
+        );
         views.cache.unwatch();
-        assert_eq!(views.cache.generation(), generation, "nothing voided the read");
-        assert!(!views.cache.touched(&key(b"flushed")), "forgotten once no read is out");
+        assert_eq!(
+            views.cache.generation(),
+            generation,
+            "nothing voided the read"
+        );
+        assert!(
+            !views.cache.touched(&key(b"flushed")),
+            "forgotten once no read is out"
+        );
         views.cache.insert(key(b"unwatched"), cached());
         assert!(!views.cache.touched(&key(b"unwatched")));
         // Dropping every view voids the reads out.
         let generation = views.cache.watch();
         views.cache.invalidate_all();
         views.cache.unwatch();
-        assert_ne!(views.cache.generation(), generation, "dropping every view voids the reads out");
+        assert_ne!(
+            views.cache.generation(),
+            generation,
+            "dropping every view voids the reads out"
+        );
     }
 
     #[test]
@@ -636,13 +798,25 @@ mod tests {
         let clock = ManualMonotonic::new();
         let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
         let at = clock.now();
-        assert!(refresh_due(&spec, None, Some(at), clock.now()), "an unknown version");
-        assert!(refresh_due(&spec, Some(0), Some(at), clock.now()), "a new key");
-        assert!(refresh_due(&spec, Some(5), None, clock.now()), "never refreshed");
+        assert!(
+            refresh_due(&spec, None, Some(at), clock.now()),
+            "an unknown version"
+        );
+        assert!(
+            refresh_due(&spec, Some(0), Some(at), clock.now()),
+            "a new key"
+        );
+        assert!(
+            refresh_due(&spec, Some(5), None, clock.now()),
+            "never refreshed"
+        );
         assert!(!refresh_due(&spec, Some(5), Some(at), clock.now()));
         clock.advance(Duration::from_millis(59_999));
         assert!(!refresh_due(&spec, Some(5), Some(at), clock.now()));
         clock.advance(Duration::from_millis(1));
-        assert!(refresh_due(&spec, Some(5), Some(at), clock.now()), "a window passed");
+        assert!(
+            refresh_due(&spec, Some(5), Some(at), clock.now()),
+            "a window passed"
+        );
     }
 }

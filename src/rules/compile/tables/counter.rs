@@ -60,7 +60,13 @@ pub(crate) fn read_counter(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<Co
 }
 
 /// Reads one key of a counter table into `keys`.
-fn read_counter_key<'t>(table: &Table, key: &str, item: &'t Item, keys: &mut CounterKeys<'t>, cx: &mut TableCx<'_, '_>) {
+fn read_counter_key<'t>(
+    table: &Table,
+    key: &str,
+    item: &'t Item,
+    keys: &mut CounterKeys<'t>,
+    cx: &mut TableCx<'_, '_>,
+) {
     let key_at = key_offset(table, key);
     let at = item_offset(item);
     if window_key(key, item, key_at, &mut keys.w, &mut keys.invalid, cx.report) {
@@ -91,12 +97,26 @@ fn read_counter_key<'t>(table: &Table, key: &str, item: &'t Item, keys: &mut Cou
 }
 
 /// Cross-key checks: required keys, the window, and the keys only one aggregate takes.
-fn check_counter(keys: &CounterKeys<'_>, header: usize, report: &mut Report<'_>) -> Option<WindowSpec> {
+fn check_counter(
+    keys: &CounterKeys<'_>,
+    header: usize,
+    report: &mut Report<'_>,
+) -> Option<WindowSpec> {
     let (id, w) = (&keys.id, &keys.w);
-    let name = id.as_deref().map_or_else(|| "counter".to_owned(), |id| format!("counter {id_q}", id_q = q(id)));
-    for (key, present) in [("id", id.is_some()), ("dimensions", w.dimensions.is_some()), ("window", w.window.is_some())] {
+    let name = id.as_deref().map_or_else(
+        || "counter".to_owned(),
+        |id| format!("counter {id_q}", id_q = q(id)),
+    );
+    for (key, present) in [
+        ("id", id.is_some()),
+        ("dimensions", w.dimensions.is_some()),
+        ("window", w.window.is_some()),
+    ] {
         if !present && !keys.invalid.contains(&key) {
-            report.error(header, format!("{name} is missing required key {key_q}", key_q = q(key)));
+            report.error(
+                header,
+                format!("{name} is missing required key {key_q}", key_q = q(key)),
+            );
         }
     }
     let spec = window_spec(w, &keys.invalid, header, report);
@@ -104,14 +124,22 @@ fn check_counter(keys: &CounterKeys<'_>, header: usize, report: &mut Report<'_>)
     if let Some((_, at)) = keys.allow_negative.filter(|_| aggregate != Aggregate::Sum) {
         report.error(at, "\"allow_negative\" is only for aggregate \"sum\"");
     }
-    if let Some((_, at)) = keys.max_distinct.filter(|_| aggregate != Aggregate::Distinct) {
+    if let Some((_, at)) = keys
+        .max_distinct
+        .filter(|_| aggregate != Aggregate::Distinct)
+    {
         report.error(at, "\"max_distinct\" is only for aggregate \"distinct\"");
     }
     spec
 }
 
 /// The draft of a counter table that had no error.
-fn build_counter(keys: CounterKeys<'_>, spec: Option<WindowSpec>, header: usize, report: &Report<'_>) -> Option<CounterDraft> {
+fn build_counter(
+    keys: CounterKeys<'_>,
+    spec: Option<WindowSpec>,
+    header: usize,
+    report: &Report<'_>,
+) -> Option<CounterDraft> {
     let origin = report.source.origin(header);
     let id = keys.id?;
     let mut window = spec?;
@@ -132,5 +160,8 @@ fn build_counter(keys: CounterKeys<'_>, spec: Option<WindowSpec>, header: usize,
         from_rule: false,
         origin,
     };
-    Some(CounterDraft { counter, scope: keys.scope.unwrap_or(DraftScope::All) })
+    Some(CounterDraft {
+        counter,
+        scope: keys.scope.unwrap_or(DraftScope::All),
+    })
 }

@@ -8,7 +8,7 @@ use super::super::fields::matchers;
 use super::super::positions::{item_offset, Diagnostic, Report};
 use crate::event::Decimal;
 use crate::rules::lists::ListKind;
-use crate::rules::model::{Action, Counter, Hold, Matcher, Mode, OnStoreError, FileLocation};
+use crate::rules::model::{Action, Counter, FileLocation, Hold, Matcher, Mode, OnStoreError};
 
 /// An expression string as written in a file: its value, and where its TOML token starts.
 #[derive(Debug, Clone)]
@@ -90,7 +90,8 @@ pub(crate) struct TableCx<'r, 'a> {
 impl TableCx<'_, '_> {
     pub(crate) fn record_id(&mut self, id: Option<&String>, header: usize) {
         if let Some(id) = id {
-            self.ids.push((id.clone(), self.report.source.origin(header)));
+            self.ids
+                .push((id.clone(), self.report.source.origin(header)));
         }
     }
 
@@ -103,7 +104,11 @@ impl TableCx<'_, '_> {
 /// A `match`: a table (v1) or an expression string.
 pub(crate) fn read_scope(item: &Item, cx: &mut TableCx<'_, '_>) -> Option<DraftScope> {
     if let Some(text) = item.as_str() {
-        return Some(DraftScope::Expr(ExprSite { file: cx.file, at: item_offset(item), value: text.to_owned() }));
+        return Some(DraftScope::Expr(ExprSite {
+            file: cx.file,
+            at: item_offset(item),
+            value: text.to_owned(),
+        }));
     }
     matchers(item, cx.report, cx.warnings).map(DraftScope::Table)
 }

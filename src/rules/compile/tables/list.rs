@@ -30,7 +30,14 @@ pub(crate) fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListD
             }
             "kind" => {
                 let expected = "\"string\", \"number\" or \"cidr\"";
-                kind = keyword(item, "kind", "list kind", expected, cx.report, ListKind::parse);
+                kind = keyword(
+                    item,
+                    "kind",
+                    "list kind",
+                    expected,
+                    cx.report,
+                    ListKind::parse,
+                );
             }
             "file" => {
                 if let Some(path) = string(item, "file", cx.report) {
@@ -38,24 +45,48 @@ pub(crate) fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListD
                 }
             }
             "values" => match item.as_array() {
-                Some(array) => entries.push(ListEntries::Inline(inline_entries(array, at, cx.report))),
-                None => cx.report.error(at, format!("\"values\" must be an array, found {}", type_name(item))),
+                Some(array) => {
+                    entries.push(ListEntries::Inline(inline_entries(array, at, cx.report)))
+                }
+                None => cx.report.error(
+                    at,
+                    format!("\"values\" must be an array, found {}", type_name(item)),
+                ),
             },
-            other => cx.report.error(key_at, format!("unknown key {other_q} in list; expected one of: {}", LIST_KEYS.join(", "), other_q = q(other))),
+            other => cx.report.error(
+                key_at,
+                format!(
+                    "unknown key {other_q} in list; expected one of: {}",
+                    LIST_KEYS.join(", "),
+                    other_q = q(other)
+                ),
+            ),
         }
     }
-    let name = id.as_deref().map_or_else(|| "list".to_owned(), |id| format!("list {id_q}", id_q = q(id)));
+    let name = id.as_deref().map_or_else(
+        || "list".to_owned(),
+        |id| format!("list {id_q}", id_q = q(id)),
+    );
     if id.is_none() && !invalid.contains(&"id") {
-        cx.report.error(header, format!("{name} is missing required key \"id\""));
+        cx.report
+            .error(header, format!("{name} is missing required key \"id\""));
     }
     if entries.len() != 1 {
-        cx.report.error(header, format!("{name} needs exactly one of \"file\" and \"values\""));
+        cx.report.error(
+            header,
+            format!("{name} needs exactly one of \"file\" and \"values\""),
+        );
     }
     cx.record_id(id.as_ref(), header);
     if cx.failed_since(errors_before) {
         return None;
     }
-    Some(ListDraft { id: id?, kind: kind.unwrap_or(ListKind::String), file: cx.file, entries: entries.pop()? })
+    Some(ListDraft {
+        id: id?,
+        kind: kind.unwrap_or(ListKind::String),
+        file: cx.file,
+        entries: entries.pop()?,
+    })
 }
 
 /// The values of an inline list, each with where it is written (`at`: the array's position).

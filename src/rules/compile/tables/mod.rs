@@ -41,7 +41,10 @@ pub(super) struct ReadTables {
 pub(super) fn read_files(files: &[RuleFile<'_>]) -> ReadTables {
     let mut tables = ReadTables::default();
     for (file, source) in files.iter().enumerate() {
-        let mut report = Report { source, diagnostics: Vec::new() };
+        let mut report = Report {
+            source,
+            diagnostics: Vec::new(),
+        };
         read_file(file, &mut report, &mut tables);
         let mut file_diags = report.diagnostics;
         file_diags.sort_by_key(|d| (d.origin.line, d.origin.col));
@@ -55,7 +58,12 @@ fn read_file(file: usize, report: &mut Report<'_>, tables: &mut ReadTables) {
         Ok(doc) => doc,
         Err(err) => {
             let offset = err.span().map_or(0, |s| s.start);
-            let message = err.message().lines().next().unwrap_or("invalid TOML").trim_end();
+            let message = err
+                .message()
+                .lines()
+                .next()
+                .unwrap_or("invalid TOML")
+                .trim_end();
             report.error(offset, format!("TOML syntax error: {message}"));
             return;
         }
@@ -65,7 +73,13 @@ fn read_file(file: usize, report: &mut Report<'_>, tables: &mut ReadTables) {
     for kind in ["list", "counter", "rule"] {
         let Some(item) = root.get(kind) else { continue };
         let Some(array) = item.as_array_of_tables() else {
-            report.error(key_offset(root, kind), format!("{kind_q} must be an array of tables: write each one as [[{kind}]]", kind_q = q(kind)));
+            report.error(
+                key_offset(root, kind),
+                format!(
+                    "{kind_q} must be an array of tables: write each one as [[{kind}]]",
+                    kind_q = q(kind)
+                ),
+            );
             continue;
         };
         for table in array.iter() {

@@ -3,12 +3,14 @@
 
 use toml_edit::{Item, Table};
 
-use super::super::fields::{boolean, duration, field_paths, keyword, mark, read_id, read_limit, string, type_name};
+use super::super::fields::{
+    boolean, duration, field_paths, keyword, mark, read_id, read_limit, string, type_name,
+};
 use super::super::positions::{item_offset, key_offset, Report};
 use super::drafts::{read_scope, CounterDraft, DraftScope, ExprSite, RuleDraft, TableCx};
 use super::window::{window_identity, window_key, window_spec, WindowKeys, MAX_WINDOW_MS};
 use crate::event::{quote_prefix as q, shorten, Decimal, FieldPath};
-use crate::rules::model::{Action, Counter, Hold, Mode, OnStoreError, FileLocation, Scope};
+use crate::rules::model::{Action, Counter, FileLocation, Hold, Mode, OnStoreError, Scope};
 use crate::window::WindowSpec;
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
@@ -54,7 +56,10 @@ struct RuleKeys<'t> {
 }
 
 #[allow(clippy::type_complexity)]
-pub(crate) fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(RuleDraft, Option<CounterDraft>)> {
+pub(crate) fn read_rule(
+    table: &Table,
+    cx: &mut TableCx<'_, '_>,
+) -> Option<(RuleDraft, Option<CounterDraft>)> {
     let header = table.span().map_or(0, |s| s.start);
     let errors_before = cx.report.diagnostics.len();
     let mut keys = RuleKeys::default();
@@ -64,7 +69,11 @@ pub(crate) fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(Rule
     // The v1 form (`window` + `limit`) is a counter and a rule in one table.
     let v1 = keys.w.window.is_some() || keys.invalid.contains(&"window");
     check_rule(&keys, v1, header, cx.report);
-    let spec = if v1 { window_spec(&keys.w, &keys.invalid, header, cx.report) } else { None };
+    let spec = if v1 {
+        window_spec(&keys.w, &keys.invalid, header, cx.report)
+    } else {
+        None
+    };
     cx.record_id(keys.id.as_ref(), header);
     if cx.failed_since(errors_before) {
         if let Some(DraftScope::Expr(site)) = keys.scope {
@@ -79,7 +88,13 @@ pub(crate) fn read_rule(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<(Rule
 }
 
 /// Reads one key of a rule table into `keys`.
-fn read_rule_key<'t>(table: &Table, key: &'t str, item: &'t Item, keys: &mut RuleKeys<'t>, cx: &mut TableCx<'_, '_>) {
+fn read_rule_key<'t>(
+    table: &Table,
+    key: &'t str,
+    item: &'t Item,
+    keys: &mut RuleKeys<'t>,
+    cx: &mut TableCx<'_, '_>,
+) {
     let key_at = key_offset(table, key);
     let at = item_offset(item);
     if window_key(key, item, key_at, &mut keys.w, &mut keys.invalid, cx.report) {
@@ -91,22 +106,55 @@ fn read_rule_key<'t>(table: &Table, key: &'t str, item: &'t Item, keys: &mut Rul
             keys.id = read_id(item, cx.report, "rule");
             mark(&mut keys.invalid, keys.id.is_none(), "id");
         }
-        "description" => keys.description = string(item, "description", cx.report).map(str::to_owned),
+        "description" => {
+            keys.description = string(item, "description", cx.report).map(str::to_owned)
+        }
         "action" => {
             let expected = "\"block\", \"challenge\", \"review\", \"alert\" or \"allow\"";
             keys.action = keyword(item, "action", "action", expected, cx.report, Action::parse);
             mark(&mut keys.invalid, keys.action.is_none(), "action");
         }
-        "mode" => keys.mode = keyword(item, "mode", "mode", "\"enforce\" or \"shadow\"", cx.report, Mode::parse),
+        "mode" => {
+            keys.mode = keyword(
+                item,
+                "mode",
+                "mode",
+                "\"enforce\" or \"shadow\"",
+                cx.report,
+                Mode::parse,
+            )
+        }
         "on_store_error" => {
             let expected = "\"local\", \"allow\" or \"block\"";
-            keys.on_store_error = keyword(item, "on_store_error", "on_store_error", expected, cx.report, OnStoreError::parse);
+            keys.on_store_error = keyword(
+                item,
+                "on_store_error",
+                "on_store_error",
+                expected,
+                cx.report,
+                OnStoreError::parse,
+            );
         }
         "enabled" => keys.enabled = boolean(item, "enabled", cx.report),
         "match" => keys.scope = read_scope(item, cx),
         "when" => match item.as_str() {
-            Some(text) => keys.when = Some((ExprSite { file: cx.file, at, value: text.to_owned() }, key_at)),
-            None => cx.report.error(at, format!("\"when\" must be an expression string, found {}", type_name(item))),
+            Some(text) => {
+                keys.when = Some((
+                    ExprSite {
+                        file: cx.file,
+                        at,
+                        value: text.to_owned(),
+                    },
+                    key_at,
+                ))
+            }
+            None => cx.report.error(
+                at,
+                format!(
+                    "\"when\" must be an expression string, found {}",
+                    type_name(item)
+                ),
+            ),
         },
         "limit" => {
             keys.limit = read_limit(item, cx.report).map(|l| (l, key_at));
@@ -122,7 +170,11 @@ fn read_rule_key<'t>(table: &Table, key: &'t str, item: &'t Item, keys: &mut Rul
         }
         other => cx.report.error(
             key_at,
-            format!("unknown key {other_q} in rule; expected one of: {}", RULE_KEYS.join(", "), other_q = q(other)),
+            format!(
+                "unknown key {other_q} in rule; expected one of: {}",
+                RULE_KEYS.join(", "),
+                other_q = q(other)
+            ),
         ),
     }
 }
@@ -141,10 +193,16 @@ fn read_hold(item: &Item, key_at: usize, report: &mut Report<'_>) -> Option<(i64
 /// Cross-key checks: the keys each form requires or refuses, and `hold` with `hold_key`.
 fn check_rule(keys: &RuleKeys<'_>, v1: bool, header: usize, report: &mut Report<'_>) {
     let (id, w, invalid) = (&keys.id, &keys.w, &keys.invalid);
-    let name = id.as_deref().map_or_else(|| "rule".to_owned(), |id| format!("rule {id_q}", id_q = q(id)));
+    let name = id.as_deref().map_or_else(
+        || "rule".to_owned(),
+        |id| format!("rule {id_q}", id_q = q(id)),
+    );
     let mut required = vec![("id", id.is_some()), ("action", keys.action.is_some())];
     if v1 {
-        required.extend([("dimensions", w.dimensions.is_some()), ("limit", keys.limit.is_some())]);
+        required.extend([
+            ("dimensions", w.dimensions.is_some()),
+            ("limit", keys.limit.is_some()),
+        ]);
         if let Some((_, at)) = &keys.when {
             report.error(*at, "\"when\" is not allowed with \"window\" and \"limit\" (the v1 form fires on its limit): define a [[counter]] and test it in `when`");
         }
@@ -158,7 +216,10 @@ fn check_rule(keys: &RuleKeys<'_>, v1: bool, header: usize, report: &mut Report<
     }
     match (&keys.hold, &keys.hold_key) {
         (None, Some((_, at))) if !invalid.contains(&"hold") => {
-            report.error(*at, "\"hold_key\" needs \"hold\" (how long a fired rule keeps firing for that key)");
+            report.error(
+                *at,
+                "\"hold_key\" needs \"hold\" (how long a fired rule keeps firing for that key)",
+            );
         }
         (Some(_), None) if !v1 && !invalid.contains(&"hold_key") => {
             required.push(("hold_key", false));
@@ -167,21 +228,32 @@ fn check_rule(keys: &RuleKeys<'_>, v1: bool, header: usize, report: &mut Report<
     }
     for (key, present) in required {
         if !present && !invalid.contains(&key) {
-            report.error(header, format!("{name} is missing required key {key_q}", key_q = q(key)));
+            report.error(
+                header,
+                format!("{name} is missing required key {key_q}", key_q = q(key)),
+            );
         }
     }
 }
 
 /// The draft of a rule table that had no error, and in the v1 form the counter it defines
 /// (under the rule's id, counting the rule's `match`).
-fn build_rule(keys: RuleKeys<'_>, v1: bool, spec: Option<WindowSpec>, origin: FileLocation) -> Option<(RuleDraft, Option<CounterDraft>)> {
+fn build_rule(
+    keys: RuleKeys<'_>,
+    v1: bool,
+    spec: Option<WindowSpec>,
+    origin: FileLocation,
+) -> Option<(RuleDraft, Option<CounterDraft>)> {
     let id = keys.id?;
     let enabled = keys.enabled.unwrap_or(true);
     let scope = keys.scope.unwrap_or(DraftScope::All);
     // A v1-form rule holds its own dimension key unless told otherwise.
     let hold = match (keys.hold, keys.hold_key) {
         (Some((ms, _)), Some((key, _))) => Some(Hold { ms, key }),
-        (Some((ms, _)), None) => Some(Hold { ms, key: keys.w.dimensions.clone()? }),
+        (Some((ms, _)), None) => Some(Hold {
+            ms,
+            key: keys.w.dimensions.clone()?,
+        }),
         (None, _) => None,
     };
     let counter = if v1 {
@@ -202,7 +274,10 @@ fn build_rule(keys: RuleKeys<'_>, v1: bool, spec: Option<WindowSpec>, origin: Fi
             from_rule: true,
             origin: origin.clone(),
         };
-        Some(CounterDraft { counter, scope: scope.clone() })
+        Some(CounterDraft {
+            counter,
+            scope: scope.clone(),
+        })
     } else {
         None
     };

@@ -54,12 +54,19 @@ pub(crate) fn window_key<'t>(
         "bucket" => w.bucket = duration(item, "bucket", report),
         "aggregate" => {
             let expected = "\"count\", \"sum\" or \"distinct\"";
-            w.aggregate = keyword(item, "aggregate", "aggregate", expected, report, |s| match s {
-                "count" => Some(Aggregate::Count),
-                "sum" => Some(Aggregate::Sum),
-                "distinct" => Some(Aggregate::Distinct),
-                _ => None,
-            })
+            w.aggregate = keyword(
+                item,
+                "aggregate",
+                "aggregate",
+                expected,
+                report,
+                |s| match s {
+                    "count" => Some(Aggregate::Count),
+                    "sum" => Some(Aggregate::Sum),
+                    "distinct" => Some(Aggregate::Distinct),
+                    _ => None,
+                },
+            )
             .map(|a| (a, at));
             mark(invalid, w.aggregate.is_none(), "aggregate");
         }
@@ -96,7 +103,12 @@ pub(crate) fn window_identity(dimensions: &[FieldPath], field: Option<&FieldPath
 }
 
 /// Cross-key checks of the window keys; the spec if they hold.
-pub(crate) fn window_spec(w: &WindowKeys<'_>, invalid: &[&'static str], header: usize, report: &mut Report<'_>) -> Option<WindowSpec> {
+pub(crate) fn window_spec(
+    w: &WindowKeys<'_>,
+    invalid: &[&'static str],
+    header: usize,
+    report: &mut Report<'_>,
+) -> Option<WindowSpec> {
     let aggregate = w.aggregate.map_or(Aggregate::Count, |(a, _)| a);
     if !invalid.contains(&"aggregate") {
         match (aggregate, &w.field) {
@@ -105,7 +117,10 @@ pub(crate) fn window_spec(w: &WindowKeys<'_>, invalid: &[&'static str], header: 
             }
             (Aggregate::Sum | Aggregate::Distinct, None) if !invalid.contains(&"field") => {
                 let at = w.aggregate.map_or(header, |(_, at)| at);
-                report.error(at, format!("aggregate {:?} requires \"field\"", aggregate.as_str()));
+                report.error(
+                    at,
+                    format!("aggregate {:?} requires \"field\"", aggregate.as_str()),
+                );
             }
             _ => {}
         }
@@ -128,7 +143,14 @@ pub(crate) fn window_spec(w: &WindowKeys<'_>, invalid: &[&'static str], header: 
     };
     let bucket_text = w.bucket.map_or("", |(_, t, _)| t);
     if window % bucket_ms != 0 {
-        report.error(bucket_at, format!("bucket {} does not divide window {}", shorten(bucket_text), shorten(window_text)));
+        report.error(
+            bucket_at,
+            format!(
+                "bucket {} does not divide window {}",
+                shorten(bucket_text),
+                shorten(window_text)
+            ),
+        );
         return None;
     }
     let buckets = window / bucket_ms;
