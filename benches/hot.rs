@@ -17,10 +17,17 @@ use vigil::window::{Aggregate, Delta, WindowSpec, WindowState};
 
 /// Events of the `vigil bench` workload (100 000 users, zipf 0.8), one per line.
 fn workload(events: u64) -> Vec<Vec<u8>> {
-    let spec = WorkloadSpec { events, late: 0.0, ..WorkloadSpec::default() };
+    let spec = WorkloadSpec {
+        events,
+        late: 0.0,
+        ..WorkloadSpec::default()
+    };
     let mut out = Vec::new();
     generate(&spec, &mut out).expect("generating the workload");
-    out.split(|&b| b == b'\n').filter(|line| !line.is_empty()).map(<[u8]>::to_vec).collect()
+    out.split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 fn shipped_rules() -> RuleSet {
@@ -48,7 +55,10 @@ fn decode_events(c: &mut Criterion) {
 fn plan_counters(c: &mut Criterion) {
     let rules = shipped_rules();
     let lines = workload(10_000);
-    let events: Vec<_> = lines.iter().map(|line| decode(line, rules.projection()).expect("decodes")).collect();
+    let events: Vec<_> = lines
+        .iter()
+        .map(|line| decode(line, rules.projection()).expect("decodes"))
+        .collect();
     let mut memo = rules.scope_memo();
     let mut key = Vec::new();
     let mut group = c.benchmark_group("plan");
@@ -88,7 +98,11 @@ fn window_apply(c: &mut Criterion) {
             || WindowState::new(Aggregate::Distinct),
             |state| {
                 for i in 0..1_000i64 {
-                    black_box(state.apply(&distinct, 28_000_000 + i / 100, Delta::Distinct(u128::from((i % 64) as u64))));
+                    black_box(state.apply(
+                        &distinct,
+                        28_000_000 + i / 100,
+                        Delta::Distinct(u128::from((i % 64) as u64)),
+                    ));
                 }
             },
             BatchSize::SmallInput,
@@ -103,18 +117,28 @@ fn memory_store(c: &mut Criterion) {
     let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
     let mut store = MemoryStore::new();
     let window = store.open_window("bench", spec);
-    let keys: Vec<Vec<u8>> = (0..500_000u32).map(|i| format!("key-{i}").into_bytes()).collect();
+    let keys: Vec<Vec<u8>> = (0..500_000u32)
+        .map(|i| format!("key-{i}").into_bytes())
+        .collect();
     for key in &keys {
-        store.apply(window, key, 1_700_000_000_000, Delta::Count).expect("in-process apply");
+        store
+            .apply(window, key, 1_700_000_000_000, Delta::Count)
+            .expect("in-process apply");
     }
     // A fixed pseudo-random order, so every run probes the same keys.
-    let order: Vec<usize> = (0..10_000u64).map(|i| (i.wrapping_mul(2_654_435_761) % keys.len() as u64) as usize).collect();
+    let order: Vec<usize> = (0..10_000u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) % keys.len() as u64) as usize)
+        .collect();
     let mut group = c.benchmark_group("memory store");
     group.throughput(Throughput::Elements(order.len() as u64));
     group.bench_function("apply, 500 000 keys, random order", |b| {
         b.iter(|| {
             for &i in &order {
-                black_box(store.apply(window, &keys[i], 1_700_000_000_000, Delta::Count).expect("in-process apply"));
+                black_box(
+                    store
+                        .apply(window, &keys[i], 1_700_000_000_000, Delta::Count)
+                        .expect("in-process apply"),
+                );
             }
         })
     });
@@ -126,7 +150,10 @@ fn memory_store(c: &mut Criterion) {
 fn evaluate_and_record(c: &mut Criterion) {
     let rules = shipped_rules();
     let lines = workload(200_000);
-    let events: Vec<_> = lines.iter().map(|line| decode(line, rules.projection()).expect("decodes")).collect();
+    let events: Vec<_> = lines
+        .iter()
+        .map(|line| decode(line, rules.projection()).expect("decodes"))
+        .collect();
     let (warm, measured) = events.split_at(100_000);
     let mut engine = Engine::new(rules, MemoryStore::new());
     let mut offset = 0i64;
@@ -158,7 +185,13 @@ fn evaluate_and_record(c: &mut Criterion) {
         b.iter(|| {
             for (line, (event, decision)) in (1..).zip(measured.iter().zip(&decisions)) {
                 record.clear();
-                vigil::rules::record::write_record(&mut record, engine.rules(), event, decision, EventSource::Line(line));
+                vigil::rules::record::write_record(
+                    &mut record,
+                    engine.rules(),
+                    event,
+                    decision,
+                    EventSource::Line(line),
+                );
                 black_box(&record);
             }
         })
@@ -166,5 +199,12 @@ fn evaluate_and_record(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode_events, plan_counters, window_apply, memory_store, evaluate_and_record);
+criterion_group!(
+    benches,
+    decode_events,
+    plan_counters,
+    window_apply,
+    memory_store,
+    evaluate_and_record
+);
 criterion_main!(benches);

@@ -558,6 +558,63 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
     let ttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut conn).unwrap();
     assert!(ttl > 3_000_000, "TTL at least the hold: {ttl}");
 }
+
+/// A batch reads its holds once, before it is judged, as it reads its windows: a view fresh
+/// then stays so for the whole batch (a batch that runs longer than a flush interval does not
+/// pay a round trip per event), and the next batch reads again what went stale.
+#[test]
+fn holds_read_for_a_batch_stay_as_they_were_for_the_whole_batch() {
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        flush_interval: std::time::Duration::from_millis(20),
+        ..RedisStoreConfig::default()
+    };
+    let clock = std::sync::Arc::new(ManualMonotonic::new());
+    let connect = || {
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
+            .unwrap()
+    };
+    let (mut setter, mut judge) = (connect(), connect());
+    let (space_setter, space_judge) = (
+        setter.open_holds("ato", 3_600_000),
+        judge.open_holds("ato", 3_600_000),
+    );
+    let key = b"u-17";
+    let batch = vec![(space_judge, key.to_vec())];
+    judge.begin_batch();
+    judge.prefetch_holds(&batch).unwrap();
+    assert_eq!(judge.held_until(space_judge, key).unwrap(), None);
+    // Another worker holds the key meanwhile; the batch runs on past a flush interval.
+    setter
+        .extend_hold(space_setter, key, 1_700_000_600_000)
+        .unwrap();
+    setter.flush().unwrap();
+    clock.advance(config.flush_interval * 3);
+    assert_eq!(
+        judge.held_until(space_judge, key).unwrap(),
+        None,
+        "as read for the batch"
+    );
+    judge.end_batch();
+    // The next batch reads it again.
+    judge.begin_batch();
+    judge.prefetch_holds(&batch).unwrap();
+    assert_eq!(
+        judge.held_until(space_judge, key).unwrap(),
+        Some(1_700_000_600_000)
+    );
+    judge.end_batch();
+    // Outside a batch, a view older than a flush interval is read again at once.
+    setter
+        .extend_hold(space_setter, key, 1_700_000_900_000)
+        .unwrap();
+    setter.flush().unwrap();
+    clock.advance(config.flush_interval * 3);
+    assert_eq!(
+        judge.held_until(space_judge, key).unwrap(),
+        Some(1_700_000_900_000)
+    );
+}
 #[test]
 fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     use vigil::window::{Aggregate, Applied, Delta, WindowSpec};

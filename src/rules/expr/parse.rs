@@ -286,33 +286,34 @@ impl Parser {
 
     fn primary(&mut self) -> Result<(Ast, usize), ExprError> {
         let (tok, at) = self.bump();
-        let ast =
-            match tok {
-                Tok::Num(d) => Ast::Num(d),
-                Tok::Str(s) => Ast::Str(s),
-                Tok::Counter(id) => Ast::Counter(id),
-                Tok::List(id) => Ast::ListRef(id),
-                Tok::Op("(") => {
-                    self.enter()?;
-                    let inner = self.expression()?;
-                    self.expect_op(")")?;
-                    self.depth -= 1;
-                    return Ok((inner.0, at));
-                }
-                Tok::Op("[") => self.list()?,
-                Tok::Ident(word) if word == "true" => Ast::Bool(true),
-                Tok::Ident(word) if word == "false" => Ast::Bool(false),
-                Tok::Ident(word) if word == "null" => Ast::Null,
-                Tok::Ident(word) if RESERVED.contains(&word.as_str()) => return err(
+        let ast = match tok {
+            Tok::Num(d) => Ast::Num(d),
+            Tok::Str(s) => Ast::Str(s),
+            Tok::Counter(id) => Ast::Counter(id),
+            Tok::List(id) => Ast::ListRef(id),
+            Tok::Op("(") => {
+                self.enter()?;
+                let inner = self.expression()?;
+                self.expect_op(")")?;
+                self.depth -= 1;
+                return Ok((inner.0, at));
+            }
+            Tok::Op("[") => self.list()?,
+            Tok::Ident(word) if word == "true" => Ast::Bool(true),
+            Tok::Ident(word) if word == "false" => Ast::Bool(false),
+            Tok::Ident(word) if word == "null" => Ast::Null,
+            Tok::Ident(word) if RESERVED.contains(&word.as_str()) => {
+                return err(
                     at,
                     format!(
                         "unexpected '{word}' (as a field name, write it in backquotes: `{word}`)"
                     ),
-                ),
-                Tok::Ident(name) if self.is_op("(") => self.call(name)?,
-                Tok::Ident(first) | Tok::Quoted(first) => self.path(first, at)?,
-                other => return err(at, format!("expected a value, found {}", describe(&other))),
-            };
+                )
+            }
+            Tok::Ident(name) if self.is_op("(") => self.call(name)?,
+            Tok::Ident(first) | Tok::Quoted(first) => self.path(first, at)?,
+            other => return err(at, format!("expected a value, found {}", describe(&other))),
+        };
         Ok((ast, at))
     }
 

@@ -671,6 +671,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         // Until a replica confirms them, the deltas Redis took in are kept for a failover.
         let keep = !replicated && self.config.replica_ack_timeout.is_some();
         let mut first_error = None;
+        self.views.cache.age();
         for (key, reply) in keys.into_iter().zip(replies) {
             let written = keep.then(|| {
                 let dirty = &self.views.dirty[&key];
@@ -795,7 +796,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             super::view::several_observations(&spec, &state)
         });
         if dirty.pending.is_empty() {
-            self.views.cache.insert(
+            self.views.cache.acknowledged(
                 key,
                 Arc::new(Cached {
                     state,

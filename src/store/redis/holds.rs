@@ -62,6 +62,10 @@ pub(super) struct HoldViews {
     /// While a batch runs (`begin_batch`): each hold view as it was before the batch first
     /// raised it (`None`: there was none), to take the raises back if the batch is discarded.
     pub(super) batch: Option<HashMap<StoredKey, Option<HoldView>, foldhash::fast::RandomState>>,
+    /// When the batch being judged had its holds read (`prefetch_holds`): a view fresh then
+    /// stays fresh for the batch, as its windows do, rather than costing a round trip per
+    /// event once the batch runs longer than a flush interval.
+    pub(super) prefetched_at: Option<Instant>,
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
@@ -78,11 +82,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             window: space.0,
             key,
         };
+        let now = self.holds.prefetched_at.unwrap_or_else(|| self.clock.now());
         match self.holds.views.get(&lookup) {
-            Some(view)
-                if self.breaker.is_open()
-                    || view.fresh(self.clock.now(), self.config.flush_interval) =>
-            {
+            Some(view) if self.breaker.is_open() || view.fresh(now, self.config.flush_interval) => {
                 return Ok(view.until)
             }
             None if self.breaker.is_open() => return Ok(None),
@@ -142,10 +144,12 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Reads, in one pipeline, the holds of `keys` not told within the last flush interval.
     pub(super) fn prefetch_hold_views(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
+        self.holds.prefetched_at = None;
         if self.breaker.is_open() {
             return;
         }
         let (now, interval) = (self.clock.now(), self.config.flush_interval);
+        self.holds.prefetched_at = Some(now);
         let mut wanted: Vec<(HoldSpace, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
             Default::default();

@@ -503,6 +503,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         self.settle_ahead();
         self.views.cache.settle(&self.views.dirty);
         self.holds.batch = None;
+        self.holds.prefetched_at = None;
     }
 
     fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {

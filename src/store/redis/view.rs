@@ -43,6 +43,7 @@ impl Views {
                     .time_to_idle(time_to_idle)
                     .build_with_hasher(foldhash::fast::RandomState::default()),
                 loaded: HashMap::default(),
+                recent: HashMap::default(),
                 watchers: 0,
                 touched: Default::default(),
                 generation: 0,
@@ -118,6 +119,10 @@ pub(super) struct CleanViews {
     cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Read since the last `settle`, not in `cache`.
     loaded: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// Windows the last flush brought back, newer than what `cache` may hold for their keys.
+    /// A hot key is counted into again before the next flush comes back, and then never passes
+    /// through moka; the others go to `cache` then ([`CleanViews::age`]).
+    recent: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Early reads out (see `early.rs`): while there are some, `touched` records every key
     /// whose clean view was replaced or dropped.
     watchers: u32,
@@ -134,8 +139,8 @@ impl CleanViews {
         &self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
-        match self.loaded.get(key) {
-            Some(loaded) => Some(Arc::clone(loaded)),
+        match self.loaded.get(key).or_else(|| self.recent.get(key)) {
+            Some(view) => Some(Arc::clone(view)),
             None => self.cache.get(key),
         }
     }
@@ -144,14 +149,33 @@ impl CleanViews {
         &self,
         key: &Q,
     ) -> bool {
-        self.loaded.contains_key(key) || self.cache.contains_key(key)
+        self.loaded.contains_key(key)
+            || self.recent.contains_key(key)
+            || self.cache.contains_key(key)
     }
 
     /// A window as Redis returned it now, to the cache.
     pub(super) fn insert(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.record(&key);
         self.loaded.remove(&key);
+        self.recent.remove(&key);
         self.cache.insert(key, cached);
+    }
+
+    /// A window a flush brought back (the key's deltas acknowledged): kept beside the cache
+    /// until the next flush comes back.
+    pub(super) fn acknowledged(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        self.record(&key);
+        self.loaded.remove(&key);
+        self.recent.insert(key, cached);
+    }
+
+    /// A flush came back: the windows the previous one brought back that nothing counted into
+    /// since go to the cache.
+    pub(super) fn age(&mut self) {
+        for (key, cached) in self.recent.drain() {
+            self.cache.insert(key, cached);
+        }
     }
 
     /// Notes, while early reads are out, that `key`'s clean view changed.
@@ -200,6 +224,7 @@ impl CleanViews {
 
     /// A window read for the batch being counted.
     pub(super) fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        self.recent.remove(&key);
         self.loaded.insert(key, cached);
     }
 
@@ -218,36 +243,42 @@ impl CleanViews {
         &mut self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
-        self.loaded.remove(key)
+        self.loaded.remove(key).or_else(|| self.recent.remove(key))
     }
 
     pub(super) fn invalidate(&mut self, key: &StoredKey) {
         self.record(key);
         self.loaded.remove(key);
+        self.recent.remove(key);
         self.cache.invalidate(key);
     }
 
     pub(super) fn invalidate_all(&mut self) {
         self.void_early_reads();
         self.loaded.clear();
+        self.recent.clear();
         self.cache.invalidate_all();
     }
 
     /// Every clean view, emptying them all.
     pub(super) fn drain(&mut self) -> Vec<(StoredKey, Arc<Cached>)> {
         self.void_early_reads();
-        let mut all: Vec<(StoredKey, Arc<Cached>)> = self.loaded.drain().collect();
-        all.extend(
-            self.cache
-                .iter()
-                .map(|(key, cached)| ((*key).clone(), cached)),
-        );
+        // The newest view of each key: read for the batch, else brought back by the last
+        // flush, else cached.
+        let mut newest: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState> = self
+            .cache
+            .iter()
+            .map(|(key, cached)| ((*key).clone(), cached))
+            .collect();
+        newest.extend(self.recent.drain());
+        newest.extend(self.loaded.drain());
+        let all: Vec<(StoredKey, Arc<Cached>)> = newest.into_iter().collect();
         self.cache.invalidate_all();
         all
     }
 
     pub(super) fn entry_count(&self) -> u64 {
-        self.loaded.len() as u64 + self.cache.entry_count()
+        (self.loaded.len() + self.recent.len()) as u64 + self.cache.entry_count()
     }
 
     /// Moves the windows read for the last batch into the cache, but for those it made dirty.
@@ -791,6 +822,79 @@ mod tests {
             generation,
             "dropping every view voids the reads out"
         );
+    }
+
+    /// A window a flush brought back waits beside the cache until the next flush comes back:
+    /// counted into meanwhile (a hot key), it never passes through moka; otherwise it goes
+    /// there. Whatever holds it, the newest view of a key is the one found.
+    #[test]
+    fn windows_a_flush_brought_back_reach_the_cache_only_if_not_counted_into_before_the_next() {
+        let mut views = Views::new(1_000, Duration::from_secs(60));
+        let key = |name: &[u8]| StoredKey {
+            window: 0,
+            key: KeyBytes::new(name),
+        };
+        let cached = |version: u64| {
+            Arc::new(Cached {
+                state: WindowState::new(Aggregate::Count),
+                version: Some(version),
+                refreshed: None,
+                offsets: Offsets::new(),
+            })
+        };
+        let version =
+            |views: &Views, name: &[u8]| views.cache.get(&key(name)).and_then(|c| c.version);
+        // `hot` and `cold` were cached at version 1, turned dirty, and their flush came back.
+        views.cache.insert(key(b"hot"), cached(1));
+        views.cache.insert(key(b"cold"), cached(1));
+        views.cache.acknowledged(key(b"hot"), cached(2));
+        views.cache.acknowledged(key(b"cold"), cached(2));
+        assert_eq!(
+            (version(&views, b"hot"), version(&views, b"cold")),
+            (Some(2), Some(2)),
+            "newer than the cache"
+        );
+        assert!(views.cache.contains_key(&key(b"hot")));
+        // The next batch counts into `hot`: its view leaves, moved into its dirty one.
+        assert_eq!(
+            views.cache.unload(&key(b"hot")).and_then(|c| c.version),
+            Some(2)
+        );
+        // The next flush comes back: `cold` goes to the cache, nothing of `hot` does.
+        views.cache.age();
+        assert!(views.cache.recent.is_empty());
+        assert_eq!(
+            views.cache.cache.get(&key(b"cold")).and_then(|c| c.version),
+            Some(2)
+        );
+        assert_eq!(
+            views.cache.cache.get(&key(b"hot")).and_then(|c| c.version),
+            Some(1),
+            "what moka held, never re-inserted"
+        );
+        // A key read again for a batch (another writer may have moved it) hides what a flush
+        // brought back; dropping every view hands each key's newest once.
+        views.cache.acknowledged(key(b"shared"), cached(3));
+        views.cache.load(key(b"shared"), cached(4));
+        assert_eq!(version(&views, b"shared"), Some(4));
+        views.cache.acknowledged(key(b"flushed"), cached(5));
+        let mut drained: Vec<(Vec<u8>, Option<u64>)> = views
+            .cache
+            .drain()
+            .into_iter()
+            .map(|(k, c)| (k.key.as_slice().to_vec(), c.version))
+            .collect();
+        drained.sort();
+        assert_eq!(
+            drained,
+            vec![
+                (b"cold".to_vec(), Some(2)),
+                (b"flushed".to_vec(), Some(5)),
+                (b"hot".to_vec(), Some(1)),
+                (b"shared".to_vec(), Some(4))
+            ]
+        );
+        assert_eq!(views.cache.entry_count(), 0);
     }
 
     #[test]
