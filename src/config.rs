@@ -263,9 +263,7 @@ impl Config {
             let key = apply_env(&mut merged, &defaults, &var, &raw)?;
             from_env.insert(key, var);
         }
-        serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
-            let key = e.path().to_string();
-            let message = e.inner().message().to_owned();
+        let invalid = |key: String, message: String| {
             let location = from_env
                 .iter()
                 .find(|(k, _)| key == **k || key.starts_with(&format!("{k}.")))
@@ -276,7 +274,169 @@ impl Config {
                 key,
                 message,
             }
-        })
+        };
+        let config: Config = serde_path_to_error::deserialize(toml::Value::Table(merged))
+            .map_err(|e| invalid(e.path().to_string(), e.inner().message().to_owned()))?;
+        config
+            .check()
+            .map_err(|(key, message)| invalid(key.to_owned(), message))?;
+        Ok(config)
+    }
+
+    /// Refuses values that parse but would disarm the worker or make it misbehave: a zero
+    /// interval, timeout or bound, no attempts, a duration no one means (and that would
+    /// overflow the clock), a lateness bound one future event defeats. The first such key and
+    /// why.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        const DAY: Duration = Duration::from_secs(86_400);
+        const MAX_WINDOW: Duration = Duration::from_secs(400 * 86_400);
+        let within = |key: &'static str, value: Duration, min: Duration, max: Duration| {
+            if value < min || value > max {
+                return Err((
+                    key,
+                    format!(
+                        "{} is out of range: must be from {} to {}",
+                        humantime::format_duration(value),
+                        humantime::format_duration(min),
+                        humantime::format_duration(max)
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        let bounded = |key: &'static str, value: Option<Duration>, max: Duration| match value {
+            Some(value) if value.is_zero() => Err((
+                key,
+                "0 would refuse or pause everything: write \"off\" to disable the bound".to_owned(),
+            )),
+            Some(value) => within(key, value, Duration::from_millis(1), max),
+            None => Ok(()),
+        };
+        let at_least = |key: &'static str, value: u64, min: u64, what: &str| {
+            if value < min {
+                return Err((
+                    key,
+                    format!("{value} is too small: must be at least {min} ({what})"),
+                ));
+            }
+            Ok(())
+        };
+        let ms = Duration::from_millis;
+        let (redis, input, worker) = (&self.redis, &self.input, &self.worker);
+        within(
+            "kafka.statistics_interval",
+            self.kafka.statistics_interval,
+            ms(1),
+            DAY,
+        )?;
+        within(
+            "redis.flush_interval",
+            redis.flush_interval,
+            ms(1),
+            Duration::from_secs(60),
+        )?;
+        at_least(
+            "redis.max_pending",
+            redis.max_pending as u64,
+            1,
+            "observations",
+        )?;
+        at_least("redis.cache_capacity", redis.cache_capacity, 1, "windows")?;
+        within(
+            "redis.cache_time_to_idle",
+            redis.cache_time_to_idle,
+            ms(1),
+            DAY,
+        )?;
+        at_least(
+            "redis.retry_attempts",
+            u64::from(redis.retry_attempts),
+            1,
+            "attempts",
+        )?;
+        within(
+            "redis.retry_backoff",
+            redis.retry_backoff,
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )?;
+        within(
+            "redis.connect_timeout",
+            redis.connect_timeout,
+            ms(1),
+            Duration::from_secs(600),
+        )?;
+        within(
+            "redis.response_timeout",
+            redis.response_timeout,
+            ms(1),
+            Duration::from_secs(600),
+        )?;
+        within(
+            "redis.probe_interval",
+            redis.probe_interval,
+            ms(1),
+            Duration::from_secs(600),
+        )?;
+        bounded(
+            "redis.replica_ack_timeout",
+            redis.replica_ack_timeout,
+            Duration::from_secs(60),
+        )?;
+        at_least(
+            "redis.max_local_keys",
+            redis.max_local_keys as u64,
+            1,
+            "keys",
+        )?;
+        at_least("memory.max_keys", self.memory.max_keys as u64, 1, "windows")?;
+        within(
+            "rules.reload_interval",
+            self.rules.reload_interval,
+            ms(1),
+            DAY,
+        )?;
+        bounded("input.max_future_skew", input.max_future_skew, MAX_WINDOW)?;
+        bounded("input.max_lateness", input.max_lateness, MAX_WINDOW)?;
+        bounded("input.max_partition_skew", input.max_partition_skew, DAY)?;
+        within(
+            "input.partition_idle_timeout",
+            input.partition_idle_timeout,
+            ms(1),
+            DAY,
+        )?;
+        if let (Some(lateness), Some(skew)) = (input.max_lateness, input.max_future_skew) {
+            if lateness <= skew {
+                return Err((
+                    "input.max_lateness",
+                    format!(
+                        "{} must be longer than input.max_future_skew ({}): one event stamped that \
+                         far ahead would make every event on time late",
+                        humantime::format_duration(lateness),
+                        humantime::format_duration(skew)
+                    ),
+                ));
+            }
+        }
+        at_least(
+            "worker.max_event_bytes",
+            worker.max_event_bytes as u64,
+            64,
+            "bytes",
+        )?;
+        within(
+            "worker.shutdown_timeout",
+            worker.shutdown_timeout,
+            ms(1),
+            Duration::from_secs(3_600),
+        )?;
+        within(
+            "worker.commit_interval",
+            worker.commit_interval,
+            ms(1),
+            Duration::from_secs(3_600),
+        )?;
+        Ok(())
     }
 
     /// The Redis store settings of this config.

@@ -248,6 +248,22 @@ impl std::fmt::Display for Bound {
 }
 
 impl BoundArgs {
+    /// Refuses a lateness bound one future event defeats (as `vigil run` refuses it).
+    fn check(&self) -> Result<(), ExitCode> {
+        if let (Some(lateness), Some(skew)) = (self.max_lateness.0, self.max_future_skew.0) {
+            if lateness <= skew {
+                eprintln!(
+                    "error: --max-lateness {} must be longer than --max-future-skew {}: one event \
+                     stamped that far ahead would make every event on time late",
+                    humantime::format_duration(lateness),
+                    humantime::format_duration(skew)
+                );
+                return Err(ExitCode::from(2));
+            }
+        }
+        Ok(())
+    }
+
     fn time_bounds(&self) -> vigil::event::TimeBounds {
         vigil::config::InputConfig {
             max_future_skew: self.max_future_skew.0,
@@ -309,6 +325,9 @@ fn main() -> ExitCode {
             max_bad_ratio,
             bounds,
         } => {
+            if let Err(code) = bounds.check() {
+                return code;
+            }
             let redis = redis.map(|url| cli::ReplayRedis {
                 url,
                 tls_ca_file: redis_ca,
@@ -367,14 +386,19 @@ fn main() -> ExitCode {
             json,
             max_bad_ratio,
             bounds,
-        } => cli::backtest(
-            &rules,
-            &input,
-            json,
-            bounds.time_bounds(),
-            bounds.max_keys,
-            max_bad_ratio,
-        ),
+        } => {
+            if let Err(code) = bounds.check() {
+                return code;
+            }
+            cli::backtest(
+                &rules,
+                &input,
+                json,
+                bounds.time_bounds(),
+                bounds.max_keys,
+                max_bad_ratio,
+            )
+        }
         #[cfg(feature = "harness")]
         Command::Bench {
             rules,

@@ -726,3 +726,56 @@ fn a_piped_stdin_gets_each_record_as_soon_as_its_line_is_written() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
 }
+
+const ONE_EVENT: &str =
+    r#"{"event_id":"a1","ts":100000,"type":"login","result":"fail","user_id":"u1"}"#;
+
+/// A lateness bound not longer than the future bound lets one event stamped ahead make every
+/// on-time event late: replay and backtest refuse it before reading anything.
+#[test]
+fn a_lateness_bound_one_future_event_defeats_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    for command in ["replay", "backtest"] {
+        let out = vigil(
+            &[
+                command,
+                "--rules",
+                &rules,
+                "--input",
+                "-",
+                "--max-lateness",
+                "2m",
+            ],
+            Some(INPUT),
+        );
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "error: --max-lateness 2m must be longer than --max-future-skew 5m: one event stamped that far ahead \
+             would make every event on time late\n",
+            "{command}"
+        );
+        assert!(out.stdout.is_empty());
+        let out = vigil(
+            &[
+                command,
+                "--rules",
+                &rules,
+                "--input",
+                "-",
+                "--max-lateness",
+                "2m",
+                "--max-future-skew",
+                "off",
+            ],
+            Some(ONE_EVENT),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{command} with the future bound off: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
