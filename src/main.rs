@@ -67,11 +67,11 @@ enum Command {
         /// With --redis: how long each flush waits for a replica to confirm its writes (kept
         /// until then, and written again if a failover promotes a replica that lacks them); off:
         /// not confirmed (the worker's `redis.replica_ack_timeout`).
-        #[arg(long, value_name = "DURATION|off", default_value_t = Bound(RedisConfig::default().replica_ack_timeout), value_parser = parse_bound, requires = "redis")]
+        #[arg(long, value_name = "DURATION|off", default_value_t = Bound(RedisConfig::default().replica_ack_timeout), value_parser = parse_nonzero_bound, requires = "redis")]
         replica_ack_timeout: Bound,
         /// Longer input lines are bad lines (`too_large`), skipped without being held in memory
         /// (the worker's `worker.max_event_bytes`).
-        #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes)]
+        #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes, value_parser = parse_event_bytes)]
         max_event_bytes: usize,
         /// Exit 1 when more than this share of the non-blank input lines are bad (not JSON, no
         /// usable ts, …; each is reported on stderr). Whatever it is, a replay of which no line
@@ -188,15 +188,15 @@ enum Command {
 #[derive(clap::Args)]
 struct BoundArgs {
     /// Events more than this far ahead of the wall clock are bad lines (future_ts); "off" disables.
-    #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_future_skew), value_parser = parse_bound)]
+    #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_future_skew), value_parser = parse_nonzero_bound)]
     max_future_skew: Bound,
     /// Events older than the newest event so far minus this are late for every counter; "off"
     /// disables (and keeps every key's state for the whole run).
-    #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_lateness), value_parser = parse_bound)]
+    #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_lateness), value_parser = parse_nonzero_bound)]
     max_lateness: Bound,
     /// Most (counter, key) windows, and most holds, kept in process; beyond, the keys whose newest
     /// event is oldest are evicted (reported on stderr and in the summary).
-    #[arg(long, value_name = "N", default_value_t = MemoryConfig::default().max_keys)]
+    #[arg(long, value_name = "N", default_value_t = MemoryConfig::default().max_keys, value_parser = parse_max_keys)]
     max_keys: usize,
 }
 
@@ -235,6 +235,35 @@ struct Bound(Option<std::time::Duration>);
 
 fn parse_bound(text: &str) -> Result<Bound, String> {
     vigil::config::parse_bound(text).map(Bound)
+}
+
+/// A bound that may be off but not zero (zero would refuse or pause everything, as in the config).
+fn parse_nonzero_bound(text: &str) -> Result<Bound, String> {
+    match parse_bound(text)? {
+        Bound(Some(d)) if d.is_zero() => {
+            Err("0 would refuse or pause everything: write \"off\" to disable the bound".into())
+        }
+        bound => Ok(bound),
+    }
+}
+
+/// At least `min`, as the config's check of the same setting.
+fn at_least(text: &str, min: usize, what: &str) -> Result<usize, String> {
+    let value: usize = text.parse().map_err(|e| format!("{e}"))?;
+    if value < min {
+        return Err(format!(
+            "{value} is too small: must be at least {min} ({what})"
+        ));
+    }
+    Ok(value)
+}
+
+fn parse_event_bytes(text: &str) -> Result<usize, String> {
+    at_least(text, 64, "bytes")
+}
+
+fn parse_max_keys(text: &str) -> Result<usize, String> {
+    at_least(text, 1, "windows")
 }
 
 /// As the config writes it (the help's default; read back by [`parse_bound`]).

@@ -779,3 +779,44 @@ fn a_lateness_bound_one_future_event_defeats_is_refused() {
         );
     }
 }
+
+/// Flags that would disarm a replay are refused as the worker's settings are, naming the flag.
+#[test]
+fn flags_that_disarm_a_replay_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    for (flag, value, why) in [
+        (
+            "--max-event-bytes",
+            "0",
+            "0 is too small: must be at least 64 (bytes)",
+        ),
+        (
+            "--max-keys",
+            "0",
+            "0 is too small: must be at least 1 (windows)",
+        ),
+        (
+            "--max-lateness",
+            "0s",
+            "0 would refuse or pause everything: write \"off\" to disable the bound",
+        ),
+        (
+            "--max-future-skew",
+            "0ms",
+            "0 would refuse or pause everything: write \"off\" to disable the bound",
+        ),
+    ] {
+        let out = vigil(
+            &["replay", "--rules", &rules, "--input", "-", flag, value],
+            Some(ONE_EVENT),
+        );
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.starts_with(&format!("error: invalid value '{value}' for '{flag} ")),
+            "{stderr}"
+        );
+        assert!(stderr.contains(why), "{stderr}");
+    }
+}
