@@ -32,6 +32,10 @@ pub enum BadEvent {
     /// More than `max_future_skew` ahead of the wall clock: it could poison future buckets.
     #[error("ts {ts} is more than {skew_ms} ms ahead of the wall clock ({now})")]
     FutureTs { ts: i64, now: i64, skew_ms: i64 },
+    /// An object names one key twice: a validator upstream that keeps the first value and one
+    /// that keeps the last would judge different events.
+    #[error("{0}")]
+    DuplicateKey(String),
 }
 
 impl BadEvent {
@@ -43,6 +47,7 @@ impl BadEvent {
             BadEvent::MissingTs => "missing_ts",
             BadEvent::BadTs(_) => "bad_ts",
             BadEvent::FutureTs { .. } => "future_ts",
+            BadEvent::DuplicateKey(_) => "duplicate_key",
         }
     }
 }
@@ -310,13 +315,134 @@ pub fn decode<'a>(input: &'a [u8], projection: &Projection) -> Result<Event<'a>,
             node: &projection.root,
             out: &mut fields,
         })
-        .map_err(|e| BadEvent::InvalidJson(e.to_string()))?;
-    de.end().map_err(|e| BadEvent::InvalidJson(e.to_string()))?;
+        .map_err(bad_json)?;
+    de.end().map_err(bad_json)?;
     if let Some(kind) = top {
         return Err(BadEvent::NotAnObject(kind));
     }
     let ts = event_time(&fields[TS_SLOT])?;
     Ok(Event { ts, fields })
+}
+
+/// What the parser refused: a duplicate key (raised by the visitors below), or invalid JSON.
+fn bad_json(e: serde_json::Error) -> BadEvent {
+    let message = e.to_string();
+    if message.starts_with(DUPLICATE_KEY) {
+        BadEvent::DuplicateKey(message)
+    } else {
+        BadEvent::InvalidJson(message)
+    }
+}
+
+/// How the visitors' duplicate-key error starts (it reaches `decode` as the parser's error).
+const DUPLICATE_KEY: &str = "duplicate key ";
+
+fn duplicate_key<E: de::Error>(key: &str) -> E {
+    E::custom(format!("{DUPLICATE_KEY}{}", quote_prefix(key)))
+}
+
+/// The keys of one object seen so far: scanned while few, hashed past that (an object of a
+/// hundred thousand keys costs no more than linear time).
+#[derive(Default)]
+struct SeenKeys<'de> {
+    /// Inline: most events' objects have a few keys, and an allocation per object would cost
+    /// more than the check.
+    few: smallvec::SmallVec<[Cow<'de, str>; 16]>,
+    /// A bit per key of `few`, from its length and end bytes: a key whose bit is clear is new
+    /// without a single comparison (the usual case).
+    sketch: u64,
+    many: Option<hashbrown::HashSet<Cow<'de, str>, foldhash::fast::RandomState>>,
+}
+
+impl<'de> SeenKeys<'de> {
+    const FEW: usize = 16;
+
+    /// Records `key`; false if the object named it already.
+    fn insert(&mut self, key: Cow<'de, str>) -> bool {
+        if let Some(many) = &mut self.many {
+            return many.insert(key);
+        }
+        let bytes = key.as_bytes();
+        let mix = bytes.len() as u32 * 7
+            + u32::from(bytes.first().copied().unwrap_or(0)) * 3
+            + u32::from(bytes.last().copied().unwrap_or(0));
+        let bit = 1u64 << (mix % 64);
+        if self.sketch & bit != 0 && self.few.contains(&key) {
+            return false;
+        }
+        self.sketch |= bit;
+        if self.few.len() < Self::FEW {
+            self.few.push(key);
+        } else {
+            let mut many: hashbrown::HashSet<_, _> = self.few.drain(..).collect();
+            many.insert(key);
+            self.many = Some(many);
+        }
+        true
+    }
+}
+
+/// The first key some object of `text` (a JSON value the parser validated) names twice, found
+/// without recursion: a value nested a hundred thousand deep costs no stack.
+fn duplicate_key_in(text: &str) -> Option<Cow<'_, str>> {
+    if !matches!(text.as_bytes().first(), Some(b'{' | b'[')) {
+        return None;
+    }
+    // Per open object: its keys so far and whether a key comes next; `None` for an array.
+    let mut open: Vec<Option<(SeenKeys<'_>, bool)>> = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' => open.push(Some((SeenKeys::default(), true))),
+            b'[' => open.push(None),
+            b'}' | b']' => {
+                open.pop();
+            }
+            b',' => {
+                if let Some(Some((_, key_next))) = open.last_mut() {
+                    *key_next = true;
+                }
+            }
+            b'"' => {
+                let start = i + 1;
+                let mut escaped = false;
+                i = start;
+                while bytes[i] != b'"' {
+                    if bytes[i] == b'\\' {
+                        escaped = true;
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                if let Some(Some((seen, key_next @ true))) = open.last_mut() {
+                    *key_next = false;
+                    let key = match escaped {
+                        false => Cow::Borrowed(&text[start..i]),
+                        // Validated already: only the escapes are read here.
+                        true => Cow::Owned(
+                            serde_json::from_str::<String>(&text[start - 1..=i])
+                                .unwrap_or_default(),
+                        ),
+                    };
+                    if !seen.insert(key.clone()) {
+                        return Some(key);
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Checks a value the parser took whole (`&RawValue`) for a key named twice in its objects.
+fn check_keys<E: de::Error>(raw: &RawValue) -> Result<(), E> {
+    match duplicate_key_in(raw.get()) {
+        Some(key) => Err(duplicate_key(&key)),
+        None => Ok(()),
+    }
 }
 
 /// The latest usable event time: the last millisecond of year 9999.
@@ -468,15 +594,18 @@ fn visit_object<'de: 'a, 'a, A: MapAccess<'de>>(
     out: &mut [FieldValue<'a>],
     mut map: A,
 ) -> Result<(), A::Error> {
+    let mut seen = SeenKeys::default();
     while let Some(key) = map.next_key::<KeyStr<'de>>()? {
         match node.child(key.as_str()) {
             Some(child) => map.next_value_seed(ValueSeed {
                 node: child,
                 out: &mut *out,
             })?,
-            None => {
-                map.next_value::<IgnoredAny>()?;
-            }
+            None => check_keys(map.next_value::<&'de RawValue>()?)?,
+        }
+        let key = key.into_cow();
+        if !seen.insert(key.clone()) {
+            return Err(duplicate_key(&key));
         }
     }
     Ok(())
@@ -488,11 +617,18 @@ enum KeyStr<'de> {
     Owned(String),
 }
 
-impl KeyStr<'_> {
+impl<'de> KeyStr<'de> {
     fn as_str(&self) -> &str {
         match self {
             KeyStr::Borrowed(s) => s,
             KeyStr::Owned(s) => s,
+        }
+    }
+
+    fn into_cow(self) -> Cow<'de, str> {
+        match self {
+            KeyStr::Borrowed(s) => Cow::Borrowed(s),
+            KeyStr::Owned(s) => Cow::Owned(s),
         }
     }
 }
@@ -531,6 +667,7 @@ impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
             // A leaf: the value's own text, so numbers keep the exact decimal they write (the
             // parser's f64 would lose it).
             let raw = <&'de RawValue>::deserialize(d)?;
+            check_keys(raw)?;
             if let Some(slot) = node.slot {
                 out[slot] = interpret(raw.get()).map_err(de::Error::custom)?;
             }
@@ -599,7 +736,9 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
         Ok(())
     }
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        while let Some(element) = seq.next_element::<&'de RawValue>()? {
+            check_keys(element)?;
+        }
         self.set(FieldValue::Array(Vec::new()));
         Ok(())
     }
@@ -701,11 +840,61 @@ mod tests {
         assert_eq!(e.field(s[0]), &FieldValue::Str("a\"b\u{e9}".into()));
     }
 
+    /// A key named twice in any object of the event — projected or not, nested, in an array,
+    /// spelled with escapes — makes it a bad event: whoever keeps the first value and whoever
+    /// keeps the last would judge different events.
+    /// (The column is where the parser stood when it saw the second key's value, or the end of
+    /// the value holding the object.)
     #[test]
-    fn last_duplicate_key_wins() {
-        let (p, s) = projection(&["a"]);
-        let e = decode(br#"{"ts":1,"a":1,"a":2}"#, &p).unwrap();
-        assert_eq!(e.field(s[0]), &FieldValue::Number(Number::from_i64(2)));
+    fn a_key_named_twice_in_any_object_makes_a_bad_event() {
+        let (p, _) = projection(&["a", "device.id", "tags"]);
+        for (line, message) in [
+            (
+                r#"{"ts":1,"a":1,"a":0.5}"#,
+                r#"duplicate key "a" at line 1 column 22"#,
+            ),
+            (
+                r#"{"ts":1,"a":1,"\u0061":2}"#,
+                r#"duplicate key "a" at line 1 column 25"#,
+            ),
+            (
+                r#"{"ts":1,"ts":2}"#,
+                r#"duplicate key "ts" at line 1 column 15"#,
+            ),
+            (
+                r#"{"ts":1,"other":3,"other":3}"#,
+                r#"duplicate key "other" at line 1 column 28"#,
+            ),
+            (
+                r#"{"ts":1,"device":{"id":"d","id":"e"}}"#,
+                r#"duplicate key "id" at line 1 column 36"#,
+            ),
+            (
+                r#"{"ts":1,"x":{"y":[{"z":1,"z":2}]}}"#,
+                r#"duplicate key "z" at line 1 column 34"#,
+            ),
+            (
+                r#"{"ts":1,"tags":[{"k":1,"k":1}]}"#,
+                r#"duplicate key "k" at line 1 column 31"#,
+            ),
+        ] {
+            match decode(line.as_bytes(), &p) {
+                Err(e @ BadEvent::DuplicateKey(_)) => {
+                    assert_eq!(e.code(), "duplicate_key");
+                    assert_eq!(e.to_string(), message, "{line}");
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        // The same key in different objects, and many distinct keys, are fine.
+        assert!(decode(br#"{"ts":1,"a":{"a":{"a":1}},"b":[{"a":1},{"a":2}]}"#, &p).is_ok());
+        let wide: String = (0..10_000).map(|i| format!(",\"k{i}\":{i}")).collect();
+        assert!(decode(format!("{{\"ts\":1{wide}}}").as_bytes(), &p).is_ok());
+        let twice = format!("{{\"ts\":1{wide},\"k9999\":0}}");
+        assert!(matches!(
+            decode(twice.as_bytes(), &p),
+            Err(BadEvent::DuplicateKey(_))
+        ));
     }
 
     #[test]

@@ -820,3 +820,24 @@ fn flags_that_disarm_a_replay_are_refused() {
         assert!(stderr.contains(why), "{stderr}");
     }
 }
+
+/// An event that names a key twice is a bad line with its own reason: the amount an upstream
+/// validator saw (the first) and the one vigil would judge (the last) differ.
+#[test]
+fn an_event_naming_a_key_twice_is_a_bad_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let input = format!(
+        "{ONE_EVENT}\n{}\n",
+        r#"{"event_id":"s","ts":100500,"type":"payment","card":{"id":"c9"},"amount":1,"amount":900}"#
+    );
+    let out = vigil(&["replay", "--rules", &rules, "--input", "-"], Some(&input));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            r#"line 2: bad event (duplicate_key): duplicate key "amount" at line 1 column 88"#
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("1 bad lines"), "{stderr}");
+}
