@@ -11,7 +11,7 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 42] = [
+const REQUIRED: [&str; 43] = [
     "expr_too_deep",
     "all_at_once",
     "unknown_key",
@@ -54,6 +54,7 @@ const REQUIRED: [&str; 42] = [
     "counter_errors",
     "hold",
     "empty_match",
+    "distinct_limit_unreachable",
 ];
 
 fn expected(path: &str) -> Vec<String> {

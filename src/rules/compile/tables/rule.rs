@@ -11,7 +11,7 @@ use super::drafts::{read_scope, CounterDraft, DraftScope, ExprSite, RuleDraft, T
 use super::window::{window_identity, window_key, window_spec, WindowKeys, MAX_WINDOW_MS};
 use crate::event::{quote_prefix as q, shorten, Decimal, FieldPath};
 use crate::rules::model::{Action, Counter, FileLocation, Hold, Mode, OnStoreError, Scope};
-use crate::window::WindowSpec;
+use crate::window::{Aggregate, WindowSpec};
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
 pub const RULE_KEYS: [&str; 16] = [
@@ -74,6 +74,17 @@ pub(crate) fn read_rule(
     } else {
         None
     };
+    if let (Some(spec), Some((limit, at))) = (&spec, keys.limit) {
+        let most = Decimal::from_i64(i64::from(spec.max_distinct));
+        if spec.aggregate == Aggregate::Distinct && limit >= most {
+            cx.report.error(
+                at,
+                format!(
+                    "limit {limit} can never be exceeded: a distinct window records at most {most} values (its max_distinct); for a higher limit, define a [[counter]] with a larger \"max_distinct\" and test it in `when`"
+                ),
+            );
+        }
+    }
     cx.record_id(keys.id.as_ref(), header);
     if cx.failed_since(errors_before) {
         if let Some(DraftScope::Expr(site)) = keys.scope {
