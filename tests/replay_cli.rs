@@ -841,3 +841,26 @@ fn an_event_naming_a_key_twice_is_a_bad_line() {
     );
     assert!(stderr.contains("1 bad lines"), "{stderr}");
 }
+
+/// A UTF-8 byte order mark before the first line (as editors on Windows write) is not part of
+/// the first event; a directory given as input is named in one clear error.
+#[test]
+fn a_byte_order_mark_is_skipped_and_a_directory_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(&dir);
+    let out = vigil(
+        &["replay", "--rules", &rules, "--input", "-", "--emit-allow"],
+        Some(&format!("\u{feff}{ONE_EVENT}\n")),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("0 bad lines"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    let input = dir.path().to_str().unwrap();
+    let out = vigil(&["replay", "--rules", &rules, "--input", input], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("error: {input}: cannot open input: it is a directory (give a JSON-lines file, or - for stdin)\n")
+    );
+}

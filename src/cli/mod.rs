@@ -96,6 +96,11 @@ fn open_input(input: &Path) -> Option<Box<dyn BufRead>> {
     if input == Path::new("-") {
         return Some(Box::new(io::stdin().lock()));
     }
+    // A directory opens on Linux and fails only on the first read, far from its name.
+    if input.is_dir() {
+        eprintln!("error: {}: cannot open input: it is a directory (give a JSON-lines file, or - for stdin)", input.display());
+        return None;
+    }
     match File::open(input) {
         Ok(f) => Some(Box::new(BufReader::with_capacity(1 << 16, f))),
         Err(e) => {

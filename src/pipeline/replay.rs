@@ -238,6 +238,7 @@ pub fn replay<S: CounterStore>(
     let mut touched = Vec::new();
     let mut touched_holds = Vec::new();
     let mut record = Vec::with_capacity(1024);
+    skip_byte_order_mark(&mut input)?;
     loop {
         wait_while_saturated(engine.store_mut())?;
         read_batch(
@@ -452,6 +453,25 @@ fn flush_within<S: CounterStore>(store: &mut S, wait: Duration) -> Result<(), St
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Skips a UTF-8 byte order mark at the start of the input (editors on Windows write one): the
+/// first line is then an event like the others, not invalid JSON.
+fn skip_byte_order_mark(input: &mut impl BufRead) -> io::Result<()> {
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    // The first read holds the whole mark (a pipe that delivers it split leaves the first
+    // line a bad line, as any other stray bytes would).
+    let at_start = loop {
+        match input.fill_buf() {
+            Ok(buf) => break buf.starts_with(BOM),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    if at_start {
+        input.consume(BOM.len());
+    }
+    Ok(())
 }
 
 fn trim_line(line: &[u8]) -> &[u8] {
