@@ -100,6 +100,10 @@ pub struct RedisConfig {
     /// Most keys counted locally and not yet written to Redis; beyond (a long outage) the
     /// partitions pause until Redis takes them.
     pub max_local_keys: usize,
+    /// Start against a Redis whose `maxmemory-policy` may evict keys (anything but
+    /// `noeviction`). An evicted counter key silently loses its count, so such a Redis is
+    /// refused unless this is set; then the worker warns and `vigil_redis_eviction_allowed` is 1.
+    pub allow_eviction: bool,
 }
 
 /// The in-process store, used when `redis.url` is absent.
@@ -475,6 +479,7 @@ impl RedisConfig {
             cache_time_to_idle: self.cache_time_to_idle,
             tls_ca_file: self.tls_ca_file.clone(),
             max_lateness: max_lateness_ms,
+            allow_eviction: self.allow_eviction,
         }
     }
 }

@@ -69,6 +69,11 @@ enum Command {
         /// not confirmed (the worker's `redis.replica_ack_timeout`).
         #[arg(long, value_name = "DURATION|off", default_value_t = Bound(RedisConfig::default().replica_ack_timeout), value_parser = parse_nonzero_bound, requires = "redis")]
         replica_ack_timeout: Bound,
+        /// With --redis: count in a Redis whose maxmemory-policy may evict keys (refused
+        /// otherwise: an evicted key loses its count silently; the worker's
+        /// `redis.allow_eviction`).
+        #[arg(long, requires = "redis")]
+        redis_allow_eviction: bool,
         /// Longer input lines are bad lines (`too_large`), skipped without being held in memory
         /// (the worker's `worker.max_event_bytes`).
         #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes, value_parser = parse_event_bytes)]
@@ -350,6 +355,7 @@ fn main() -> ExitCode {
             input_id,
             redis_wait,
             replica_ack_timeout,
+            redis_allow_eviction,
             max_event_bytes,
             max_bad_ratio,
             bounds,
@@ -362,6 +368,7 @@ fn main() -> ExitCode {
                 tls_ca_file: redis_ca,
                 input_id,
                 replica_ack_timeout: replica_ack_timeout.0,
+                allow_eviction: redis_allow_eviction,
             });
             let options = ReplayOptions {
                 max_event_bytes,

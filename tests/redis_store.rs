@@ -827,3 +827,80 @@ fn a_key_of_the_message_key_is_never_counted_ahead() {
     assert_eq!(in_redis(&mut other, b"per-ip"), Applied::Counted(2));
     assert_eq!(in_redis(&mut other, b"per-user"), Applied::Counted(2));
 }
+
+/// A Redis that may evict keys (any `maxmemory-policy` but `noeviction`) would drop counter keys
+/// and their counts without a trace: the store refuses it at connect, unless the operator
+/// allows it knowingly (then the stats, and the worker's metric, say so). `vigil replay` too.
+#[test]
+fn a_redis_that_may_evict_keys_is_refused_unless_allowed() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let policy = |conn: &mut redis::Connection, policy: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query(conn)
+            .unwrap();
+    };
+    policy(&mut conn, "allkeys-lru");
+    match RedisStore::connect(&redis.url(), RedisStoreConfig::default()) {
+        Err(e) => {
+            assert_eq!(e.code(), "unsafe");
+            assert!(
+                e.to_string().starts_with(
+                    "counter store refused: Redis has maxmemory-policy allkeys-lru: it may evict counter keys"
+                ),
+                "{e}"
+            );
+        }
+        Ok(_) => panic!("a Redis that may evict keys was accepted"),
+    }
+    let allowed = RedisStore::connect(
+        &redis.url(),
+        RedisStoreConfig {
+            allow_eviction: true,
+            ..RedisStoreConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(allowed.stats().eviction_allowed);
+    drop(allowed);
+
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let input = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/events.jsonl");
+    let replay = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args([
+                "replay",
+                "--rules",
+                rules.to_str().unwrap(),
+                "--input",
+                input.to_str().unwrap(),
+                "--redis",
+                &redis.url(),
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = replay(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("maxmemory-policy allkeys-lru"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty(), "nothing judged");
+    let out = replay(&["--redis-allow-eviction", "--max-future-skew", "off"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    policy(&mut conn, "noeviction");
+    let store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    assert!(!store.stats().eviction_allowed);
+}

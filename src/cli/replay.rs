@@ -25,6 +25,8 @@ pub struct ReplayRedis {
     pub input_id: Option<String>,
     /// `--replica-ack-timeout` (`None`: off).
     pub replica_ack_timeout: Option<std::time::Duration>,
+    /// `--redis-allow-eviction`.
+    pub allow_eviction: bool,
 }
 
 /// Replays `input` through the rules at `rules_path`, counting in Redis if `redis` is given.
@@ -56,9 +58,11 @@ pub fn replay(
         tls_ca_file,
         input_id,
         replica_ack_timeout,
+        allow_eviction,
     }) = redis
     {
         setup.redis.replica_ack_timeout = replica_ack_timeout;
+        setup.redis.allow_eviction = allow_eviction;
         options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
         setup.redis.url = Some(url);
         setup.redis.tls_ca_file = tls_ca_file;

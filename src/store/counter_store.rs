@@ -130,6 +130,10 @@ pub enum StoreError {
     /// The backing service answered something this version does not understand.
     #[error("counter store protocol error: {0}")]
     Protocol(String),
+    /// The backing service is set up so that counts could be lost silently (a Redis that may
+    /// evict keys): refused unless the operator overrides it.
+    #[error("counter store refused: {0}")]
+    Unsafe(String),
 }
 
 impl StoreError {
@@ -138,6 +142,7 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
+            StoreError::Unsafe(_) => "unsafe",
         }
     }
 }

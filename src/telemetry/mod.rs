@@ -258,6 +258,9 @@ pub struct Metrics {
     /// Observations on keys other workers count too, applied in Redis before their batch was
     /// judged (counted ahead).
     pub counted_ahead: Counter,
+    /// 1 while the worker runs against a Redis that may evict keys, allowed by
+    /// `redis.allow_eviction`.
+    pub eviction_allowed: Gauge,
     /// Keys found gone from Redis at a version this worker knew (lost or expired), written again.
     pub lost_keys: Counter,
     /// Decision records written to the decision journal.
@@ -329,6 +332,7 @@ impl Metrics {
             redis_failovers: Counter::default(),
             rewritten_unconfirmed: Counter::default(),
             counted_ahead: Counter::default(),
+            eviction_allowed: Gauge::default(),
             lost_keys: Counter::default(),
             journaled_decisions: Counter::default(),
             redelivered_decisions: Counter::default(),
@@ -486,6 +490,11 @@ impl Metrics {
             "redis_counted_ahead",
             "Observations on keys other workers count too, applied in Redis before their batch was judged",
             self.counted_ahead.clone(),
+        );
+        registry.register(
+            "redis_eviction_allowed",
+            "1 while Redis' maxmemory-policy may evict counter keys and redis.allow_eviction let the worker start anyway",
+            self.eviction_allowed.clone(),
         );
         registry.register(
             "redis_lost_keys",

@@ -120,6 +120,9 @@ impl Worker {
                 tracing::warn!(error = %e, "write-behind flush failed; its deltas are kept and sent again");
             }
             let stats = redis.stats();
+            self.metrics
+                .eviction_allowed
+                .set(i64::from(stats.eviction_allowed));
             let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
             let retries = stats.retries.saturating_sub(exported.retries);
             let failed = stats.failed_flushes.saturating_sub(exported.failed_flushes);

@@ -39,6 +39,9 @@ pub struct RedisStoreConfig {
     /// The callers' lateness bound in ms (`None`: unbounded): keys live at least this long past
     /// their window, so an event within the bound never finds its key expired.
     pub max_lateness: Option<i64>,
+    /// Connect to a Redis whose `maxmemory-policy` may evict keys (anything but `noeviction`):
+    /// an evicted counter key silently lowers its count. Off, such a Redis is refused.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisStoreConfig {
@@ -57,6 +60,7 @@ impl Default for RedisStoreConfig {
             cache_time_to_idle: Duration::from_secs(600),
             tls_ca_file: None,
             max_lateness: Some(3_600_000),
+            allow_eviction: false,
         }
     }
 }
@@ -64,6 +68,8 @@ impl Default for RedisStoreConfig {
 /// What the store did, for the summary and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RedisStats {
+    /// Redis' `maxmemory-policy` may evict keys, and `allow_eviction` let the store connect.
+    pub eviction_allowed: bool,
     /// Script calls made (each serves up to 256 keys).
     pub script_calls: u64,
     pub flushes: u64,

@@ -70,6 +70,16 @@ impl Epochs {
         }
     }
 
+    /// Asks each master (the one holding each epoch key) for its memory settings: `INFO memory`
+    /// tells its `maxmemory-policy`.
+    pub(super) fn add_policy_checks(&self, batch: &mut Batch, cluster: bool) {
+        for key in &self.keys {
+            let mut info = redis::cmd("INFO");
+            info.arg("memory");
+            batch.command(cluster, key, info);
+        }
+    }
+
     /// Takes in the replies of `add_checks`: true if an epoch this process knew vanished or
     /// changed (Redis lost its data).
     pub(super) fn check(&mut self, replies: &[Value]) -> Result<bool, StoreError> {

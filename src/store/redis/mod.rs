@@ -296,6 +296,19 @@ impl RedisStore {
     }
 }
 
+/// The first `maxmemory-policy` other than `noeviction` among `INFO memory` replies (one per
+/// master); a reply that does not tell (a proxy that hides `INFO`) is taken as telling nothing.
+fn evicting_policy(replies: &[redis::Value]) -> Option<String> {
+    replies.iter().find_map(|reply| {
+        let text: String = redis::from_redis_value(reply.clone()).ok()?;
+        let policy = text
+            .lines()
+            .find_map(|line| line.strip_prefix("maxmemory_policy:"))?
+            .trim();
+        (policy != "noeviction").then(|| policy.to_owned())
+    })
+}
+
 impl<C: MonotonicClock> RedisStore<C> {
     /// Connects to `url` with `clock` telling when hold views and TTL refreshes grow stale.
     pub fn connect_with_clock(
@@ -314,8 +327,26 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut epochs = Epochs::new(cluster, first_slots);
         let mut batch = Batch::default();
         epochs.add_checks(&mut batch, cluster);
+        let checks = batch.calls.len();
+        epochs.add_policy_checks(&mut batch, cluster);
         let (replies, _) = link.query(&batch, config.attempts);
-        epochs.check(&replies?)?;
+        let replies = replies?;
+        epochs.check(&replies[..checks.min(replies.len())])?;
+        let evicting = evicting_policy(replies.get(checks..).unwrap_or_default());
+        let eviction_allowed = match evicting {
+            Some(policy) if !config.allow_eviction => {
+                return Err(StoreError::Unsafe(format!(
+                    "Redis has maxmemory-policy {policy}: it may evict counter keys, and every count they held would be lost \
+                     without a trace; set maxmemory-policy noeviction (or, knowingly, allow eviction: redis.allow_eviction, \
+                     --redis-allow-eviction)"
+                )));
+            }
+            Some(policy) => {
+                tracing::warn!(policy, "Redis may evict counter keys (maxmemory-policy); allowed by the configuration: counts may be lost silently");
+                true
+            }
+            None => false,
+        };
         let flushing = Flushing::start(flusher_link)?;
         let reads = Reads::start(link)?;
         // The check just made counts as the last one.
@@ -324,7 +355,10 @@ impl<C: MonotonicClock> RedisStore<C> {
             windows: Windows::default(),
             hold_spaces: HoldSpaces::default(),
             cluster,
-            stats: RedisStats::default(),
+            stats: RedisStats {
+                eviction_allowed,
+                ..RedisStats::default()
+            },
             origin: None,
             counted: 0,
             durable: 0,
