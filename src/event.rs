@@ -388,20 +388,42 @@ fn duplicate_key_in(text: &str) -> Option<Cow<'_, str>> {
     if !matches!(text.as_bytes().first(), Some(b'{' | b'[')) {
         return None;
     }
-    // Per open object: its keys so far and whether a key comes next; `None` for an array.
-    let mut open: Vec<Option<(SeenKeys<'_>, bool)>> = Vec::new();
+    // Per open object its keys so far (the first inline, a set from the second on: a frame of a
+    // deeply nested chain stays a few words) and whether a key comes next; `None` for an array.
+    struct Frame<'a> {
+        key_next: bool,
+        first: Option<Cow<'a, str>>,
+        rest: Option<Box<SeenKeys<'a>>>,
+    }
+    impl<'a> Frame<'a> {
+        fn insert(&mut self, key: Cow<'a, str>) -> bool {
+            match &self.first {
+                None => {
+                    self.first = Some(key);
+                    true
+                }
+                Some(first) if *first == key => false,
+                Some(_) => self.rest.get_or_insert_with(Default::default).insert(key),
+            }
+        }
+    }
+    let mut open: Vec<Option<Frame<'_>>> = Vec::new();
     let bytes = text.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'{' => open.push(Some((SeenKeys::default(), true))),
+            b'{' => open.push(Some(Frame {
+                key_next: true,
+                first: None,
+                rest: None,
+            })),
             b'[' => open.push(None),
             b'}' | b']' => {
                 open.pop();
             }
             b',' => {
-                if let Some(Some((_, key_next))) = open.last_mut() {
-                    *key_next = true;
+                if let Some(Some(frame)) = open.last_mut() {
+                    frame.key_next = true;
                 }
             }
             b'"' => {
@@ -415,8 +437,11 @@ fn duplicate_key_in(text: &str) -> Option<Cow<'_, str>> {
                     }
                     i += 1;
                 }
-                if let Some(Some((seen, key_next @ true))) = open.last_mut() {
-                    *key_next = false;
+                if let Some(Some(frame)) = open
+                    .last_mut()
+                    .filter(|f| f.as_ref().is_some_and(|f| f.key_next))
+                {
+                    frame.key_next = false;
                     let key = match escaped {
                         false => Cow::Borrowed(&text[start..i]),
                         // Validated already: only the escapes are read here.
@@ -425,7 +450,7 @@ fn duplicate_key_in(text: &str) -> Option<Cow<'_, str>> {
                                 .unwrap_or_default(),
                         ),
                     };
-                    if !seen.insert(key.clone()) {
+                    if !frame.insert(key.clone()) {
                         return Some(key);
                     }
                 }
