@@ -309,21 +309,12 @@ impl Config {
             Ok(())
         };
         let bounded = |key: &'static str, value: Option<Duration>, max: Duration| match value {
-            Some(value) if value.is_zero() => Err((
-                key,
-                "0 would refuse or pause everything: write \"off\" to disable the bound".to_owned(),
-            )),
+            Some(value) if value.is_zero() => Err((key, ZERO_BOUND.to_owned())),
             Some(value) => within(key, value, Duration::from_millis(1), max),
             None => Ok(()),
         };
         let at_least = |key: &'static str, value: u64, min: u64, what: &str| {
-            if value < min {
-                return Err((
-                    key,
-                    format!("{value} is too small: must be at least {min} ({what})"),
-                ));
-            }
-            Ok(())
+            check_at_least(value, min, what).map_err(|message| (key, message))
         };
         let ms = Duration::from_millis;
         let (redis, input, worker) = (&self.redis, &self.input, &self.worker);
@@ -414,8 +405,7 @@ impl Config {
                 return Err((
                     "input.max_lateness",
                     format!(
-                        "{} must be longer than input.max_future_skew ({}): one event stamped that \
-                         far ahead would make every event on time late",
+                        "{} must be longer than input.max_future_skew ({}): {LATENESS_WITHIN_SKEW}",
                         humantime::format_duration(lateness),
                         humantime::format_duration(skew)
                     ),
@@ -425,7 +415,7 @@ impl Config {
         at_least(
             "worker.max_event_bytes",
             worker.max_event_bytes as u64,
-            64,
+            MIN_EVENT_BYTES as u64,
             "bytes",
         )?;
         within(
@@ -459,6 +449,27 @@ impl Config {
             journal_namespace: Some(self.kafka.group_id.clone()),
         }
     }
+}
+
+/// Why a zero bound is refused (here and for the CLI's flags).
+pub const ZERO_BOUND: &str =
+    "0 would refuse or pause everything: write \"off\" to disable the bound";
+
+/// Why a lateness bound not longer than the future bound is refused (here and for the CLI's).
+pub const LATENESS_WITHIN_SKEW: &str =
+    "one event stamped that far ahead would make every event on time late";
+
+/// The smallest `worker.max_event_bytes` (and `--max-event-bytes`): below, every event is too large.
+pub const MIN_EVENT_BYTES: usize = 64;
+
+/// `value` is at least `min` (of `what`), or why not.
+pub fn check_at_least(value: u64, min: u64, what: &str) -> Result<(), String> {
+    if value < min {
+        return Err(format!(
+            "{value} is too small: must be at least {min} ({what})"
+        ));
+    }
+    Ok(())
 }
 
 impl RedisConfig {

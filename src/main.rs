@@ -245,9 +245,7 @@ fn parse_bound(text: &str) -> Result<Bound, String> {
 /// A bound that may be off but not zero (zero would refuse or pause everything, as in the config).
 fn parse_nonzero_bound(text: &str) -> Result<Bound, String> {
     match parse_bound(text)? {
-        Bound(Some(d)) if d.is_zero() => {
-            Err("0 would refuse or pause everything: write \"off\" to disable the bound".into())
-        }
+        Bound(Some(d)) if d.is_zero() => Err(vigil::config::ZERO_BOUND.into()),
         bound => Ok(bound),
     }
 }
@@ -255,16 +253,12 @@ fn parse_nonzero_bound(text: &str) -> Result<Bound, String> {
 /// At least `min`, as the config's check of the same setting.
 fn at_least(text: &str, min: usize, what: &str) -> Result<usize, String> {
     let value: usize = text.parse().map_err(|e| format!("{e}"))?;
-    if value < min {
-        return Err(format!(
-            "{value} is too small: must be at least {min} ({what})"
-        ));
-    }
+    vigil::config::check_at_least(value as u64, min as u64, what)?;
     Ok(value)
 }
 
 fn parse_event_bytes(text: &str) -> Result<usize, String> {
-    at_least(text, 64, "bytes")
+    at_least(text, vigil::config::MIN_EVENT_BYTES, "bytes")
 }
 
 fn parse_max_keys(text: &str) -> Result<usize, String> {
@@ -287,10 +281,10 @@ impl BoundArgs {
         if let (Some(lateness), Some(skew)) = (self.max_lateness.0, self.max_future_skew.0) {
             if lateness <= skew {
                 eprintln!(
-                    "error: --max-lateness {} must be longer than --max-future-skew {}: one event \
-                     stamped that far ahead would make every event on time late",
+                    "error: --max-lateness {} must be longer than --max-future-skew {}: {}",
                     humantime::format_duration(lateness),
-                    humantime::format_duration(skew)
+                    humantime::format_duration(skew),
+                    vigil::config::LATENESS_WITHIN_SKEW
                 );
                 return Err(ExitCode::from(2));
             }

@@ -269,12 +269,15 @@ impl PlannedCounter {
     /// with those bytes, or a number of that value): then the key decides the message key, and
     /// with it the partition, so no other partition feeds it.
     pub(crate) fn follows_message_key(&self, event: &Event<'_>, message_key: &[u8]) -> bool {
-        let number = std::str::from_utf8(message_key)
-            .ok()
-            .and_then(Decimal::parse);
+        // Parsed only for a number dimension: most keys are strings, and this runs per counter.
+        let as_number = || {
+            std::str::from_utf8(message_key)
+                .ok()
+                .and_then(Decimal::parse)
+        };
         self.dimensions.iter().any(|&slot| match event.field(slot) {
             FieldValue::Str(s) => s.as_bytes() == message_key,
-            FieldValue::Number(n) => number.is_some_and(|k| k == n.exact),
+            FieldValue::Number(n) => as_number().is_some_and(|k| k == n.exact),
             _ => false,
         })
     }

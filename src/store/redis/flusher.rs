@@ -358,13 +358,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             scripts,
             attempts: self.config.attempts,
         };
-        let jobs = self
-            .flushing
-            .jobs
-            .as_ref()
-            .expect("the flusher runs until drop");
-        jobs.send(job)
-            .map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        self.submit(job)?;
         // On the counting path: waited for no longer than a read (two attempts).
         let deadline = self.read_deadline().saturating_mul(2);
         let done = match self.flushing.done.recv_timeout(deadline) {
@@ -420,6 +414,17 @@ impl<C: MonotonicClock> RedisStore<C> {
             replies[index] = reply;
         }
         Ok(replies)
+    }
+
+    /// Hands `job` to the flusher thread.
+    fn submit(&self, job: FlushJob) -> Result<(), StoreError> {
+        let jobs = self
+            .flushing
+            .jobs
+            .as_ref()
+            .expect("the flusher runs until drop");
+        jobs.send(job)
+            .map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))
     }
 
     /// Hands the pending deltas of up to `MAX_FLUSH_KEYS` keys and the epoch checks to the
@@ -488,13 +493,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             scripts,
             attempts: self.config.attempts,
         };
-        let jobs = self
-            .flushing
-            .jobs
-            .as_ref()
-            .expect("the flusher runs until drop");
-        jobs.send(job)
-            .map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))?;
+        self.submit(job)?;
         let (sent, sent_stamp) = (Instant::now(), self.clock.now());
         let promotions = self.epochs.promotions;
         self.flushing.inflight = Some(Inflight {
