@@ -133,6 +133,15 @@ pub struct RulesConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputConfig {
+    /// Where event time comes from: `"ts"`, the event's `ts` field, which the producing service
+    /// must stamp (never a client: whoever sets it can hide an event from every counter or blind
+    /// a key for up to `max_future_skew`), or `"kafka"`, the record timestamp (set by the
+    /// producer, or by the broker when the topic has `message.timestamp.type=LogAppendTime`).
+    pub time: TimeConfig,
+    /// An event whose `ts` is this much ahead of or behind its Kafka record timestamp is counted
+    /// in `vigil_event_time_skew_total` (by direction): a clock to look at. `"off"` disables it.
+    #[serde(deserialize_with = "bound")]
+    pub record_time_skew: Option<Duration>,
     /// An event more than this far ahead of the wall clock is dead-lettered (`future_ts`): one
     /// event from a wrong clock cannot move a key's window into the future.
     #[serde(deserialize_with = "bound")]
@@ -152,7 +161,31 @@ pub struct InputConfig {
     pub partition_idle_timeout: Duration,
 }
 
+/// `input.time`: which clock stamps event time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeConfig {
+    /// The event's `ts` field.
+    Ts,
+    /// The Kafka record timestamp.
+    Kafka,
+}
+
 impl InputConfig {
+    /// Where the worker's events take their time from.
+    pub fn time_source(&self) -> crate::event::TimeSource {
+        match self.time {
+            TimeConfig::Ts => crate::event::TimeSource::Ts,
+            TimeConfig::Kafka => crate::event::TimeSource::Record,
+        }
+    }
+
+    /// `record_time_skew` in ms (`None`: off).
+    pub fn record_time_skew_ms(&self) -> Option<i64> {
+        self.record_time_skew
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
     pub fn time_bounds(&self) -> crate::event::TimeBounds {
         let ms = |d: Option<Duration>| d.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         crate::event::TimeBounds {
@@ -394,6 +427,7 @@ impl Config {
         bounded("input.max_future_skew", input.max_future_skew, MAX_WINDOW)?;
         bounded("input.max_lateness", input.max_lateness, MAX_WINDOW)?;
         bounded("input.max_partition_skew", input.max_partition_skew, DAY)?;
+        bounded("input.record_time_skew", input.record_time_skew, MAX_WINDOW)?;
         within(
             "input.partition_idle_timeout",
             input.partition_idle_timeout,

@@ -29,6 +29,10 @@ pub enum BadEvent {
     MissingTs,
     #[error("unusable ts: {0}")]
     BadTs(String),
+    /// The event's time is taken from elsewhere (`--time FIELD`, a Kafka record) and is missing
+    /// or unusable there.
+    #[error("{0}")]
+    BadTime(String),
     /// More than `max_future_skew` ahead of the wall clock: it could poison future buckets.
     #[error("ts {ts} is more than {skew_ms} ms ahead of the wall clock ({now})")]
     FutureTs { ts: i64, now: i64, skew_ms: i64 },
@@ -46,6 +50,7 @@ impl BadEvent {
             BadEvent::NotAnObject(_) => "not_an_object",
             BadEvent::MissingTs => "missing_ts",
             BadEvent::BadTs(_) => "bad_ts",
+            BadEvent::BadTime(_) => "bad_ts",
             BadEvent::FutureTs { .. } => "future_ts",
             BadEvent::DuplicateKey(_) => "duplicate_key",
         }
@@ -217,12 +222,36 @@ impl fmt::Display for FieldPath {
     }
 }
 
+/// Where an event's time comes from. Whoever sets it can hide an event from every counter
+/// (backdated past the lateness bound) or blind a key for a while (stamped ahead), so it must be a
+/// clock the operator trusts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TimeSource {
+    /// The event's `ts` field, stamped by the producing service.
+    #[default]
+    Ts,
+    /// Another field of the event, read like `ts` (e.g. an export that kept the Kafka record time).
+    Field(FieldPath),
+    /// The Kafka record's timestamp (set by the producer, or by the broker with `LogAppendTime`).
+    Record,
+}
+
 /// The set of paths to extract, as a trie over path segments. `ts` and `event_id` always have
 /// slots [`TS_SLOT`] and [`EVENT_ID_SLOT`].
 #[derive(Debug, Clone)]
 pub struct Projection {
     root: Node,
     slots: usize,
+    time: TimeSlot,
+}
+
+/// Where [`decode`] finds the event's time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TimeSlot {
+    Field(usize),
+    /// A field other than `ts`, by slot and path (to name it in errors).
+    Other(usize, String),
+    Record,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -251,6 +280,7 @@ impl Projection {
         let mut p = Projection {
             root: Node::default(),
             slots: 0,
+            time: TimeSlot::Field(TS_SLOT),
         };
         let ts = p.slot(&FieldPath::parse("ts").expect("valid path"));
         let id = p.slot(&FieldPath::parse("event_id").expect("valid path"));
@@ -280,6 +310,20 @@ impl Projection {
     pub fn slot_count(&self) -> usize {
         self.slots
     }
+
+    /// Takes event time from `source` (the `ts` field unless told otherwise).
+    pub fn set_time(&mut self, source: &TimeSource) {
+        self.time = match source {
+            TimeSource::Ts => TimeSlot::Field(TS_SLOT),
+            TimeSource::Field(path) => TimeSlot::Other(self.slot(path), path.as_str().to_owned()),
+            TimeSource::Record => TimeSlot::Record,
+        };
+    }
+
+    /// Whether event time is the Kafka record's timestamp.
+    pub fn time_from_record(&self) -> bool {
+        matches!(self.time, TimeSlot::Record)
+    }
 }
 
 /// A decoded event: its time, and the projected values by slot.
@@ -298,10 +342,26 @@ impl<'a> Event<'a> {
     pub fn event_id(&self) -> &FieldValue<'a> {
         &self.fields[EVENT_ID_SLOT]
     }
+
+    /// The time its `ts` field states, if usable (whatever the event's time was taken from).
+    pub fn stamped_ts(&self) -> Option<i64> {
+        event_time(&self.fields[TS_SLOT]).ok()
+    }
 }
 
-/// Decodes one JSON document into an [`Event`] holding the projected values.
+/// Decodes one JSON document into an [`Event`] holding the projected values, its time from the
+/// projection's time field.
 pub fn decode<'a>(input: &'a [u8], projection: &Projection) -> Result<Event<'a>, BadEvent> {
+    decode_at(input, projection, None)
+}
+
+/// [`decode`] of a Kafka record whose timestamp is `record_time` (epoch ms): the event's time when
+/// the projection takes time from the record (an event without one is `missing_ts`).
+pub fn decode_at<'a>(
+    input: &'a [u8],
+    projection: &Projection,
+    record_time: Option<i64>,
+) -> Result<Event<'a>, BadEvent> {
     // JSON text is UTF-8 (RFC 8259). The parser checks only the strings it materialises, so
     // check the whole line once.
     let text = std::str::from_utf8(input).map_err(|e| {
@@ -320,7 +380,17 @@ pub fn decode<'a>(input: &'a [u8], projection: &Projection) -> Result<Event<'a>,
     if let Some(kind) = top {
         return Err(BadEvent::NotAnObject(kind));
     }
-    let ts = event_time(&fields[TS_SLOT])?;
+    let ts = match &projection.time {
+        TimeSlot::Field(slot) => event_time(&fields[*slot])?,
+        TimeSlot::Other(slot, path) => event_time(&fields[*slot]).map_err(|e| match e {
+            BadEvent::MissingTs => BadEvent::BadTime(format!("missing {path} (the event's time)")),
+            BadEvent::BadTs(why) => {
+                BadEvent::BadTime(format!("unusable {path} (the event's time): {why}"))
+            }
+            other => other,
+        })?,
+        TimeSlot::Record => record_time_ms(record_time)?,
+    };
     Ok(Event { ts, fields })
 }
 
@@ -490,6 +560,19 @@ pub fn shorten(s: &str) -> std::borrow::Cow<'_, str> {
     match s.char_indices().nth(QUOTED_PREFIX) {
         None => std::borrow::Cow::Borrowed(s),
         Some((cut, _)) => std::borrow::Cow::Owned(format!("{}… ({} bytes)", &s[..cut], s.len())),
+    }
+}
+
+/// A Kafka record's timestamp as event time, in the same range as `ts`.
+fn record_time_ms(record_time: Option<i64>) -> Result<i64, BadEvent> {
+    match record_time {
+        None => Err(BadEvent::BadTime(
+            "the Kafka record has no timestamp (input.time = \"kafka\")".into(),
+        )),
+        Some(ms) if (0..=MAX_TS_MS).contains(&ms) => Ok(ms),
+        Some(ms) => Err(BadEvent::BadTime(format!(
+            "the record timestamp {ms} is outside 0..={MAX_TS_MS} (1970 to the end of 9999)"
+        ))),
     }
 }
 
@@ -832,6 +915,57 @@ mod tests {
             .map(|s| p.slot(&FieldPath::parse(s).unwrap()))
             .collect();
         (p, slots)
+    }
+
+    #[test]
+    fn event_time_comes_from_ts_another_field_or_the_record() {
+        let line = br#"{"ts":1700000000000,"meta":{"received":"2023-11-14T22:13:21Z"}}"#;
+        let mut p = Projection::new();
+        let at = |p: &Projection, record: Option<i64>, line: &[u8]| {
+            decode_at(line, p, record).map(|e| (e.ts, e.stamped_ts()))
+        };
+        assert_eq!(
+            at(&p, Some(5), line),
+            Ok((1_700_000_000_000, Some(1_700_000_000_000)))
+        );
+
+        p.set_time(&TimeSource::Field(
+            FieldPath::parse("meta.received").unwrap(),
+        ));
+        assert_eq!(
+            at(&p, None, line),
+            Ok((1_700_000_001_000, Some(1_700_000_000_000)))
+        );
+        assert_eq!(
+            at(&p, None, br#"{"ts":1}"#).unwrap_err(),
+            BadEvent::BadTime("missing meta.received (the event's time)".into())
+        );
+        let bad = at(&p, None, br#"{"meta":{"received":"soon"}}"#).unwrap_err();
+        assert_eq!(bad.code(), "bad_ts");
+        assert!(
+            bad.to_string()
+                .starts_with("unusable meta.received (the event's time): "),
+            "{bad}"
+        );
+
+        // From the record: `ts` may be absent, ahead or behind; only the record counts.
+        p.set_time(&TimeSource::Record);
+        assert!(p.time_from_record());
+        assert_eq!(at(&p, Some(42), line), Ok((42, Some(1_700_000_000_000))));
+        assert_eq!(at(&p, Some(42), br#"{"ts":"later"}"#), Ok((42, None)));
+        assert_eq!(at(&p, Some(42), b"{}"), Ok((42, None)));
+        let none = at(&p, None, b"{}").unwrap_err();
+        assert_eq!(
+            (none.code(), none.to_string().as_str()),
+            (
+                "bad_ts",
+                "the Kafka record has no timestamp (input.time = \"kafka\")"
+            )
+        );
+        assert_eq!(at(&p, Some(-1), b"{}").unwrap_err().code(), "bad_ts");
+
+        p.set_time(&TimeSource::Ts);
+        assert_eq!(at(&p, Some(42), b"{}").unwrap_err(), BadEvent::MissingTs);
     }
 
     #[test]

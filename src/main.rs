@@ -35,6 +35,11 @@ enum Command {
         /// warned about (partitions that far apart can make each other's events late for it).
         #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_partition_skew), value_parser = parse_bound)]
         max_partition_skew: Bound,
+        /// The workers' `input.max_future_skew`: a counter whose window is not longer is warned
+        /// about (one event stamped that far ahead blinds it); "off" when event time comes from a
+        /// clock you trust.
+        #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_future_skew), value_parser = parse_bound)]
+        max_future_skew: Bound,
     },
     /// Run rules over JSON-lines events (no Kafka; in-process counters unless --redis): decisions to stdout.
     Replay {
@@ -203,6 +208,23 @@ struct BoundArgs {
     /// event is oldest are evicted (reported on stderr and in the summary).
     #[arg(long, value_name = "N", default_value_t = MemoryConfig::default().max_keys, value_parser = parse_max_keys)]
     max_keys: usize,
+    /// Where event time comes from: the event's ts field, or another field of the event read
+    /// the same way (epoch ms or RFC 3339), e.g. the Kafka record time an export kept beside the
+    /// event. Whoever stamps it decides what is late: use a time the producing service set.
+    #[arg(long, value_name = "ts|FIELD", default_value = "ts", value_parser = parse_time_source)]
+    time: vigil::event::TimeSource,
+}
+
+/// `--time`: `ts`, or a field path.
+fn parse_time_source(text: &str) -> Result<vigil::event::TimeSource, String> {
+    use vigil::event::{FieldPath, TimeSource};
+    match text {
+        "ts" => Ok(TimeSource::Ts),
+        "kafka" => Err("a replay reads no Kafka record: name the field of the event that holds the record timestamp (e.g. --time kafka_ts)".into()),
+        _ => FieldPath::parse(text)
+            .map(TimeSource::Field)
+            .ok_or_else(|| format!("{text:?} is not a field path (e.g. ts or meta.received_at)")),
+    }
 }
 
 /// A zipf exponent: a finite number, 0 or more.
@@ -292,6 +314,14 @@ impl BoundArgs {
         Ok(())
     }
 
+    fn input_bounds(&self) -> cli::InputBounds {
+        cli::InputBounds {
+            bounds: self.time_bounds(),
+            time: self.time.clone(),
+            max_keys: self.max_keys,
+        }
+    }
+
     fn time_bounds(&self) -> vigil::event::TimeBounds {
         vigil::config::InputConfig {
             max_future_skew: self.max_future_skew.0,
@@ -339,7 +369,8 @@ fn main() -> ExitCode {
         Command::Check {
             path,
             max_partition_skew,
-        } => cli::check(&path, max_partition_skew.0),
+            max_future_skew,
+        } => cli::check(&path, max_partition_skew.0, max_future_skew.0),
         Command::Replay {
             rules,
             input,
@@ -376,8 +407,7 @@ fn main() -> ExitCode {
                 &input,
                 redis,
                 options,
-                bounds.time_bounds(),
-                bounds.max_keys,
+                bounds.input_bounds(),
                 max_bad_ratio,
             )
         }
@@ -424,8 +454,7 @@ fn main() -> ExitCode {
                 &rules,
                 &input,
                 json,
-                bounds.time_bounds(),
-                bounds.max_keys,
+                bounds.input_bounds(),
                 max_bad_ratio,
             )
         }

@@ -10,7 +10,7 @@ use vigil::config::Config;
 const FIXTURES: &str = "tests/fixtures/config";
 
 /// The error kinds a config must be refused for; each needs its own fixture.
-const REQUIRED: [&str; 12] = [
+const REQUIRED: [&str; 13] = [
     "unknown_key",
     "bad_duration",
     "missing_brokers",
@@ -23,6 +23,7 @@ const REQUIRED: [&str; 12] = [
     "absurd_duration",
     "tiny_events",
     "lateness_within_future_skew",
+    "unknown_time_source",
 ];
 
 fn refusal(path: &Path, env: &[(&str, &str)]) -> String {

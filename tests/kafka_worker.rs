@@ -1384,3 +1384,101 @@ fn the_kafka_benchmark_reports_the_divergence_of_two_workers_from_a_single_order
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// `input.time = "kafka"`: the record timestamp is the event's time, so an event's own `ts` —
+/// stamped ahead to blind a key, backdated to hide it, or absent — changes nothing; events whose
+/// `ts` strays from the record timestamp are counted by direction.
+#[test]
+fn event_time_from_the_kafka_record_ignores_a_hostile_ts_and_meters_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("record-time", 1);
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("fails.toml"),
+        "[[counter]]\nid = \"fails-user-1m\"\ndimensions = [\"user_id\"]\nwindow = \"1m\"\nbucket = \"1s\"\n\
+         [[rule]]\nid = \"many-fails\"\naction = \"block\"\nwhen = \"$fails-user-1m > 2\"\n",
+    )
+    .unwrap();
+    let config = config(
+        &broker,
+        &topics,
+        &redis,
+        &rules,
+        "emit_allow = true\n[input]\ntime = \"kafka\"\nrecord_time_skew = \"30s\"\n",
+    );
+    let mut worker = Worker::start(dir.path(), "w1", &config);
+    worker.wait_ready(LONG);
+
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 10_000;
+    let event = |id: &str, ts: Option<i64>, record: i64| {
+        let ts = ts.map_or(String::new(), |ts| format!(r#","ts":{ts}"#));
+        (
+            None,
+            format!(r#"{{"event_id":"{id}","user_id":"u-1"{ts}}}"#).into_bytes(),
+            Some(record),
+        )
+    };
+    let records = [
+        event("first", Some(t0), t0),
+        // Stamped 4m50s ahead (within max_future_skew): by its ts, it would make the next
+        // events late for the 1-minute window.
+        event("ahead", Some(t0 + 290_000), t0 + 1_000),
+        // Backdated two hours: by its ts, late for every counter.
+        event("behind", Some(t0 - 7_200_000), t0 + 2_000),
+        event("unstamped", None, t0 + 3_000),
+    ];
+    broker.produce_stamped(&topics.events, &records, Some(0));
+    let decided = broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= 4,
+        Duration::from_millis(300),
+        LONG,
+    );
+    let by_id: HashMap<String, Value> = decided
+        .iter()
+        .map(Record::json)
+        .map(|r| (r["event_id"].as_str().unwrap().to_owned(), r))
+        .collect();
+    let outcome = |id: &str| {
+        let r = &by_id[id];
+        (
+            r["ts"].as_i64().unwrap(),
+            r["action"].as_str().unwrap().to_owned(),
+            r["hits"]
+                .get(0)
+                .map(|h| h["counters"][0]["value"].clone())
+                .unwrap_or(Value::Null),
+        )
+    };
+    assert_eq!(outcome("first"), (t0, "allow".into(), Value::Null));
+    assert_eq!(outcome("ahead"), (t0 + 1_000, "allow".into(), Value::Null));
+    assert_eq!(
+        outcome("behind"),
+        (t0 + 2_000, "block".into(), Value::from(3))
+    );
+    assert_eq!(
+        outcome("unstamped"),
+        (t0 + 3_000, "block".into(), Value::from(4))
+    );
+    assert_eq!(
+        worker.metric("vigil_event_time_skew_total{direction=\"ahead\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        worker.metric("vigil_event_time_skew_total{direction=\"behind\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        worker
+            .metric("vigil_late_events_total{counter=\"fails-user-1m\"}")
+            .unwrap_or(0.0),
+        0.0
+    );
+}

@@ -864,3 +864,75 @@ fn a_byte_order_mark_is_skipped_and_a_directory_is_named() {
         format!("error: {input}: cannot open input: it is a directory (give a JSON-lines file, or - for stdin)\n")
     );
 }
+
+/// `--time FIELD`: event time from another field of the event (here the record time an export
+/// kept), so a `ts` stamped ahead to make later events late changes nothing; `ts` itself is the
+/// default, and a replay has no Kafka record to take time from.
+#[test]
+fn replay_and_backtest_take_event_time_from_the_field_named_by_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("fails.toml");
+    std::fs::write(
+        &rules,
+        "[[counter]]\nid = \"fails-user-1m\"\ndimensions = [\"user_id\"]\nwindow = \"1m\"\nbucket = \"1s\"\n\
+         [[rule]]\nid = \"many-fails\"\naction = \"block\"\nwhen = \"$fails-user-1m > 2\"\n",
+    )
+    .unwrap();
+    let rules = rules.to_str().unwrap();
+    // The second event is stamped 4m50s ahead of its real time.
+    let input = "{\"ts\":100000,\"kafka\":{\"ts\":100000},\"user_id\":\"u\"}\n\
+                 {\"ts\":390000,\"kafka\":{\"ts\":101000},\"user_id\":\"u\"}\n\
+                 {\"ts\":102000,\"kafka\":{\"ts\":102000},\"user_id\":\"u\"}\n\
+                 {\"ts\":103000,\"user_id\":\"u\"}\n";
+    let lines = |out: &Output| -> Vec<(i64, i64)> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .map(|r| {
+                (
+                    r["source"]["line"].as_i64().unwrap(),
+                    r["ts"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let by_ts = vigil(&["replay", "--rules", rules, "--input", "-"], Some(input));
+    assert_eq!(by_ts.status.code(), Some(0));
+    assert_eq!(lines(&by_ts), vec![], "by ts, lines 3 and 4 are late");
+    let stderr = String::from_utf8_lossy(&by_ts.stderr);
+    assert!(stderr.contains(" 2 late "), "{stderr}");
+
+    let by_field = vigil(
+        &[
+            "replay", "--rules", rules, "--input", "-", "--time", "kafka.ts",
+        ],
+        Some(input),
+    );
+    assert_eq!(by_field.status.code(), Some(0));
+    assert_eq!(lines(&by_field), vec![(3, 102_000)]);
+    assert!(
+        String::from_utf8_lossy(&by_field.stderr)
+            .contains("line 4: bad event (bad_ts): missing kafka.ts (the event's time)"),
+        "{}",
+        String::from_utf8_lossy(&by_field.stderr)
+    );
+    let backtest = vigil(
+        &[
+            "backtest", "--rules", rules, "--input", "-", "--time", "kafka.ts", "--json",
+        ],
+        Some(input),
+    );
+    let report: serde_json::Value = serde_json::from_slice(&backtest.stdout).unwrap();
+    assert_eq!(report["rules"][0]["hits"], 1, "{report}");
+
+    let out = vigil(
+        &[
+            "replay", "--rules", rules, "--input", "-", "--time", "kafka",
+        ],
+        Some(input),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(
+        "a replay reads no Kafka record: name the field of the event that holds the record timestamp"
+    ));
+}

@@ -332,3 +332,61 @@ fn diagnostics_quote_a_bounded_prefix_of_long_values() {
         "{messages:#?}"
     );
 }
+
+/// A counter whose window is not longer than `max_future_skew` can be blinded by one event
+/// stamped ahead, and one not longer than `max_partition_skew` by partitions apart in event
+/// time: `check` warns about each, naming the setting, and stays silent with the bound off.
+#[test]
+fn check_warns_about_windows_a_time_bound_can_blind() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("short.toml");
+    fs::write(
+        &file,
+        "[[counter]]\nid = 'c-1m'\ndimensions = ['ip']\nwindow = '1m'\n\
+         [[counter]]\nid = 'c-5s'\ndimensions = ['ip']\nwindow = '5s'\nbucket = '1s'\n\
+         [[counter]]\nid = 'c-1h'\ndimensions = ['ip']\nwindow = '1h'\n\
+         [[rule]]\nid = 'r'\naction = 'alert'\nwhen = '$c-1m + $c-5s + $c-1h > 9'\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let out = vigil(&["check", path]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let future = |id: &str, window: &str, line: u32| {
+        format!(
+            "warning: {path}:{line}:1: counter `{id}`: its window ({window}) is not longer than max_future_skew (5m): \
+             one event stamped up to that far ahead moves the key's window past every real event of it, which are \
+             then late: take event time from a clock you trust (input.time), or lengthen the window or lower \
+             input.max_future_skew"
+        )
+    };
+    let partition = format!(
+        "warning: {path}:5:1: counter `c-5s`: its window (5s) is not longer than max_partition_skew (5s): \
+         partitions up to that far apart in event time can make each other's events late for it; lengthen the \
+         window or lower input.max_partition_skew"
+    );
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        vec![
+            future("c-1m", "1m", 1).as_str(),
+            &future("c-5s", "5s", 5),
+            &partition
+        ],
+    );
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .ends_with(", 3 warnings\n"));
+
+    let out = vigil(&[
+        "check",
+        path,
+        "--max-future-skew",
+        "off",
+        "--max-partition-skew",
+        "off",
+    ]);
+    assert_eq!(
+        (out.status.code(), out.stderr.as_slice()),
+        (Some(0), &b""[..])
+    );
+}

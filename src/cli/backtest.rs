@@ -10,19 +10,21 @@ use std::time::Instant;
 use anyhow::Context;
 
 use vigil::clock::SystemClock;
-use vigil::event::TimeBounds;
 use vigil::pipeline::{self, Engine};
 use vigil::store::MemoryStore;
 
-use super::{load_rules, open_input};
+use super::{load_rules, open_input, InputBounds};
 
 /// Replay plus the per-rule report.
 pub fn backtest(
     rules_path: &Path,
     input: &Path,
     json: bool,
-    bounds: TimeBounds,
-    max_keys: usize,
+    InputBounds {
+        bounds,
+        time,
+        max_keys,
+    }: InputBounds,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
@@ -39,7 +41,9 @@ pub fn backtest(
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
     let store = MemoryStore::new().with_max_keys(max_keys);
-    let mut engine = Engine::new(rules, store).with_time(bounds, Arc::new(SystemClock));
+    let mut engine = Engine::new(rules, store)
+        .with_time(bounds, Arc::new(SystemClock))
+        .with_time_source(time);
     let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
         if show_progress {
             let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);

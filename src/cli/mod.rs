@@ -28,6 +28,15 @@ pub use gen::gen;
 pub use replay::{replay, ReplayRedis};
 pub use run::run;
 
+/// How `replay` and `backtest` treat event time and bound their state.
+pub struct InputBounds {
+    pub bounds: vigil::event::TimeBounds,
+    /// Where event time comes from (`--time`).
+    pub time: vigil::event::TimeSource,
+    /// `--max-keys`.
+    pub max_keys: usize,
+}
+
 /// Loads rules, printing every error to stderr; `None` means the caller exits 1.
 fn load_rules(path: &Path) -> Option<RuleSet> {
     load_rules_with(path, false)

@@ -11,11 +11,10 @@ use anyhow::Context;
 
 use vigil::clock::SystemClock;
 use vigil::config::{redact_url, StoreSetup};
-use vigil::event::TimeBounds;
 use vigil::pipeline::{self, Engine, ReplayOptions};
 use vigil::store::{AnyStore, CounterStore, RedisStore};
 
-use super::{load_rules, open_input};
+use super::{load_rules, open_input, InputBounds};
 
 /// Where `vigil replay --redis` counts.
 pub struct ReplayRedis {
@@ -35,8 +34,11 @@ pub fn replay(
     input: &Path,
     redis: Option<ReplayRedis>,
     mut options: ReplayOptions,
-    bounds: TimeBounds,
-    max_keys: usize,
+    InputBounds {
+        bounds,
+        time,
+        max_keys,
+    }: InputBounds,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else {
@@ -81,14 +83,18 @@ pub fn replay(
     // Each store its own monomorphised engine: no dispatch on the counting path.
     match store {
         AnyStore::Memory(store) => run_replay(
-            Engine::new(rules, store).with_time(bounds, clock),
+            Engine::new(rules, store)
+                .with_time(bounds, clock)
+                .with_time_source(time),
             reader,
             options,
             max_bad_ratio,
             |_| {},
         ),
         AnyStore::Redis(store) => run_replay(
-            Engine::new(rules, *store).with_time(bounds, clock),
+            Engine::new(rules, *store)
+                .with_time(bounds, clock)
+                .with_time_source(time),
             reader,
             options,
             max_bad_ratio,

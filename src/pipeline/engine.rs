@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::clock::{Clock, SystemClock};
 
 use super::judge::{Judge, Outcome};
-use crate::event::{BadEvent, Event, TimeBounds};
+use crate::event::{BadEvent, Event, TimeBounds, TimeSource};
 use crate::rules::{Decision, Form, Plan, RuleSet, Scope, ScopeMemo, SkipReason};
 use crate::store::{CounterStore, HoldSpace, InputPosition, Planned, StoreError, WindowId};
 use crate::window::Applied;
@@ -94,6 +94,8 @@ pub struct Engine<S> {
     counter_counts: Vec<CounterCounts>,
     bounds: TimeBounds,
     clock: Arc<dyn Clock>,
+    /// Where events decoded for this engine's rules take their time from.
+    time_source: TimeSource,
     /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
     /// replay): its watermark follows it.
     newest: Vec<(u64, i64)>,
@@ -141,6 +143,7 @@ impl<S: CounterStore> Engine<S> {
             counter_counts: Vec::new(),
             bounds: TimeBounds::default(),
             clock: Arc::new(SystemClock),
+            time_source: TimeSource::Ts,
             newest: Vec::new(),
             hold_spaces: Vec::new(),
             hold_key: Vec::with_capacity(64),
@@ -156,6 +159,13 @@ impl<S: CounterStore> Engine<S> {
         self.bounds = bounds;
         self.clock = clock;
         self.open_hold_spaces();
+        self
+    }
+
+    /// The same engine taking event time from `source` (for this rule set and every one reloaded).
+    pub fn with_time_source(mut self, source: TimeSource) -> Engine<S> {
+        self.rules.set_time_source(&source);
+        self.time_source = source;
         self
     }
 
@@ -276,7 +286,8 @@ impl<S: CounterStore> Engine<S> {
     }
 
     /// [`Engine::reload_rules`] without the report.
-    pub fn replace_rules(&mut self, rules: RuleSet) -> RuleSet {
+    pub fn replace_rules(&mut self, mut rules: RuleSet) -> RuleSet {
+        rules.set_time_source(&self.time_source);
         self.windows = rules
             .active_counters()
             .map(|index| {

@@ -187,6 +187,11 @@ impl RuleSet {
         &self.projection
     }
 
+    /// Takes event time from `source` when decoding for this set.
+    pub fn set_time_source(&mut self, source: &crate::event::TimeSource) {
+        self.projection.set_time(source);
+    }
+
     /// Indices (into [`RuleSet::rules`]) of the enabled rules, in order.
     pub fn active(&self) -> impl ExactSizeIterator<Item = usize> + '_ {
         self.active_rules.iter().map(|r| r.index)

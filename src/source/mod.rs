@@ -8,7 +8,7 @@ pub use offsets::Progress;
 use rdkafka::config::ClientConfig;
 
 use crate::config::{KafkaConfig, WorkerConfig};
-use crate::event::{decode, BadEvent, Event, Projection};
+use crate::event::{decode_at, BadEvent, Event, Projection};
 
 /// Why a message cannot be judged; it goes to the dead-letter topic with this reason.
 #[derive(Debug, thiserror::Error)]
@@ -29,9 +29,11 @@ impl Rejection {
     }
 }
 
-/// Decodes a message payload (an absent payload is an empty one).
+/// Decodes a message payload (an absent payload is an empty one); `record_time` is the record's
+/// timestamp (epoch ms), the event's time when the projection takes time from the record.
 pub fn decode_message<'a>(
     payload: Option<&'a [u8]>,
+    record_time: Option<i64>,
     limit: usize,
     projection: &Projection,
 ) -> Result<Event<'a>, Rejection> {
@@ -42,7 +44,7 @@ pub fn decode_message<'a>(
             limit,
         });
     }
-    Ok(decode(payload, projection)?)
+    Ok(decode_at(payload, projection, record_time)?)
 }
 
 /// Consumer settings: at-least-once by construction. Offsets are stored only by the worker, once
@@ -81,7 +83,7 @@ mod tests {
     fn rejections_carry_reason_codes() {
         let projection = Projection::new();
         let code = |payload: Option<&[u8]>, limit| {
-            decode_message(payload, limit, &projection)
+            decode_message(payload, Some(5), limit, &projection)
                 .err()
                 .map(|r| r.code())
         };

@@ -42,6 +42,12 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `ahead` or `behind`.
+    pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     /// One of [`Stages::NAMES`].
     pub stage: &'static str,
@@ -165,6 +171,9 @@ pub struct Metrics {
     pub rule_hits: Family<RuleHitLabels, Counter>,
     /// Events whose bucket had slid out of the key's window (or behind the watermark), by counter.
     pub late_events: Family<CounterLabels, Counter>,
+    /// Events whose `ts` is more than `input.record_time_skew` ahead of or behind their Kafka
+    /// record timestamp, by direction (`ts` relative to the record).
+    pub event_time_skew: Family<DirectionLabels, Counter>,
     /// Events in a counter's scope not counted: unusable dimension or field, or a sum out of
     /// range, by counter and reason.
     pub skipped_events: Family<SkipLabels, Counter>,
@@ -294,6 +303,7 @@ impl Metrics {
             decisions: Family::default(),
             rule_hits: Family::default(),
             late_events: Family::default(),
+            event_time_skew: Family::default(),
             skipped_events: Family::default(),
             distinct_capped: Family::default(),
             dead_letters: Family::default(),
@@ -366,6 +376,11 @@ impl Metrics {
             "late_events",
             "Events too late for the key's window, by counter",
             self.late_events.clone(),
+        );
+        registry.register(
+            "event_time_skew",
+            "Events whose ts is more than input.record_time_skew ahead of or behind their Kafka record timestamp, by direction",
+            self.event_time_skew.clone(),
         );
         registry.register(
             "skipped_events",

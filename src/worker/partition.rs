@@ -23,8 +23,8 @@ use crate::store::{
     StoreError, WindowId,
 };
 use crate::telemetry::{
-    ActionLabels, CodeLabels, CounterLabels, ReasonLabels, RuleHitLabels, RuleLabels, SkipLabels,
-    Stages,
+    ActionLabels, CodeLabels, CounterLabels, DirectionLabels, Metrics, ReasonLabels, RuleHitLabels,
+    RuleLabels, SkipLabels, Stages,
 };
 
 /// Messages a partition loop takes per engine lock.
@@ -375,6 +375,13 @@ impl Worker {
     /// lacks with the lock released, then under the lock again: prefetches the rest, counts and
     /// judges it, exports its per-rule and per-counter counts and journals its records. Returns
     /// what it produced and the store's counted mark after it.
+    fn skew_meter(&self) -> SkewMeter<'_> {
+        SkewMeter {
+            metrics: &self.metrics,
+            skew_ms: self.config.input.record_time_skew_ms(),
+        }
+    }
+
     fn judge_and_journal<'m>(
         &self,
         (topic, partition): &PartitionKey,
@@ -389,7 +396,7 @@ impl Worker {
         let (mut events, generation, mut touched, early) = {
             let mut engine = self.lock_engine();
             stopwatch.lap(Stage::Lock);
-            let events = decode_batch(&engine, messages, max_bytes);
+            let events = decode_batch(&engine, messages, max_bytes, Some(&self.skew_meter()));
             stopwatch.lap(Stage::Decode);
             let shared = self
                 .alignment
@@ -408,7 +415,7 @@ impl Worker {
         stopwatch.lap(Stage::Lock);
         if engine.rules_generation() != generation {
             // Other rules were put in force meanwhile: the events are decoded for them.
-            events = decode_batch(&engine, messages, max_bytes);
+            events = decode_batch(&engine, messages, max_bytes, None);
             touched.clear();
             stopwatch.lap(Stage::Decode);
         }
@@ -802,16 +809,53 @@ impl Stopwatch {
     }
 }
 
-/// Decodes each message and refuses events too far in the future.
+/// Counts events whose `ts` strays from their record timestamp (`input.record_time_skew`).
+struct SkewMeter<'a> {
+    metrics: &'a Metrics,
+    skew_ms: Option<i64>,
+}
+
+impl SkewMeter<'_> {
+    fn observe(&self, event: &Event<'_>, record_time: Option<i64>) {
+        let (Some(skew_ms), Some(record), Some(stamped)) =
+            (self.skew_ms, record_time, event.stamped_ts())
+        else {
+            return;
+        };
+        let direction = match stamped.saturating_sub(record) {
+            d if d > skew_ms => "ahead",
+            d if d < -skew_ms => "behind",
+            _ => return,
+        };
+        self.metrics
+            .event_time_skew
+            .get_or_create(&DirectionLabels { direction })
+            .inc();
+    }
+}
+
+/// Decodes each message (its time from the record timestamp if so configured), meters its `ts`
+/// against the record timestamp (`skew`: once per batch) and refuses events too far in the
+/// future.
 fn decode_batch<'m>(
     engine: &Engine<AnyStore>,
     messages: &'m [OwnedMessage],
     limit: usize,
+    skew: Option<&SkewMeter<'_>>,
 ) -> Events<'m> {
     messages
         .iter()
         .map(|m| {
-            let event = source::decode_message(m.payload(), limit, engine.rules().projection())?;
+            let record_time = m.timestamp().to_millis();
+            let event = source::decode_message(
+                m.payload(),
+                record_time,
+                limit,
+                engine.rules().projection(),
+            )?;
+            if let Some(skew) = skew {
+                skew.observe(&event, record_time);
+            }
             engine.admit(&event)?;
             Ok::<_, Rejection>(event)
         })

@@ -98,7 +98,8 @@ impl Worker {
         Worker {
             engine: Mutex::new(
                 Engine::new(rules, store)
-                    .with_time(config.input.time_bounds(), Arc::new(SystemClock)),
+                    .with_time(config.input.time_bounds(), Arc::new(SystemClock))
+                    .with_time_source(config.input.time_source()),
             ),
             sink,
             metrics,

@@ -188,6 +188,9 @@ pub struct Broker {
     security: Security,
 }
 
+/// A record to produce: key, payload and timestamp (`None`: the producer's clock).
+pub type StampedRecord = (Option<Vec<u8>>, Vec<u8>, Option<i64>);
+
 impl Broker {
     /// A broker of this test's own (for a test that kills or restarts it).
     pub fn start() -> Broker {
@@ -494,14 +497,31 @@ impl Broker {
         records: &[(Option<Vec<u8>>, Vec<u8>)],
         partition: Option<i32>,
     ) {
+        let unstamped: Vec<_> = records
+            .iter()
+            .map(|(k, p)| (k.clone(), p.clone(), None))
+            .collect();
+        self.produce_stamped(topic, &unstamped, partition);
+    }
+
+    /// [`Broker::produce`] with each record's timestamp (`None`: the producer's clock).
+    pub fn produce_stamped(
+        &self,
+        topic: &str,
+        records: &[StampedRecord],
+        partition: Option<i32>,
+    ) {
         let producer: BaseProducer = self
             .client_config()
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .create()
             .expect("test producer");
-        for (key, payload) in records {
+        for (key, payload, timestamp) in records {
             let mut record = BaseRecord::to(topic).payload(payload);
+            if let Some(timestamp) = timestamp {
+                record = record.timestamp(*timestamp);
+            }
             if let Some(key) = key {
                 record = record.key(key);
             }
