@@ -450,13 +450,7 @@ fn main() -> ExitCode {
             if let Err(code) = bounds.check() {
                 return code;
             }
-            cli::backtest(
-                &rules,
-                &input,
-                json,
-                bounds.input_bounds(),
-                max_bad_ratio,
-            )
+            cli::backtest(&rules, &input, json, bounds.input_bounds(), max_bad_ratio)
         }
         #[cfg(feature = "harness")]
         Command::Bench {

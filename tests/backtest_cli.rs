@@ -114,7 +114,14 @@ fn backtest_reports_hits_keys_and_caught_fraud_consistently_with_replay() {
         .stdout,
     )
     .unwrap();
-    assert!(table.starts_with("60000 events (0 bad lines)"), "{table}");
+    assert!(
+        table.starts_with(&format!(
+            "60000 events (0 bad lines, {} late for every counter)",
+            report["late_events"]
+        )),
+        "{table}"
+    );
+    assert!(!table.contains("warning:"), "{table}");
     assert!(
         table.contains("login-stuffing-ip") && table.contains("credential_stuffing "),
         "{table}"
@@ -284,4 +291,89 @@ fn a_closed_stdout_ends_quietly() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// One event two days ahead in front of an input moves the watermark past all the others: the
+/// backtest counts them late (in total and per counter) and names the line that did it; an input
+/// without it has nothing late and no warning.
+#[test]
+fn a_line_that_makes_the_rest_late_is_named_and_late_events_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("fails.toml");
+    std::fs::write(
+        &rules,
+        "[[counter]]\nid = \"fails-user-10m\"\ndimensions = [\"user_id\"]\nwindow = \"10m\"\n\
+         [[rule]]\nid = \"many-fails\"\naction = \"block\"\nwhen = \"$fails-user-10m > 1\"\n",
+    )
+    .unwrap();
+    let history: String = (0..4)
+        .map(|i| {
+            format!(
+                "{{\"ts\":{},\"user_id\":\"u\"}}\n",
+                1_700_000_000_000i64 + i * 1_000
+            )
+        })
+        .collect();
+    let stray = "{\"ts\":1700172800000,\"user_id\":\"x\"}\n";
+    let run = |input: &str, json: bool| {
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(&path, input).unwrap();
+        let mut args = vec![
+            "backtest",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--input",
+            path.to_str().unwrap(),
+        ];
+        if json {
+            args.push("--json");
+        }
+        vigil(&args)
+    };
+
+    let clean = run(&history, true);
+    let report: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
+    assert_eq!(
+        (
+            &report["late_events"],
+            &report["watermark_jumps"],
+            &report["rules"][0]["hits"]
+        ),
+        (
+            &serde_json::json!(0),
+            &serde_json::json!([]),
+            &serde_json::json!(3)
+        )
+    );
+    assert!(
+        clean.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+
+    let poisoned = format!("{stray}{history}");
+    let out = run(&poisoned, true);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["late_events"], 4);
+    assert_eq!(report["rules"][0]["hits"], 0);
+    assert_eq!(
+        report["watermark_jumps"],
+        serde_json::json!([{"line": 1, "ts": 1_700_172_800_000i64, "next_ts": 1_700_000_000_000i64, "late_events": 4}])
+    );
+    assert_eq!(
+        report["counters"],
+        serde_json::json!([{"counter_id": "fails-user-10m", "late": 4, "skipped": {}, "distinct_capped": 0}])
+    );
+    let warning = "warning: line 1: its time (2023-11-16 22:13:20) is 2days ahead of the event after it \
+                   (2023-11-14 22:13:20): it moved the watermark past the input's other events, and 4 of them \
+                   were then late for every counter. A stray event from another time? Remove it, or raise --max-lateness\n";
+    assert_eq!(String::from_utf8_lossy(&out.stderr), warning);
+
+    let table = String::from_utf8(run(&poisoned, false).stdout).unwrap();
+    assert!(
+        table.starts_with("5 events (0 bad lines, 4 late for every counter), 0 with a hit"),
+        "{table}"
+    );
+    assert!(table.contains("\nfails-user-10m         4  -\n"), "{table}");
+    assert!(table.ends_with(warning), "{table}");
 }

@@ -60,6 +60,11 @@ pub fn backtest(
     if show_progress {
         eprintln!();
     }
+    if json {
+        for warning in pipeline::backtest::watermark_warnings(&report) {
+            eprintln!("warning: {warning}");
+        }
+    }
     let mut out = io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, &report)?;

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::engine::Engine;
 use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
 use crate::event::{decode, Event};
-use crate::rules::{Decision, Form, RuleSet};
+use crate::rules::{Decision, Form, RuleSet, SkipReason};
 use crate::store::{InputPosition, MemoryStore};
 
 /// One rule's results.
@@ -34,12 +34,46 @@ pub struct RuleReport {
     pub fraud_caught: BTreeMap<String, u64>,
 }
 
+/// One counter's results: what it could not count, and why.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CounterReport {
+    pub counter_id: String,
+    /// Events in its scope it did not count because they were late for their key's window or
+    /// behind the input's watermark.
+    pub late: u64,
+    /// Events in its scope not counted, by reason.
+    pub skipped: BTreeMap<&'static str, u64>,
+    /// Distinct values not recorded: the key's window held `max_distinct` values.
+    pub distinct_capped: u64,
+}
+
+/// A line whose time was more than the lateness bound ahead of the line after it: it moved the
+/// watermark past the input's other events, which were then late for every counter.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WatermarkJump {
+    pub line: u64,
+    /// Its event time (epoch ms).
+    pub ts: i64,
+    /// The event time of the next event (epoch ms).
+    pub next_ts: i64,
+    /// Events behind the watermark while this line set it.
+    pub late_events: u64,
+}
+
+/// Most watermark jumps tracked (an input of nothing but jumps costs no more).
+const MAX_JUMPS: usize = 1_000;
+
 /// The whole report.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BacktestReport {
     pub lines: u64,
     pub events: u64,
     pub bad_lines: u64,
+    /// Events behind the input's watermark (`--max-lateness`): late for every counter.
+    pub late_events: u64,
+    /// Lines that moved the watermark past the input's other events and made them late, most
+    /// late events first.
+    pub watermark_jumps: Vec<WatermarkJump>,
     /// Events with at least one hit.
     pub decided: u64,
     /// Injected fraud events in the input (`"fraud":"<pattern>"`), by pattern.
@@ -47,6 +81,7 @@ pub struct BacktestReport {
     /// Injected fraud events hit by at least one enforce-mode rule, by pattern.
     pub fraud_caught: BTreeMap<String, u64>,
     pub rules: Vec<RuleReport>,
+    pub counters: Vec<CounterReport>,
 }
 
 /// The pattern of an injected event (`"fraud":"…"`), read only from lines that mention it.
@@ -98,6 +133,7 @@ pub fn backtest(
                 continue;
             }
         };
+        tally.watch_watermark(engine, &event);
         let fraud = fraud_tag(text);
         if let Some(tag) = &fraud {
             *tally.report.fraud_events.entry(tag.clone()).or_default() += 1;
@@ -110,8 +146,9 @@ pub fn backtest(
             },
         )?;
         tally.decision(&rules, &event, &decision, fraud.as_ref());
+        tally.count_late(engine, &event);
     }
-    Ok(tally.finish(engine))
+    Ok(tally.finish(engine, &rules))
 }
 
 /// The report being built, with each active rule's set of keys hit.
@@ -121,6 +158,16 @@ struct Tally {
     active: Vec<usize>,
     keys: Vec<HashSet<Vec<u8>>>,
     key: Vec<u8>,
+    /// The line holding the input's newest event time, and that time.
+    newest: Option<(u64, i64)>,
+    /// The newest event time of the other lines.
+    runner_up: Option<i64>,
+    /// The last line that jumped the watermark.
+    jump: Option<u64>,
+    /// Events behind the watermark so far (to tell whether the last one was).
+    behind: u64,
+    /// Lines that jumped the watermark, by line.
+    jumps: BTreeMap<u64, WatermarkJump>,
 }
 
 impl Tally {
@@ -146,6 +193,63 @@ impl Tally {
             keys: vec![HashSet::new(); active.len()],
             active,
             key: Vec::new(),
+            newest: None,
+            runner_up: None,
+            jump: None,
+            behind: 0,
+            jumps: BTreeMap::new(),
+        }
+    }
+
+    /// Before `event` is judged: the line holding the newest time jumped the watermark if it is
+    /// more than the lateness bound ahead of both the newest event before it and this one.
+    fn watch_watermark(&mut self, engine: &Engine<MemoryStore>, event: &Event) {
+        let Some(lateness) = engine.bounds().max_lateness_ms else {
+            return;
+        };
+        let Some((line, ts)) = self.newest else {
+            return;
+        };
+        let ahead_of = |other: i64| ts.saturating_sub(other) > lateness;
+        if ahead_of(event.ts)
+            && self.runner_up.is_none_or(ahead_of)
+            && !self.jumps.contains_key(&line)
+            && self.jumps.len() < MAX_JUMPS
+        {
+            self.jumps.insert(
+                line,
+                WatermarkJump {
+                    line,
+                    ts,
+                    next_ts: event.ts,
+                    late_events: 0,
+                },
+            );
+            self.jump = Some(line);
+        }
+    }
+
+    /// After `event` is judged: a late event that the last jump alone made late is charged to
+    /// it; the newest time moves on.
+    fn count_late(&mut self, engine: &Engine<MemoryStore>, event: &Event) {
+        let behind = engine.counts().behind_watermark;
+        if behind > self.behind {
+            let lateness = engine.bounds().max_lateness_ms.unwrap_or(i64::MAX);
+            if let Some(jump) = self.jump.and_then(|line| self.jumps.get_mut(&line)) {
+                if jump.ts.saturating_sub(lateness) > event.ts {
+                    jump.late_events += behind - self.behind;
+                }
+            }
+            self.behind = behind;
+        }
+        match self.newest {
+            Some((_, ts)) if event.ts <= ts => {
+                self.runner_up = Some(self.runner_up.map_or(event.ts, |r| r.max(event.ts)));
+            }
+            previous => {
+                self.runner_up = previous.map(|(_, ts)| ts).or(self.runner_up);
+                self.newest = Some((self.report.lines, event.ts));
+            }
         }
     }
 
@@ -191,9 +295,29 @@ impl Tally {
     }
 
     /// The engine's counts (events, rules in scope) and the shares.
-    fn finish(mut self, engine: &mut Engine<MemoryStore>) -> BacktestReport {
+    fn finish(mut self, engine: &mut Engine<MemoryStore>, rules: &RuleSet) -> BacktestReport {
         let report = &mut self.report;
         report.events = engine.counts().events;
+        report.late_events = engine.counts().behind_watermark;
+        let mut jumps: Vec<WatermarkJump> = std::mem::take(&mut self.jumps)
+            .into_values()
+            .filter(|jump| jump.late_events > 0)
+            .collect();
+        jumps.sort_by(|a, b| b.late_events.cmp(&a.late_events).then(a.line.cmp(&b.line)));
+        report.watermark_jumps = jumps;
+        report.counters = engine
+            .take_counter_counts()
+            .map(|(index, counts)| CounterReport {
+                counter_id: rules.counter(index).id.clone(),
+                late: counts.late,
+                skipped: SkipReason::ALL
+                    .iter()
+                    .map(|reason| (reason.code(), counts.skipped[reason.index()]))
+                    .filter(|&(_, n)| n > 0)
+                    .collect(),
+                distinct_capped: counts.capped,
+            })
+            .collect();
         for (position, counts) in engine.take_rule_counts() {
             if let Some(p) = self.active.iter().position(|&i| i == position) {
                 report.rules[p].matched = counts.matched;
@@ -205,6 +329,39 @@ impl Tally {
         }
         self.report
     }
+}
+
+/// Most watermark jumps named in warnings (the JSON report lists them all).
+const JUMPS_WARNED: usize = 10;
+
+/// A warning per line that moved the watermark past the input's other events (most late events
+/// first), and how many more there were.
+pub fn watermark_warnings(report: &BacktestReport) -> Vec<String> {
+    let mut warnings: Vec<String> = report
+        .watermark_jumps
+        .iter()
+        .take(JUMPS_WARNED)
+        .map(|jump| {
+            let ahead = std::time::Duration::from_millis(jump.ts.saturating_sub(jump.next_ts).max(0) as u64 / 1000 * 1000);
+            format!(
+                "line {}: its time ({}) is {} ahead of the event after it ({}): it moved the watermark past the \
+                 input's other events, and {} of them were then late for every counter. A stray event from another \
+                 time? Remove it, or raise --max-lateness",
+                jump.line,
+                time(Some(jump.ts)),
+                humantime::format_duration(ahead),
+                time(Some(jump.next_ts)),
+                jump.late_events,
+            )
+        })
+        .collect();
+    if report.watermark_jumps.len() > JUMPS_WARNED {
+        warnings.push(format!(
+            "{} more lines moved the watermark past other events (see --json)",
+            report.watermark_jumps.len() - JUMPS_WARNED
+        ));
+    }
+    warnings
 }
 
 fn time(ts: Option<i64>) -> String {
@@ -219,9 +376,10 @@ fn time(ts: Option<i64>) -> String {
 pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<()> {
     writeln!(
         out,
-        "{} events ({} bad lines), {} with a hit ({:.2}%)",
+        "{} events ({} bad lines, {} late for every counter), {} with a hit ({:.2}%)",
         report.events,
         report.bad_lines,
+        report.late_events,
         report.decided,
         100.0 * report.decided as f64 / report.events.max(1) as f64
     )?;
@@ -259,6 +417,38 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
                 caught.join(", ")
             }
         )?;
+    }
+    let width = report
+        .counters
+        .iter()
+        .map(|c| c.counter_id.len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    writeln!(out, "{:<width$} {:>9}  not counted", "counter", "late")?;
+    for counter in &report.counters {
+        let mut reasons: Vec<String> = counter
+            .skipped
+            .iter()
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect();
+        if counter.distinct_capped > 0 {
+            reasons.push(format!("over max_distinct {}", counter.distinct_capped));
+        }
+        writeln!(
+            out,
+            "{:<width$} {:>9}  {}",
+            counter.counter_id,
+            counter.late,
+            if reasons.is_empty() {
+                "-".to_owned()
+            } else {
+                reasons.join(", ")
+            }
+        )?;
+    }
+    for warning in watermark_warnings(report) {
+        writeln!(out, "warning: {warning}")?;
     }
     if !report.fraud_events.is_empty() {
         writeln!(out, "injected fraud caught by enforce-mode rules:")?;

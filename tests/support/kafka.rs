@@ -505,12 +505,7 @@ impl Broker {
     }
 
     /// [`Broker::produce`] with each record's timestamp (`None`: the producer's clock).
-    pub fn produce_stamped(
-        &self,
-        topic: &str,
-        records: &[StampedRecord],
-        partition: Option<i32>,
-    ) {
+    pub fn produce_stamped(&self, topic: &str, records: &[StampedRecord], partition: Option<i32>) {
         let producer: BaseProducer = self
             .client_config()
             .set("enable.idempotence", "true")
