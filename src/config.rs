@@ -110,10 +110,25 @@ pub struct RedisConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
-    /// Most (counter, key) windows kept, and most holds. Beyond, the keys whose newest event is
-    /// oldest are evicted (a sixteenth of the bound at a time; logged and counted in
-    /// `vigil_evicted_keys_total`), so a flood of distinct keys cannot exhaust memory.
+    /// Most estimated bytes of in-process state (windows, keys, holds): `"1GiB"`, `"512MiB"` or
+    /// a number of bytes. Beyond, the keys with the fewest events are evicted first (ties in a
+    /// random order), and a value over a key that lost part of its window is a lower bound that
+    /// each rule judges by its `on_store_error`.
+    #[serde(deserialize_with = "byte_size")]
+    pub max_state_bytes: usize,
+    /// Most (counter, key) windows kept, and most holds, whatever their bytes; evicted alike.
     pub max_keys: usize,
+}
+
+/// Fewest bytes `memory.max_state_bytes` may bound state to.
+pub const MIN_STATE_BYTES: usize = 1 << 20;
+
+/// A byte size: `"1GiB"`, `"512 MiB"`, `"1GB"` or a whole number of bytes.
+pub fn parse_byte_size(text: &str) -> Result<usize, String> {
+    let size: bytesize::ByteSize = text.trim().parse().map_err(|_| {
+        format!("invalid size {text:?} (write e.g. \"1GiB\", \"512MiB\" or a number of bytes)")
+    })?;
+    Ok(usize::try_from(size.as_u64()).unwrap_or(usize::MAX))
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -418,6 +433,12 @@ impl Config {
             "keys",
         )?;
         at_least("memory.max_keys", self.memory.max_keys as u64, 1, "windows")?;
+        at_least(
+            "memory.max_state_bytes",
+            self.memory.max_state_bytes as u64,
+            MIN_STATE_BYTES as u64,
+            "bytes",
+        )?;
         within(
             "rules.reload_interval",
             self.rules.reload_interval,
@@ -479,6 +500,7 @@ impl Config {
         StoreSetup {
             redis: self.redis.clone(),
             max_keys: self.memory.max_keys,
+            max_state_bytes: self.memory.max_state_bytes,
             max_lateness_ms: self.input.time_bounds().max_lateness_ms,
             journal_namespace: Some(self.kafka.group_id.clone()),
         }
@@ -693,6 +715,19 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
             "invalid duration {text:?}: {e} (write e.g. \"50ms\", \"2s\", \"10m\")"
         ))
     })
+}
+
+fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        Size::Text(text) => parse_byte_size(&text).map_err(D::Error::custom),
+    }
 }
 
 /// A time bound: a duration, or `"off"` for none.

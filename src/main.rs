@@ -204,8 +204,13 @@ struct BoundArgs {
     /// disables (and keeps every key's state for the whole run).
     #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_lateness), value_parser = parse_nonzero_bound)]
     max_lateness: Bound,
-    /// Most (counter, key) windows, and most holds, kept in process; beyond, the keys whose newest
-    /// event is oldest are evicted (reported on stderr and in the summary).
+    /// Most estimated bytes of in-process state ("1GiB", "512MiB", bytes); beyond, the keys with
+    /// the fewest events are evicted (reported in the summary), and values over them are lower
+    /// bounds that each rule judges by its on_store_error.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_state_bytes)]
+    max_state_bytes: usize,
+    /// Most (counter, key) windows, and most holds, kept in process whatever their bytes;
+    /// evicted alike.
     #[arg(long, value_name = "N", default_value_t = MemoryConfig::default().max_keys, value_parser = parse_max_keys)]
     max_keys: usize,
     /// Where event time comes from: the event's ts field, or another field of the event read
@@ -283,6 +288,12 @@ fn parse_event_bytes(text: &str) -> Result<usize, String> {
     at_least(text, vigil::config::MIN_EVENT_BYTES, "bytes")
 }
 
+fn parse_state_bytes(text: &str) -> Result<usize, String> {
+    let bytes = vigil::config::parse_byte_size(text)?;
+    vigil::config::check_at_least(bytes as u64, vigil::config::MIN_STATE_BYTES as u64, "bytes")?;
+    Ok(bytes)
+}
+
 fn parse_max_keys(text: &str) -> Result<usize, String> {
     at_least(text, 1, "windows")
 }
@@ -319,6 +330,7 @@ impl BoundArgs {
             bounds: self.time_bounds(),
             time: self.time.clone(),
             max_keys: self.max_keys,
+            max_state_bytes: self.max_state_bytes,
         }
     }
 

@@ -10,7 +10,7 @@ use vigil::config::Config;
 const FIXTURES: &str = "tests/fixtures/config";
 
 /// The error kinds a config must be refused for; each needs its own fixture.
-const REQUIRED: [&str; 13] = [
+const REQUIRED: [&str; 15] = [
     "unknown_key",
     "bad_duration",
     "missing_brokers",
@@ -24,6 +24,8 @@ const REQUIRED: [&str; 13] = [
     "tiny_events",
     "lateness_within_future_skew",
     "unknown_time_source",
+    "tiny_state",
+    "bad_size",
 ];
 
 fn refusal(path: &Path, env: &[(&str, &str)]) -> String {

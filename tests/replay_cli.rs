@@ -516,7 +516,7 @@ fn hostile_amounts_cannot_cancel_overflow_or_blind_a_sum() {
 
 /// A flood of distinct keys within one lateness bound (300 000 one-off users and IPs in five
 /// minutes) cannot grow the state past `--max-keys`, and an account being attacked meanwhile is
-/// still counted exactly: eviction takes the keys whose newest event is oldest.
+/// still counted exactly: eviction takes the keys with the fewest events first.
 #[test]
 fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
     let dir = tempfile::tempdir().unwrap();
@@ -580,7 +580,7 @@ fn a_flood_of_distinct_keys_stays_within_max_keys_and_spares_active_accounts() {
     assert!(summary.contains("MiB of state"), "{summary}");
     assert!(summary.contains("holds evicted at the bound"), "{summary}");
     assert!(
-        stderr.contains("the counter state is at its bound of keys (--max-keys)"),
+        stderr.contains("the counter state is at its bound (--max-state-bytes / --max-keys)"),
         "{stderr}"
     );
     eprintln!("{summary}");
@@ -935,4 +935,113 @@ fn replay_and_backtest_take_event_time_from_the_field_named_by_time() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(
         "a replay reads no Kafka record: name the field of the event that holds the record timestamp"
     ));
+}
+
+/// The attack on the state bound: five failed logins on an account, then a flood of failed logins
+/// from fresh users (the newest events of all), then five more failures. At a small byte bound the
+/// flood is evicted before the account (fewest events first), so the account is blocked from its
+/// 6th failure as without any bound. When the account does lose its window (it had fewer events
+/// than the flood's keys), its next decision says so: `on_store_error = "block"` fires with
+/// reason `state_dropped`, and the summary counts the judgement.
+#[test]
+fn a_flood_of_fresh_keys_does_not_evict_an_account_close_to_firing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("flood.toml");
+    std::fs::write(
+        &rules,
+        "[[counter]]\nid = 'fails-user'\ndimensions = ['user_id']\nwindow = '15m'\n\n\
+         [[rule]]\nid = 'brute-force'\naction = 'block'\nmatch = \"starts_with(user_id, 'victim')\"\nwhen = '$fails-user > 5'\non_store_error = 'block'\n",
+    )
+    .unwrap();
+    let run = |input: &str, bound: &str| {
+        let path = dir.path().join("flood.jsonl");
+        std::fs::write(&path, input).unwrap();
+        let out = vigil(
+            &[
+                "replay",
+                "--rules",
+                rules.to_str().unwrap(),
+                "--input",
+                path.to_str().unwrap(),
+                "--max-state-bytes",
+                bound,
+            ],
+            None,
+        );
+        assert_eq!(out.status.code(), Some(0));
+        let hits: Vec<(String, String, serde_json::Value)> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r["event_id"].is_string())
+            .map(|r| {
+                let hit = &r["hits"][0];
+                (
+                    r["event_id"].as_str().unwrap().to_owned(),
+                    hit["reason"].as_str().unwrap().to_owned(),
+                    hit["counters"][0]["value"].clone(),
+                )
+            })
+            .collect();
+        (hits, String::from_utf8(out.stderr).unwrap())
+    };
+    let t0 = 1_700_000_000_000i64;
+    let victim =
+        |n: u32, ts: i64| format!("{{\"event_id\":\"v{n}\",\"ts\":{ts},\"user_id\":\"victim\"}}\n");
+    let flood = |input: &mut String, per_key: u64| {
+        for i in 0..60_000i64 {
+            for _ in 0..per_key {
+                input.push_str(&format!(
+                    "{{\"ts\":{},\"user_id\":\"flood-{i}\"}}\n",
+                    t0 + 1_000 + i
+                ));
+            }
+        }
+    };
+
+    let mut input: String = (1..=5).map(|n| victim(n, t0 + i64::from(n))).collect();
+    flood(&mut input, 1);
+    input.extend((6..=10).map(|n| victim(n, t0 + 100_000 + i64::from(n))));
+    for bound in ["2MiB", "1GiB"] {
+        let (hits, stderr) = run(&input, bound);
+        let expected: Vec<_> = (6..=10)
+            .map(|n| {
+                (
+                    format!("v{n}"),
+                    "when".to_owned(),
+                    serde_json::Value::from(n),
+                )
+            })
+            .collect();
+        assert_eq!(hits, expected, "--max-state-bytes {bound}: {stderr}");
+        if bound == "2MiB" {
+            assert!(
+                stderr.contains(
+                    "keys and 0 holds evicted at the bound, 0 rule judgements on dropped state"
+                ),
+                "{stderr}"
+            );
+        }
+    }
+
+    // One failure, then a flood whose keys have two events each (some lose their window between
+    // the two, which is flagged too, but the rule judges only the account): the account is the
+    // lightest and goes; its next failure is judged on a lower bound, and the policy blocks.
+    let mut input = victim(1, t0);
+    flood(&mut input, 2);
+    input.push_str(&victim(2, t0 + 100_000));
+    let (hits, stderr) = run(&input, "2MiB");
+    assert_eq!(
+        hits,
+        vec![(
+            "v2".to_owned(),
+            "state_dropped".to_owned(),
+            serde_json::Value::from(1)
+        )],
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(", 1 rule judgements on dropped state"),
+        "{stderr}"
+    );
 }

@@ -24,6 +24,7 @@ pub fn backtest(
         bounds,
         time,
         max_keys,
+        max_state_bytes,
     }: InputBounds,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
@@ -40,7 +41,9 @@ pub fn backtest(
         .map(|m| m.len());
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
-    let store = MemoryStore::new().with_max_keys(max_keys);
+    let store = MemoryStore::new()
+        .with_max_keys(max_keys)
+        .with_max_state_bytes(max_state_bytes);
     let mut engine = Engine::new(rules, store)
         .with_time(bounds, Arc::new(SystemClock))
         .with_time_source(time);

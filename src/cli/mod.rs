@@ -35,6 +35,8 @@ pub struct InputBounds {
     pub time: vigil::event::TimeSource,
     /// `--max-keys`.
     pub max_keys: usize,
+    /// `--max-state-bytes`.
+    pub max_state_bytes: usize,
 }
 
 /// Loads rules, printing every error to stderr; `None` means the caller exits 1.

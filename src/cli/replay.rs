@@ -38,6 +38,7 @@ pub fn replay(
         bounds,
         time,
         max_keys,
+        max_state_bytes,
     }: InputBounds,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
@@ -52,6 +53,7 @@ pub fn replay(
         input == Path::new("-") && !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.is_file());
     let mut setup = StoreSetup {
         max_keys,
+        max_state_bytes,
         max_lateness_ms: bounds.max_lateness_ms,
         ..StoreSetup::default()
     };

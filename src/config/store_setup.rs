@@ -12,6 +12,8 @@ pub struct StoreSetup {
     pub redis: RedisConfig,
     /// The in-process store's bound on (counter, key) windows and holds.
     pub max_keys: usize,
+    /// The in-process store's bound on the state's estimated bytes.
+    pub max_state_bytes: usize,
     /// The input's lateness bound in ms: how long Redis keeps a key past its window.
     pub max_lateness_ms: Option<i64>,
     /// With Redis: the namespace (consumer group) of the decision journal to open; `None` opens
@@ -25,6 +27,7 @@ impl Default for StoreSetup {
         StoreSetup {
             redis: RedisConfig::default(),
             max_keys: MemoryConfig::default().max_keys,
+            max_state_bytes: MemoryConfig::default().max_state_bytes,
             max_lateness_ms: InputConfig::default().time_bounds().max_lateness_ms,
             journal_namespace: None,
         }
@@ -44,7 +47,11 @@ impl StoreSetup {
     pub fn open(&self) -> Result<(AnyStore, Option<JournalWriter>), StoreError> {
         let Some(url) = &self.redis.url else {
             return Ok((
-                AnyStore::Memory(MemoryStore::new().with_max_keys(self.max_keys)),
+                AnyStore::Memory(
+                    MemoryStore::new()
+                        .with_max_keys(self.max_keys)
+                        .with_max_state_bytes(self.max_state_bytes),
+                ),
                 None,
             ));
         };

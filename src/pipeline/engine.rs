@@ -36,6 +36,8 @@ pub struct EvalCounts {
     pub decisions: u64,
     /// Hits made on values counted locally while the shared store was unavailable.
     pub degraded_hits: u64,
+    /// Rule judgements on state dropped at the in-process bound (see [`RuleCounts`]).
+    pub on_dropped_state: u64,
 }
 
 impl EvalCounts {
@@ -53,6 +55,9 @@ pub struct RuleCounts {
     /// Events in the rule's scope (its `match` held).
     pub matched: u64,
     pub hits: u64,
+    /// Judgements on state dropped at the in-process bound (a counter known only as a lower
+    /// bound, or a hold that may have been dropped), judged by the rule's `on_store_error`.
+    pub on_dropped_state: u64,
 }
 
 /// What happened to one counter's observations, for per-counter metrics.
@@ -525,6 +530,7 @@ impl<S: CounterStore> Engine<S> {
                         Applied::Counted(value) => Outcome::Known {
                             value,
                             degraded: observed.degraded,
+                            dropped: observed.state_dropped,
                             counted: true,
                         },
                         Applied::Capped(value) => {
@@ -533,6 +539,7 @@ impl<S: CounterStore> Engine<S> {
                             Outcome::Known {
                                 value,
                                 degraded: observed.degraded,
+                                dropped: observed.state_dropped,
                                 counted: true,
                             }
                         }
@@ -572,7 +579,17 @@ impl<S: CounterStore> Engine<S> {
             let Some(mut hit) = candidate else { continue };
             if let (Some(space), Some(hold)) = (self.hold_spaces[position], &rule.hold) {
                 let keyed = rules.hold_key(position, event, &mut self.hold_key);
-                judge.apply_hold(&mut hit, space, hold, keyed, &self.hold_key)?;
+                judge.apply_hold(
+                    &mut hit,
+                    space,
+                    (hold, rule.on_store_error),
+                    keyed,
+                    &self.hold_key,
+                )?;
+            }
+            if hit.on_dropped_state {
+                self.rule_counts[position].on_dropped_state += 1;
+                self.counts.on_dropped_state += 1;
             }
             let hit = hit.fires.then_some(hit.hit);
             if let Some(hit) = hit {
@@ -614,5 +631,54 @@ mod tests {
         )));
         assert_eq!(changes.kept, ["a", "b", "c", "d"]);
         assert_eq!(changes.redefined, ["a"]);
+    }
+
+    /// A hold dropped at the store's bound is not taken as "not held": each rule's
+    /// `on_store_error` decides (`block` fires with reason `state_dropped`, `local` and `allow`
+    /// do not fire), and the judgement is counted.
+    #[test]
+    fn a_hold_dropped_at_the_bound_is_judged_by_the_rules_policy() {
+        use crate::rules::Reason;
+        let rules = |policy: &str| {
+            set(&format!(
+                "[[rule]]\nid='r'\naction='block'\nwhen='amount > 100'\nhold='1h'\nhold_key=['u']\non_store_error='{policy}'\n"
+            ))
+        };
+        for (policy, fires) in [("block", true), ("local", false), ("allow", false)] {
+            let mut engine = Engine::new(rules(policy), MemoryStore::new().with_max_keys(16))
+                .with_time(TimeBounds::OFF, Arc::new(SystemClock));
+            let line = |u: &str, ts: i64, amount: u32| {
+                format!(r#"{{"ts":{ts},"u":"{u}","amount":{amount}}}"#)
+            };
+            let judge = |engine: &mut Engine<MemoryStore>, text: String, offset: i64| {
+                let projection = engine.rules().projection().clone();
+                let event = crate::event::decode(text.as_bytes(), &projection).unwrap();
+                engine
+                    .evaluate(&event, InputPosition { lane: 0, offset })
+                    .unwrap()
+            };
+            // The victim's hold ends first; 64 later holds push it out.
+            let first = judge(&mut engine, line("victim", 1_000, 500), 0);
+            assert_eq!(first.hits[0].held_until, Some(3_601_000));
+            for i in 0..64 {
+                judge(&mut engine, line(&format!("u{i}"), 2_000 + i, 500), 1 + i);
+            }
+            let later = judge(&mut engine, line("victim", 5_000, 1), 100);
+            match later.hits.first() {
+                Some(hit) => {
+                    assert!(fires, "{policy}");
+                    assert_eq!(
+                        (hit.reason, hit.degraded),
+                        (Some(Reason::StateDropped), true)
+                    );
+                }
+                None => assert!(!fires, "{policy}"),
+            }
+            assert_eq!(engine.counts().on_dropped_state, 1, "{policy}");
+            // Once every dropped hold has ended, nothing is in doubt.
+            let after = judge(&mut engine, line("victim", 3_700_000, 1), 101);
+            assert!(after.hits.is_empty(), "{policy}");
+            assert_eq!(engine.counts().on_dropped_state, 1, "{policy}");
+        }
     }
 }

@@ -17,10 +17,12 @@ pub(super) enum Outcome {
     Unread,
     /// Unknown: its key cannot be formed, or the event is late for it.
     Unknown,
-    /// Counted, or read, with this raw value; `degraded` if computed from local state only.
+    /// Counted, or read, with this raw value; `degraded` if computed from local state only,
+    /// `dropped` if part of the key's window was dropped at the store's bound (a lower bound).
     Known {
         value: i64,
         degraded: bool,
+        dropped: bool,
         counted: bool,
     },
 }
@@ -58,10 +60,15 @@ impl<S: CounterStore> Judge<'_, '_, S> {
                         &self.keys[position],
                         self.event.ts,
                     ) {
-                        Ok(Observed { applied, degraded }) => match applied.value() {
+                        Ok(Observed {
+                            applied,
+                            degraded,
+                            state_dropped,
+                        }) => match applied.value() {
                             Some(value) => Outcome::Known {
                                 value,
                                 degraded,
+                                dropped: state_dropped,
                                 counted: false,
                             },
                             None => Outcome::Unknown,
@@ -104,7 +111,27 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
 pub(super) struct Candidate {
     pub(super) fires: bool,
     reason: Option<Reason>,
+    /// Judged on state dropped at the store's bound (a lower bound, or an unknown hold).
+    pub(super) on_dropped_state: bool,
     pub(super) hit: Hit,
+}
+
+/// How a rule judges on a value that is not exact — computed locally while the shared store is
+/// unavailable (`degraded`), or a lower bound because state was dropped at the in-process bound
+/// (`dropped`) — by its `on_store_error`: whether it fires (`condition` being what the value
+/// says), and the reason it gives if the policy decided.
+fn judge_inexact(
+    condition: bool,
+    degraded: bool,
+    dropped: bool,
+    policy: OnStoreError,
+) -> (bool, Option<Reason>) {
+    match (degraded || dropped, policy) {
+        (false, _) | (true, OnStoreError::Local) => (condition, None),
+        (true, OnStoreError::Allow) => (false, None),
+        (true, OnStoreError::Block) if dropped => (true, Some(Reason::StateDropped)),
+        (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
+    }
 }
 
 impl Candidate {
@@ -113,6 +140,7 @@ impl Candidate {
         Candidate {
             fires: false,
             reason: None,
+            on_dropped_state: false,
             hit: Hit {
                 rule,
                 value: None,
@@ -142,21 +170,20 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
             Outcome::Known {
                 value,
                 degraded,
+                dropped,
                 counted: true,
             } => {
-                let (fires, reason) = match (degraded, rule.on_store_error) {
-                    (false, _) | (true, OnStoreError::Local) => (value > threshold, None),
-                    (true, OnStoreError::Allow) => (false, None),
-                    (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
-                };
+                let (fires, reason) =
+                    judge_inexact(value > threshold, degraded, dropped, rule.on_store_error);
                 Candidate {
                     fires,
                     reason,
+                    on_dropped_state: dropped,
                     hit: Hit {
                         rule: index,
                         value: Some(value),
                         reason,
-                        degraded,
+                        degraded: degraded || dropped,
                         counters: SmallVec::new(),
                         held_until: None,
                     },
@@ -177,29 +204,31 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
         // Every counter the condition names, known ones in the record, whatever
         // evaluation short-circuited.
         let mut counters = SmallVec::new();
-        let mut degraded = false;
+        let (mut degraded, mut dropped) = (false, false);
         for &counter in rule.counters() {
             if let Outcome::Known {
-                value, degraded: d, ..
+                value,
+                degraded: d,
+                dropped: x,
+                ..
             } = self.outcome(counter)
             {
                 counters.push((counter, value));
                 degraded |= d;
+                dropped |= x;
             }
         }
-        let (fires, reason) = match (degraded, rule.on_store_error) {
-            (false, _) | (true, OnStoreError::Local) => (holds, Some(Reason::When)),
-            (true, OnStoreError::Allow) => (false, None),
-            (true, OnStoreError::Block) => (true, Some(Reason::StoreUnavailable)),
-        };
+        let (fires, reason) = judge_inexact(holds, degraded, dropped, rule.on_store_error);
+        let reason = reason.or(Some(Reason::When));
         Some(Candidate {
             fires,
             reason,
+            on_dropped_state: dropped,
             hit: Hit {
                 rule: index,
                 value: None,
                 reason,
-                degraded,
+                degraded: degraded || dropped,
                 counters,
                 held_until: None,
             },
@@ -214,11 +243,16 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
         &mut self,
         hit: &mut Candidate,
         space: HoldSpace,
-        hold: &Hold,
+        (hold, policy): (&Hold, OnStoreError),
         keyed: bool,
         key: &[u8],
     ) -> Result<(), StoreError> {
-        if hit.fires && hit.reason != Some(Reason::StoreUnavailable) {
+        if hit.fires
+            && !matches!(
+                hit.reason,
+                Some(Reason::StoreUnavailable | Reason::StateDropped)
+            )
+        {
             // Fired by its condition: the hold starts (or extends) from this event.
             hit.hit.reason = Some(Reason::When);
             if keyed {
@@ -226,14 +260,29 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                 hit.hit.held_until = Some(self.store.extend_hold(space, key, until)?);
             }
         } else if keyed {
-            if let Some(until) = self.store.held_until(space, key)? {
-                if self.event.ts < until {
+            match self.store.held_until(space, key)? {
+                Some(until) if self.event.ts < until => {
                     if !hit.fires {
                         hit.fires = true;
                         hit.hit.reason = Some(Reason::Held);
                     }
                     hit.hit.held_until = Some(until);
                 }
+                _ if self.store.hold_dropped(space, key, self.event.ts) => {
+                    // A hold that may still be running was dropped at the bound: "not held"
+                    // is not known, so the rule's policy decides.
+                    hit.on_dropped_state = true;
+                    if !hit.fires {
+                        if let (true, reason) = judge_inexact(false, false, true, policy) {
+                            hit.fires = true;
+                            hit.hit.reason = reason;
+                        }
+                    }
+                    if hit.fires {
+                        hit.hit.degraded = true;
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())

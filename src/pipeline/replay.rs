@@ -182,8 +182,8 @@ impl std::fmt::Display for PeakState<'_> {
         if s.state.evicted_keys > 0 || s.state.evicted_holds > 0 {
             write!(
                 f,
-                "; {} keys and {} holds evicted at the bound",
-                s.state.evicted_keys, s.state.evicted_holds
+                "; {} keys and {} holds evicted at the bound, {} rule judgements on dropped state",
+                s.state.evicted_keys, s.state.evicted_holds, s.counts.on_dropped_state
             )?;
         }
         Ok(())
@@ -411,8 +411,9 @@ fn warn_on_evictions(
     {
         writeln!(
             diagnostics,
-            "replay: the counter state is at its bound of keys (--max-keys): {} keys and {} holds evicted so far, \
-             oldest first; their counts restart from nothing",
+            "replay: the counter state is at its bound (--max-state-bytes / --max-keys): {} keys and {} holds \
+             evicted so far, those with the fewest events first; values over them are lower bounds, judged by \
+             each rule's on_store_error until their windows pass",
             now.evicted_keys, now.evicted_holds
         )?;
         *known = now;

@@ -16,6 +16,9 @@ pub enum Reason {
     Held,
     /// The shared counter store was unavailable and the rule's `on_store_error` is `block`.
     StoreUnavailable,
+    /// Part of the state the rule reads was dropped at the in-process bound: its value is only
+    /// a lower bound (or its hold unknown), and `on_store_error = "block"` fires.
+    StateDropped,
 }
 
 impl Reason {
@@ -24,6 +27,7 @@ impl Reason {
             Reason::When => "when",
             Reason::Held => "held",
             Reason::StoreUnavailable => "store_unavailable",
+            Reason::StateDropped => "state_dropped",
         }
     }
 }

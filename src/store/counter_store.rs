@@ -96,7 +96,7 @@ pub struct Planned {
 pub struct StateStats {
     /// Estimated bytes of local state (0 where the store does not estimate it).
     pub bytes: usize,
-    /// (window, key) states evicted because the store was at its bound of keys.
+    /// (window, key) states evicted because the store was at its bound of keys or bytes.
     pub evicted_keys: u64,
     /// Holds dropped because the store was at its bound of holds.
     pub evicted_holds: u64,
@@ -109,6 +109,8 @@ pub struct Observed {
     /// The value was computed from local state only, because the shared store was unavailable
     /// (other workers' recent counts may be missing from it).
     pub degraded: bool,
+    /// Part of the key's window was dropped at the store's bound: the value is a lower bound.
+    pub state_dropped: bool,
 }
 
 impl Observed {
@@ -117,6 +119,7 @@ impl Observed {
         Observed {
             applied,
             degraded: false,
+            state_dropped: false,
         }
     }
 }
@@ -176,6 +179,12 @@ pub trait CounterStore {
     /// Until when (event time, ms) `key` is held in `space`; `None` if it never was (or the
     /// shared store forgot it after its TTL).
     fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError>;
+
+    /// Whether a hold of `key` in `space` that would still hold at `ts_ms` may have been dropped
+    /// at the store's bound (so "not held" is not known).
+    fn hold_dropped(&mut self, _space: HoldSpace, _key: &[u8], _ts_ms: i64) -> bool {
+        false
+    }
 
     /// Raises the hold of `key` in `space` to `until_ms` unless it is already later, and returns
     /// the hold as it stands after.

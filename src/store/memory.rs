@@ -15,6 +15,134 @@ const MIN_SWEEP_INTERVAL: usize = 4096;
 /// The default bound on (window, key) states and on holds: about 0.5–1 GiB of state.
 pub const DEFAULT_MAX_KEYS: usize = 4_000_000;
 
+/// The default bound on the state's estimated bytes.
+pub const DEFAULT_MAX_STATE_BYTES: usize = 1 << 30;
+
+/// Share of the byte bound the record of dropped windows may take (1/4), and of dropped holds
+/// (1/8); allocated a generation at a time, only once state is dropped.
+const DROPPED_WINDOWS_SHARE: usize = 4;
+const DROPPED_HOLDS_SHARE: usize = 8;
+
+/// Generations of a record of dropped state: each a Bloom filter of the drops made while it was
+/// the newest, forgotten whole once none of its drops can be seen any more. The first is small
+/// (a 128th of the record's share) and each next one twice the last, so a few drops cost little.
+const DROPPED_GENERATIONS: usize = 8;
+
+/// Bits per drop a generation is sized for, and hashes per drop: about 3 in 10 million false
+/// positives per full generation (a false positive only flags an exact value, but a rule with
+/// `on_store_error = "block"` then fires on it).
+const BITS_PER_DROP: usize = 32;
+const DROP_HASHES: u32 = 16;
+
+/// Windows or holds dropped at the bound that an event may still see, by a keyed 64-bit hash of
+/// (window or hold space, key). Bloom filters by generation keep 4 bytes per drop, so a flood
+/// many times the bound is still remembered; each generation knows the latest time any of its
+/// drops can be seen. Sound: a dropped key is never taken as intact; when every generation is
+/// full and still visible, every key is taken as dropped until the drops that did not fit pass.
+#[derive(Debug, Default)]
+struct Dropped {
+    generations: Vec<DropGeneration>,
+    /// Bits all generations may take together.
+    share_bits: usize,
+    /// The latest `until` of drops that did not fit: until then, every key counts as dropped.
+    overflow_until: Option<i64>,
+}
+
+#[derive(Debug)]
+struct DropGeneration {
+    bits: Vec<u64>,
+    drops: usize,
+    /// The latest time (event time) any drop of this generation can be seen.
+    until: i64,
+}
+
+impl Dropped {
+    /// Sized for at most `bytes` in all.
+    fn sized(bytes: usize) -> Dropped {
+        Dropped {
+            share_bits: bytes.saturating_mul(8),
+            ..Dropped::default()
+        }
+    }
+
+    /// Bits of the next generation: twice the last (a 128th of the share at first, at least
+    /// 2^16), a power of two; `None` when it would not fit in the share.
+    fn next_generation_bits(&self) -> Option<usize> {
+        if self.generations.len() >= DROPPED_GENERATIONS {
+            return None;
+        }
+        let bits = match self.generations.last() {
+            Some(last) => last.bits.len() * 64 * 2,
+            None => (self.share_bits / 128).max(1 << 16).next_power_of_two(),
+        };
+        let taken: usize = self.generations.iter().map(|g| g.bits.len() * 64).sum();
+        (taken + bits <= self.share_bits.max(1 << 16)).then_some(bits)
+    }
+
+    /// The `DROP_HASHES` bit positions of `fingerprint` in a generation of `bits` bits (a power
+    /// of two): double hashing from the two halves of one 64-bit fingerprint.
+    fn positions(fingerprint: u64, bits: usize) -> impl Iterator<Item = usize> {
+        let (h1, h2) = (fingerprint, fingerprint.rotate_left(32) | 1);
+        let mask = bits - 1;
+        (0..u64::from(DROP_HASHES))
+            .map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) as usize) & mask)
+    }
+
+    fn record(&mut self, fingerprint: u64, until: i64) {
+        let full = self
+            .generations
+            .last()
+            .is_none_or(|g| g.drops >= g.bits.len() * 64 / BITS_PER_DROP);
+        if full {
+            let Some(bits) = self.next_generation_bits() else {
+                self.overflow_until = Some(self.overflow_until.map_or(until, |u| u.max(until)));
+                return;
+            };
+            self.generations.push(DropGeneration {
+                bits: vec![0; bits / 64],
+                drops: 0,
+                until,
+            });
+        }
+        let generation = self
+            .generations
+            .last_mut()
+            .expect("one generation at least");
+        for position in Self::positions(fingerprint, generation.bits.len() * 64) {
+            generation.bits[position / 64] |= 1 << (position % 64);
+        }
+        generation.drops += 1;
+        generation.until = generation.until.max(until);
+    }
+
+    fn seen_at(&self, fingerprint: u64, ts_ms: i64) -> bool {
+        if self.overflow_until.is_some_and(|until| until > ts_ms) {
+            return true;
+        }
+        self.generations.iter().any(|g| {
+            g.until > ts_ms
+                && Self::positions(fingerprint, g.bits.len() * 64)
+                    .all(|p| g.bits[p / 64] & (1 << (p % 64)) != 0)
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.generations.is_empty() && self.overflow_until.is_none()
+    }
+
+    /// Forgets the generations no event at or after `horizon` can see.
+    fn prune(&mut self, horizon: i64) {
+        self.generations.retain(|g| g.until > horizon);
+        if self.overflow_until.is_some_and(|until| until <= horizon) {
+            self.overflow_until = None;
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.generations.iter().map(|g| g.bits.len() * 8).sum()
+    }
+}
+
 /// Exact counters in a hash map. Keys are the exact canonical bytes (no digests), so two
 /// different keys can never share a counter.
 ///
@@ -29,12 +157,17 @@ pub const DEFAULT_MAX_KEYS: usize = 4_000_000;
 /// horizon would see it as never counted (`WindowSpec::can_drop`). So the store is exact for any
 /// input order within the caller's lateness bound; without a horizon it keeps every key.
 ///
-/// Bounded: past `max_keys` (window, key) states — an input of millions of distinct keys within
-/// one lateness bound, by accident or by attack — the keys whose newest counted event is oldest
-/// are evicted (ties broken by key bytes, so the same input always evicts the same keys) until a
-/// sixteenth of the bound is free; an evicted key counts from nothing if it comes back. Holds are
-/// bounded by the same number: past it, the holds that end first are dropped. Both are counted
-/// in [`StateStats`].
+/// Bounded: past `max_state_bytes` of estimated state or `max_keys` (window, key) states — an
+/// input of millions of distinct keys within one lateness bound, by accident or by attack — keys
+/// are evicted until a sixteenth of the bound is free, the keys with the fewest events counted
+/// first, ties in an order drawn at random per process. So a flood of fresh keys (one event
+/// each) goes before a key close to firing, and nobody can steer which of equals goes. An evicted
+/// key counts from nothing if it comes back, but not silently: the store remembers, in a fixed
+/// table indexed by a keyed hash, until when each dropped window could still be seen, and until
+/// then a value over that key is flagged as a lower bound ([`Observed::state_dropped`]; a
+/// collision only flags a value that is exact). Holds likewise: past the bound the holds that end
+/// first go, and [`CounterStore::hold_dropped`] says when "not held" is not known. Both are
+/// counted in [`StateStats`].
 #[derive(Debug)]
 pub struct MemoryStore {
     windows: Windows,
@@ -44,6 +177,14 @@ pub struct MemoryStore {
     /// Estimated bytes of `states` and `holds` (entries, keys on the heap, windows).
     bytes: usize,
     max_keys: usize,
+    max_bytes: usize,
+    /// Windows dropped at the bound, until when they could still be seen.
+    dropped_windows: Dropped,
+    /// Holds dropped at the bound, until when they would have held.
+    dropped_holds: Dropped,
+    /// Ranks keys of equal weight for eviction and places dropped state in its table: random
+    /// per process, so nobody can choose keys that go before a victim's.
+    order: foldhash::quality::SeedableRandomState,
     evicted_keys: u64,
     evicted_holds: u64,
     hold_spaces: HoldSpaces,
@@ -53,6 +194,11 @@ pub struct MemoryStore {
     holds: HashMap<StoredKey, i64, foldhash::fast::RandomState>,
     horizon: Option<i64>,
     inserts_since_sweep: usize,
+    /// The key table's capacity when it last had no tombstones: what its allocation holds.
+    table_full: usize,
+    /// What keys owned after the last sweep: over the byte bound, the next sweep waits for a
+    /// 256th of the bound more (so sweeping stays amortised O(1) per byte counted).
+    bytes_after_sweep: usize,
     /// Sweep once this many new keys arrived: the live count after the last sweep (at least the
     /// floor), so sweeping costs amortised O(1) per new key and memory stays within ~2× live.
     sweep_after: usize,
@@ -64,8 +210,8 @@ type KeyWindows = SmallVec<[(u32, WindowState); 2]>;
 
 #[derive(Debug)]
 struct KeyEntry {
-    /// The newest event time counted into any of the windows: the eviction order.
-    newest_ts: i64,
+    /// Events counted into any of the windows (saturating): the lightest go first at the bound.
+    weight: u32,
     windows: KeyWindows,
 }
 
@@ -110,12 +256,18 @@ impl MemoryStore {
             pairs: 0,
             bytes: 0,
             max_keys: DEFAULT_MAX_KEYS,
+            max_bytes: DEFAULT_MAX_STATE_BYTES,
+            dropped_windows: Dropped::sized(DEFAULT_MAX_STATE_BYTES / DROPPED_WINDOWS_SHARE),
+            dropped_holds: Dropped::sized(DEFAULT_MAX_STATE_BYTES / DROPPED_HOLDS_SHARE),
+            order: foldhash::quality::SeedableRandomState::random(),
             evicted_keys: 0,
             evicted_holds: 0,
             hold_spaces: HoldSpaces::default(),
             holds: HashMap::default(),
             horizon: None,
             inserts_since_sweep: 0,
+            table_full: 0,
+            bytes_after_sweep: 0,
             sweep_after: floor,
             sweep_interval_floor: floor,
         }
@@ -128,8 +280,76 @@ impl MemoryStore {
         self
     }
 
-    /// Drops keys that can no longer affect a decision, then, past the bound, the keys whose
-    /// newest event is oldest.
+    /// The same store with its random order fixed (tests: the same keys go first every run).
+    #[cfg(test)]
+    fn with_fixed_order(mut self) -> MemoryStore {
+        self.order = foldhash::quality::SeedableRandomState::fixed();
+        self
+    }
+
+    /// Bounds the state's estimated bytes (tables, keys, windows and holds; at least 1 MiB).
+    pub fn with_max_state_bytes(mut self, max_bytes: usize) -> MemoryStore {
+        self.max_bytes = max_bytes.max(1 << 20);
+        self.dropped_windows = Dropped::sized(self.max_bytes / DROPPED_WINDOWS_SHARE);
+        self.dropped_holds = Dropped::sized(self.max_bytes / DROPPED_HOLDS_SHARE);
+        self
+    }
+
+    /// The state's estimated bytes: the tables' slots by capacity (hashbrown: one control byte
+    /// per slot; it grows by doubling), what entries own on the heap, and the records of dropped
+    /// state.
+    fn state_bytes(&self) -> usize {
+        // The key table by its full capacity (`capacity()` shrinks as removals leave tombstones;
+        // the allocation does not) at hashbrown's 7/8 load.
+        self.table_full.max(self.states.capacity()) * (size_of::<(KeyBytes, KeyEntry)>() + 1) * 8
+            / 7
+            + self.holds.capacity() * (size_of::<(StoredKey, i64)>() + 1)
+            + self.dropped_windows.bytes()
+            + self.dropped_holds.bytes()
+            + self.bytes
+    }
+
+    fn over_bound(&self) -> bool {
+        self.pairs > self.max_keys || self.state_bytes() > self.max_bytes
+    }
+
+    /// How many keys to evict before inserting one so that the key table does not outgrow the
+    /// bound (its allocation is never given back). A table without room left (`capacity()`
+    /// counts removals' tombstones as used) doubles unless at most half full, when it is
+    /// rehashed in place instead: so, if doubling would pass the bound, down to half.
+    fn keys_to_make_room(&self) -> usize {
+        let full = self.table_full.max(self.states.capacity());
+        let len = self.states.len();
+        let doubles = len >= self.states.capacity() && len > full / 2;
+        let growth = full.max(4) * (size_of::<(KeyBytes, KeyEntry)>() + 1) * 8 / 7;
+        if doubles && self.state_bytes() + growth > self.max_bytes {
+            len - full / 2 + 1
+        } else {
+            0
+        }
+    }
+
+    /// Bytes the holds take (their share of the bound).
+    fn hold_bytes_total(&self) -> usize {
+        self.holds.len() * (size_of::<(StoredKey, i64)>() + 1) * 8 / 7
+            + self.holds.keys().map(hold_bytes).sum::<usize>()
+    }
+
+    /// The keyed fingerprint of (`window` or hold space, `key`) in a record of dropped state.
+    fn fingerprint(&self, window: u32, key: &[u8]) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.order, (window, key))
+    }
+
+    /// Whether a window of (`window`, `key`) dropped at the bound could still be seen at `ts_ms`.
+    fn window_dropped(&self, window: u32, key: &[u8], ts_ms: i64) -> bool {
+        if self.dropped_windows.is_empty() {
+            return false;
+        }
+        self.dropped_windows
+            .seen_at(self.fingerprint(window, key), ts_ms)
+    }
+
+    /// Drops keys that can no longer affect a decision, then, past the bound, the lightest.
     fn sweep(&mut self) {
         let windows = &self.windows;
         let horizon = self.horizon;
@@ -149,42 +369,77 @@ impl MemoryStore {
         });
         self.pairs = pairs;
         self.bytes = bytes + self.holds.keys().map(hold_bytes).sum::<usize>();
-        if self.pairs > self.max_keys {
+        // (Records of dropped holds stay: a late event is still held, if ever, by its time.)
+        if let Some(horizon) = horizon {
+            self.dropped_windows.prune(horizon);
+        }
+        if self.over_bound() {
             self.evict();
         }
         self.inserts_since_sweep = 0;
+        self.bytes_after_sweep = self.bytes;
         self.sweep_after = self
             .pairs
             .max(self.sweep_interval_floor)
             .min(self.max_keys - self.pairs.min(self.max_keys) + 1);
     }
 
-    /// Evicts the keys with the oldest newest event (then the smallest key bytes) until about a
-    /// sixteenth of the bound is free. A round costs O(n) and frees n/16 slots: O(1) amortised
-    /// per new key.
+    /// Evicts the lightest keys (fewest events; ties in the per-process random order) until
+    /// about a sixteenth of the bound is free, remembering until when each dropped window could
+    /// still be seen. A round costs O(n) and frees n/16: O(1) amortised per new key.
     fn evict(&mut self) {
-        let target = self.max_keys - self.max_keys / 16;
-        let mut order: Vec<(i64, &[u8])> = self
+        self.evict_at_least(1);
+    }
+
+    /// [`MemoryStore::evict`], evicting at least `min_keys` keys.
+    fn evict_at_least(&mut self, min_keys: usize) {
+        if self.states.is_empty() {
+            return;
+        }
+        let target_pairs = self.max_keys - self.max_keys / 16;
+        let target_bytes = self.max_bytes - self.max_bytes / 16;
+        let order = &self.order;
+        let mut ranked: Vec<(u32, u64, &[u8])> = self
             .states
             .iter()
-            .map(|(key, entry)| (entry.newest_ts, key.as_slice()))
+            .map(|(key, entry)| {
+                let rank = std::hash::BuildHasher::hash_one(order, key.as_slice());
+                (entry.weight, rank, key.as_slice())
+            })
             .collect();
-        // Keys, in proportion to the windows to free; the smallest in (newest event, key bytes)
-        // order, a total order, so the same set whatever the table's iteration order. Selecting
-        // them is linear (no sort).
-        let evict = (order.len() * (self.pairs - target))
-            .div_ceil(self.pairs.max(1))
-            .clamp(1, order.len());
-        order.select_nth_unstable(evict - 1);
-        let victims: Vec<KeyBytes> = order[..evict]
+        // Keys in proportion to what must be freed, by pairs or by bytes (what keys own: the
+        // tables' slots are reused, not freed), whichever asks more; selecting them is linear.
+        let share = |excess: usize, total: usize| (ranked.len() * excess).div_ceil(total.max(1));
+        let owned = self.bytes + self.dropped_windows.bytes() + self.dropped_holds.bytes();
+        // At most an eighth a round: what keys do not own (the table's slots, the record of
+        // drops) is not freed by evicting them, and the next round comes soon enough.
+        let evict = share(self.pairs.saturating_sub(target_pairs), self.pairs)
+            .max(
+                share(self.state_bytes().saturating_sub(target_bytes), owned)
+                    .min(ranked.len().div_ceil(8)),
+            )
+            .max(min_keys)
+            .clamp(1, ranked.len());
+        ranked.select_nth_unstable(evict - 1);
+        let victims: Vec<KeyBytes> = ranked[..evict]
             .iter()
-            .map(|&(_, key)| KeyBytes::new(key))
+            .map(|&(_, _, key)| KeyBytes::new(key))
             .collect();
         for key in &victims {
             if let Some(entry) = self.states.remove(key) {
                 self.pairs -= entry.windows.len();
                 self.bytes = self.bytes.saturating_sub(entry.bytes(key));
                 self.evicted_keys += entry.windows.len() as u64;
+                for (window, state) in &entry.windows {
+                    let Some(head) = state.head() else { continue };
+                    let spec = self.windows.spec(*window);
+                    // Seen by events whose window still reaches `head`: before bucket head + k.
+                    let until = head
+                        .saturating_add(spec.buckets)
+                        .saturating_mul(spec.bucket_ms);
+                    let fingerprint = self.fingerprint(*window, key.as_slice());
+                    self.dropped_windows.record(fingerprint, until);
+                }
             }
         }
     }
@@ -197,7 +452,12 @@ impl MemoryStore {
             .iter()
             .map(|(key, &until)| (until, key.window, key.key.as_slice()))
             .collect();
-        let evict = self.holds.len() - target;
+        let evict = if self.holds.len() > self.max_keys {
+            self.holds.len() - target
+        } else {
+            self.holds.len().div_ceil(16)
+        }
+        .clamp(1, self.holds.len());
         order.select_nth_unstable(evict - 1);
         let victims: Vec<StoredKey> = order[..evict]
             .iter()
@@ -207,7 +467,10 @@ impl MemoryStore {
             })
             .collect();
         for key in &victims {
-            self.holds.remove(key);
+            if let Some(until) = self.holds.remove(key) {
+                let fingerprint = self.fingerprint(key.window, key.key.as_slice());
+                self.dropped_holds.record(fingerprint, until);
+            }
             self.bytes = self.bytes.saturating_sub(hold_bytes(key));
             self.evicted_holds += 1;
         }
@@ -231,16 +494,23 @@ impl CounterStore for MemoryStore {
         let entry = match self.states.get_mut(&BytesRef(key)) {
             Some(entry) => entry,
             None => {
+                // (Any growth of the last insert shows now, before tombstones hide it.)
+                self.table_full = self.table_full.max(self.states.capacity());
+                let room = self.keys_to_make_room();
+                if room > 0 {
+                    // Room in the table as it is, the lightest keys going first.
+                    self.evict_at_least(room);
+                }
                 let key = KeyBytes::new(key);
                 let entry = KeyEntry {
-                    newest_ts: ts_ms,
+                    weight: 0,
                     windows: KeyWindows::new(),
                 };
                 self.bytes += entry.bytes(&key);
                 self.states.entry(key).or_insert(entry)
             }
         };
-        entry.newest_ts = entry.newest_ts.max(ts_ms);
+        entry.weight = entry.weight.saturating_add(1);
         let applied = match entry.windows.iter_mut().find(|(w, _)| *w == window.0) {
             Some((_, state)) => {
                 let before = state.heap_bytes();
@@ -267,10 +537,19 @@ impl CounterStore for MemoryStore {
                 applied
             }
         };
-        if self.inserts_since_sweep >= self.sweep_after || self.sweep_interval_floor == 0 {
+        // Whether this key lost state before this event (not by the sweep this event triggers).
+        let state_dropped = self.window_dropped(window.0, key, ts_ms);
+        if self.inserts_since_sweep >= self.sweep_after
+            || self.sweep_interval_floor == 0
+            || (self.state_bytes() > self.max_bytes
+                && self.bytes > self.bytes_after_sweep + self.max_bytes / 256)
+        {
             self.sweep();
         }
-        Ok(Observed::exact(applied))
+        Ok(Observed {
+            state_dropped,
+            ..Observed::exact(applied)
+        })
     }
 
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
@@ -283,7 +562,10 @@ impl CounterStore for MemoryStore {
             Some((_, state)) => state.read(&spec, spec.bucket_of(ts_ms)),
             None => crate::window::Applied::Counted(0),
         };
-        Ok(Observed::exact(applied))
+        Ok(Observed {
+            state_dropped: self.window_dropped(window.0, key, ts_ms),
+            ..Observed::exact(applied)
+        })
     }
 
     fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
@@ -298,6 +580,14 @@ impl CounterStore for MemoryStore {
                 key,
             })
             .copied())
+    }
+
+    fn hold_dropped(&mut self, space: HoldSpace, key: &[u8], ts_ms: i64) -> bool {
+        if self.dropped_holds.is_empty() {
+            return false;
+        }
+        self.dropped_holds
+            .seen_at(self.fingerprint(space.0, key), ts_ms)
     }
 
     fn extend_hold(
@@ -321,8 +611,14 @@ impl CounterStore for MemoryStore {
                 };
                 self.bytes += hold_bytes(&key);
                 self.holds.insert(key, until_ms);
-                if self.holds.len() > self.max_keys {
+                if self.holds.len() > self.max_keys
+                    || (self.state_bytes() > self.max_bytes
+                        && self.hold_bytes_total() > self.max_bytes / 2)
+                {
+                    // Holds past their bound, or more than half of the state: the first to end go.
                     self.evict_holds();
+                } else if self.state_bytes() > self.max_bytes {
+                    self.sweep();
                 }
                 until_ms
             }
@@ -343,12 +639,8 @@ impl CounterStore for MemoryStore {
     }
 
     fn state_stats(&self) -> StateStats {
-        // The tables' slots by capacity (hashbrown: one control byte per slot; it grows by
-        // doubling), plus what entries own on the heap.
-        let tables = self.states.capacity() * (size_of::<(KeyBytes, KeyEntry)>() + 1)
-            + self.holds.capacity() * (size_of::<(StoredKey, i64)>() + 1);
         StateStats {
-            bytes: tables + self.bytes,
+            bytes: self.state_bytes(),
             evicted_keys: self.evicted_keys,
             evicted_holds: self.evicted_holds,
         }
@@ -462,10 +754,11 @@ mod tests {
     }
 
     #[test]
-    fn past_the_bound_the_keys_whose_newest_event_is_oldest_are_evicted() {
-        let mut s = MemoryStore::new().with_max_keys(160);
+    fn past_the_bound_a_flood_of_fresh_keys_goes_before_a_key_with_events_and_drops_are_flagged() {
+        let mut s = MemoryStore::new().with_max_keys(160).with_fixed_order();
         let w = s.open_window("w", WindowSpec::new(1_000, 3_600, Aggregate::Count));
-        // One key counted now and then stays; 10 000 one-off keys flood the store.
+        // A key counted now and then from the start; 10 000 one-off keys flood the store (the
+        // newest events of all, which evicting "oldest newest event first" would have kept).
         for i in 0..10_000u64 {
             let t = i as i64;
             if i % 50 == 0 {
@@ -474,43 +767,76 @@ mod tests {
             s.apply(w, &i.to_le_bytes(), t, Delta::Count).unwrap();
             assert!(s.live_keys() <= 160, "{} keys at {i}", s.live_keys());
         }
+        let victim = s.apply(w, b"victim", 10_000, Delta::Count).unwrap();
         assert_eq!(
-            s.apply(w, b"victim", 10_000, Delta::Count).unwrap().applied,
-            Applied::Counted(201)
+            (victim.applied, victim.state_dropped),
+            (Applied::Counted(201), false)
         );
         let stats = s.state_stats();
         assert!(stats.evicted_keys >= 10_000 - 160, "{stats:?}");
-        assert!(stats.bytes > 0 && stats.bytes < 160 * 1024, "{stats:?}");
-        // The newest flood keys are the ones kept.
+        // Mostly the first generation of the record of drops (2 MiB of the 1 GiB default).
+        assert!(stats.bytes > 0 && stats.bytes < 4 << 20, "{stats:?}");
+        // An evicted flood key reads 0, flagged as a lower bound while its window could still
+        // see what was dropped (bucket 0 is seen until bucket 3 600), and exact after.
+        let evicted = (0..10_000u64)
+            .map(|i| i.to_le_bytes())
+            .find(|k| !s.states.contains_key(&BytesRef(k)))
+            .unwrap();
+        let now = s.read(w, &evicted, 10_000).unwrap();
         assert_eq!(
-            s.read(w, &9_999u64.to_le_bytes(), 10_000).unwrap().applied,
-            Applied::Counted(1)
+            (now.applied, now.state_dropped),
+            (Applied::Counted(0), true)
         );
+        let later = s.read(w, &evicted, 3_600 * 1_000 + 20_000).unwrap();
+        assert!(!later.state_dropped);
+        // Counting it again starts from nothing, still flagged.
+        let again = s.apply(w, &evicted, 10_001, Delta::Count).unwrap();
         assert_eq!(
-            s.read(w, &0u64.to_le_bytes(), 10_000).unwrap().applied,
-            Applied::Counted(0)
+            (again.applied, again.state_dropped),
+            (Applied::Counted(1), true)
         );
     }
 
     #[test]
-    fn eviction_is_deterministic_and_breaks_ties_by_key() {
-        let run = || {
-            let mut s = MemoryStore::new().with_max_keys(32);
-            let w = s.open_window("w", COUNT_1S_X10);
-            // Every key at the same time: the order is the key bytes alone.
-            for i in 0..100u64 {
-                s.apply(w, &(i * 7919 % 100).to_be_bytes(), 5, Delta::Count)
-                    .unwrap();
-            }
-            let mut kept: Vec<Vec<u8>> = s.states.keys().map(|k| k.as_slice().to_vec()).collect();
-            kept.sort();
-            kept
-        };
-        let kept = run();
-        assert_eq!(kept, run());
-        assert!(kept.len() <= 32);
-        // The largest keys survive (the smallest were evicted first).
-        assert_eq!(kept.last().unwrap(), &99u64.to_be_bytes().to_vec());
+    fn heavier_keys_survive_the_bound_whatever_their_bytes_or_times() {
+        let mut s = MemoryStore::new().with_max_keys(120).with_fixed_order();
+        let w = s.open_window("w", COUNT_1S_X10);
+        // 100 keys with two events each, then 100 newer keys with one.
+        for i in 0..100u64 {
+            s.apply(w, &i.to_be_bytes(), 5, Delta::Count).unwrap();
+            s.apply(w, &i.to_be_bytes(), 6, Delta::Count).unwrap();
+        }
+        for i in 100..200u64 {
+            s.apply(w, &i.to_be_bytes(), 9, Delta::Count).unwrap();
+        }
+        assert!(s.live_keys() <= 120);
+        for i in 0..100u64 {
+            assert!(
+                s.states.contains_key(&BytesRef(&i.to_be_bytes())),
+                "key {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn state_stays_within_its_byte_bound() {
+        let max = 2 << 20;
+        let mut s = MemoryStore::new().with_max_state_bytes(max);
+        let w = s.open_window("w", COUNT_1S_X10);
+        let mut key = vec![b'k'; 300];
+        for i in 0..100_000u64 {
+            key[..8].copy_from_slice(&i.to_le_bytes());
+            s.apply(w, &key, 5, Delta::Count).unwrap();
+            // Within the bound but for what the last eviction allocated to remember its drops.
+            assert!(
+                s.state_bytes() <= max + max / 4,
+                "{} bytes at {i}",
+                s.state_bytes()
+            );
+        }
+        let stats = s.state_stats();
+        assert!(stats.bytes <= 2 * max, "{stats:?}");
+        assert!(stats.evicted_keys > 90_000, "{stats:?}");
     }
 
     #[test]
@@ -525,5 +851,10 @@ mod tests {
         assert_eq!(s.held_until(h, &999u64.to_le_bytes()).unwrap(), Some(1_999));
         assert_eq!(s.held_until(h, &0u64.to_le_bytes()).unwrap(), None);
         assert!(s.state_stats().evicted_holds >= 1_000 - 64);
+        // A dropped hold is not "not held" while it could still run (until 1 000), and is once
+        // every hold dropped with it has ended (the last ended before 2 000).
+        assert!(s.hold_dropped(h, &0u64.to_le_bytes(), 999));
+        assert!(!s.hold_dropped(h, &0u64.to_le_bytes(), 2_000));
+        assert!(!s.hold_dropped(h, b"never held", 999));
     }
 }

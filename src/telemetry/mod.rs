@@ -256,6 +256,9 @@ pub struct Metrics {
     pub degraded_observations: Counter,
     /// Rule hits made on locally counted values while Redis was unavailable, by rule.
     pub degraded_hits: Family<RuleLabels, Counter>,
+    /// Rule judgements on in-process state dropped at its bound (a counter value known only as
+    /// a lower bound, or a hold that may have been dropped), by rule.
+    pub state_dropped_judgements: Family<RuleLabels, Counter>,
     /// Times Redis was found to have lost its data (epoch key vanished or changed).
     pub redis_data_losses: Counter,
     /// Keys written again from this worker's views after Redis lost data.
@@ -337,6 +340,7 @@ impl Metrics {
             redis_outages: Counter::default(),
             degraded_observations: Counter::default(),
             degraded_hits: Family::default(),
+            state_dropped_judgements: Family::default(),
             redis_data_losses: Counter::default(),
             reseeded_keys: Counter::default(),
             redis_failovers: Counter::default(),
@@ -480,6 +484,11 @@ impl Metrics {
             "degraded_hits",
             "Rule hits on locally counted values while Redis was unavailable, by rule",
             self.degraded_hits.clone(),
+        );
+        registry.register(
+            "state_dropped_judgements",
+            "Rule judgements on in-process state dropped at memory.max_state_bytes / max_keys (a lower bound or an unknown hold), by rule",
+            self.state_dropped_judgements.clone(),
         );
         registry.register(
             "redis_data_losses",

@@ -87,8 +87,9 @@ impl Worker {
             tracing::warn!(
                 evicted_windows = state.evicted_keys,
                 evicted_holds = state.evicted_holds,
-                "in-process counter state at memory.max_keys: evicting the keys whose newest event is oldest \
-                 (their counts restart from nothing)"
+                "in-process counter state at its bound (memory.max_state_bytes / max_keys): evicting the keys \
+                 with the fewest events; values over them are lower bounds, judged by each rule's on_store_error \
+                 until their windows pass"
             );
             *logged = Some(Instant::now());
         }

@@ -637,6 +637,14 @@ impl Worker {
         let counts: Vec<_> = engine.take_rule_counts().collect();
         for (index, counts) in counts {
             let rule = engine.rules().rule(index);
+            if counts.on_dropped_state > 0 {
+                self.metrics
+                    .state_dropped_judgements
+                    .get_or_create(&RuleLabels {
+                        rule: rule.id.clone(),
+                    })
+                    .inc_by(counts.on_dropped_state);
+            }
             if counts.hits > 0 {
                 let mode = match rule.mode {
                     Mode::Enforce => "enforce",

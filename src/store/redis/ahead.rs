@@ -250,6 +250,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         Some(Observed {
             applied,
             degraded: false,
+            state_dropped: false,
         })
     }
 

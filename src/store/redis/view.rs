@@ -582,7 +582,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         // Writing behind is left to `tick`, which the caller runs between events: a flush then
         // never carries part of an event's deltas.
-        Ok(Observed { applied, degraded })
+        Ok(Observed {
+            applied,
+            degraded,
+            state_dropped: false,
+        })
     }
 
     /// Reads the key's view without changing it (`CounterStore::read`).
@@ -599,6 +603,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 return Ok(Observed {
                     applied,
                     degraded: false,
+                    state_dropped: false,
                 });
             }
         }
@@ -611,6 +616,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             return Ok(Observed {
                 applied: dirty.state.read(&spec, bucket),
                 degraded,
+                state_dropped: false,
             });
         }
         let clean = self.clean_view(window, key);
@@ -618,11 +624,13 @@ impl<C: MonotonicClock> RedisStore<C> {
             Some(clean) => Observed {
                 applied: clean.state.read(&spec, bucket),
                 degraded: self.breaker.is_open(),
+                state_dropped: false,
             },
             // Redis is unavailable and nothing was counted here: what this process knows is 0.
             None => Observed {
                 applied: Applied::Counted(0),
                 degraded: true,
+                state_dropped: false,
             },
         })
     }
