@@ -4,14 +4,11 @@
 use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 
-use vigil::clock::SystemClock;
-use vigil::pipeline::{self, Engine};
-use vigil::store::MemoryStore;
+use vigil::pipeline;
 
 use super::{load_rules, open_input, InputBounds};
 
@@ -20,12 +17,7 @@ pub fn backtest(
     rules_path: &Path,
     input: &Path,
     json: bool,
-    InputBounds {
-        bounds,
-        time,
-        max_keys,
-        max_state_bytes,
-    }: InputBounds,
+    limits: InputBounds,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
@@ -41,12 +33,7 @@ pub fn backtest(
         .map(|m| m.len());
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
-    let store = MemoryStore::new()
-        .with_max_keys(max_keys)
-        .with_max_state_bytes(max_state_bytes);
-    let mut engine = Engine::new(rules, store)
-        .with_time(bounds, Arc::new(SystemClock))
-        .with_time_source(time);
+    let mut engine = limits.engine(rules, limits.store_setup().memory_store());
     let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
         if show_progress {
             let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);

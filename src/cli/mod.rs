@@ -39,6 +39,30 @@ pub struct InputBounds {
     pub max_state_bytes: usize,
 }
 
+impl InputBounds {
+    /// Where to count: in process within these bounds (`redis.url` unset), keys kept in Redis
+    /// for the lateness bound.
+    fn store_setup(&self) -> vigil::config::StoreSetup {
+        vigil::config::StoreSetup {
+            max_keys: self.max_keys,
+            max_state_bytes: self.max_state_bytes,
+            max_lateness_ms: self.bounds.max_lateness_ms,
+            ..vigil::config::StoreSetup::default()
+        }
+    }
+
+    /// An engine over `store` taking event time as told, bounded by the wall clock.
+    fn engine<S: vigil::store::CounterStore>(
+        &self,
+        rules: RuleSet,
+        store: S,
+    ) -> vigil::pipeline::Engine<S> {
+        vigil::pipeline::Engine::new(rules, store)
+            .with_time(self.bounds, std::sync::Arc::new(vigil::clock::SystemClock))
+            .with_time_source(self.time.clone())
+    }
+}
+
 /// Loads rules, printing every error to stderr; `None` means the caller exits 1.
 fn load_rules(path: &Path) -> Option<RuleSet> {
     load_rules_with(path, false)

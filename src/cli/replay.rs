@@ -5,12 +5,10 @@ use std::fs::File;
 use std::io::{self, BufRead, BufWriter};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 
-use vigil::clock::SystemClock;
-use vigil::config::{redact_url, StoreSetup};
+use vigil::config::redact_url;
 use vigil::pipeline::{self, Engine, ReplayOptions};
 use vigil::store::{AnyStore, CounterStore, RedisStore};
 
@@ -34,12 +32,7 @@ pub fn replay(
     input: &Path,
     redis: Option<ReplayRedis>,
     mut options: ReplayOptions,
-    InputBounds {
-        bounds,
-        time,
-        max_keys,
-        max_state_bytes,
-    }: InputBounds,
+    limits: InputBounds,
     max_bad_ratio: f64,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(rules_path) else {
@@ -51,12 +44,7 @@ pub fn replay(
     // A pipe is a live stream: each record goes out as soon as its line is judged.
     options.live =
         input == Path::new("-") && !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.is_file());
-    let mut setup = StoreSetup {
-        max_keys,
-        max_state_bytes,
-        max_lateness_ms: bounds.max_lateness_ms,
-        ..StoreSetup::default()
-    };
+    let mut setup = limits.store_setup();
     if let Some(ReplayRedis {
         url,
         tls_ca_file,
@@ -81,22 +69,17 @@ pub fn replay(
             return Ok(ExitCode::from(1));
         }
     };
-    let clock = Arc::new(SystemClock);
     // Each store its own monomorphised engine: no dispatch on the counting path.
     match store {
         AnyStore::Memory(store) => run_replay(
-            Engine::new(rules, store)
-                .with_time(bounds, clock)
-                .with_time_source(time),
+            limits.engine(rules, store),
             reader,
             options,
             max_bad_ratio,
             |_| {},
         ),
         AnyStore::Redis(store) => run_replay(
-            Engine::new(rules, *store)
-                .with_time(bounds, clock)
-                .with_time_source(time),
+            limits.engine(rules, *store),
             reader,
             options,
             max_bad_ratio,

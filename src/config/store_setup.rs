@@ -42,18 +42,18 @@ impl StoreSetup {
         setup
     }
 
+    /// The in-process store within these bounds (whatever `redis.url` says).
+    pub fn memory_store(&self) -> MemoryStore {
+        MemoryStore::new()
+            .with_max_keys(self.max_keys)
+            .with_max_state_bytes(self.max_state_bytes)
+    }
+
     /// Opens the store and, with Redis and a namespace, the journal. The errors are the store's;
     /// callers name the (redacted) URL in their message.
     pub fn open(&self) -> Result<(AnyStore, Option<JournalWriter>), StoreError> {
         let Some(url) = &self.redis.url else {
-            return Ok((
-                AnyStore::Memory(
-                    MemoryStore::new()
-                        .with_max_keys(self.max_keys)
-                        .with_max_state_bytes(self.max_state_bytes),
-                ),
-                None,
-            ));
+            return Ok((AnyStore::Memory(self.memory_store()), None));
         };
         let config = self.redis.store_config(self.max_lateness_ms);
         let store = RedisStore::connect(url, config.clone())?;
