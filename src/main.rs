@@ -79,6 +79,11 @@ enum Command {
         /// `redis.allow_eviction`).
         #[arg(long, requires = "redis")]
         redis_allow_eviction: bool,
+        /// With --redis: replay an input this Redis already holds (refused otherwise). Nothing is
+        /// counted twice, but every event is judged against the counts as they stand now, which
+        /// hold the whole input (a first failure is judged on the whole run's count).
+        #[arg(long, requires = "redis")]
+        rejudge: bool,
         /// Longer input lines are bad lines (`too_large`), skipped without being held in memory
         /// (the worker's `worker.max_event_bytes`).
         #[arg(long, value_name = "BYTES", default_value_t = WorkerConfig::default().max_event_bytes, value_parser = parse_event_bytes)]
@@ -393,6 +398,7 @@ fn main() -> ExitCode {
             redis_wait,
             replica_ack_timeout,
             redis_allow_eviction,
+            rejudge,
             max_event_bytes,
             max_bad_ratio,
             bounds,
@@ -406,6 +412,7 @@ fn main() -> ExitCode {
                 input_id,
                 replica_ack_timeout: replica_ack_timeout.0,
                 allow_eviction: redis_allow_eviction,
+                rejudge,
             });
             let options = ReplayOptions {
                 max_event_bytes,

@@ -50,6 +50,17 @@ fn replay_file(
     lines: &[String],
     redis: &str,
 ) -> (String, String) {
+    replay_file_with(dir, name, lines, redis, &[])
+}
+
+/// [`replay_file`] with more arguments.
+fn replay_file_with(
+    dir: &std::path::Path,
+    name: &str,
+    lines: &[String],
+    redis: &str,
+    extra: &[&str],
+) -> (String, String) {
     let input = dir.join(name);
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let out = vigil()
@@ -62,6 +73,7 @@ fn replay_file(
             "--redis",
             redis,
         ])
+        .args(extra)
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -126,6 +138,9 @@ fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
     assert_eq!(stdout, exact, "{stderr}");
 }
 
+/// A finished replay records that its input is applied: the next replay of the same input is
+/// refused (it would only re-judge events against counts that hold all of them) unless
+/// `--rejudge`, which counts nothing twice and says so.
 #[test]
 fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -133,10 +148,39 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let want = reference_totals(dir.path(), &lines);
     let redis = RedisServer::start();
     let (first, _) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
-    let (_, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
+    let input = dir.path().join("events.jsonl");
+    let refused = vigil()
+        .args([
+            "replay",
+            "--rules",
+            "rules",
+            "--input",
+            input.to_str().unwrap(),
+            "--redis",
+            &redis.url(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(refused.stdout.is_empty());
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(
+        stderr
+            .contains(": this input was already replayed into this Redis (20000 lines, finished ")
+            && stderr.contains("pass --rejudge to do that anyway, or give another --input-id"),
+        "{stderr}"
+    );
+    let (_, stderr) = replay_file_with(
+        dir.path(),
+        "events.jsonl",
+        &lines,
+        &redis.url(),
+        &["--rejudge"],
+    );
     assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
     assert!(
-        stderr.contains("already counted in Redis (by an earlier run of this input"),
+        stderr.contains("re-judging an input this Redis already holds (20000 lines, replayed ")
+            && stderr.contains("already counted in Redis (by an earlier run of this input"),
         "{stderr}"
     );
     assert!(!first.is_empty());
@@ -144,7 +188,7 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     // The same events through stdin under one --input-id count once too; stdin without one is a
     // new input each time, and the run says so.
     let again = RedisServer::start();
-    let run = |id: Option<&str>| {
+    let run = |id: Option<&str>, rejudge: bool| {
         let mut cmd = vigil();
         cmd.args([
             "replay",
@@ -157,6 +201,9 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
         ]);
         if let Some(id) = id {
             cmd.args(["--input-id", id]);
+        }
+        if rejudge {
+            cmd.arg("--rejudge");
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -174,10 +221,10 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
         assert!(out.status.success());
         String::from_utf8(out.stderr).unwrap()
     };
-    run(Some("batch-7"));
-    run(Some("batch-7"));
+    run(Some("batch-7"), false);
+    run(Some("batch-7"), true);
     assert_totals_equal(&redis_totals(&mut again.connection()), &want, "");
-    assert!(run(None).contains("without --input-id"));
+    assert!(run(None, false).contains("without --input-id"));
 }
 
 /// A replay reading its events from a pipe, so a test can act between two parts of the input.
@@ -646,4 +693,70 @@ fn a_live_reshard_mid_replay_loses_and_doubles_nothing() {
     assert!(retries > 0, "the replay ran while slots moved: {stderr}");
     assert_totals_equal(&cluster.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
+}
+
+/// Two replays of one input at once could each count what the other had not yet recorded: the
+/// second is refused while the first runs, naming it; a replay killed with SIGKILL leaves a
+/// claim that the next one on this host takes over at once (it never finished, so it is not
+/// "already replayed" either), and the counts end exact.
+#[test]
+fn a_second_replay_of_an_input_being_replayed_is_refused_and_a_killed_ones_claim_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(6_000, 23);
+    let want = reference_totals(dir.path(), &lines);
+    let redis = RedisServer::start();
+    let second = |extra: &[&str]| {
+        let input = dir.path().join("second.jsonl");
+        std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+        vigil()
+            .args([
+                "replay",
+                "--rules",
+                "rules",
+                "--input",
+                input.to_str().unwrap(),
+                "--redis",
+                &redis.url(),
+                "--input-id",
+                "stream",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+
+    let mut first = StreamingReplay::start(&redis.url());
+    first.feed(&lines[..3_000]);
+    assert!(
+        first.wait_records(1, Duration::from_secs(60)),
+        "the first replay judges"
+    );
+    let refused = second(&[]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(refused.stdout.is_empty());
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    let pid = first.child.id();
+    assert!(
+        stderr.contains(&format!(
+            "another replay of this input is writing to this Redis (process {pid} on "
+        )) && stderr.contains("two at once could count an event twice"),
+        "{stderr}"
+    );
+
+    // Killed mid-run: its claim stays (its TTL has not passed), but its process is gone.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    drop(first);
+    let resumed = second(&[]);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_totals_equal(&redis_totals(&mut redis.connection()), &want, "");
+    // Finished now: the next one is told the input is applied.
+    let again = second(&[]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr)
+        .contains("this input was already replayed into this Redis (6000 lines"));
 }

@@ -10,6 +10,7 @@ use anyhow::Context;
 
 use vigil::config::redact_url;
 use vigil::pipeline::{self, Engine, ReplayOptions};
+use vigil::store::replay_lane::ReplayClaim;
 use vigil::store::{AnyStore, CounterStore, RedisStore};
 
 use super::{load_rules, open_input, InputBounds};
@@ -24,6 +25,8 @@ pub struct ReplayRedis {
     pub replica_ack_timeout: Option<std::time::Duration>,
     /// `--redis-allow-eviction`.
     pub allow_eviction: bool,
+    /// `--rejudge`: replay an input this Redis already holds.
+    pub rejudge: bool,
 }
 
 /// Replays `input` through the rules at `rules_path`, counting in Redis if `redis` is given.
@@ -45,14 +48,17 @@ pub fn replay(
     options.live =
         input == Path::new("-") && !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.is_file());
     let mut setup = limits.store_setup();
+    let mut rejudge = false;
     if let Some(ReplayRedis {
         url,
         tls_ca_file,
         input_id,
         replica_ack_timeout,
         allow_eviction,
+        rejudge: allow_rejudge,
     }) = redis
     {
+        rejudge = allow_rejudge;
         setup.redis.replica_ack_timeout = replica_ack_timeout;
         setup.redis.allow_eviction = allow_eviction;
         options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
@@ -69,8 +75,19 @@ pub fn replay(
             return Ok(ExitCode::from(1));
         }
     };
+    // One replay of an input at a time, and none of an input already applied unless asked.
+    let claim = match &setup.redis.url {
+        Some(url) => match claim_input(url, &setup, options.lane, rejudge) {
+            Ok(claim) => Some(claim),
+            Err(message) => {
+                eprintln!("error: {}: {message}", redact_url(url));
+                return Ok(ExitCode::from(1));
+            }
+        },
+        None => None,
+    };
     // Each store its own monomorphised engine: no dispatch on the counting path.
-    match store {
+    let (code, lines) = match store {
         AnyStore::Memory(store) => run_replay(
             limits.engine(rules, store),
             reader,
@@ -85,7 +102,47 @@ pub fn replay(
             max_bad_ratio,
             report_redis,
         ),
+    }?;
+    if let (Some(claim), Some(lines)) = (claim, lines) {
+        if let Err(e) = claim.finish(lines) {
+            eprintln!("replay: could not record that this input was applied: {e}");
+        }
     }
+    Ok(code)
+}
+
+/// Claims the replay's input lane in Redis: refused while another replay of it runs, and when
+/// a finished one applied it already unless `rejudge` (then said on stderr).
+fn claim_input(
+    url: &str,
+    setup: &vigil::config::StoreSetup,
+    lane: u64,
+    rejudge: bool,
+) -> Result<ReplayClaim, String> {
+    let config = setup.redis.store_config(setup.max_lateness_ms);
+    let claim = ReplayClaim::acquire(url, &config, lane).map_err(|e| e.to_string())?;
+    let Some(previous) = claim.previous else {
+        return Ok(claim);
+    };
+    let when = chrono::DateTime::from_timestamp_millis(previous.at_ms).map_or_else(
+        || "-".to_owned(),
+        |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    );
+    if rejudge {
+        eprintln!(
+            "replay: re-judging an input this Redis already holds ({} lines, replayed {when}): nothing is counted \
+             twice; every event is judged against the counts as they stand now",
+            previous.lines
+        );
+        return Ok(claim);
+    }
+    Err(format!(
+        "this input was already replayed into this Redis ({} lines, finished {when}). Replaying it again counts \
+         none of its events twice but judges every one against the counts as they stand now, which hold the whole \
+         input (a first failure would be judged on the whole run's count): pass --rejudge to do that anyway, or \
+         give another --input-id to count it as a new input",
+        previous.lines
+    ))
 }
 
 /// The identity of a replay input: `--input-id`, else a regular file's content digest (the same
@@ -122,24 +179,25 @@ fn run_replay<S: CounterStore>(
     options: ReplayOptions,
     max_bad_ratio: f64,
     report_store: impl Fn(&S),
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<(ExitCode, Option<u64>)> {
     let stdout = BufWriter::with_capacity(1 << 16, io::stdout().lock());
     let stderr = io::stderr().lock();
     match pipeline::replay(&mut engine, reader, stdout, stderr, options) {
         Ok(summary) => {
             eprintln!("{summary}");
             report_store(engine.store());
-            Ok(super::refuse_bad_input(
+            let code = super::refuse_bad_input(
                 "replay",
                 summary.counts.events,
                 summary.bad_lines,
                 max_bad_ratio,
             )
-            .unwrap_or(ExitCode::SUCCESS))
+            .unwrap_or(ExitCode::SUCCESS);
+            Ok((code, Some(summary.lines)))
         }
         // A closed stdout (`vigil replay ... | head`) is a normal way to stop reading.
         Err(pipeline::ReplayError::Io(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
-            Ok(ExitCode::SUCCESS)
+            Ok((ExitCode::SUCCESS, None))
         }
         Err(e) => Err(e).context("replay failed"),
     }

@@ -137,6 +137,9 @@ pub enum StoreError {
     /// evict keys): refused unless the operator overrides it.
     #[error("counter store refused: {0}")]
     Unsafe(String),
+    /// Another process holds what this one needs alone (an input lane being replayed).
+    #[error("{0}")]
+    Claimed(String),
 }
 
 impl StoreError {
@@ -146,6 +149,7 @@ impl StoreError {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Protocol(_) => "protocol",
             StoreError::Unsafe(_) => "unsafe",
+            StoreError::Claimed(_) => "claimed",
         }
     }
 }

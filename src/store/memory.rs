@@ -541,8 +541,8 @@ impl CounterStore for MemoryStore {
         let state_dropped = self.window_dropped(window.0, key, ts_ms);
         if self.inserts_since_sweep >= self.sweep_after
             || self.sweep_interval_floor == 0
-            || (self.state_bytes() > self.max_bytes
-                && self.bytes > self.bytes_after_sweep + self.max_bytes / 256)
+            || (self.bytes > self.bytes_after_sweep + self.max_bytes / 256
+                && self.state_bytes() > self.max_bytes)
         {
             self.sweep();
         }

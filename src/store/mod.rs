@@ -6,7 +6,8 @@
 //!   server or cluster, timeouts, retries). `codec`: windows as Redis holds them and as flushes
 //!   write them. `scripts`: the Lua script and the calls to it. `journal`: the decision journal
 //!   that makes duplicates after a crash identical. `board`: where each partition of a group
-//!   stands in event time, shared by its workers. `keys`: exact key identities, and how keys
+//!   stands in event time, shared by its workers. `replay_lane`: one `replay --redis` of an input
+//!   at a time, and how far a finished one got. `keys`: exact key identities, and how keys
 //!   are named in Redis.
 
 pub mod any;
@@ -18,6 +19,7 @@ mod keys;
 mod link;
 pub mod memory;
 pub mod redis;
+pub mod replay_lane;
 mod scripts;
 
 pub use any::AnyStore;

@@ -22,8 +22,20 @@ pub static HOLD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(H
 
 const HOLD_SOURCE: &str = include_str!("../../lua/hold.lua");
 
+/// Claims an input lane for one replay at a time and records how far a finished one got (see
+/// the header of `lua/replay_lane.lua`).
+pub static REPLAY_LANE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(REPLAY_LANE_SOURCE));
+
+const REPLAY_LANE_SOURCE: &str = include_str!("../../lua/replay_lane.lua");
+
 /// The source of every script, for SCRIPT LOAD.
-pub(super) const SOURCES: [&str; 3] = [APPLY_WINDOW_SOURCE, JOURNAL_SOURCE, HOLD_SOURCE];
+pub(super) const SOURCES: [&str; 4] = [
+    APPLY_WINDOW_SOURCE,
+    JOURNAL_SOURCE,
+    HOLD_SOURCE,
+    REPLAY_LANE_SOURCE,
+];
 
 /// One EVALSHA of `lua/apply_window.lua` over many keys, built in flat buffers: a flush carries
 /// tens of thousands of arguments, and one allocation each would dominate the client's time.

@@ -644,8 +644,12 @@ impl RedisCluster {
 pub fn counter_keys(conn: &mut redis::Connection) -> Vec<String> {
     let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
     let hold = |k: &str| k.starts_with("vg:h:") && k.matches(':').count() == 3;
-    let internal =
-        |k: &str| k.starts_with("vg:epoch") || k.starts_with("vg:j:") || k.starts_with("vg:align:");
+    let internal = |k: &str| {
+        k.starts_with("vg:epoch")
+            || k.starts_with("vg:j:")
+            || k.starts_with("vg:align:")
+            || k.starts_with("vg:r:{")
+    };
     keys.into_iter()
         .filter(|k| !internal(k) && !hold(k))
         .collect()
