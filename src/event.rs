@@ -427,7 +427,9 @@ struct SeenKeys<'de> {
 impl<'de> SeenKeys<'de> {
     const FEW: usize = 16;
 
-    /// Records `key`; false if the object named it already.
+    /// Records `key`; false if the object named it already. Inlined into the object visitor (it
+    /// runs for every key of every event); objects of many keys take the cold path.
+    #[inline]
     fn insert(&mut self, key: Cow<'de, str>) -> bool {
         if let Some(many) = &mut self.many {
             return many.insert(key);
@@ -444,11 +446,18 @@ impl<'de> SeenKeys<'de> {
         if self.few.len() < Self::FEW {
             self.few.push(key);
         } else {
-            let mut many: hashbrown::HashSet<_, _> = self.few.drain(..).collect();
-            many.insert(key);
-            self.many = Some(many);
+            self.spill(key);
         }
         true
+    }
+
+    /// An object of more keys than fit inline: from now on, a hash set.
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, key: Cow<'de, str>) {
+        let mut many: hashbrown::HashSet<_, _> = self.few.drain(..).collect();
+        many.insert(key);
+        self.many = Some(many);
     }
 }
 
