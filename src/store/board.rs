@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::Value;
 
 use super::keys::push_hex;
-use super::link::{Batch, Link, Timeouts};
-use super::redis::{open_target, RedisStoreConfig};
+use super::link::{Batch, Link};
+use super::redis::{open_side_link, RedisStoreConfig};
 use super::StoreError;
 
 /// One lane's entry: its position in event time, and when it last moved (wall-clock ms since
@@ -36,13 +36,7 @@ impl ProgressBoard {
         config: &RedisStoreConfig,
         namespace: &str,
     ) -> Result<ProgressBoard, StoreError> {
-        let (target, cluster, _) = open_target(url, config)?;
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.response_timeout,
-            replica_ack: None,
-        };
-        let link = Link::open(target, timeouts, config.retry_backoff)?;
+        let (link, cluster) = open_side_link(url, config)?;
         let mut key = String::from("vg:align:");
         push_hex(
             &mut key,

@@ -36,8 +36,8 @@ use redis::Value;
 
 use super::counter_store::StoreError;
 use super::keys::push_hex;
-use super::link::{Batch, Link, Timeouts};
-use super::redis::{open_target, RedisStoreConfig};
+use super::link::Batch;
+use super::redis::{open_side_link, RedisStoreConfig};
 use super::scripts::JOURNAL;
 
 /// How long a journal outlives its last write.
@@ -173,13 +173,7 @@ impl JournalWriter {
         config: &RedisStoreConfig,
         namespace: &str,
     ) -> Result<JournalWriter, StoreError> {
-        let (target, cluster, _) = open_target(url, config)?;
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.response_timeout,
-            replica_ack: None,
-        };
-        let mut link = Link::open(target, timeouts, config.retry_backoff)?;
+        let (mut link, cluster) = open_side_link(url, config)?;
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, done) = mpsc::channel();
         std::thread::Builder::new()

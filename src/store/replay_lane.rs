@@ -15,8 +15,8 @@ use redis::Value;
 
 use super::counter_store::StoreError;
 use super::keys::push_hex;
-use super::link::{Batch, Link, Timeouts};
-use super::redis::{open_target, RedisStoreConfig};
+use super::link::{Batch, Link};
+use super::redis::{open_side_link, RedisStoreConfig};
 use super::scripts::REPLAY_LANE;
 
 /// How long a claim outlives its holder's last sign of life.
@@ -53,13 +53,7 @@ impl ReplayClaim {
         lane: u64,
     ) -> Result<ReplayClaim, StoreError> {
         let holder = holder();
-        let (target, cluster, _) = open_target(url, config)?;
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.response_timeout,
-            replica_ack: None,
-        };
-        let link = Link::open(target, timeouts, config.retry_backoff)?;
+        let (link, cluster) = open_side_link(url, config)?;
         let mut tag = String::new();
         push_hex(&mut tag, &lane.to_be_bytes());
         let keys = [format!("vg:r:{{{tag}}}:claim"), format!("vg:r:{{{tag}}}")];

@@ -22,7 +22,7 @@ use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::counter_store::{StoreError, WindowId};
 use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
-use crate::store::link::{Batch, Link, Timeouts};
+use crate::store::link::{Batch, Link};
 
 /// Windows to read for a batch before it takes the engine.
 pub struct EarlyReads {
@@ -97,12 +97,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             return None;
         }
         if self.early.is_none() {
-            let config = &self.config;
-            let timeouts = Timeouts {
-                connect: config.connect_timeout,
-                response: config.response_timeout,
-                replica_ack: None,
-            };
+            let timeouts = super::side_timeouts(&self.config);
             let link = match Link::open(self.target.clone(), timeouts, self.config.retry_backoff) {
                 Ok(link) => link,
                 Err(e) => {

@@ -128,6 +128,27 @@ impl Breaker {
 /// Where `url` points: one server, a master found through Redis Sentinel (`redis+sentinel://`),
 /// or a Redis Cluster (found from a node with cluster mode on), and
 /// for a cluster the first slot each master serves.
+/// Timeouts of a connection that asks no replica to confirm its writes: the side tasks', and
+/// the one that checks a Sentinel target at start.
+pub(super) fn side_timeouts(config: &RedisStoreConfig) -> Timeouts {
+    Timeouts {
+        connect: config.connect_timeout,
+        response: config.response_timeout,
+        replica_ack: None,
+    }
+}
+
+/// A connection of its own to the Redis at `url` for a side task (the decision journal, the
+/// progress board, a replay's claim), and whether the target is a cluster.
+pub(in crate::store) fn open_side_link(
+    url: &str,
+    config: &RedisStoreConfig,
+) -> Result<(Link, bool), StoreError> {
+    let (target, cluster, _) = open_target(url, config)?;
+    let link = Link::open(target, side_timeouts(config), config.retry_backoff)?;
+    Ok((link, cluster))
+}
+
 pub(super) fn open_target(
     url: &str,
     config: &RedisStoreConfig,
@@ -142,11 +163,7 @@ pub(super) fn open_target(
             seed,
             master: std::sync::Mutex::new((None, 0)),
         };
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.response_timeout,
-            replica_ack: None,
-        };
+        let timeouts = side_timeouts(config);
         // Fails here, naming the reason, when no sentinel answers or none names a master.
         target.connect(timeouts).map_err(unavailable)?;
         return Ok((
