@@ -53,6 +53,21 @@ fn replay_file(
     replay_file_with(dir, name, lines, redis, &[])
 }
 
+/// `vigil replay --rules rules --input INPUT --redis REDIS`.
+fn replay_command(input: &std::path::Path, redis: &str) -> Command {
+    let mut command = vigil();
+    command.args([
+        "replay",
+        "--rules",
+        "rules",
+        "--input",
+        input.to_str().unwrap(),
+        "--redis",
+        redis,
+    ]);
+    command
+}
+
 /// [`replay_file`] with more arguments.
 fn replay_file_with(
     dir: &std::path::Path,
@@ -63,19 +78,7 @@ fn replay_file_with(
 ) -> (String, String) {
     let input = dir.join(name);
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let out = vigil()
-        .args([
-            "replay",
-            "--rules",
-            "rules",
-            "--input",
-            input.to_str().unwrap(),
-            "--redis",
-            redis,
-        ])
-        .args(extra)
-        .output()
-        .unwrap();
+    let out = replay_command(&input, redis).args(extra).output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8(out.stdout).unwrap(),
         String::from_utf8(out.stderr).unwrap(),
@@ -149,18 +152,7 @@ fn replaying_the_same_input_twice_into_one_redis_counts_it_once() {
     let redis = RedisServer::start();
     let (first, _) = replay_file(dir.path(), "events.jsonl", &lines, &redis.url());
     let input = dir.path().join("events.jsonl");
-    let refused = vigil()
-        .args([
-            "replay",
-            "--rules",
-            "rules",
-            "--input",
-            input.to_str().unwrap(),
-            "--redis",
-            &redis.url(),
-        ])
-        .output()
-        .unwrap();
+    let refused = replay_command(&input, &redis.url()).output().unwrap();
     assert_eq!(refused.status.code(), Some(1));
     assert!(refused.stdout.is_empty());
     let stderr = String::from_utf8(refused.stderr).unwrap();
@@ -708,18 +700,8 @@ fn a_second_replay_of_an_input_being_replayed_is_refused_and_a_killed_ones_claim
     let second = |extra: &[&str]| {
         let input = dir.path().join("second.jsonl");
         std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-        vigil()
-            .args([
-                "replay",
-                "--rules",
-                "rules",
-                "--input",
-                input.to_str().unwrap(),
-                "--redis",
-                &redis.url(),
-                "--input-id",
-                "stream",
-            ])
+        replay_command(&input, &redis.url())
+            .args(["--input-id", "stream"])
             .args(extra)
             .output()
             .unwrap()

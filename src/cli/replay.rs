@@ -124,10 +124,7 @@ fn claim_input(
     let Some(previous) = claim.previous else {
         return Ok(claim);
     };
-    let when = chrono::DateTime::from_timestamp_millis(previous.at_ms).map_or_else(
-        || "-".to_owned(),
-        |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
-    );
+    let when = previous.finished();
     if rejudge {
         eprintln!(
             "replay: re-judging an input this Redis already holds ({} lines, replayed {when}): nothing is counted \

@@ -33,6 +33,13 @@ pub struct Applied {
     pub at_ms: i64,
 }
 
+impl Applied {
+    /// When it finished, as messages say it.
+    pub fn finished(&self) -> String {
+        utc_text(self.at_ms)
+    }
+}
+
 /// This process's claim on an input lane; released on drop unless [`ReplayClaim::finish`]ed.
 pub struct ReplayClaim {
     link: Arc<Mutex<Link>>,
@@ -187,10 +194,15 @@ fn holder() -> String {
         "process {} on {} started {}",
         std::process::id(),
         host_name().as_deref().unwrap_or("an unknown host"),
-        chrono::DateTime::from_timestamp_millis(now_ms()).map_or_else(
-            || "-".to_owned(),
-            |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
-        )
+        utc_text(now_ms())
+    )
+}
+
+/// Epoch ms as people read it in messages: `2026-11-26T15:04:05Z`.
+fn utc_text(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || "-".to_owned(),
+        |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
     )
 }
 
