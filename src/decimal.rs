@@ -1,30 +1,53 @@
 //! Exact decimal numbers: what a JSON or TOML number's text writes, compared by value, and the
 //! micro-unit fixed point sums are kept in. Pure.
 //!
-//! A [`Decimal`] is `±mantissa × 10^exp` normalised (no trailing zeros in the mantissa, zero is
-//! `+0 × 10^0`), so equal values have equal representations: `1`, `1.0` and `100e-2` are one
-//! value, `1.0000000000000001` another. Mantissas hold up to 19 significant digits (a u64, so
-//! parsing and comparing stay cheap); a longer number keeps its first 19 — nobody writes an
-//! amount, a threshold or an id with more, and a double holds fewer than 18.
+//! A [`Decimal`] is `±digits × 10^exp` normalised (no leading or trailing zeros in the digits,
+//! zero is `+0 × 10^0`), so equal values have equal representations: `1`, `1.0` and `100e-2`
+//! are one value, `1.0000000000000001` another. Any number of digits is exact: up to 38
+//! significant digits (every 64-bit and 128-bit id, every amount) live in a `u128` with no
+//! allocation; a longer number keeps all its digits on the heap, so a crafted
+//! 40-digit id can neither equal nor hide behind another one. Exponents saturate at ±2^50
+//! (`1e1125899906842624` and anything larger are one value): no number anyone writes comes near.
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::sync::Arc;
 
 /// Micro-units per unit: sums are kept as integers of 10^-6.
 pub const MICROS_PER_UNIT: i64 = 1_000_000;
 
-/// An exact decimal value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Decimal {
-    negative: bool,
-    mantissa: u64,
-    exp: i32,
+/// An exact decimal value (cheap to clone: at most a reference count for a long one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Decimal(Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    /// Up to [`SMALL_DIGITS`] significant digits: `±mantissa × 10^exp`.
+    Small {
+        negative: bool,
+        mantissa: u128,
+        exp: i64,
+    },
+    /// More significant digits than a `u128` holds.
+    Long(Arc<LongDigits>),
 }
 
-/// Most significant digits kept (a u64 holds any 19-digit mantissa).
-const MAX_DIGITS: u32 = 19;
+/// `±digits × 10^exp`; `digits` are ASCII, more than [`SMALL_DIGITS`] of them, first and last
+/// non-zero.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct LongDigits {
+    negative: bool,
+    digits: Box<str>,
+    exp: i64,
+}
 
-/// 10^0 ..= 10^38 (products of a mantissa and a power of ten are taken in u128).
+/// Significant digits a `u128` mantissa always holds (10^38 - 1 < 2^127).
+const SMALL_DIGITS: usize = 38;
+
+/// Exponents saturate here: far beyond any number's meaning, far from i64 overflow.
+const EXP_LIMIT: i64 = 1 << 50;
+
+/// 10^0 ..= 10^38.
 const POW10: [u128; 39] = {
     let mut table = [1u128; 39];
     let mut i = 1;
@@ -36,22 +59,45 @@ const POW10: [u128; 39] = {
 };
 
 /// Decimal digits of `m` (1 for 0), without dividing.
-fn digits(m: u64) -> u32 {
-    let m = u128::from(m);
+fn digits(m: u128) -> u32 {
     POW10[1..]
         .iter()
         .position(|&p| m < p)
         .map_or(39, |i| i as u32 + 1)
 }
 
+/// A view of a decimal's parts, whichever form holds it.
+struct Parts<'d> {
+    negative: bool,
+    /// Number of significant digits.
+    len: i64,
+    exp: i64,
+    long: Option<&'d str>,
+    mantissa: u128,
+}
+
+impl<'d> Parts<'d> {
+    /// Power of ten just above the value: `value < 10^adjusted` and `>= 10^(adjusted-1)`.
+    fn adjusted(&self) -> i64 {
+        self.exp + self.len
+    }
+
+    fn digit_text(&self) -> std::borrow::Cow<'d, str> {
+        match self.long {
+            Some(d) => std::borrow::Cow::Borrowed(d),
+            None => std::borrow::Cow::Owned(self.mantissa.to_string()),
+        }
+    }
+}
+
 impl Decimal {
-    pub const ZERO: Decimal = Decimal {
+    pub const ZERO: Decimal = Decimal(Repr::Small {
         negative: false,
         mantissa: 0,
         exp: 0,
-    };
+    });
 
-    fn normalised(negative: bool, mut mantissa: u64, mut exp: i64) -> Decimal {
+    fn small(negative: bool, mut mantissa: u128, mut exp: i64) -> Decimal {
         if mantissa == 0 {
             return Decimal::ZERO;
         }
@@ -59,22 +105,51 @@ impl Decimal {
             mantissa /= 10;
             exp += 1;
         }
-        // Exponents beyond i32 are far outside anything a value can mean; clamp them.
-        let exp = exp.clamp(i32::MIN as i64 / 2, i32::MAX as i64 / 2) as i32;
-        Decimal {
+        Decimal(Repr::Small {
             negative,
             mantissa,
-            exp,
+            exp: exp.clamp(-EXP_LIMIT, EXP_LIMIT),
+        })
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        match &self.0 {
+            Repr::Small {
+                negative,
+                mantissa,
+                exp,
+            } => Parts {
+                negative: *negative,
+                len: i64::from(digits(*mantissa)),
+                exp: *exp,
+                long: None,
+                mantissa: *mantissa,
+            },
+            Repr::Long(l) => Parts {
+                negative: l.negative,
+                len: l.digits.len() as i64,
+                exp: l.exp,
+                long: Some(&l.digits),
+                mantissa: 0,
+            },
         }
     }
 
+    fn is_zero(&self) -> bool {
+        matches!(self.0, Repr::Small { mantissa: 0, .. })
+    }
+
     pub fn from_i64(v: i64) -> Decimal {
-        Decimal::normalised(v < 0, v.unsigned_abs(), 0)
+        Decimal::small(v < 0, u128::from(v.unsigned_abs()), 0)
+    }
+
+    pub fn small_int(v: u64) -> Decimal {
+        Decimal::small(false, u128::from(v), 0)
     }
 
     /// A value held in micro-units (`micros × 10^-6`).
     pub fn from_micros(micros: i64) -> Decimal {
-        Decimal::normalised(micros < 0, micros.unsigned_abs(), -6)
+        Decimal::small(micros < 0, u128::from(micros.unsigned_abs()), -6)
     }
 
     /// Parses JSON number syntax (`-?int(.frac)?([eE][+-]?digits)?`); TOML integers and floats
@@ -86,54 +161,34 @@ impl Decimal {
             let v = bytes
                 .iter()
                 .fold(0u64, |v, &b| v * 10 + u64::from(b - b'0'));
-            return Some(Decimal::normalised(false, v, 0));
+            return Some(Decimal::small(false, u128::from(v), 0));
         }
         let mut i = 0;
         let negative = bytes.first() == Some(&b'-');
         if negative || bytes.first() == Some(&b'+') {
             i += 1;
         }
-        let mut mantissa: u64 = 0;
-        let mut kept = 0u32;
-        let mut exp: i64 = 0;
-        let mut any = false;
-        let mut push = |d: u8, fraction: bool, mantissa: &mut u64, exp: &mut i64| {
-            if *mantissa == 0 && d == 0 {
-                if fraction {
-                    *exp -= 1;
-                }
-                return;
-            }
-            if kept < MAX_DIGITS {
-                *mantissa = *mantissa * 10 + d as u64;
-                kept += 1;
-                if fraction {
-                    *exp -= 1;
-                }
-            } else if !fraction {
-                // A dropped integer digit still scales the value.
-                *exp += 1;
-            }
-        };
+        let int_start = i;
         while i < bytes.len() && bytes[i].is_ascii_digit() {
-            push(bytes[i] - b'0', false, &mut mantissa, &mut exp);
-            any = true;
             i += 1;
         }
+        let integral = &bytes[int_start..i];
+        if integral.is_empty() {
+            return None;
+        }
+        let mut fraction: &[u8] = &[];
         if i < bytes.len() && bytes[i] == b'.' {
             i += 1;
             let start = i;
             while i < bytes.len() && bytes[i].is_ascii_digit() {
-                push(bytes[i] - b'0', true, &mut mantissa, &mut exp);
                 i += 1;
             }
             if i == start {
                 return None;
             }
+            fraction = &bytes[start..i];
         }
-        if !any {
-            return None;
-        }
+        let mut exp: i64 = 0;
         if i < bytes.len() && (bytes[i] == b'e' || bytes[i] == b'E') {
             i += 1;
             let sign: i64 = match bytes.get(i) {
@@ -148,63 +203,125 @@ impl Decimal {
                 _ => 1,
             };
             let start = i;
-            let mut e: i64 = 0;
             while i < bytes.len() && bytes[i].is_ascii_digit() {
-                e = (e * 10 + (bytes[i] - b'0') as i64).min(1 << 40);
+                exp = (exp * 10 + i64::from(bytes[i] - b'0')).min(EXP_LIMIT);
                 i += 1;
             }
             if i == start {
                 return None;
             }
-            exp += sign * e;
+            exp *= sign;
         }
         if i != bytes.len() {
             return None;
         }
-        Some(Decimal::normalised(negative, mantissa, exp))
+        // The significant digits of integral ++ fraction: first to last non-zero.
+        let at = |k: usize| {
+            if k < integral.len() {
+                integral[k]
+            } else {
+                fraction[k - integral.len()]
+            }
+        };
+        let total = integral.len() + fraction.len();
+        let Some(first) = (0..total).find(|&k| at(k) != b'0') else {
+            return Some(Decimal::ZERO);
+        };
+        let last = (first..total)
+            .rev()
+            .find(|&k| at(k) != b'0')
+            .expect("a non-zero digit");
+        let exp = (exp - fraction.len() as i64 + (total - 1 - last) as i64)
+            .clamp(-EXP_LIMIT, EXP_LIMIT);
+        if last - first < SMALL_DIGITS {
+            let mantissa = (first..=last).fold(0u128, |m, k| m * 10 + u128::from(at(k) - b'0'));
+            return Some(Decimal::small(negative, mantissa, exp));
+        }
+        let digits: String = (first..=last).map(|k| char::from(at(k))).collect();
+        Some(Decimal(Repr::Long(Arc::new(LongDigits {
+            negative,
+            digits: digits.into_boxed_str(),
+            exp,
+        }))))
     }
 
-    /// The nearest double (correctly rounded).
-    pub fn to_f64(self) -> f64 {
+    /// The nearest double (correctly rounded; ±infinity beyond the double range).
+    pub fn to_f64(&self) -> f64 {
         // Exact when the mantissa and the power of ten are both exact doubles: one IEEE
         // operation then rounds correctly (the classic fast path of decimal parsing).
         const EXACT_POW10: [f64; 23] = [
             1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
             1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
         ];
-        if self.mantissa < (1 << 53) && self.exp.unsigned_abs() <= 22 {
-            let m = self.mantissa as f64;
-            let v = if self.exp >= 0 {
-                m * EXACT_POW10[self.exp as usize]
+        let p = self.parts();
+        let v = if p.long.is_none() && p.mantissa < (1 << 53) && p.exp.unsigned_abs() <= 22 {
+            let m = p.mantissa as f64;
+            if p.exp >= 0 {
+                m * EXACT_POW10[p.exp as usize]
             } else {
-                m / EXACT_POW10[(-self.exp) as usize]
-            };
-            return if self.negative { -v } else { v };
+                m / EXACT_POW10[(-p.exp) as usize]
+            }
+        } else {
+            // The standard library's parser rounds any number of digits correctly.
+            format!("{}e{}", p.digit_text(), p.exp)
+                .parse()
+                .unwrap_or(f64::NAN)
+        };
+        if p.negative {
+            -v
+        } else {
+            v
         }
-        self.to_string().parse().unwrap_or(f64::NAN)
+    }
+
+    /// Whether the value is within the range of a double (so JSON readers that parse numbers
+    /// as doubles, serde_json among them, accept its text).
+    pub fn fits_f64(&self) -> bool {
+        match self.parts().adjusted() {
+            a if a <= 308 => true,
+            309 => self.to_f64().is_finite(),
+            _ => false,
+        }
     }
 
     /// `floor(self × 10^scale)`, saturating to the i64 range: for an integer `m`,
     /// `m > self × 10^scale` exactly when `m > floor(self × 10^scale)`.
-    pub fn floor_scaled(self, scale: i32) -> i64 {
-        let exp = self.exp as i64 + scale as i64;
-        let mantissa = u128::from(self.mantissa);
-        let magnitude: Option<u128> = if exp >= 0 {
-            POW10
-                .get(exp as usize)
-                .and_then(|p| mantissa.checked_mul(*p))
-        } else {
-            Some(POW10.get((-exp) as usize).map_or(0, |p| mantissa / p))
+    pub fn floor_scaled(&self, scale: i32) -> i64 {
+        let p = self.parts();
+        let exp = p.exp + i64::from(scale);
+        let saturated = if p.negative { i64::MIN } else { i64::MAX };
+        let (magnitude, integral) = match p.long {
+            None => {
+                let magnitude: Option<u128> = if exp >= 0 {
+                    POW10
+                        .get(exp as usize)
+                        .and_then(|pow| p.mantissa.checked_mul(*pow))
+                } else {
+                    Some(POW10.get((-exp) as usize).map_or(0, |pow| p.mantissa / pow))
+                };
+                // Normalised: a negative exponent means a fractional part.
+                (magnitude, exp >= 0 || p.mantissa == 0)
+            }
+            Some(digits) => {
+                // More than 38 digits: an integer part short enough to fit leaves digits
+                // behind it, so the value is never integral there.
+                let whole = p.len + exp;
+                if whole > 19 {
+                    return saturated;
+                }
+                let whole = whole.max(0) as usize;
+                let m = digits[..whole]
+                    .bytes()
+                    .fold(0u128, |m, b| m * 10 + u128::from(b - b'0'));
+                (Some(m), false)
+            }
         };
-        // Normalised: a negative exponent means a fractional part.
-        let integral = exp >= 0 || self.mantissa == 0;
-        match (magnitude.and_then(|m| i64::try_from(m).ok()), self.negative) {
+        match (magnitude.and_then(|m| i64::try_from(m).ok()), p.negative) {
             (Some(m), false) => m,
             // floor of a negative non-integer goes one further down.
             (Some(m), true) if integral => -m,
             (Some(m), true) => -m - 1,
-            (None, false) => i64::MAX,
-            (None, true) => i64::MIN,
+            (None, _) => saturated,
         }
     }
 
@@ -217,59 +334,87 @@ impl Decimal {
         Decimal::parse(&format!("{x:e}"))
     }
 
-    pub fn is_negative(self) -> bool {
-        self.negative
+    pub fn is_negative(&self) -> bool {
+        self.parts().negative
     }
 
     /// The value as an integer, if it is one and fits.
-    pub fn as_i128(self) -> Option<i128> {
-        if self.exp < 0 {
+    pub fn as_i128(&self) -> Option<i128> {
+        let Repr::Small {
+            negative,
+            mantissa,
+            exp,
+        } = self.0
+        else {
+            // Long values have more digits than any i128 that is not 39 digits long; keys
+            // rely on one form per value, so the rare 39-digit i128 stays a long decimal.
+            return None;
+        };
+        if exp < 0 {
             return None;
         }
-        let mut v = i128::from(self.mantissa);
-        for _ in 0..self.exp {
+        let mut v = i128::try_from(mantissa).ok()?;
+        for _ in 0..exp {
             v = v.checked_mul(10)?;
         }
-        Some(if self.negative { -v } else { v })
+        Some(if negative { -v } else { v })
     }
 
-    pub fn as_i64(self) -> Option<i64> {
+    pub fn as_i64(&self) -> Option<i64> {
         self.as_i128().and_then(|v| i64::try_from(v).ok())
     }
 
     /// The value in micro-units, rounded half to even at the sixth fractional digit, if it fits
     /// an i64.
-    pub fn to_micros_half_even(self) -> Option<i64> {
-        let exp = self.exp as i64 + 6;
-        let mantissa = u128::from(self.mantissa);
-        let magnitude: u128 = if exp >= 0 {
-            mantissa.checked_mul(*POW10.get(exp as usize)?)?
-        } else {
-            let drop = (-exp) as u32;
-            if drop > 38 {
-                0
-            } else {
-                let div = POW10[drop as usize];
-                let (q, r) = (mantissa / div, mantissa % div);
-                let twice = r * 2;
-                match twice.cmp(&div) {
-                    Ordering::Less => q,
-                    Ordering::Greater => q + 1,
-                    Ordering::Equal => q + (q & 1),
+    pub fn to_micros_half_even(&self) -> Option<i64> {
+        let p = self.parts();
+        let exp = p.exp + 6;
+        let magnitude: u128 = match p.long {
+            None if exp >= 0 => p.mantissa.checked_mul(*POW10.get(exp as usize)?)?,
+            None => {
+                let drop = (-exp) as u64;
+                if drop > 38 {
+                    0
+                } else {
+                    let div = POW10[drop as usize];
+                    let (q, r) = (p.mantissa / div, p.mantissa % div);
+                    let twice = r * 2;
+                    match twice.cmp(&div) {
+                        Ordering::Less => q,
+                        Ordering::Greater => q + 1,
+                        Ordering::Equal => q + (q & 1),
+                    }
+                }
+            }
+            Some(digits) => {
+                let whole = p.len + exp;
+                if whole > 19 {
+                    return None;
+                }
+                if whole < 0 {
+                    0
+                } else {
+                    let whole = whole as usize;
+                    let q = digits[..whole]
+                        .bytes()
+                        .fold(0u128, |m, b| m * 10 + u128::from(b - b'0'));
+                    // Non-zero digits always follow the next one (the last digit is non-zero
+                    // and more than 19 remain), so a 5 there is past the half: no tie.
+                    q + u128::from(digits.as_bytes()[whole] >= b'5')
                 }
             }
         };
         let v = i64::try_from(magnitude).ok()?;
-        Some(if self.negative { -v } else { v })
+        Some(if p.negative { -v } else { v })
     }
 }
 
 impl Ord for Decimal {
     fn cmp(&self, other: &Self) -> Ordering {
         let sign = |d: &Decimal| {
-            if d.mantissa == 0 {
+            if d.is_zero() {
                 0
-            } else if d.negative {
+            } else if d.parts().negative {
                 -1
             } else {
                 1
@@ -279,30 +424,27 @@ impl Ord for Decimal {
             Ordering::Equal => {}
             unequal => return unequal,
         }
-        if self.mantissa == 0 {
+        if self.is_zero() {
             return Ordering::Equal;
         }
-        if self.exp == other.exp {
-            let magnitude = self.mantissa.cmp(&other.mantissa);
-            return if self.negative {
-                magnitude.reverse()
-            } else {
-                magnitude
-            };
-        }
+        let (a, b) = (self.parts(), other.parts());
         // Same sign: compare magnitudes by their leading digit's position, then digit by digit.
-        let (da, db) = (digits(self.mantissa), digits(other.mantissa));
-        let (ea, eb) = (self.exp as i64 + da as i64, other.exp as i64 + db as i64);
-        let magnitude = ea.cmp(&eb).then_with(|| {
-            let (a, b) = (u128::from(self.mantissa), u128::from(other.mantissa));
-            let (a, b) = if da < db {
-                (a * POW10[(db - da) as usize], b)
+        let magnitude = a.adjusted().cmp(&b.adjusted()).then_with(|| {
+            if a.long.is_none() && b.long.is_none() {
+                let (da, db) = (a.len as u32, b.len as u32);
+                let (x, y) = if da < db {
+                    (a.mantissa * POW10[(db - da) as usize], b.mantissa)
+                } else {
+                    (a.mantissa, b.mantissa * POW10[(da - db) as usize])
+                };
+                x.cmp(&y)
             } else {
-                (a, b * POW10[(da - db) as usize])
-            };
-            a.cmp(&b)
+                // Same leading position: the digit strings compare as text, a longer one
+                // (whose extra digits end non-zero) being larger when one prefixes the other.
+                a.digit_text().as_bytes().cmp(b.digit_text().as_bytes())
+            }
         });
-        if self.negative {
+        if a.negative {
             magnitude.reverse()
         } else {
             magnitude
@@ -314,14 +456,30 @@ impl Ord for Decimal {
 impl std::ops::Neg for Decimal {
     type Output = Decimal;
     fn neg(self) -> Decimal {
-        if self.mantissa == 0 {
-            self
-        } else {
-            Decimal {
-                negative: !self.negative,
-                ..self
-            }
+        match self.0 {
+            Repr::Small { mantissa: 0, .. } => self,
+            Repr::Small {
+                negative,
+                mantissa,
+                exp,
+            } => Decimal(Repr::Small {
+                negative: !negative,
+                mantissa,
+                exp,
+            }),
+            Repr::Long(l) => Decimal(Repr::Long(Arc::new(LongDigits {
+                negative: !l.negative,
+                digits: l.digits.clone(),
+                exp: l.exp,
+            }))),
         }
+    }
+}
+
+impl std::ops::Neg for &Decimal {
+    type Output = Decimal;
+    fn neg(self) -> Decimal {
+        -self.clone()
     }
 }
 
@@ -331,14 +489,15 @@ impl PartialOrd for Decimal {
     }
 }
 
-/// The shortest exact decimal text: `2711.64`, `0.000002`, `1e+400` only for huge exponents.
+/// The shortest exact decimal text: `2711.64`, `0.000002`, `1e400` only for huge exponents.
 impl fmt::Display for Decimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.negative {
+        let p = self.parts();
+        if p.negative {
             f.write_str("-")?;
         }
-        let m = self.mantissa.to_string();
-        let exp = self.exp as i64;
+        let m = p.digit_text();
+        let exp = p.exp;
         if exp >= 0 {
             if exp <= 21 {
                 f.write_str(&m)?;
@@ -350,11 +509,13 @@ impl fmt::Display for Decimal {
                 write!(f, "{m}e{exp}")
             }
         } else {
-            let frac = (-exp) as usize;
-            if frac < m.len() {
-                write!(f, "{}.{}", &m[..m.len() - frac], &m[m.len() - frac..])
-            } else if frac - m.len() <= 20 {
-                write!(f, "0.{}{m}", "0".repeat(frac - m.len()))
+            let frac = exp.unsigned_abs();
+            let len = m.len() as u64;
+            if frac < len {
+                let point = (len - frac) as usize;
+                write!(f, "{}.{}", &m[..point], &m[point..])
+            } else if frac - len <= 20 {
+                write!(f, "0.{}{m}", "0".repeat((frac - len) as usize))
             } else {
                 write!(f, "{m}e{exp}")
             }
@@ -362,10 +523,15 @@ impl fmt::Display for Decimal {
     }
 }
 
+/// A JSON number with the exact text, or — beyond the range of a double, which serde_json and
+/// most JSON readers refuse as a number — a JSON string of that text.
 impl serde::Serialize for Decimal {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if let Some(v) = self.as_i64() {
             return s.serialize_i64(v);
+        }
+        if !self.fits_f64() {
+            return s.serialize_str(&self.to_string());
         }
         // The exact text as a JSON number token (serde_json writes a raw value verbatim).
         let raw = serde_json::value::RawValue::from_string(self.to_string())
@@ -436,6 +602,7 @@ mod tests {
         assert_eq!(m("-1.2345665"), Some(-1_234_566));
         assert_eq!(m("999999999999.9999996"), Some(1_000_000_000_000_000_000));
         assert_eq!(m("1e30"), None);
+        assert_eq!(m("99999999999999999999999999999999999999"), None);
         assert_eq!(m("1e-300"), Some(0));
     }
 
@@ -471,8 +638,52 @@ mod tests {
             Some(d("0.30000000000000004"))
         );
         assert_eq!(Decimal::from_f64(f64::NAN), None);
-        // Beyond 19 significant digits the rest are dropped (the scale is kept).
-        assert_eq!(d("12345678901234567890123"), d("12345678901234567890000"));
-        assert_eq!(d("1.00000000000000000001"), d("1"));
+    }
+
+    #[test]
+    fn any_number_of_digits_is_exact() {
+        // 64-bit ids, 128-bit ids, and numbers longer than any machine integer.
+        assert_ne!(d("18446744073709551615"), d("18446744073709551614"));
+        assert!(d("18446744073709551615") > d("18446744073709551614"));
+        assert_ne!(d("12345678901234567890123"), d("12345678901234567890000"));
+        assert_ne!(d("1.00000000000000000001"), d("1"));
+        let long = "1234567890123456789012345678901234567890123456789";
+        assert_eq!(d(long).to_string(), long);
+        assert_eq!(d(&format!("{long}.000")), d(long));
+        assert_eq!(d(&format!("{long}e-10")).to_string(), "123456789012345678901234567890123456789.0123456789");
+        assert!(d(&format!("{long}1")) > d(&format!("{long}0")));
+        assert!(d(&format!("{long}0")) < d(&format!("{long}1")));
+        assert!(d(&format!("-{long}1")) < d(&format!("-{long}0")));
+        // Long against small at the same leading position, both ways.
+        assert!(d("1.000000000000000000000000000000000000000001") > d("1"));
+        assert!(d("1") < d("1.000000000000000000000000000000000000000001"));
+        assert!(d("0.999999999999999999999999999999999999999999") < d("1"));
+        assert_eq!(
+            d("1.000000000000000000000000000000000000000001").cmp(&d("1.000000000000000000000000000000000000000001")),
+            Ordering::Equal
+        );
+        // Their doubles round correctly, and so do their thresholds and micro-units.
+        assert_eq!(d(long).to_f64(), long.parse::<f64>().unwrap());
+        let above_two = "2.0000000000000000000000000000000000000000001";
+        assert_eq!(d(above_two).floor_scaled(0), 2);
+        assert_eq!((-d(above_two)).floor_scaled(0), -3);
+        assert_eq!(d(long).floor_scaled(0), i64::MAX);
+        assert_eq!(d("0.00000250000000000000000000000000000000000001").to_micros_half_even(), Some(3));
+        assert_eq!(d("0.00000249999999999999999999999999999999999999").to_micros_half_even(), Some(2));
+        assert_eq!(d(long).to_micros_half_even(), None);
+        assert_eq!(d(long).as_i128(), None);
+    }
+
+    #[test]
+    fn numbers_beyond_a_double_serialize_as_strings_serde_json_can_read() {
+        for text in ["1e400", "-1e309", &"9".repeat(400)] {
+            let json = serde_json::to_string(&d(text)).unwrap();
+            assert!(json.starts_with('"'), "{json}");
+            assert!(serde_json::from_str::<serde_json::Value>(&json).is_ok());
+        }
+        assert!(d("1.7976931348623157e308").fits_f64());
+        assert!(!d("1.7976931348623159e308").fits_f64());
+        assert_eq!(serde_json::to_string(&d("1e-400")).unwrap(), "1e-400");
+        assert!(serde_json::from_str::<f64>("1e-400").is_ok());
     }
 }

@@ -58,36 +58,62 @@ impl BadEvent {
 }
 
 /// A JSON number: the exact decimal its text writes (compared and keyed by that value, so `1`,
-/// `1.0` and `100e-2` are one number and `1.0000000000000001` another), and the nearest double
-/// (for arithmetic, which is IEEE-754).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Number {
+/// `1.0` and `100e-2` are one number and `1.0000000000000001` another), and the text itself,
+/// which records echo as the event wrote it.
+#[derive(Debug, Clone)]
+pub struct Number<'a> {
     pub exact: Decimal,
     /// Written without a fraction or an exponent (`ts` must be).
     pub integer_text: bool,
+    /// The number's JSON text in the event, when it came from one.
+    pub text: Option<&'a str>,
 }
 
-impl Number {
-    /// Parses JSON number text.
-    pub fn parse(text: &str) -> Option<Number> {
+/// Numbers are equal by value (`1` = `1.0`), whatever their text.
+impl PartialEq for Number<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.exact == other.exact
+    }
+}
+impl Eq for Number<'_> {}
+impl std::hash::Hash for Number<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.exact.hash(state);
+    }
+}
+
+impl<'a> Number<'a> {
+    /// Parses JSON number text, keeping it.
+    pub fn parse(text: &'a str) -> Option<Number<'a>> {
         let exact = Decimal::parse(text)?;
         // Parsed already: the text is a valid number, so a fraction or exponent is one of these.
         let integer_text = !text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E'));
         Some(Number {
             exact,
             integer_text,
+            text: Some(text),
         })
     }
 
-    pub fn from_i64(v: i64) -> Number {
+    pub fn from_i64(v: i64) -> Number<'static> {
         Number {
             exact: Decimal::from_i64(v),
             integer_text: true,
+            text: None,
+        }
+    }
+
+    /// A number with no text of its own (a literal, a computed value).
+    pub fn from_decimal(exact: Decimal) -> Number<'static> {
+        Number {
+            exact,
+            integer_text: false,
+            text: None,
         }
     }
 
     /// The nearest double (arithmetic is IEEE-754).
-    pub fn as_f64(self) -> f64 {
+    pub fn as_f64(&self) -> f64 {
         self.exact.to_f64()
     }
 }
@@ -99,7 +125,7 @@ pub enum FieldValue<'a> {
     Missing,
     Null,
     Bool(bool),
-    Number(Number),
+    Number(Number<'a>),
     Str(Cow<'a, str>),
     /// An object: present, but not a scalar, so never a key or a match.
     Object,
@@ -124,7 +150,7 @@ impl FieldValue<'_> {
     pub fn scalar(&self) -> Option<Scalar<'_>> {
         match self {
             FieldValue::Bool(b) => Some(Scalar::Bool(*b)),
-            FieldValue::Number(n) => Some(Scalar::Number(n.exact)),
+            FieldValue::Number(n) => Some(Scalar::Number(n)),
             FieldValue::Str(s) => Some(Scalar::Str(s)),
             _ => None,
         }
@@ -135,7 +161,7 @@ impl FieldValue<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scalar<'a> {
     Bool(bool),
-    Number(Decimal),
+    Number(&'a Number<'a>),
     Str(&'a str),
 }
 
@@ -145,7 +171,7 @@ impl Scalar<'_> {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         match *self {
             Scalar::Bool(b) => out.extend_from_slice(&[b'b', b as u8]),
-            Scalar::Number(n) => match n.as_i128() {
+            Scalar::Number(n) => match n.exact.as_i128() {
                 // Integers keep the encoding they always had (keys in Redis stay the same).
                 Some(i) => match i64::try_from(i) {
                     Ok(small) => {
@@ -159,32 +185,36 @@ impl Scalar<'_> {
                 },
                 None => {
                     // Any other number by its exact decimal text (unambiguous: length-prefixed).
-                    let text = n.to_string();
+                    let text = n.exact.to_string();
                     out.push(b'd');
-                    out.push(text.len() as u8);
+                    push_length(out, text.len());
                     out.extend_from_slice(text.as_bytes());
                 }
             },
             Scalar::Str(s) => {
                 out.push(b's');
-                // LEB128 length: one byte for strings under 128 bytes keeps keys short.
-                let mut len = s.len() as u64;
-                while len >= 0x80 {
-                    out.push((len as u8) | 0x80);
-                    len >>= 7;
-                }
-                out.push(len as u8);
+                push_length(out, s.len());
                 out.extend_from_slice(s.as_bytes());
             }
         }
     }
 }
 
+/// A LEB128 length: one byte under 128 keeps keys short.
+fn push_length(out: &mut Vec<u8>, len: usize) {
+    let mut len = len as u64;
+    while len >= 0x80 {
+        out.push((len as u8) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+}
+
 impl serde::Serialize for Scalar<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             Scalar::Bool(b) => s.serialize_bool(*b),
-            Scalar::Number(n) => n.serialize(s),
+            Scalar::Number(n) => n.exact.serialize(s),
             Scalar::Str(v) => s.serialize_str(v),
         }
     }
@@ -780,13 +810,21 @@ impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         let ValueSeed { node, out } = self;
-        if node.children.is_empty() {
+        if node.children.is_empty() || node.slot.is_some() {
             // A leaf: the value's own text, so numbers keep the exact decimal they write (the
             // parser's f64 would lose it).
             let raw = <&'de RawValue>::deserialize(d)?;
+            let text = raw.get();
+            if !node.children.is_empty() && text.starts_with('{') {
+                // Both projected and a parent (`device` and `device.id`): descend into the
+                // object's text (rare, so reading it twice costs nothing that matters).
+                let mut inner = serde_json::Deserializer::from_str(text);
+                return de::Deserializer::deserialize_any(&mut inner, Inner { node, out })
+                    .map_err(de::Error::custom);
+            }
             check_keys(raw)?;
             if let Some(slot) = node.slot {
-                out[slot] = interpret(raw.get()).map_err(de::Error::custom)?;
+                out[slot] = interpret(text).map_err(de::Error::custom)?;
             }
             Ok(())
         } else {
@@ -825,18 +863,13 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.set(FieldValue::Number(
-            Number::parse(&v.to_string()).expect("an integer"),
-        ));
+        self.set(FieldValue::Number(Number::from_decimal(Decimal::small_int(v))));
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        // Rare (a projected path that is also a parent); the double's shortest text.
+        // Only under a path that is not itself projected (see `ValueSeed`): never recorded.
         if let Some(exact) = Decimal::from_f64(v) {
-            self.set(FieldValue::Number(Number {
-                exact,
-                integer_text: false,
-            }));
+            self.set(FieldValue::Number(Number::from_decimal(exact)));
         }
         Ok(())
     }
@@ -1196,18 +1229,17 @@ mod tests {
             s.encode_into(&mut v);
             v
         };
-        assert_ne!(
-            enc(Scalar::Str("17")),
-            enc(Scalar::Number(Decimal::from_i64(17)))
-        );
-        assert_eq!(
-            enc(Scalar::Number(n("17.0"))),
-            enc(Scalar::Number(Decimal::from_i64(17)))
-        );
-        assert_ne!(
-            enc(Scalar::Number(n("1.0000000000000001"))),
-            enc(Scalar::Number(n("1")))
-        );
+        let num = |t: &str| enc(Scalar::Number(&Number::parse(t).unwrap()));
+        assert_ne!(enc(Scalar::Str("17")), num("17"));
+        assert_eq!(num("17.0"), enc(Scalar::Number(&Number::from_i64(17))));
+        assert_ne!(num("1.0000000000000001"), num("1"));
+        // Every digit counts, at any length: 64-bit ids, 128-bit ids, and longer.
+        assert_ne!(num("18446744073709551611"), num("18446744073709551612"));
+        let long = "1".repeat(300);
+        assert_ne!(num(&format!("{long}1")), num(&format!("{long}2")));
+        assert_eq!(num(&format!("{long}1")), num(&format!("{long}1.000")));
+        // A long number's text can be as long as a tag and a length byte: still distinct.
+        assert_ne!(num(&format!("{long}1")), num(&format!("{long}1e1")));
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         let mut ab_c = enc(Scalar::Str("ab"));
         ab_c.extend(enc(Scalar::Str("c")));

@@ -1045,3 +1045,96 @@ fn a_flood_of_fresh_keys_does_not_evict_an_account_close_to_firing() {
         "{stderr}"
     );
 }
+
+/// 64-bit ids and longer numbers stay distinct everywhere: an allow rule for one id does not
+/// cover its neighbour, two ids never share a counter key, a number list entry matches only
+/// itself, and records echo every number as the event wrote it — each one still JSON that
+/// serde_json reads (a number beyond a double's range becomes a string of its text).
+#[test]
+fn numbers_of_any_length_stay_distinct_and_are_echoed_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        r#"
+[[list]]
+id = "stolen"
+kind = "number"
+# Past 64 bits TOML wants a fraction; vigil reads the number exactly as written.
+values = [10000000000000000001.0]
+
+[[rule]]
+id = "vip"
+action = "allow"
+when = "user_id == 18446744073709551615"
+
+[[rule]]
+id = "stolen-card"
+action = "block"
+when = "card in @stolen"
+
+[[rule]]
+id = "second-try"
+action = "review"
+dimensions = ["user_id"]
+window = "1h"
+limit = 1
+"#,
+    )
+    .unwrap();
+    let long = format!("{}1", "7".repeat(60));
+    let long_too = format!("{}2", "7".repeat(60));
+    let lines = [
+        // The VIP (allowed), then its neighbour twice: not allowed, and counted on its own key.
+        r#"{"event_id":18446744073709551616123,"ts":1000,"user_id":18446744073709551615,"card":1}"#.to_owned(),
+        r#"{"event_id":1.50,"ts":2000,"user_id":18446744073709551614,"card":1}"#.to_owned(),
+        r#"{"event_id":"e3","ts":3000,"user_id":18446744073709551614,"card":1.50}"#.to_owned(),
+        // A list entry matches only itself.
+        r#"{"event_id":"e4","ts":4000,"user_id":"u4","card":10000000000000000009}"#.to_owned(),
+        r#"{"event_id":"e5","ts":5000,"user_id":"u5","card":10000000000000000001.0}"#.to_owned(),
+        // Longer than any machine integer: two keys, then the first one again.
+        format!(r#"{{"event_id":1e400,"ts":6000,"user_id":{long},"card":1}}"#),
+        format!(r#"{{"event_id":"e7","ts":7000,"user_id":{long_too},"card":1}}"#),
+        format!(r#"{{"event_id":"e8","ts":8000,"user_id":{long}.0,"card":1}}"#),
+    ];
+    let input = lines.join("\n") + "\n";
+    let out = vigil(
+        &["replay", "--rules", rules.to_str().unwrap(), "--input", "-", "--emit-allow"],
+        Some(&input),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let records: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(records.len(), 8, "{stdout}");
+    let fired = |r: &serde_json::Value| -> Vec<String> {
+        r["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["rule_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let line: Vec<&str> = stdout.lines().collect();
+    // The record echoes the id's text, every digit of it.
+    assert!(line[0].contains(r#""event_id":18446744073709551616123,"#), "{}", line[0]);
+    assert!(line[1].contains(r#""event_id":1.50,"#), "{}", line[1]);
+    assert_eq!(fired(&records[0]), ["vip"]);
+    assert_eq!(records[0]["action"], "allow");
+    // The neighbour is not the VIP: its second event is its own key's second.
+    assert_eq!(fired(&records[1]), Vec::<String>::new());
+    assert_eq!(fired(&records[2]), ["second-try"]);
+    assert!(line[2].contains(r#""key":{"user_id":18446744073709551614}"#), "{}", line[2]);
+    assert_eq!(fired(&records[3]), Vec::<String>::new(), "list entry matched its neighbour");
+    assert_eq!(fired(&records[4]), ["stolen-card"]);
+    // 1e400 is beyond a double: a string of its text, so serde_json reads the record.
+    assert_eq!(records[5]["event_id"], "1e400");
+    assert_eq!(fired(&records[5]), Vec::<String>::new());
+    assert_eq!(fired(&records[6]), Vec::<String>::new(), "two long ids shared a key");
+    assert_eq!(fired(&records[7]), ["second-try"]);
+    // The key is the canonical text of the value, every digit of it (the same for `….0`).
+    let key = format!(r#""key":{{"user_id":{long}}}"#);
+    assert!(line[7].contains(&key), "{}", line[7]);
+}

@@ -11,8 +11,9 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 43] = [
+const REQUIRED: [&str; 44] = [
     "expr_too_deep",
+    "integer_past_64_bits",
     "all_at_once",
     "unknown_key",
     "duplicate_id",

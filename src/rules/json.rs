@@ -2,7 +2,7 @@
 //! records are copied from pre-rendered parts, not serialised field by field.
 
 use crate::decimal::Decimal;
-use crate::event::Scalar;
+use crate::event::{Number, Scalar};
 
 /// The bytes `write` appends to an empty buffer.
 pub(super) fn render(write: impl FnOnce(&mut Vec<u8>)) -> Box<[u8]> {
@@ -58,15 +58,26 @@ pub(super) fn write_int(out: &mut Vec<u8>, v: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
-/// An exact decimal as a JSON number: its shortest exact text.
-pub(super) fn write_decimal(out: &mut Vec<u8>, d: Decimal) {
+/// An exact decimal as a JSON number: its shortest exact text; beyond the range of a double
+/// (which serde_json and most readers refuse as a number), a JSON string of that text.
+pub(super) fn write_decimal(out: &mut Vec<u8>, d: &Decimal) {
     match d.as_i64() {
         Some(v) => write_int(out, v),
-        None => {
+        None if d.fits_f64() => {
             use std::io::Write;
             // Writing into a Vec cannot fail.
             let _ = write!(out, "{d}");
         }
+        None => write_str(out, &d.to_string()),
+    }
+}
+
+/// An event's number as the event wrote it (`1.50` stays `1.50`), within the same range.
+pub(super) fn write_number(out: &mut Vec<u8>, n: &Number<'_>) {
+    match n.text {
+        // The parser validated the text as one JSON number token.
+        Some(text) if n.exact.fits_f64() => out.extend_from_slice(text.as_bytes()),
+        _ => write_decimal(out, &n.exact),
     }
 }
 
@@ -74,7 +85,8 @@ pub(super) fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
     match scalar {
         None => out.extend_from_slice(b"null"),
         Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
-        Some(Scalar::Number(d)) => write_decimal(out, d),
+        // A key value by its canonical text: one key, one rendering, whichever event wrote it.
+        Some(Scalar::Number(n)) => write_decimal(out, &n.exact),
         Some(Scalar::Str(s)) => write_str(out, s),
     }
 }

@@ -347,7 +347,7 @@ impl AnyOf {
                     strings.insert(s.clone());
                 }
                 MatchValue::Number(d) => {
-                    numbers.insert(*d);
+                    numbers.insert(d.clone());
                 }
                 MatchValue::Bool(b) => bools[usize::from(*b)] = true,
             }

@@ -2,7 +2,7 @@
 //! copied from the constant parts of the rule set's records, rendered once at load. Pure.
 
 use super::decide::{counter_value, Decision, Hit};
-use super::json::{write_decimal, write_int, write_scalar, write_str, write_str_body};
+use super::json::{write_decimal, write_int, write_number, write_scalar, write_str, write_str_body};
 use super::model::{Action, Form};
 use super::record_parts::RecordParts;
 use super::set::RuleSet;
@@ -50,11 +50,12 @@ pub fn write_record(
         }
     }
     out.extend_from_slice(b"\",\"event_id\":");
-    let event_id = match event.event_id() {
-        id @ (FieldValue::Str(_) | FieldValue::Number(_)) => id.scalar(),
-        _ => None,
-    };
-    write_scalar(out, event_id);
+    // As the event wrote it: an id is text to whoever issued it (`1.50` stays `1.50`, `1e3` stays `1e3`).
+    match event.event_id() {
+        FieldValue::Number(n) => write_number(out, n),
+        id @ FieldValue::Str(_) => write_scalar(out, id.scalar()),
+        _ => write_scalar(out, None),
+    }
     out.extend_from_slice(b",\"ts\":");
     write_int(out, event.ts);
     out.extend_from_slice(b",\"action\":\"");
@@ -114,7 +115,7 @@ fn write_hit(
             write_key(out, rules, parts, event, counter);
             out.extend_from_slice(b",\"value\":");
             match hit.value {
-                Some(v) => write_decimal(out, counter_value(rules.counter(counter).aggregate(), v)),
+                Some(v) => write_decimal(out, &counter_value(rules.counter(counter).aggregate(), v)),
                 None => out.extend_from_slice(b"null"),
             }
             out.extend_from_slice(&parts.rule_limits[hit.rule]);
@@ -128,7 +129,7 @@ fn write_hit(
                 out.extend_from_slice(&parts.counter_heads[counter]);
                 write_key(out, rules, parts, event, counter);
                 out.extend_from_slice(b",\"value\":");
-                write_decimal(out, counter_value(rules.counter(counter).aggregate(), raw));
+                write_decimal(out, &counter_value(rules.counter(counter).aggregate(), raw));
                 out.extend_from_slice(&parts.counter_tails[counter]);
             }
             out.push(b']');

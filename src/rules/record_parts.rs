@@ -47,7 +47,7 @@ impl RecordParts {
                 .iter()
                 .map(|rule| {
                     render(|out| {
-                        if let Form::V1 { counter, limit, .. } = rule.form {
+                        if let Form::V1 { counter, ref limit, .. } = rule.form {
                             out.extend_from_slice(b",\"limit\":");
                             write_decimal(out, limit);
                             out.extend_from_slice(b",\"window_ms\":");

@@ -370,7 +370,7 @@ fn build_rules(
 
 /// A rule with a `limit` is in the v1 form: its counter is the one with its id.
 fn rule_form(draft: &RuleDraft, names: &CounterNames<'_>, counters: &[CounterDraft]) -> Form {
-    match draft.limit {
+    match &draft.limit {
         Some(limit) => {
             let counter = names.index[&draft.id].0;
             let scale = if counters[counter].counter.aggregate() == Aggregate::Sum {
@@ -380,7 +380,7 @@ fn rule_form(draft: &RuleDraft, names: &CounterNames<'_>, counters: &[CounterDra
             };
             Form::V1 {
                 counter,
-                limit,
+                limit: limit.clone(),
                 threshold: limit.floor_scaled(scale),
             }
         }

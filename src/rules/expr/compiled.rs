@@ -12,7 +12,7 @@ use crate::rules::lists::ListSet;
 
 /// A number as an expression sees it: exact when it came from the event, a literal or a
 /// counter; a double once arithmetic made it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Num {
     pub float: f64,
     pub exact: Option<Decimal>,

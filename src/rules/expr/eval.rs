@@ -41,7 +41,7 @@ fn field_val<'e>(v: &'e FieldValue<'e>) -> Val<'e> {
         FieldValue::Missing => Val::Unknown,
         FieldValue::Null => Val::Null,
         FieldValue::Bool(b) => Val::Bool(*b),
-        FieldValue::Number(n) => Val::Num(Num::exact(n.exact)),
+        FieldValue::Number(n) => Val::Num(Num::exact(n.exact.clone())),
         FieldValue::Str(s) => Val::Str(Cow::Borrowed(s.as_ref())),
         FieldValue::Object => Val::Object,
         FieldValue::Array(items) => Val::Array(items),
@@ -52,7 +52,7 @@ fn lit_val(l: &Literal) -> Val<'_> {
     match l {
         Literal::Null => Val::Null,
         Literal::Bool(b) => Val::Bool(*b),
-        Literal::Num(d) => Val::Num(Num::exact(*d)),
+        Literal::Num(d) => Val::Num(Num::exact(d.clone())),
         Literal::Str(s) => Val::Str(Cow::Borrowed(s)),
     }
 }
@@ -77,7 +77,7 @@ fn equal(a: &Val<'_>, b: &Val<'_>) -> Truth {
         (Val::Unknown, _) | (_, Val::Unknown) => return None,
         (Val::Null, Val::Null) => true,
         (Val::Bool(x), Val::Bool(y)) => x == y,
-        (Val::Num(x), Val::Num(y)) => match (x.exact, y.exact) {
+        (Val::Num(x), Val::Num(y)) => match (&x.exact, &y.exact) {
             (Some(p), Some(q)) => p == q,
             _ => x.float == y.float,
         },
@@ -88,8 +88,8 @@ fn equal(a: &Val<'_>, b: &Val<'_>) -> Truth {
 
 fn order(a: &Val<'_>, b: &Val<'_>) -> Option<std::cmp::Ordering> {
     match (a, b) {
-        (Val::Num(x), Val::Num(y)) => match (x.exact, y.exact) {
-            (Some(p), Some(q)) => Some(p.cmp(&q)),
+        (Val::Num(x), Val::Num(y)) => match (&x.exact, &y.exact) {
+            (Some(p), Some(q)) => Some(p.cmp(q)),
             _ => x.float.partial_cmp(&y.float),
         },
         (Val::Str(x), Val::Str(y)) => Some(x.as_ref().cmp(y.as_ref())),
@@ -102,8 +102,8 @@ fn equals_literal(v: &Val<'_>, l: &Literal) -> bool {
     match (v, l) {
         (Val::Null, Literal::Null) => true,
         (Val::Bool(a), Literal::Bool(b)) => a == b,
-        (Val::Num(n), Literal::Num(d)) => match n.exact {
-            Some(e) => e == *d,
+        (Val::Num(n), Literal::Num(d)) => match &n.exact {
+            Some(e) => e == d,
             None => n.float == d.to_f64(),
         },
         (Val::Str(s), Literal::Str(t)) => s.as_ref() == t.as_str(),
@@ -116,7 +116,7 @@ fn as_literal_key(v: &Val<'_>) -> Option<Literal> {
     match v {
         Val::Null => Some(Literal::Null),
         Val::Bool(b) => Some(Literal::Bool(*b)),
-        Val::Num(Num { exact: Some(d), .. }) => Some(Literal::Num(*d)),
+        Val::Num(Num { exact: Some(d), .. }) => Some(Literal::Num(d.clone())),
         _ => None,
     }
 }
@@ -157,7 +157,7 @@ fn in_list(v: Val<'_>, list: &ListSet) -> Truth {
     match (v, list) {
         (Val::Unknown, _) => None,
         (Val::Str(s), ListSet::Strings(set)) => Some(set.contains(s.as_ref())),
-        (Val::Num(Num { exact: Some(d), .. }), ListSet::Numbers(set)) => Some(set.contains(&d)),
+        (Val::Num(Num { exact: Some(ref d), .. }), ListSet::Numbers(set)) => Some(set.contains(d)),
         (Val::Num(n), ListSet::Numbers(set)) => {
             Some(Decimal::from_f64(n.float).is_some_and(|d| set.contains(&d)))
         }
@@ -174,7 +174,7 @@ impl Expr {
     pub fn eval<'e, 's: 'e, C: Context<'e> + ?Sized>(&'s self, cx: &mut C) -> Val<'e> {
         match self {
             Expr::Lit(l) => lit_val(l),
-            Expr::Num(n) => Val::Num(*n),
+            Expr::Num(n) => Val::Num(n.clone()),
             Expr::Field(slot) => field_val(cx.field(*slot)),
             Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
             Expr::Neg(inner) => match inner.eval(cx) {

@@ -62,10 +62,10 @@ mod tests {
             self.event.field(slot)
         }
         fn counter(&mut self, index: usize) -> Option<Num> {
-            self.counters[index]
+            self.counters[index].clone()
         }
         fn counter_raw(&mut self, index: usize) -> Option<i64> {
-            self.counters[index].map(|n| n.exact.and_then(Decimal::as_i64).unwrap())
+            self.counters[index].as_ref().map(|n| n.exact.as_ref().and_then(Decimal::as_i64).unwrap())
         }
     }
 

@@ -65,7 +65,7 @@ impl Resolver<'_> {
     fn resolve(&mut self, (ast, at): &(Ast, usize)) -> Result<Expr, ExprError> {
         let at = *at;
         Ok(match ast {
-            Ast::Num(d) => Expr::Num(Num::exact(*d)),
+            Ast::Num(d) => Expr::Num(Num::exact(d.clone())),
             Ast::Str(s) => Expr::Lit(Literal::Str(s.clone())),
             Ast::Bool(b) => Expr::Lit(Literal::Bool(*b)),
             Ast::Null => Expr::Lit(Literal::Null),
@@ -178,12 +178,12 @@ impl Resolver<'_> {
     /// `$counter cmp literal` on the raw scale, or the general comparison when the scaled
     /// literal does not fit 64 bits (then a raw integer cannot decide it exactly).
     fn counter_cmp(&self, cmp: Option<CounterCmp>, index: usize, literal: Num) -> Expr {
-        let (Some(cmp), Some(exact)) = (cmp, literal.exact) else {
+        let (Some(cmp), Some(exact)) = (cmp, literal.exact.clone()) else {
             unreachable!("checked by the caller")
         };
         let scale = self.names.counter_scale(index);
         let floor = exact.floor_scaled(scale);
-        let ceil = (-exact).floor_scaled(scale).checked_neg();
+        let ceil = (-&exact).floor_scaled(scale).checked_neg();
         match ceil {
             Some(ceil)
                 if floor != i64::MAX
@@ -289,7 +289,7 @@ fn counter_cmp(op: BinOp, flipped: bool) -> Option<CounterCmp> {
 
 fn literal((ast, at): &(Ast, usize)) -> Result<Literal, ExprError> {
     Ok(match ast {
-        Ast::Num(d) => Literal::Num(*d),
+        Ast::Num(d) => Literal::Num(d.clone()),
         Ast::Str(s) => Literal::Str(s.clone()),
         Ast::Bool(b) => Literal::Bool(*b),
         Ast::Null => Literal::Null,

@@ -64,7 +64,14 @@ fn read_file(file: usize, report: &mut Report<'_>, tables: &mut ReadTables) {
                 .next()
                 .unwrap_or("invalid TOML")
                 .trim_end();
-            report.error(offset, format!("TOML syntax error: {message}"));
+            // TOML integers are 64-bit; a longer id is exact in vigil when written as a float.
+            let hint = if message.contains("integer number overflowed") {
+                " (TOML integers are 64-bit: write a longer number with a fraction, as in \
+                 `18446744073709551615.0`, which vigil reads exactly)"
+            } else {
+                ""
+            };
+            report.error(offset, format!("TOML syntax error: {message}{hint}"));
             return;
         }
     };

@@ -74,11 +74,11 @@ pub(crate) fn read_rule(
     } else {
         None
     };
-    if let (Some(spec), Some((limit, at))) = (&spec, keys.limit) {
+    if let (Some(spec), Some((limit, at))) = (&spec, &keys.limit) {
         let most = Decimal::from_i64(i64::from(spec.max_distinct));
-        if spec.aggregate == Aggregate::Distinct && limit >= most {
+        if spec.aggregate == Aggregate::Distinct && *limit >= most {
             cx.report.error(
-                at,
+                *at,
                 format!(
                     "limit {limit} can never be exceeded: a distinct window records at most {most} values (its max_distinct); for a higher limit, define a [[counter]] with a larger \"max_distinct\" and test it in `when`"
                 ),
