@@ -3,11 +3,12 @@
 //!
 //! A [`Decimal`] is `±digits × 10^exp` normalised (no leading or trailing zeros in the digits,
 //! zero is `+0 × 10^0`), so equal values have equal representations: `1`, `1.0` and `100e-2`
-//! are one value, `1.0000000000000001` another. Any number of digits is exact: up to 38
-//! significant digits (every 64-bit and 128-bit id, every amount) live in a `u128` with no
-//! allocation; a longer number keeps all its digits on the heap, so a crafted
-//! 40-digit id can neither equal nor hide behind another one. Exponents saturate at ±2^50
-//! (`1e1125899906842624` and anything larger are one value): no number anyone writes comes near.
+//! are one value, `1.0000000000000001` another. Any number of digits is exact: up to 19
+//! significant digits (timestamps, amounts, signed 64-bit ids) live in a `u64` with no
+//! allocation, in 16 bytes; a longer number (an unsigned 64-bit id, a crafted 40-digit one)
+//! keeps all its digits on the heap, so no id can equal or hide behind another one. Exponents
+//! saturate at ±2^30 (`1e1073741824` and anything larger are one value): no number anyone
+//! writes comes near.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -25,10 +26,10 @@ enum Repr {
     /// Up to [`SMALL_DIGITS`] significant digits: `±mantissa × 10^exp`.
     Small {
         negative: bool,
-        mantissa: u128,
-        exp: i64,
+        mantissa: u64,
+        exp: i32,
     },
-    /// More significant digits than a `u128` holds.
+    /// More significant digits than a `u64` always holds.
     Long(Arc<LongDigits>),
 }
 
@@ -41,11 +42,11 @@ struct LongDigits {
     exp: i64,
 }
 
-/// Significant digits a `u128` mantissa always holds (10^38 - 1 < 2^127).
-const SMALL_DIGITS: usize = 38;
+/// Significant digits a `u64` mantissa always holds (10^19 - 1 < 2^64).
+const SMALL_DIGITS: usize = 19;
 
-/// Exponents saturate here: far beyond any number's meaning, far from i64 overflow.
-const EXP_LIMIT: i64 = 1 << 50;
+/// Exponents saturate here: far beyond any number's meaning, within an i32.
+const EXP_LIMIT: i64 = 1 << 30;
 
 /// 10^0 ..= 10^38.
 const POW10: [u128; 39] = {
@@ -59,7 +60,8 @@ const POW10: [u128; 39] = {
 };
 
 /// Decimal digits of `m` (1 for 0), without dividing.
-fn digits(m: u128) -> u32 {
+fn digits(m: u64) -> u32 {
+    let m = u128::from(m);
     POW10[1..]
         .iter()
         .position(|&p| m < p)
@@ -73,7 +75,7 @@ struct Parts<'d> {
     len: i64,
     exp: i64,
     long: Option<&'d str>,
-    mantissa: u128,
+    mantissa: u64,
 }
 
 impl<'d> Parts<'d> {
@@ -97,7 +99,7 @@ impl Decimal {
         exp: 0,
     });
 
-    fn small(negative: bool, mut mantissa: u128, mut exp: i64) -> Decimal {
+    fn small(negative: bool, mut mantissa: u64, mut exp: i64) -> Decimal {
         if mantissa == 0 {
             return Decimal::ZERO;
         }
@@ -108,7 +110,7 @@ impl Decimal {
         Decimal(Repr::Small {
             negative,
             mantissa,
-            exp: exp.clamp(-EXP_LIMIT, EXP_LIMIT),
+            exp: exp.clamp(-EXP_LIMIT, EXP_LIMIT) as i32,
         })
     }
 
@@ -121,7 +123,7 @@ impl Decimal {
             } => Parts {
                 negative: *negative,
                 len: i64::from(digits(*mantissa)),
-                exp: *exp,
+                exp: i64::from(*exp),
                 long: None,
                 mantissa: *mantissa,
             },
@@ -140,16 +142,16 @@ impl Decimal {
     }
 
     pub fn from_i64(v: i64) -> Decimal {
-        Decimal::small(v < 0, u128::from(v.unsigned_abs()), 0)
+        Decimal::small(v < 0, v.unsigned_abs(), 0)
     }
 
     pub fn small_int(v: u64) -> Decimal {
-        Decimal::small(false, u128::from(v), 0)
+        Decimal::small(false, v, 0)
     }
 
     /// A value held in micro-units (`micros × 10^-6`).
     pub fn from_micros(micros: i64) -> Decimal {
-        Decimal::small(micros < 0, u128::from(micros.unsigned_abs()), -6)
+        Decimal::small(micros < 0, micros.unsigned_abs(), -6)
     }
 
     /// Parses JSON number syntax (`-?int(.frac)?([eE][+-]?digits)?`); TOML integers and floats
@@ -161,7 +163,7 @@ impl Decimal {
             let v = bytes
                 .iter()
                 .fold(0u64, |v, &b| v * 10 + u64::from(b - b'0'));
-            return Some(Decimal::small(false, u128::from(v), 0));
+            return Some(Decimal::small(false, v, 0));
         }
         let mut i = 0;
         let negative = bytes.first() == Some(&b'-');
@@ -215,6 +217,14 @@ impl Decimal {
         if i != bytes.len() {
             return None;
         }
+        if integral.len() + fraction.len() <= SMALL_DIGITS {
+            // Fits a u64 whatever its zeros (amounts, times): one pass.
+            let mantissa = integral
+                .iter()
+                .chain(fraction)
+                .fold(0u64, |m, &b| m * 10 + u64::from(b - b'0'));
+            return Some(Decimal::small(negative, mantissa, exp - fraction.len() as i64));
+        }
         // The significant digits of integral ++ fraction: first to last non-zero.
         let at = |k: usize| {
             if k < integral.len() {
@@ -234,7 +244,7 @@ impl Decimal {
         let exp = (exp - fraction.len() as i64 + (total - 1 - last) as i64)
             .clamp(-EXP_LIMIT, EXP_LIMIT);
         if last - first < SMALL_DIGITS {
-            let mantissa = (first..=last).fold(0u128, |m, k| m * 10 + u128::from(at(k) - b'0'));
+            let mantissa = (first..=last).fold(0u64, |m, k| m * 10 + u64::from(at(k) - b'0'));
             return Some(Decimal::small(negative, mantissa, exp));
         }
         let digits: String = (first..=last).map(|k| char::from(at(k))).collect();
@@ -292,18 +302,19 @@ impl Decimal {
         let saturated = if p.negative { i64::MIN } else { i64::MAX };
         let (magnitude, integral) = match p.long {
             None => {
+                let mantissa = u128::from(p.mantissa);
                 let magnitude: Option<u128> = if exp >= 0 {
                     POW10
                         .get(exp as usize)
-                        .and_then(|pow| p.mantissa.checked_mul(*pow))
+                        .and_then(|pow| mantissa.checked_mul(*pow))
                 } else {
-                    Some(POW10.get((-exp) as usize).map_or(0, |pow| p.mantissa / pow))
+                    Some(POW10.get((-exp) as usize).map_or(0, |pow| mantissa / pow))
                 };
                 // Normalised: a negative exponent means a fractional part.
                 (magnitude, exp >= 0 || p.mantissa == 0)
             }
             Some(digits) => {
-                // More than 38 digits: an integer part short enough to fit leaves digits
+                // More than 19 digits: an integer part short enough to fit leaves digits
                 // behind it, so the value is never integral there.
                 let whole = p.len + exp;
                 if whole > 19 {
@@ -346,14 +357,14 @@ impl Decimal {
             exp,
         } = self.0
         else {
-            // Long values have more digits than any i128 that is not 39 digits long; keys
-            // rely on one form per value, so the rare 39-digit i128 stays a long decimal.
+            // Keys rely on one form per value: a long number is always keyed by its text,
+            // even one an i128 could hold.
             return None;
         };
         if exp < 0 {
             return None;
         }
-        let mut v = i128::try_from(mantissa).ok()?;
+        let mut v = i128::from(mantissa);
         for _ in 0..exp {
             v = v.checked_mul(10)?;
         }
@@ -370,14 +381,15 @@ impl Decimal {
         let p = self.parts();
         let exp = p.exp + 6;
         let magnitude: u128 = match p.long {
-            None if exp >= 0 => p.mantissa.checked_mul(*POW10.get(exp as usize)?)?,
+            None if exp >= 0 => u128::from(p.mantissa).checked_mul(*POW10.get(exp as usize)?)?,
             None => {
                 let drop = (-exp) as u64;
                 if drop > 38 {
                     0
                 } else {
                     let div = POW10[drop as usize];
-                    let (q, r) = (p.mantissa / div, p.mantissa % div);
+                    let mantissa = u128::from(p.mantissa);
+                    let (q, r) = (mantissa / div, mantissa % div);
                     let twice = r * 2;
                     match twice.cmp(&div) {
                         Ordering::Less => q,
@@ -398,9 +410,12 @@ impl Decimal {
                     let q = digits[..whole]
                         .bytes()
                         .fold(0u128, |m, b| m * 10 + u128::from(b - b'0'));
-                    // Non-zero digits always follow the next one (the last digit is non-zero
-                    // and more than 19 remain), so a 5 there is past the half: no tie.
-                    q + u128::from(digits.as_bytes()[whole] >= b'5')
+                    // More than 19 digits, so at least one follows the integer part; a 5 is
+                    // the exact half only as the last digit (the last digit is non-zero).
+                    let next = digits.as_bytes()[whole];
+                    let tie = next == b'5' && whole + 1 == digits.len();
+                    let up = next > b'5' || (next == b'5' && (!tie || q & 1 == 1));
+                    q + u128::from(up)
                 }
             }
         };
@@ -432,10 +447,11 @@ impl Ord for Decimal {
         let magnitude = a.adjusted().cmp(&b.adjusted()).then_with(|| {
             if a.long.is_none() && b.long.is_none() {
                 let (da, db) = (a.len as u32, b.len as u32);
+                let (x, y) = (u128::from(a.mantissa), u128::from(b.mantissa));
                 let (x, y) = if da < db {
-                    (a.mantissa * POW10[(db - da) as usize], b.mantissa)
+                    (x * POW10[(db - da) as usize], y)
                 } else {
-                    (a.mantissa, b.mantissa * POW10[(da - db) as usize])
+                    (x, y * POW10[(da - db) as usize])
                 };
                 x.cmp(&y)
             } else {
@@ -603,6 +619,12 @@ mod tests {
         assert_eq!(m("999999999999.9999996"), Some(1_000_000_000_000_000_000));
         assert_eq!(m("1e30"), None);
         assert_eq!(m("99999999999999999999999999999999999999"), None);
+        // Long numbers round half to even too: 20 digits whose last is the half.
+        assert_eq!(m("1234567.8901234567895"), Some(1_234_567_890_123));
+        assert_eq!(m("1234567.8901245678885"), Some(1_234_567_890_125));
+        assert_eq!(m("1234567.8901235000000000005"), Some(1_234_567_890_124));
+        assert_eq!(m("1000000000000.0000005"), Some(1_000_000_000_000_000_000));
+        assert_eq!(m("1000000000001.0000015"), Some(1_000_000_000_001_000_002));
         assert_eq!(m("1e-300"), Some(0));
     }
 

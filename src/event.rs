@@ -58,57 +58,30 @@ impl BadEvent {
 }
 
 /// A JSON number: the exact decimal its text writes (compared and keyed by that value, so `1`,
-/// `1.0` and `100e-2` are one number and `1.0000000000000001` another), and the text itself,
-/// which records echo as the event wrote it.
-#[derive(Debug, Clone)]
-pub struct Number<'a> {
+/// `1.0` and `100e-2` are one number and `1.0000000000000001` another).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Number {
     pub exact: Decimal,
     /// Written without a fraction or an exponent (`ts` must be).
     pub integer_text: bool,
-    /// The number's JSON text in the event, when it came from one.
-    pub text: Option<&'a str>,
 }
 
-/// Numbers are equal by value (`1` = `1.0`), whatever their text.
-impl PartialEq for Number<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.exact == other.exact
-    }
-}
-impl Eq for Number<'_> {}
-impl std::hash::Hash for Number<'_> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.exact.hash(state);
-    }
-}
-
-impl<'a> Number<'a> {
-    /// Parses JSON number text, keeping it.
-    pub fn parse(text: &'a str) -> Option<Number<'a>> {
+impl Number {
+    /// Parses JSON number text.
+    pub fn parse(text: &str) -> Option<Number> {
         let exact = Decimal::parse(text)?;
         // Parsed already: the text is a valid number, so a fraction or exponent is one of these.
         let integer_text = !text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E'));
         Some(Number {
             exact,
             integer_text,
-            text: Some(text),
         })
     }
 
-    pub fn from_i64(v: i64) -> Number<'static> {
+    pub fn from_i64(v: i64) -> Number {
         Number {
             exact: Decimal::from_i64(v),
             integer_text: true,
-            text: None,
-        }
-    }
-
-    /// A number with no text of its own (a literal, a computed value).
-    pub fn from_decimal(exact: Decimal) -> Number<'static> {
-        Number {
-            exact,
-            integer_text: false,
-            text: None,
         }
     }
 
@@ -125,7 +98,7 @@ pub enum FieldValue<'a> {
     Missing,
     Null,
     Bool(bool),
-    Number(Number<'a>),
+    Number(Number),
     Str(Cow<'a, str>),
     /// An object: present, but not a scalar, so never a key or a match.
     Object,
@@ -150,7 +123,7 @@ impl FieldValue<'_> {
     pub fn scalar(&self) -> Option<Scalar<'_>> {
         match self {
             FieldValue::Bool(b) => Some(Scalar::Bool(*b)),
-            FieldValue::Number(n) => Some(Scalar::Number(n)),
+            FieldValue::Number(n) => Some(Scalar::Number(&n.exact)),
             FieldValue::Str(s) => Some(Scalar::Str(s)),
             _ => None,
         }
@@ -161,7 +134,7 @@ impl FieldValue<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scalar<'a> {
     Bool(bool),
-    Number(&'a Number<'a>),
+    Number(&'a Decimal),
     Str(&'a str),
 }
 
@@ -171,7 +144,7 @@ impl Scalar<'_> {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         match *self {
             Scalar::Bool(b) => out.extend_from_slice(&[b'b', b as u8]),
-            Scalar::Number(n) => match n.exact.as_i128() {
+            Scalar::Number(n) => match n.as_i128() {
                 // Integers keep the encoding they always had (keys in Redis stay the same).
                 Some(i) => match i64::try_from(i) {
                     Ok(small) => {
@@ -185,7 +158,7 @@ impl Scalar<'_> {
                 },
                 None => {
                     // Any other number by its exact decimal text (unambiguous: length-prefixed).
-                    let text = n.exact.to_string();
+                    let text = n.to_string();
                     out.push(b'd');
                     push_length(out, text.len());
                     out.extend_from_slice(text.as_bytes());
@@ -214,7 +187,7 @@ impl serde::Serialize for Scalar<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             Scalar::Bool(b) => s.serialize_bool(*b),
-            Scalar::Number(n) => n.exact.serialize(s),
+            Scalar::Number(n) => n.serialize(s),
             Scalar::Str(v) => s.serialize_str(v),
         }
     }
@@ -373,6 +346,16 @@ impl<'a> Event<'a> {
         &self.fields[EVENT_ID_SLOT]
     }
 
+    /// A numeric `event_id`'s JSON text as the event wrote it.
+    pub fn event_id_text(&self) -> Option<&str> {
+        match self.fields.last() {
+            Some(FieldValue::Str(text)) if matches!(self.event_id(), FieldValue::Number(_)) => {
+                Some(text)
+            }
+            _ => None,
+        }
+    }
+
     /// The time its `ts` field states, if usable (whatever the event's time was taken from).
     pub fn stamped_ts(&self) -> Option<i64> {
         event_time(&self.fields[TS_SLOT]).ok()
@@ -397,8 +380,9 @@ pub fn decode_at<'a>(
     let text = std::str::from_utf8(input).map_err(|e| {
         BadEvent::InvalidJson(format!("not valid UTF-8 at byte {}", e.valid_up_to()))
     })?;
-    let mut fields = Vec::with_capacity(projection.slot_count());
-    fields.resize_with(projection.slot_count(), || FieldValue::Missing);
+    // One slot past the projection's: the text of a numeric `event_id` (see `ValueSeed`).
+    let mut fields = Vec::with_capacity(projection.slot_count() + 1);
+    fields.resize_with(projection.slot_count() + 1, || FieldValue::Missing);
     let mut de = serde_json::Deserializer::from_str(text);
     let top = de
         .deserialize_any(TopVisitor {
@@ -825,6 +809,12 @@ impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
             check_keys(raw)?;
             if let Some(slot) = node.slot {
                 out[slot] = interpret(text).map_err(de::Error::custom)?;
+                if slot == EVENT_ID_SLOT && matches!(out[slot], FieldValue::Number(_)) {
+                    // Records echo a numeric id as written (`1.50`, `1E3`): its text goes in
+                    // the slot after the projection's, so numbers elsewhere stay 24 bytes.
+                    let last = out.len() - 1;
+                    out[last] = FieldValue::Str(Cow::Borrowed(text));
+                }
             }
             Ok(())
         } else {
@@ -863,13 +853,19 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.set(FieldValue::Number(Number::from_decimal(Decimal::small_int(v))));
+        self.set(FieldValue::Number(Number {
+            exact: Decimal::small_int(v),
+            integer_text: true,
+        }));
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
         // Only under a path that is not itself projected (see `ValueSeed`): never recorded.
         if let Some(exact) = Decimal::from_f64(v) {
-            self.set(FieldValue::Number(Number::from_decimal(exact)));
+            self.set(FieldValue::Number(Number {
+                exact,
+                integer_text: false,
+            }));
         }
         Ok(())
     }
@@ -1229,9 +1225,9 @@ mod tests {
             s.encode_into(&mut v);
             v
         };
-        let num = |t: &str| enc(Scalar::Number(&Number::parse(t).unwrap()));
+        let num = |t: &str| enc(Scalar::Number(&Number::parse(t).unwrap().exact));
         assert_ne!(enc(Scalar::Str("17")), num("17"));
-        assert_eq!(num("17.0"), enc(Scalar::Number(&Number::from_i64(17))));
+        assert_eq!(num("17.0"), enc(Scalar::Number(&Decimal::from_i64(17))));
         assert_ne!(num("1.0000000000000001"), num("1"));
         // Every digit counts, at any length: 64-bit ids, 128-bit ids, and longer.
         assert_ne!(num("18446744073709551611"), num("18446744073709551612"));

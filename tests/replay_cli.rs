@@ -1138,3 +1138,56 @@ limit = 1
     let key = format!(r#""key":{{"user_id":{long}}}"#);
     assert!(line[7].contains(&key), "{}", line[7]);
 }
+
+/// Megabyte-scale dimension values and ids cost a bounded amount: one key stays a few hundred
+/// bytes of state whatever its values (a digest past 256 bytes), two long values that differ
+/// only at their end are still two keys, and a record quotes a long value by its first
+/// characters, its length and a digest instead of whole.
+#[test]
+fn long_values_cost_bounded_state_and_bounded_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nid = \"per-user\"\naction = \"review\"\ndimensions = [\"user_id\"]\nwindow = \"1h\"\nlimit = 1\n",
+    )
+    .unwrap();
+    let filler = "x".repeat(100_000);
+    let mut input = String::new();
+    for i in 0..300 {
+        input.push_str(&format!(
+            "{{\"event_id\":\"{filler}{i}\",\"ts\":{},\"user_id\":\"{filler}{i}\"}}\n",
+            1000 + i
+        ));
+    }
+    // The first user again (its second event: fires), then one more new one (does not).
+    input.push_str(&format!("{{\"event_id\":\"{filler}0\",\"ts\":2000,\"user_id\":\"{filler}0\"}}\n"));
+    input.push_str(&format!("{{\"event_id\":\"{filler}300\",\"ts\":2001,\"user_id\":\"{filler}300\"}}\n"));
+    let path = dir.path().join("events.jsonl");
+    std::fs::write(&path, &input).unwrap();
+    let out = vigil(
+        &["replay", "--rules", rules.to_str().unwrap(), "--input", path.to_str().unwrap()],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", stdout.chars().take(2000).collect::<String>());
+    assert!(lines[0].len() < 1024, "a record of {} bytes", lines[0].len());
+    let record: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(record["hits"][0]["value"], 2);
+    let quoted = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
+    let key = quoted(&record["hits"][0]["key"]["user_id"]);
+    let id = quoted(&record["event_id"]);
+    assert!(key.starts_with(&"x".repeat(64)) && key.contains("… (100001 bytes, blake3 "), "{key}");
+    assert_eq!(key, id, "the same value is quoted the same way");
+    // 301 keys of 100 kB values: a few hundred bytes each, not 30 MB.
+    let mib: f64 = stderr
+        .split(" MiB of state")
+        .next()
+        .and_then(|s| s.rsplit('~').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no state figure in {stderr}"));
+    assert!(mib < 1.0, "{mib} MiB of state for 301 keys: {stderr}");
+}

@@ -2,7 +2,7 @@
 //! records are copied from pre-rendered parts, not serialised field by field.
 
 use crate::decimal::Decimal;
-use crate::event::{Number, Scalar};
+use crate::event::Scalar;
 
 /// The bytes `write` appends to an empty buffer.
 pub(super) fn render(write: impl FnOnce(&mut Vec<u8>)) -> Box<[u8]> {
@@ -72,12 +72,14 @@ pub(super) fn write_decimal(out: &mut Vec<u8>, d: &Decimal) {
     }
 }
 
-/// An event's number as the event wrote it (`1.50` stays `1.50`), within the same range.
-pub(super) fn write_number(out: &mut Vec<u8>, n: &Number<'_>) {
-    match n.text {
+/// An event's number as the event wrote it (`1.50` stays `1.50`) if it is within a double's
+/// range, else by its exact value as [`write_decimal`] writes it.
+pub(super) fn write_number(out: &mut Vec<u8>, exact: &Decimal, text: Option<&str>) {
+    match text {
+        Some(text) if text.len() > MAX_QUOTED_BYTES => write_long_value(out, text),
         // The parser validated the text as one JSON number token.
-        Some(text) if n.exact.fits_f64() => out.extend_from_slice(text.as_bytes()),
-        _ => write_decimal(out, &n.exact),
+        Some(text) if exact.fits_f64() => out.extend_from_slice(text.as_bytes()),
+        _ => write_scalar(out, Some(Scalar::Number(exact))),
     }
 }
 
@@ -86,9 +88,39 @@ pub(super) fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
         None => out.extend_from_slice(b"null"),
         Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
         // A key value by its canonical text: one key, one rendering, whichever event wrote it.
-        Some(Scalar::Number(n)) => write_decimal(out, &n.exact),
+        Some(Scalar::Number(n)) => {
+            let start = out.len();
+            write_decimal(out, n);
+            if out.len() - start > MAX_QUOTED_BYTES {
+                let text = String::from_utf8_lossy(&out[start..]).into_owned();
+                out.truncate(start);
+                write_long_value(out, &text);
+            }
+        }
+        Some(Scalar::Str(s)) if s.len() > MAX_QUOTED_BYTES => write_long_value(out, s),
         Some(Scalar::Str(s)) => write_str(out, s),
     }
+}
+
+/// Longest value (an id, a key value) a record quotes whole.
+pub const MAX_QUOTED_BYTES: usize = 256;
+
+/// A value longer than [`MAX_QUOTED_BYTES`], as a JSON string of its first characters, its
+/// length and a digest that tells two such values apart: a record of a hostile megabyte-long
+/// id stays small, and whoever holds the value can still match it (BLAKE3 of its text).
+#[cold]
+pub(super) fn write_long_value(out: &mut Vec<u8>, text: &str) {
+    let mut cut = 64.min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let hash = blake3::hash(text.as_bytes());
+    let hex: String = hash.as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let quoted = format!("{}… ({} bytes, blake3 {hex})", &text[..cut], text.len());
+    write_str(out, &quoted);
 }
 
 #[cfg(test)]

@@ -305,6 +305,11 @@ impl ScopeMemo {
     }
 }
 
+/// Longest canonical key kept as it is: a longer one (a megabyte of `user_agent`) is replaced by
+/// its digest, so no event makes one key cost more than a few hundred bytes of state, in
+/// process or in the Redis store's local view.
+pub const MAX_KEY_BYTES: usize = 256;
+
 /// Writes the canonical key of the fields at `slots` into `key` (cleared first); false if one is
 /// missing, null, an object or an array.
 #[inline]
@@ -316,7 +321,20 @@ fn encode_key(slots: &[usize], event: &Event<'_>, key: &mut Vec<u8>) -> bool {
             None => return false,
         }
     }
+    if key.len() > MAX_KEY_BYTES {
+        compact_key(key);
+    }
     true
+}
+
+/// `#` and the 32-byte BLAKE3 of the key: a canonical key starts with a type tag, never `#`,
+/// and a cryptographic hash keeps two long values from sharing a key.
+#[cold]
+fn compact_key(key: &mut Vec<u8>) {
+    let hash = blake3::hash(key);
+    key.clear();
+    key.push(b'#');
+    key.extend_from_slice(hash.as_bytes());
 }
 
 /// The values a `match` table entry accepts: scanned when few, hashed when many (an any-of array
@@ -431,6 +449,23 @@ mod tests {
         assert!(!hit(r#""code":1,"kind":"c","ok":true"#));
         assert!(!hit(r#""code":1,"kind":"a","ok":"true""#));
         assert!(!hit(r#""code":1,"kind":"a""#));
+    }
+
+    /// A key past `MAX_KEY_BYTES` is a fixed-size digest, and two long values that differ only
+    /// in their last byte are still two keys; short keys are unchanged.
+    #[test]
+    fn long_keys_are_digests_and_stay_apart() {
+        let rules = set("");
+        let key = |user: &str| {
+            plan(&rules, &format!(r#"{{"ts":1,"user_id":"{user}","device":{{"id":"d"}}}}"#)).1
+        };
+        let long = "u".repeat(1_000_000);
+        let (a, b) = (key(&format!("{long}a")), key(&format!("{long}b")));
+        assert_eq!((a.len(), a[0]), (33, b'#'));
+        assert_ne!(a, b);
+        assert_eq!(a, key(&format!("{long}a")));
+        let short = key("u-17");
+        assert!(short.len() < MAX_KEY_BYTES && short[0] == b's', "{short:?}");
     }
 
     /// Past eight values an any-of array is hashed; it must accept exactly what the scan does.

@@ -52,7 +52,7 @@ pub fn write_record(
     out.extend_from_slice(b"\",\"event_id\":");
     // As the event wrote it: an id is text to whoever issued it (`1.50` stays `1.50`, `1e3` stays `1e3`).
     match event.event_id() {
-        FieldValue::Number(n) => write_number(out, n),
+        FieldValue::Number(n) => write_number(out, &n.exact, event.event_id_text()),
         id @ FieldValue::Str(_) => write_scalar(out, id.scalar()),
         _ => write_scalar(out, None),
     }
