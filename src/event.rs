@@ -621,6 +621,14 @@ pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
             let parsed = chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {
                 BadEvent::BadTs(format!("{} is not RFC 3339 ({e})", quote_prefix(s)))
             })?;
+            // chrono reads second 60 as a leap second, on any day and at any minute, and its
+            // milliseconds are those of the next second: one instant, two texts. Refused.
+            if chrono::Timelike::nanosecond(&parsed) >= 1_000_000_000 {
+                return Err(BadEvent::BadTs(format!(
+                    "{} is a leap second (second 60), which is not a usable time",
+                    quote_prefix(s)
+                )));
+            }
             let ms = parsed.timestamp_millis();
             if (0..=MAX_TS_MS).contains(&ms) {
                 Ok(ms)
@@ -1115,6 +1123,15 @@ mod tests {
         assert_eq!(err(br#"{"ts":"yesterday"}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":null}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":"1969-12-31T23:59:59Z"}"#), "bad_ts");
+        // Second 60 is a leap second, on a leap-second day or not: never a usable time.
+        for leap in ["2016-12-31T23:59:60Z", "2023-06-01T23:59:60Z", "2023-06-01T12:30:60.5+02:00"] {
+            let line = format!(r#"{{"ts":"{leap}"}}"#);
+            match decode(line.as_bytes(), &p) {
+                Err(BadEvent::BadTs(why)) => assert!(why.contains("leap second"), "{why}"),
+                other => panic!("{leap}: {other:?}"),
+            }
+        }
+        assert!(decode(br#"{"ts":"2016-12-31T23:59:59.999Z"}"#, &p).is_ok());
         // The range ends with year 9999; sub-millisecond fractions are truncated.
         assert_eq!(
             decode(br#"{"ts":253402300799999}"#, &p).unwrap().ts,
