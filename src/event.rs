@@ -100,10 +100,12 @@ pub enum FieldValue<'a> {
     Bool(bool),
     Number(Number),
     Str(Cow<'a, str>),
-    /// An object: present, but not a scalar, so never a key or a match.
-    Object,
-    /// An array, with its elements (for `in`); never a key or a match.
-    Array(Vec<FieldValue<'a>>),
+    /// An object, with its JSON text (for deep `==`): present, but not a scalar, so never a
+    /// key or a match.
+    Object(&'a str),
+    /// An array, with its elements (for `in`) and its JSON text (for deep `==`); never a key
+    /// or a match.
+    Array(Vec<FieldValue<'a>>, &'a str),
 }
 
 impl FieldValue<'_> {
@@ -114,8 +116,8 @@ impl FieldValue<'_> {
             FieldValue::Bool(_) => "boolean",
             FieldValue::Number(_) => "number",
             FieldValue::Str(_) => "string",
-            FieldValue::Object => "object",
-            FieldValue::Array(_) => "array",
+            FieldValue::Object(_) => "object",
+            FieldValue::Array(..) => "array",
         }
     }
 
@@ -811,8 +813,12 @@ impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
                 // Both projected and a parent (`device` and `device.id`): descend into the
                 // object's text (rare, so reading it twice costs nothing that matters).
                 let mut inner = serde_json::Deserializer::from_str(text);
-                return de::Deserializer::deserialize_any(&mut inner, Inner { node, out })
-                    .map_err(de::Error::custom);
+                de::Deserializer::deserialize_any(&mut inner, Inner { node, out: &mut *out })
+                    .map_err(de::Error::custom)?;
+                if let Some(slot) = node.slot {
+                    out[slot] = FieldValue::Object(text);
+                }
+                return Ok(());
             }
             check_keys(raw)?;
             if let Some(slot) = node.slot {
@@ -893,14 +899,12 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
         while let Some(element) = seq.next_element::<&'de RawValue>()? {
             check_keys(element)?;
         }
-        self.set(FieldValue::Array(Vec::new()));
+        // Only under a path that is not itself projected (see `ValueSeed`): never recorded.
+        self.set(FieldValue::Array(Vec::new(), "[]"));
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
         let Inner { node, out } = self;
-        if let Some(slot) = node.slot {
-            out[slot] = FieldValue::Object;
-        }
         visit_object(node, out, map)
     }
 }
@@ -909,7 +913,7 @@ impl<'de: 'a, 'a> Visitor<'de> for Inner<'_, '_, 'a> {
 /// what `in` looks for), so no depth of nesting recurses here.
 fn interpret_element(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
     match text.as_bytes().first() {
-        Some(b'[') => Ok(FieldValue::Array(Vec::new())),
+        Some(b'[') => Ok(FieldValue::Array(Vec::new(), text)),
         _ => interpret(text),
     }
 }
@@ -928,7 +932,7 @@ fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
         Some(b't') => FieldValue::Bool(true),
         Some(b'f') => FieldValue::Bool(false),
         Some(b'n') => FieldValue::Null,
-        Some(b'{') => FieldValue::Object,
+        Some(b'{') => FieldValue::Object(text),
         Some(b'[') => {
             let elements: Vec<&RawValue> = serde_json::from_str(text)?;
             FieldValue::Array(
@@ -936,6 +940,7 @@ fn interpret(text: &str) -> Result<FieldValue<'_>, serde_json::Error> {
                     .into_iter()
                     .map(|e| interpret_element(e.get()))
                     .collect::<Result<_, _>>()?,
+                text,
             )
         }
         _ => match Number::parse(text) {
@@ -1166,11 +1171,11 @@ mod tests {
         let arrays = deep("[", "]");
         let line = format!(r#"{{"ts":1,"tags":[1,{arrays},"a"],"device":{arrays}}}"#);
         let e = decode(line.as_bytes(), &p).unwrap();
-        let FieldValue::Array(items) = e.field(s[0]) else {
+        let FieldValue::Array(items, _) = e.field(s[0]) else {
             panic!("tags is an array")
         };
         assert_eq!(items.len(), 3);
-        assert_eq!(items[1], FieldValue::Array(Vec::new()));
+        assert_eq!(items[1], FieldValue::Array(Vec::new(), &arrays));
         assert_eq!(items[2], FieldValue::Str("a".into()));
         for line in [
             format!(r#"{{"ts":{arrays}}}"#),

@@ -97,6 +97,8 @@ pub enum Expr {
     /// A number literal, with its double computed once.
     Num(Num),
     Field(usize),
+    /// A list literal outside `in` (`tags == ['gift']`).
+    List(Box<[Literal]>),
     Counter(usize),
     Not(Box<Expr>),
     Neg(Box<Expr>),
@@ -194,6 +196,7 @@ impl Expr {
         match self {
             Expr::Lit(_)
             | Expr::Num(_)
+            | Expr::List(_)
             | Expr::Field(_)
             | Expr::Counter(_)
             | Expr::Exists(_)

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use hashbrown::HashSet;
 
 use super::compiled::{Expr, Literal, Num, StrSet};
+use super::deep::Tree;
 use super::parse::BinOp;
 use crate::event::{Decimal, FieldValue};
 use crate::rules::lists::ListSet;
@@ -21,10 +22,34 @@ pub enum Val<'e> {
     Bool(bool),
     Num(Num),
     Str(Cow<'e, str>),
-    /// An event array.
-    Array(&'e [FieldValue<'e>]),
-    /// An event object: equal to nothing.
-    Object,
+    /// An event array: its elements, and its JSON text (for deep `==`).
+    Array(&'e [FieldValue<'e>], &'e str),
+    /// An event object's JSON text.
+    Object(&'e str),
+    /// A list literal.
+    List(&'e [Literal]),
+}
+
+impl Val<'_> {
+    fn is_composite(&self) -> bool {
+        matches!(self, Val::Array(..) | Val::Object(_) | Val::List(_))
+    }
+
+    /// The value as deep equality sees it; `None` for unknown (and past the nesting bound).
+    fn tree(&self) -> Option<Tree<'_>> {
+        Some(match self {
+            Val::Unknown => return None,
+            Val::Null => Tree::Null,
+            Val::Bool(b) => Tree::Bool(*b),
+            Val::Num(n) => Tree::Num(match &n.exact {
+                Some(d) => d.clone(),
+                None => Decimal::from_f64(n.float)?,
+            }),
+            Val::Str(s) => Tree::Str(Cow::Borrowed(s)),
+            Val::Array(_, text) | Val::Object(text) => Tree::from_json(text)?,
+            Val::List(items) => Tree::from_literals(items),
+        })
+    }
 }
 
 /// Where an expression gets field and counter values.
@@ -43,8 +68,8 @@ fn field_val<'e>(v: &'e FieldValue<'e>) -> Val<'e> {
         FieldValue::Bool(b) => Val::Bool(*b),
         FieldValue::Number(n) => Val::Num(Num::exact(n.exact.clone())),
         FieldValue::Str(s) => Val::Str(Cow::Borrowed(s.as_ref())),
-        FieldValue::Object => Val::Object,
-        FieldValue::Array(items) => Val::Array(items),
+        FieldValue::Object(text) => Val::Object(text),
+        FieldValue::Array(items, text) => Val::Array(items, text),
     }
 }
 
@@ -75,6 +100,8 @@ fn truth_val(t: Truth) -> Val<'static> {
 fn equal(a: &Val<'_>, b: &Val<'_>) -> Truth {
     Some(match (a, b) {
         (Val::Unknown, _) | (_, Val::Unknown) => return None,
+        // Arrays and objects deeply (unknown past the nesting bound); never equal to a scalar.
+        (x, y) if x.is_composite() && y.is_composite() => x.tree()? == y.tree()?,
         (Val::Null, Val::Null) => true,
         (Val::Bool(x), Val::Bool(y)) => x == y,
         (Val::Num(x), Val::Num(y)) => match (&x.exact, &y.exact) {
@@ -141,7 +168,7 @@ fn in_set(v: &Val<'_>, strings: &StrSet, set: &HashSet<Literal>) -> Truth {
 fn in_array<'e>(v: &Val<'_>, field: &'e FieldValue<'e>) -> Truth {
     match (v, field) {
         (Val::Unknown, _) => None,
-        (_, FieldValue::Array(items)) => Some(
+        (_, FieldValue::Array(items, _)) => Some(
             items
                 .iter()
                 .any(|item| equal(v, &field_val(item)) == Some(true)),
@@ -176,6 +203,7 @@ impl Expr {
             Expr::Lit(l) => lit_val(l),
             Expr::Num(n) => Val::Num(n.clone()),
             Expr::Field(slot) => field_val(cx.field(*slot)),
+            Expr::List(items) => Val::List(items),
             Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
             Expr::Neg(inner) => match inner.eval(cx) {
                 Val::Num(n) => Val::Num(Num {
@@ -333,6 +361,7 @@ impl Expr {
             // A value: true only if it is the boolean true.
             Expr::Lit(_)
             | Expr::Num(_)
+            | Expr::List(_)
             | Expr::Field(_)
             | Expr::Counter(_)
             | Expr::Neg(_)
@@ -369,7 +398,7 @@ impl Expr {
 
     fn reads_input(&self) -> bool {
         match self {
-            Expr::Lit(_) | Expr::Num(_) => false,
+            Expr::Lit(_) | Expr::Num(_) | Expr::List(_) => false,
             Expr::Field(_)
             | Expr::Counter(_)
             | Expr::Exists(_)

@@ -6,6 +6,7 @@
 //! slots and indexes: the compiled [`Expr`], in `compiled`) → `eval` (per event).
 
 mod compiled;
+mod deep;
 mod error;
 mod eval;
 mod lex;
@@ -79,6 +80,39 @@ mod tests {
             counters: [Some(Num::exact(Decimal::from_i64(6))), None],
         };
         truth(&c.expr.eval(&mut cx))
+    }
+
+    /// `==` / `!=` compare arrays and objects deeply; a list literal stands wherever a value may.
+    #[test]
+    fn arrays_and_objects_compare_deeply() {
+        let event = r#"{"ts":1,"tags":["gift"],"two":["gift","rush"],
+            "ship":{"zip":10001,"city":"NY"},"bill":{"city":"NY","zip":10001.0},
+            "other":{"zip":"10001","city":"NY"},"n":[[1,{"a":[2]}]],"m":[[1.0,{"a":[2e0]}]]}"#;
+        for (expr, want) in [
+            ("tags == tags", Some(true)),
+            ("!(tags == tags)", Some(false)),
+            ("ship == ship", Some(true)),
+            ("ship == bill", Some(true)),
+            ("ship != bill", Some(false)),
+            ("ship == other", Some(false)),
+            ("tags == ['gift']", Some(true)),
+            ("['gift'] == tags", Some(true)),
+            ("two == ['gift']", Some(false)),
+            ("two == ['gift', 'rush']", Some(true)),
+            ("two == ['rush', 'gift']", Some(false)),
+            ("n == m", Some(true)),
+            ("['a', 1] == ['a', 1.0]", Some(true)),
+            ("tags == 'gift'", Some(false)),
+            ("ship == null", Some(false)),
+            ("missing == ['gift']", None),
+            ("tags < ['z']", None),
+        ] {
+            assert_eq!(eval(expr, event), want, "{expr}");
+        }
+        // Nesting past the bound is unknown, not a stack overflow.
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let line = format!(r#"{{"ts":1,"a":{deep},"b":{deep}}}"#);
+        assert_eq!(eval("a == b", &line), None);
     }
 
     fn error(expr: &str, allow_counters: bool) -> (usize, String) {

@@ -69,7 +69,8 @@ impl Resolver<'_> {
             Ast::Str(s) => Expr::Lit(Literal::Str(s.clone())),
             Ast::Bool(b) => Expr::Lit(Literal::Bool(*b)),
             Ast::Null => Expr::Lit(Literal::Null),
-            Ast::List(_) => return err(at, "a list [...] can only follow 'in' or 'not in'"),
+            // A list literal stands wherever a value may (compared deeply by `==`).
+            Ast::List(items) => Expr::List(items.iter().map(literal).collect::<Result<_, _>>()?),
             Ast::Path(p) => Expr::Field(self.field(p)),
             Ast::Counter(id) => {
                 if !self.allow_counters {
