@@ -40,6 +40,15 @@ enum Command {
         /// clock you trust.
         #[arg(long, value_name = "DURATION|off", default_value_t = Bound(InputConfig::default().max_future_skew), value_parser = parse_bound)]
         max_future_skew: Bound,
+        /// A JSON-lines sample of real events to lint the rules against: field paths that never
+        /// occur (with "did you mean"), literals of a type the events never carry there
+        /// (`mcc = 8398` against "8398"), `ts` in seconds or microseconds, rules that never fire
+        /// and counters that count nothing on the sample.
+        #[arg(long, value_name = "SAMPLE.jsonl")]
+        events: Option<PathBuf>,
+        /// Exit 1 when there are warnings (for CI).
+        #[arg(long)]
+        strict: bool,
     },
     /// Run rules over JSON-lines events (no Kafka; in-process counters unless --redis): decisions to stdout.
     Replay {
@@ -387,7 +396,15 @@ fn main() -> ExitCode {
             path,
             max_partition_skew,
             max_future_skew,
-        } => cli::check(&path, max_partition_skew.0, max_future_skew.0),
+            events,
+            strict,
+        } => cli::check(
+            &path,
+            max_partition_skew.0,
+            max_future_skew.0,
+            events.as_deref(),
+            strict,
+        ),
         Command::Replay {
             rules,
             input,

@@ -362,7 +362,7 @@ fn a_line_that_makes_the_rest_late_is_named_and_late_events_are_counted() {
     );
     assert_eq!(
         report["counters"],
-        serde_json::json!([{"counter_id": "fails-user-10m", "late": 4, "skipped": {}, "distinct_capped": 0}])
+        serde_json::json!([{"counter_id": "fails-user-10m", "counted": 1, "late": 4, "skipped": {}, "distinct_capped": 0}])
     );
     let warning = "warning: line 1: its time (2023-11-16 22:13:20) is 2days ahead of the event after it \
                    (2023-11-14 22:13:20): it moved the watermark past the input's other events, and 4 of them \

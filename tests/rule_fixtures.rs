@@ -11,7 +11,8 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 44] = [
+const REQUIRED: [&str; 45] = [
+    "key_typo",
     "expr_too_deep",
     "integer_past_64_bits",
     "all_at_once",
@@ -390,4 +391,44 @@ fn check_warns_about_windows_a_time_bound_can_blind() {
         (out.status.code(), out.stderr.as_slice()),
         (Some(0), &b""[..])
     );
+}
+
+/// `check --events` lints the rules against a sample of real events, each silent mistake named
+/// with where it is and what the events carry instead; `--strict` turns the warnings into exit 1.
+#[test]
+fn check_events_names_the_mistakes_a_sample_reveals() {
+    let rules = "tests/fixtures/check_events/rules.toml";
+    let sample = "tests/fixtures/check_events/sample.jsonl";
+    let out = vigil(&["check", rules, "--events", sample, "--max-future-skew", "off"]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let expected = [
+        format!("warning: {rules}:7:1: field \"cardd.id\" (counter pay-mcc) never occurs in the 100 sample events; did you mean \"card.id\"?"),
+        format!("warning: {rules}:18:1: field \"geo.country\" (rule charity) never occurs in the 100 sample events: \"geo\" is never an object there"),
+        format!("warning: {rules}:7:1: counter pay-mcc compares \"mcc\" with 8398 (a number), but the sample's \"mcc\" is a string (e.g. \"8398\"): it can never be equal"),
+        "warning: \"ts\" looks like epoch seconds (median 1700000025): vigil reads it as milliseconds, so these events are in January 1970 — multiply by 1000 or send an RFC 3339 string".to_owned(),
+        format!("warning: {rules}:18:1: rule charity never fires on the 100 sample events (100 in its scope)"),
+        format!("warning: {rules}:7:1: counter pay-mcc counts nothing on the 100 sample events: no sample event is in its scope"),
+    ];
+    assert_eq!(stderr.lines().collect::<Vec<_>>(), expected);
+    assert!(String::from_utf8(out.stdout).unwrap().ends_with(", 6 warnings\n"));
+    let strict = vigil(&["check", rules, "--events", sample, "--max-future-skew", "off", "--strict"]);
+    assert_eq!(strict.status.code(), Some(1));
+    // A sample the rules fit: no warning.
+    let dir = tempfile::tempdir().unwrap();
+    let fits = dir.path().join("fits.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| format!(r#"{{"ts":{},"type":"login","result":"fail","user_id":"u1"}}"#, 1_700_000_000_000i64 + i))
+        .collect();
+    fs::write(&fits, lines.join("\n")).unwrap();
+    let brute = dir.path().join("brute.toml");
+    fs::write(
+        &brute,
+        "[[counter]]\nid = 'fails-user'\nmatch = { type = 'login', result = 'fail' }\ndimensions = ['user_id']\nwindow = '15m'\n\
+         [[rule]]\nid = 'brute'\naction = 'block'\nwhen = '$fails-user > 2'\n",
+    )
+    .unwrap();
+    let out = vigil(&["check", brute.to_str().unwrap(), "--events", fits.to_str().unwrap(), "--strict"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stderr).unwrap(), "");
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
 use vigil::rule_files;
 
 use super::load_rules;
@@ -15,6 +16,8 @@ pub fn check(
     path: &Path,
     max_partition_skew: Option<Duration>,
     max_future_skew: Option<Duration>,
+    events: Option<&Path>,
+    strict: bool,
 ) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules(path) else {
         return Ok(ExitCode::from(1));
@@ -28,6 +31,12 @@ pub fn check(
     }
     let mut skew_warnings = short_windows(&rules, max_future_skew, FUTURE_SKEW);
     skew_warnings.extend(short_windows(&rules, max_partition_skew, PARTITION_SKEW));
+    if let Some(sample) = events {
+        match sample_warnings(&rules, sample)? {
+            Some(warnings) => skew_warnings.extend(warnings),
+            None => return Ok(ExitCode::from(1)),
+        }
+    }
     for warning in &skew_warnings {
         eprintln!("warning: {warning}");
     }
@@ -46,7 +55,97 @@ pub fn check(
             n => format!(", {n} warning{}", if n == 1 { "" } else { "s" }),
         }
     )?;
+    if strict && rules.warnings().len() + skew_warnings.len() > 0 {
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a sample of events says about the rules: the lint of `rules::lint`, then a backtest of
+/// the sample naming the rules that never fire and the counters that count nothing. `None` (said
+/// on stderr) when the sample cannot be read.
+fn sample_warnings(
+    rules: &vigil::rules::RuleSet,
+    path: &Path,
+) -> anyhow::Result<Option<Vec<String>>> {
+    use vigil::pipeline::{read_line_bounded, LineRead, DEFAULT_MAX_EVENT_BYTES};
+    let Some(mut reader) = super::open_input(path) else {
+        return Ok(None);
+    };
+    let mut sample = vigil::rules::lint::Sample::new("ts");
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match read_line_bounded(&mut reader, &mut line, DEFAULT_MAX_EVENT_BYTES)
+            .with_context(|| format!("reading {}", path.display()))?
+        {
+            LineRead::End => break,
+            LineRead::Line => {
+                sample.add_line(line.trim_ascii());
+            }
+            LineRead::TooLarge(_) => {}
+        }
+    }
+    if sample.events == 0 {
+        eprintln!("{}: no event in the sample (one JSON object per line)", path.display());
+        return Ok(None);
+    }
+    let mut warnings = vigil::rules::lint::lint(rules, &sample);
+    // A historical sample is fine: no bound against the wall clock.
+    let bounds = vigil::event::TimeBounds {
+        max_future_skew_ms: None,
+        ..vigil::event::TimeBounds::default()
+    };
+    let mut engine = vigil::pipeline::Engine::new(
+        rules.clone(),
+        vigil::config::StoreSetup::default().memory_store(),
+    )
+    .with_time(bounds, std::sync::Arc::new(vigil::clock::SystemClock));
+    let Some(reader) = super::open_input(path) else {
+        return Ok(None);
+    };
+    let report = vigil::pipeline::backtest::backtest(&mut engine, reader, |_| {})
+        .context("backtest of the sample failed")?;
+    for warning in vigil::pipeline::backtest::watermark_warnings(&report) {
+        warnings.push(warning);
+    }
+    for rule in &report.rules {
+        if rule.hits == 0 {
+            let origin = rules
+                .rules()
+                .iter()
+                .find(|r| r.id == rule.rule_id)
+                .map(|r| format!("{}: ", r.origin))
+                .unwrap_or_default();
+            warnings.push(format!(
+                "{origin}rule {} never fires on the {} sample events ({} in its scope)",
+                rule.rule_id, report.events, rule.matched
+            ));
+        }
+    }
+    for index in rules.active_counters() {
+        let counter = rules.counter(index);
+        let counts = report.counters.iter().find(|c| c.counter_id == counter.id);
+        if counts.is_some_and(|c| c.counted > 0) {
+            continue;
+        }
+        let why = match counts {
+            Some(c) if !c.skipped.is_empty() || c.late > 0 => {
+                let mut reasons: Vec<String> =
+                    c.skipped.iter().map(|(reason, n)| format!("{n} {reason}")).collect();
+                if c.late > 0 {
+                    reasons.push(format!("{} late", c.late));
+                }
+                format!("every event in its scope was skipped ({})", reasons.join(", "))
+            }
+            _ => "no sample event is in its scope".to_owned(),
+        };
+        warnings.push(format!(
+            "{}: counter {} counts nothing on the {} sample events: {why}",
+            counter.origin, counter.id, report.events
+        ));
+    }
+    Ok(Some(warnings))
 }
 
 /// A bound on event time that a counter's window should be longer than: its setting, and what

@@ -34,10 +34,12 @@ pub struct RuleReport {
     pub fraud_caught: BTreeMap<String, u64>,
 }
 
-/// One counter's results: what it could not count, and why.
+/// One counter's results: what it counted, what it could not count, and why.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CounterReport {
     pub counter_id: String,
+    /// Events it counted.
+    pub counted: u64,
     /// Events in its scope it did not count because they were late for their key's window or
     /// behind the input's watermark.
     pub late: u64,
@@ -309,6 +311,7 @@ impl Tally {
             .take_counter_counts()
             .map(|(index, counts)| CounterReport {
                 counter_id: rules.counter(index).id.clone(),
+                counted: counts.counted,
                 late: counts.late,
                 skipped: SkipReason::ALL
                     .iter()
@@ -425,7 +428,11 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         .max()
         .unwrap_or(0)
         .max(7);
-    writeln!(out, "{:<width$} {:>9}  not counted", "counter", "late")?;
+    writeln!(
+        out,
+        "{:<width$} {:>9} {:>9}  not counted",
+        "counter", "counted", "late"
+    )?;
     for counter in &report.counters {
         let mut reasons: Vec<String> = counter
             .skipped
@@ -437,8 +444,9 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         }
         writeln!(
             out,
-            "{:<width$} {:>9}  {}",
+            "{:<width$} {:>9} {:>9}  {}",
             counter.counter_id,
+            counter.counted,
             counter.late,
             if reasons.is_empty() {
                 "-".to_owned()

@@ -63,6 +63,8 @@ pub struct RuleCounts {
 /// What happened to one counter's observations, for per-counter metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CounterCounts {
+    /// Events counted (their observation applied to the key's window).
+    pub counted: u64,
     pub late: u64,
     /// Distinct values not recorded: the key's window held `max_distinct` values.
     pub capped: u64,
@@ -527,13 +529,17 @@ impl<S: CounterStore> Engine<S> {
                             self.counter_counts[position].late += 1;
                             Outcome::Unknown
                         }
-                        Applied::Counted(value) => Outcome::Known {
-                            value,
-                            degraded: observed.degraded,
-                            dropped: observed.state_dropped,
-                            counted: true,
-                        },
+                        Applied::Counted(value) => {
+                            self.counter_counts[position].counted += 1;
+                            Outcome::Known {
+                                value,
+                                degraded: observed.degraded,
+                                dropped: observed.state_dropped,
+                                counted: true,
+                            }
+                        }
                         Applied::Capped(value) => {
+                            self.counter_counts[position].counted += 1;
                             self.counts.capped += 1;
                             self.counter_counts[position].capped += 1;
                             Outcome::Known {

@@ -8,13 +8,14 @@
 //!   judge it. `set`: the [`RuleSet`] those resolve into at load. `decide`: hits → the decision.
 //!   `record`: the decision's JSON record (`record_parts`: its constant parts, rendered once;
 //!   `json`: JSON text escaped as serde_json does). `describe`: the descriptions `vigil check`
-//!   prints.
+//!   prints; `lint`: what a sample of events says about a rule set (`vigil check --events`).
 
 pub mod compile;
 pub mod decide;
 pub mod describe;
 pub mod expr;
 mod json;
+pub mod lint;
 pub mod lists;
 pub mod model;
 pub mod plan;

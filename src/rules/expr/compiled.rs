@@ -81,6 +81,13 @@ impl StrSet {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        match self {
+            StrSet::Few(few) => few.is_empty(),
+            StrSet::Many(many) => many.is_empty(),
+        }
+    }
+
     #[inline]
     pub(super) fn contains(&self, s: &str) -> bool {
         match self {

@@ -91,7 +91,7 @@ fn read_counter_key<'t>(
         ),
         other => cx.report.error(
             key_at,
-            format!("unknown key {other_q} in counter; expected one of: {}", COUNTER_KEYS.join(", "), other_q = q(other)),
+            super::unknown_key(other, "counter", &COUNTER_KEYS),
         ),
     }
 }

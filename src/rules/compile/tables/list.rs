@@ -55,11 +55,7 @@ pub(crate) fn read_list(table: &Table, cx: &mut TableCx<'_, '_>) -> Option<ListD
             },
             other => cx.report.error(
                 key_at,
-                format!(
-                    "unknown key {other_q} in list; expected one of: {}",
-                    LIST_KEYS.join(", "),
-                    other_q = q(other)
-                ),
+                super::unknown_key(other, "list", &LIST_KEYS),
             ),
         }
     }

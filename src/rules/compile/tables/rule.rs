@@ -181,11 +181,7 @@ fn read_rule_key<'t>(
         }
         other => cx.report.error(
             key_at,
-            format!(
-                "unknown key {other_q} in rule; expected one of: {}",
-                RULE_KEYS.join(", "),
-                other_q = q(other)
-            ),
+            super::unknown_key(other, "rule", &RULE_KEYS),
         ),
     }
 }
