@@ -206,7 +206,8 @@ impl Decimal {
             };
             let start = i;
             while i < bytes.len() && bytes[i].is_ascii_digit() {
-                exp = (exp * 10 + i64::from(bytes[i] - b'0')).min(EXP_LIMIT);
+                // Wider than the final clamp, so the fraction's length still counts first.
+                exp = (exp * 10 + i64::from(bytes[i] - b'0')).min(1 << 40);
                 i += 1;
             }
             if i == start {

@@ -613,11 +613,11 @@ pub fn event_time(value: &FieldValue<'_>) -> Result<i64, BadEvent> {
         FieldValue::Missing => Err(BadEvent::MissingTs),
         FieldValue::Number(n) if !n.integer_text => Err(BadEvent::BadTs(format!(
             "{} is not an integer number of milliseconds",
-            n.exact
+            shorten(&n.exact.to_string())
         ))),
         FieldValue::Number(n) => match n.exact.as_i64() {
             Some(ms) if (0..=MAX_TS_MS).contains(&ms) => Ok(ms),
-            _ => Err(out_of_range(n.exact.to_string())),
+            _ => Err(out_of_range(shorten(&n.exact.to_string()).into_owned())),
         },
         FieldValue::Str(s) => {
             let parsed = chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {

@@ -18,13 +18,15 @@
 //!     reader per `[[counter]]` / `[[rule]]` / `[[list]]`; `resolve`: ids, names and expressions
 //!     across tables and files).
 //!   - `rules::expr`: the expression language — `lex`, `parse` (one precedence table), `resolve`
-//!     (names → projection slots, counters, lists), `eval` (three-valued, no allocation).
+//!     (names → projection slots, counters, lists), `eval` (three-valued, no allocation), `deep`
+//!     (`==` on arrays and objects, one pass over their JSON text).
 //!   - `rules::lists`: `[[list]]` sets (strings, exact numbers, networks by prefix length).
 //!   - `rules::model`: the validated counters and rules. `rules::plan`: which counters an event
 //!     feeds (key bytes, delta), which rules judge it (each distinct `match` conjunct evaluated
 //!     at most once per event), hold keys. `rules::decide`: hits → a [`rules::Decision`].
 //!     `rules::record`: its JSON record, from parts rendered once at load. `rules::describe`:
-//!     what `vigil check` says of each counter and rule.
+//!     what `vigil check` says of each counter and rule; `rules::lint`: what a sample of events
+//!     says of them (`vigil check --events`).
 //!
 //! Around it:
 //!
@@ -47,7 +49,8 @@
 //! - [`pipeline`]: the only module that knows every stage. `engine`: [`pipeline::Engine`] runs
 //!   decode → plan → count → decide for one event, with the watermark of each input lane;
 //!   `judge`: one rule over one event; `replay`: [`pipeline::replay`] over a JSON-lines stream;
-//!   [`pipeline::backtest`]: the per-rule report.
+//!   [`pipeline::backtest`]: the per-rule report, with [`pipeline::tuning`] (value percentiles,
+//!   top keys, labels, limit sweeps).
 //! - [`config`]: the `vigil run` configuration: TOML over embedded defaults (every default in
 //!   `config_defaults.toml`), `VIGIL_*` overrides; [`config::StoreSetup`] opens the store and
 //!   journal for `replay`, `run` and the benchmarks alike.

@@ -155,6 +155,16 @@ enum Command {
         /// is, a backtest of which no line decodes exits 1.
         #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = cli::parse_ratio)]
         max_bad_ratio: f64,
+        /// The event field that labels an event: true (or a non-empty string, a fraud pattern)
+        /// for fraud, false (or "") for legitimate; events without it are unlabelled. Gives each
+        /// rule's precision and recall.
+        #[arg(long, value_name = "FIELD", default_value = "fraud", value_parser = parse_label)]
+        label: vigil::event::FieldPath,
+        /// Re-judge a rule in the v1 form (window + limit) at each of these limits in the same
+        /// pass: hits, keys, labelled hits, precision and recall per limit (holds not applied).
+        /// Repeat for several rules.
+        #[arg(long, value_name = "RULE=L1,L2,…", value_parser = vigil::pipeline::tuning::parse_sweep)]
+        sweep: Vec<(String, Vec<vigil::decimal::Decimal>)>,
         #[command(flatten)]
         bounds: BoundArgs,
     },
@@ -481,12 +491,22 @@ fn main() -> ExitCode {
             input,
             json,
             max_bad_ratio,
+            label,
+            sweep,
             bounds,
         } => {
             if let Err(code) = bounds.check() {
                 return code;
             }
-            cli::backtest(&rules, &input, json, bounds.input_bounds(), max_bad_ratio)
+            cli::backtest(
+                &rules,
+                &input,
+                json,
+                bounds.input_bounds(),
+                max_bad_ratio,
+                label,
+                &sweep,
+            )
         }
         #[cfg(feature = "harness")]
         Command::Bench {
@@ -555,4 +575,9 @@ fn broken_pipe(error: &anyhow::Error) -> bool {
                 .downcast_ref::<serde_json::Error>()
                 .is_some_and(|e| e.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
     })
+}
+
+/// `--label FIELD`: a field path.
+fn parse_label(text: &str) -> Result<vigil::event::FieldPath, String> {
+    vigil::event::FieldPath::parse(text).ok_or_else(|| format!("{text:?} is not a field path"))
 }

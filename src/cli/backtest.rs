@@ -19,10 +19,19 @@ pub fn backtest(
     json: bool,
     limits: InputBounds,
     max_bad_ratio: f64,
+    label: vigil::event::FieldPath,
+    sweeps: &[(String, Vec<vigil::decimal::Decimal>)],
 ) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     let Some(rules) = load_rules(rules_path) else {
         return Ok(ExitCode::from(1));
+    };
+    let sweeps = match pipeline::backtest::plan_sweeps(&rules, sweeps) {
+        Ok(sweeps) => sweeps,
+        Err(message) => {
+            eprintln!("{message}");
+            return Ok(ExitCode::from(1));
+        }
     };
     let Some(reader) = open_input(input) else {
         return Ok(ExitCode::from(1));
@@ -34,7 +43,8 @@ pub fn backtest(
     let started = Instant::now();
     let show_progress = io::stderr().is_terminal();
     let mut engine = limits.engine(rules, limits.store_setup().memory_store());
-    let report = pipeline::backtest::backtest(&mut engine, reader, |lines| {
+    let options = pipeline::backtest::BacktestOptions { label, sweeps };
+    let report = pipeline::backtest::backtest(&mut engine, reader, options, |lines| {
         if show_progress {
             let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);
             match total {

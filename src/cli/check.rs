@@ -69,6 +69,15 @@ fn sample_warnings(
     path: &Path,
 ) -> anyhow::Result<Option<Vec<String>>> {
     use vigil::pipeline::{read_line_bounded, LineRead, DEFAULT_MAX_EVENT_BYTES};
+    // Read twice (the lint, then a backtest): a pipe or stdin would be empty the second time.
+    let not_a_file = path.as_os_str() == "-" || std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    if not_a_file {
+        eprintln!(
+            "--events {}: needs a regular file of JSON lines (it is read twice)",
+            path.display()
+        );
+        return Ok(None);
+    }
     let Some(mut reader) = super::open_input(path) else {
         return Ok(None);
     };
@@ -104,7 +113,8 @@ fn sample_warnings(
     let Some(reader) = super::open_input(path) else {
         return Ok(None);
     };
-    let report = vigil::pipeline::backtest::backtest(&mut engine, reader, |_| {})
+    let options = vigil::pipeline::backtest::BacktestOptions::default();
+    let report = vigil::pipeline::backtest::backtest(&mut engine, reader, options, |_| {})
         .context("backtest of the sample failed")?;
     for warning in vigil::pipeline::backtest::watermark_warnings(&report) {
         warnings.push(warning);

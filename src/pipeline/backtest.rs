@@ -8,8 +8,10 @@ use std::io::{self, BufRead, Write};
 use serde::Serialize;
 
 use super::engine::Engine;
+use super::tuning::{self, Distribution, Label, Labelled, Peaks, Sweep, TopKey, Values};
 use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
-use crate::event::{decode, Event};
+use crate::decimal::Decimal;
+use crate::event::{decode, Event, FieldPath};
 use crate::rules::{Decision, Form, RuleSet, SkipReason};
 use crate::store::{InputPosition, MemoryStore};
 
@@ -32,6 +34,8 @@ pub struct RuleReport {
     pub hit_share: f64,
     /// Injected fraud events hit, by pattern.
     pub fraud_caught: BTreeMap<String, u64>,
+    /// Its hits by the events' label (`--label`), with precision and recall.
+    pub labelled: Labelled,
 }
 
 /// One counter's results: what it counted, what it could not count, and why.
@@ -47,6 +51,12 @@ pub struct CounterReport {
     pub skipped: BTreeMap<&'static str, u64>,
     /// Distinct values not recorded: the key's window held `max_distinct` values.
     pub distinct_capped: u64,
+    /// Its value at the events it counted.
+    pub values: Option<Distribution>,
+    /// The keys whose value peaked highest.
+    pub top_keys: Vec<TopKey>,
+    /// More keys than tracked for `top_keys` (the later ones were not).
+    pub keys_untracked: bool,
 }
 
 /// A line whose time was more than the lateness bound ahead of the line after it: it moved the
@@ -84,6 +94,72 @@ pub struct BacktestReport {
     pub fraud_caught: BTreeMap<String, u64>,
     pub rules: Vec<RuleReport>,
     pub counters: Vec<CounterReport>,
+    /// The label field (`--label`) and the events it marks as fraud and as legitimate.
+    pub label: String,
+    pub labelled_fraud: u64,
+    pub labelled_legit: u64,
+    /// `--sweep`: v1-form rules re-judged at candidate limits.
+    pub sweeps: Vec<Sweep>,
+}
+
+/// What a backtest measures beyond hits: the label field and the rules to sweep.
+#[derive(Debug, Clone)]
+pub struct BacktestOptions {
+    pub label: FieldPath,
+    pub sweeps: Vec<Sweep>,
+}
+
+impl Default for BacktestOptions {
+    fn default() -> Self {
+        BacktestOptions {
+            label: FieldPath::parse("fraud").expect("a valid path"),
+            sweeps: Vec::new(),
+        }
+    }
+}
+
+/// Checks `--sweep` requests against the rules: each names an enabled rule in the v1 form
+/// (`window` + `limit`), whose limit the sweep replaces.
+pub fn plan_sweeps(rules: &RuleSet, requests: &[(String, Vec<Decimal>)]) -> Result<Vec<Sweep>, String> {
+    requests
+        .iter()
+        .map(|(rule_id, limits)| {
+            let index = rules
+                .rules()
+                .iter()
+                .position(|r| &r.id == rule_id)
+                .ok_or_else(|| format!("--sweep: no rule {rule_id:?}"))?;
+            let rule = rules.rule(index);
+            let Form::V1 { counter, .. } = rule.form else {
+                return Err(format!(
+                    "--sweep: rule {rule_id:?} has no `limit` (sweeps re-judge the v1 form: window + limit)"
+                ));
+            };
+            if rules.counter_position(counter).is_none() {
+                return Err(format!("--sweep: rule {rule_id:?} is disabled"));
+            }
+            let scale = if rules.counter(counter).aggregate() == crate::window::Aggregate::Sum {
+                6
+            } else {
+                0
+            };
+            Ok(Sweep {
+                rule_id: rule_id.clone(),
+                counter,
+                candidates: limits
+                    .iter()
+                    .map(|limit| tuning::Candidate {
+                        limit: limit.clone(),
+                        threshold: limit.floor_scaled(scale),
+                        hits: 0,
+                        keys: 0,
+                        labelled: Labelled::default(),
+                        keys_hit: HashSet::new(),
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
 }
 
 /// The pattern of an injected event (`"fraud":"…"`), read only from lines that mention it.
@@ -100,10 +176,13 @@ fn fraud_tag(line: &[u8]) -> Option<String> {
 pub fn backtest(
     engine: &mut Engine<MemoryStore>,
     input: impl BufRead,
+    options: BacktestOptions,
     mut progress: impl FnMut(u64),
 ) -> Result<BacktestReport, ReplayError> {
     let rules = engine.rules().clone();
     let mut tally = Tally::new(&rules);
+    tally.report.label = options.label.as_str().to_owned();
+    tally.report.sweeps = options.sweeps;
     let mut input = input;
     let mut line = Vec::new();
     loop {
@@ -147,7 +226,14 @@ pub fn backtest(
                 offset: tally.report.lines as i64,
             },
         )?;
-        tally.decision(&rules, &event, &decision, fraud.as_ref());
+        let label = tuning::label_of(text, &options.label);
+        match label {
+            Label::Fraud => tally.report.labelled_fraud += 1,
+            Label::Legit => tally.report.labelled_legit += 1,
+            Label::Unlabelled => {}
+        }
+        tally.decision(&rules, &event, &decision, fraud.as_ref(), label);
+        tally.values(engine, &rules, &event, label);
         tally.count_late(engine, &event);
     }
     Ok(tally.finish(engine, &rules))
@@ -168,6 +254,9 @@ struct Tally {
     jump: Option<u64>,
     /// Events behind the watermark so far (to tell whether the last one was).
     behind: u64,
+    /// Per active counter: its values at counted events, and its keys' peaks.
+    values: Vec<Values>,
+    peaks: Vec<Peaks>,
     /// Lines that jumped the watermark, by line.
     jumps: BTreeMap<u64, WatermarkJump>,
 }
@@ -200,6 +289,8 @@ impl Tally {
             jump: None,
             behind: 0,
             jumps: BTreeMap::new(),
+            values: vec![Values::default(); rules.active_counters().len()],
+            peaks: vec![Peaks::default(); rules.active_counters().len()],
         }
     }
 
@@ -262,6 +353,7 @@ impl Tally {
         event: &Event,
         decision: &Decision,
         fraud: Option<&String>,
+        label: Label,
     ) {
         let report = &mut self.report;
         if !decision.is_empty() {
@@ -276,6 +368,7 @@ impl Tally {
             };
             let rule = &mut report.rules[position];
             rule.hits += 1;
+            rule.labelled.hit(label);
             rule.first_hit_ts.get_or_insert(event.ts);
             rule.last_hit_ts = Some(event.ts);
             if let Some(tag) = fraud {
@@ -296,6 +389,40 @@ impl Tally {
         }
     }
 
+    /// After `event` is judged: each counter's value if the event fed it, its key's peak, and
+    /// the sweeps' candidates.
+    fn values(&mut self, engine: &Engine<MemoryStore>, rules: &RuleSet, event: &Event, label: Label) {
+        for (position, index) in rules.active_counters().enumerate() {
+            let Some(raw) = engine.counted_value(position) else {
+                continue;
+            };
+            self.values[position].add(raw);
+            if rules.counter_key(position, event, &mut self.key) {
+                self.peaks[position].add(&self.key, raw, || {
+                    crate::rules::record::key_json(rules, event, index)
+                });
+            }
+        }
+        for sweep in &mut self.report.sweeps {
+            let Some(position) = rules.counter_position(sweep.counter) else {
+                continue;
+            };
+            let Some(raw) = engine.counted_value(position) else {
+                continue;
+            };
+            let keyed = rules.counter_key(position, event, &mut self.key);
+            for candidate in &mut sweep.candidates {
+                if raw > candidate.threshold {
+                    candidate.hits += 1;
+                    candidate.labelled.hit(label);
+                    if keyed && !candidate.keys_hit.contains(&self.key) {
+                        candidate.keys_hit.insert(self.key.clone());
+                    }
+                }
+            }
+        }
+    }
+
     /// The engine's counts (events, rules in scope) and the shares.
     fn finish(mut self, engine: &mut Engine<MemoryStore>, rules: &RuleSet) -> BacktestReport {
         let report = &mut self.report;
@@ -307,18 +434,28 @@ impl Tally {
             .collect();
         jumps.sort_by(|a, b| b.late_events.cmp(&a.late_events).then(a.line.cmp(&b.line)));
         report.watermark_jumps = jumps;
-        report.counters = engine
-            .take_counter_counts()
-            .map(|(index, counts)| CounterReport {
-                counter_id: rules.counter(index).id.clone(),
-                counted: counts.counted,
-                late: counts.late,
-                skipped: SkipReason::ALL
-                    .iter()
-                    .map(|reason| (reason.code(), counts.skipped[reason.index()]))
-                    .filter(|&(_, n)| n > 0)
-                    .collect(),
-                distinct_capped: counts.capped,
+        let mut counts: BTreeMap<usize, crate::pipeline::CounterCounts> =
+            engine.take_counter_counts().collect();
+        report.counters = rules
+            .active_counters()
+            .enumerate()
+            .map(|(position, index)| {
+                let counts = counts.remove(&index).unwrap_or_default();
+                let aggregate = rules.counter(index).aggregate();
+                CounterReport {
+                    counter_id: rules.counter(index).id.clone(),
+                    counted: counts.counted,
+                    late: counts.late,
+                    skipped: SkipReason::ALL
+                        .iter()
+                        .map(|reason| (reason.code(), counts.skipped[reason.index()]))
+                        .filter(|&(_, n)| n > 0)
+                        .collect(),
+                    distinct_capped: counts.capped,
+                    values: self.values[position].summary(aggregate),
+                    top_keys: self.peaks[position].top(aggregate),
+                    keys_untracked: self.peaks[position].untracked,
+                }
             })
             .collect();
         for (position, counts) in engine.take_rule_counts() {
@@ -329,6 +466,14 @@ impl Tally {
         for (rule, keys) in report.rules.iter_mut().zip(&self.keys) {
             rule.keys_hit = keys.len() as u64;
             rule.hit_share = rule.hits as f64 / report.events.max(1) as f64;
+            rule.labelled.finish(report.labelled_fraud);
+        }
+        for sweep in &mut report.sweeps {
+            for candidate in &mut sweep.candidates {
+                candidate.keys = candidate.keys_hit.len() as u64;
+                candidate.keys_hit = HashSet::new();
+                candidate.labelled.finish(report.labelled_fraud);
+            }
         }
         self.report
     }
@@ -430,10 +575,14 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         .max(7);
     writeln!(
         out,
-        "{:<width$} {:>9} {:>9}  not counted",
-        "counter", "counted", "late"
+        "{:<width$} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  not counted",
+        "counter", "counted", "late", "p50", "p90", "p99", "max"
     )?;
     for counter in &report.counters {
+        let (p50, p90, p99, max) = counter.values.as_ref().map_or_else(
+            || ("-".to_owned(), "-".to_owned(), "-".to_owned(), "-".to_owned()),
+            |d| (d.p50.to_string(), d.p90.to_string(), d.p99.to_string(), d.max.to_string()),
+        );
         let mut reasons: Vec<String> = counter
             .skipped
             .iter()
@@ -444,16 +593,86 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         }
         writeln!(
             out,
-            "{:<width$} {:>9} {:>9}  {}",
+            "{:<width$} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
             counter.counter_id,
             counter.counted,
             counter.late,
+            p50,
+            p90,
+            p99,
+            max,
             if reasons.is_empty() {
                 "-".to_owned()
             } else {
                 reasons.join(", ")
             }
         )?;
+    }
+    if report.counters.iter().any(|c| !c.top_keys.is_empty()) {
+        writeln!(out, "top keys by peak value:")?;
+        for counter in &report.counters {
+            let top: Vec<String> = counter
+                .top_keys
+                .iter()
+                .map(|k| format!("{} {}", k.key, k.peak))
+                .collect();
+            if !top.is_empty() {
+                writeln!(out, "  {:<width$} {}", counter.counter_id, top.join(", "))?;
+            }
+        }
+    }
+    let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", 100.0 * r));
+    let labelled_line = |out: &mut dyn Write, name: &str, l: &Labelled| {
+        writeln!(
+            out,
+            "  {:<26} {:>10} {:>10} {:>10} {:>9} {:>7}",
+            name,
+            l.fraud_hits,
+            l.legit_hits,
+            l.unlabelled_hits,
+            ratio(l.precision),
+            ratio(l.recall)
+        )
+    };
+    if report.labelled_fraud + report.labelled_legit > 0 {
+        writeln!(
+            out,
+            "labels ({}): {} fraud, {} legitimate, {} unlabelled events",
+            report.label,
+            report.labelled_fraud,
+            report.labelled_legit,
+            report.events.saturating_sub(report.labelled_fraud + report.labelled_legit)
+        )?;
+        writeln!(
+            out,
+            "  {:<26} {:>10} {:>10} {:>10} {:>9} {:>7}",
+            "rule", "fraud hits", "legit hits", "unlabelled", "precision", "recall"
+        )?;
+        for rule in &report.rules {
+            labelled_line(out, &rule.rule_id, &rule.labelled)?;
+        }
+    }
+    for sweep in &report.sweeps {
+        writeln!(out, "sweep of {}:", sweep.rule_id)?;
+        writeln!(
+            out,
+            "  {:<12} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>7}",
+            "limit", "hits", "keys", "fraud hits", "legit hits", "unlabelled", "precision", "recall"
+        )?;
+        for c in &sweep.candidates {
+            writeln!(
+                out,
+                "  {:<12} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>7}",
+                c.limit.to_string(),
+                c.hits,
+                c.keys,
+                c.labelled.fraud_hits,
+                c.labelled.legit_hits,
+                c.labelled.unlabelled_hits,
+                ratio(c.labelled.precision),
+                ratio(c.labelled.recall)
+            )?;
+        }
     }
     for warning in watermark_warnings(report) {
         writeln!(out, "warning: {warning}")?;

@@ -344,6 +344,19 @@ impl<S: CounterStore> Engine<S> {
             .filter(|(_, c)| *c != CounterCounts::default())
     }
 
+    /// The value the active counter at `position` had after counting the last evaluated event,
+    /// if that event fed it (`None`: out of scope, skipped or late).
+    pub fn counted_value(&self, position: usize) -> Option<i64> {
+        match self.outcomes.get(position) {
+            Some(Outcome::Known {
+                value,
+                counted: true,
+                ..
+            }) => Some(*value),
+            _ => None,
+        }
+    }
+
     pub fn rules(&self) -> &RuleSet {
         &self.rules
     }

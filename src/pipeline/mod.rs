@@ -4,6 +4,7 @@
 //! [`crate::worker`] runs the Kafka worker around the same engine.
 
 pub mod backtest;
+pub mod tuning;
 mod engine;
 mod judge;
 mod replay;

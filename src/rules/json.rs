@@ -88,15 +88,17 @@ pub(super) fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
         None => out.extend_from_slice(b"null"),
         Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
         // A key value by its canonical text: one key, one rendering, whichever event wrote it.
-        Some(Scalar::Number(n)) => {
-            let start = out.len();
-            write_decimal(out, n);
-            if out.len() - start > MAX_QUOTED_BYTES {
-                let text = String::from_utf8_lossy(&out[start..]).into_owned();
-                out.truncate(start);
-                write_long_value(out, &text);
+        Some(Scalar::Number(n)) => match n.as_i64() {
+            Some(v) => write_int(out, v),
+            None => {
+                let text = n.to_string();
+                if text.len() > MAX_QUOTED_BYTES {
+                    write_long_value(out, &text);
+                } else {
+                    write_decimal(out, n);
+                }
             }
-        }
+        },
         Some(Scalar::Str(s)) if s.len() > MAX_QUOTED_BYTES => write_long_value(out, s),
         Some(Scalar::Str(s)) => write_str(out, s),
     }

@@ -5,8 +5,6 @@
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
-
 use super::compiled::Literal;
 use crate::event::Decimal;
 
@@ -46,72 +44,137 @@ impl<'t> Tree<'t> {
     }
 }
 
+/// Builds the tree in one pass over the text (already validated JSON): each byte is read once,
+/// whatever the nesting, and no level goes past [`MAX_DEPTH`].
 fn tree(text: &str, depth: usize) -> Option<Tree<'_>> {
-    let text = text.trim_matches(|c: char| c.is_ascii_whitespace());
-    Some(match text.as_bytes().first()? {
-        b'n' => Tree::Null,
-        b't' => Tree::Bool(true),
-        b'f' => Tree::Bool(false),
-        b'"' => Tree::Str(string(text)?),
-        b'[' | b'{' if depth >= MAX_DEPTH => return None,
-        b'[' => {
-            let items: Vec<&RawValue> = serde_json::from_str(text).ok()?;
-            Tree::Arr(
-                items
-                    .into_iter()
-                    .map(|item| tree(item.get(), depth + 1))
-                    .collect::<Option<_>>()?,
-            )
-        }
-        b'{' => {
-            // Keys are unique: the event parser refuses an object that names one twice.
-            let mut members = members(text)?
-                .into_iter()
-                .map(|(key, value)| Some((key, tree(value.get(), depth + 1)?)))
-                .collect::<Option<Vec<_>>>()?;
-            members.sort_by(|a, b| a.0.cmp(&b.0));
-            Tree::Obj(members)
-        }
-        _ => Tree::Num(Decimal::parse(text)?),
-    })
+    let mut reader = Reader { text, at: 0 };
+    let tree = reader.value(depth)?;
+    reader.skip_space();
+    (reader.at == text.len()).then_some(tree)
 }
 
-/// A JSON string's value, borrowed when it has no escapes.
-fn string(text: &str) -> Option<Cow<'_, str>> {
-    let inner = text.get(1..text.len() - 1)?;
-    if inner.contains('\\') {
-        serde_json::from_str::<String>(text).ok().map(Cow::Owned)
-    } else {
-        Some(Cow::Borrowed(inner))
+struct Reader<'t> {
+    text: &'t str,
+    at: usize,
+}
+
+impl<'t> Reader<'t> {
+    fn skip_space(&mut self) {
+        let bytes = self.text.as_bytes();
+        while self.at < bytes.len() && bytes[self.at].is_ascii_whitespace() {
+            self.at += 1;
+        }
     }
-}
 
-/// An object's members with their values' text, in document order.
-fn members(text: &str) -> Option<Vec<(Cow<'_, str>, &RawValue)>> {
-    struct Members<'de>(Vec<(Cow<'de, str>, &'de RawValue)>);
-    impl<'de> serde::Deserialize<'de> for Members<'de> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Visit;
-            impl<'de> serde::de::Visitor<'de> for Visit {
-                type Value = Members<'de>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("an object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    mut map: A,
-                ) -> Result<Self::Value, A::Error> {
-                    let mut out = Vec::new();
-                    while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                        out.push((key, map.next_value::<&'de RawValue>()?));
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_space();
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Tree<'t>> {
+        Some(match self.peek()? {
+            b'n' => self.word("null", Tree::Null)?,
+            b't' => self.word("true", Tree::Bool(true))?,
+            b'f' => self.word("false", Tree::Bool(false))?,
+            b'"' => Tree::Str(self.string()?),
+            b'[' | b'{' if depth >= MAX_DEPTH => return None,
+            b'[' => {
+                self.at += 1;
+                let mut items = Vec::new();
+                if !self.eat(b']') {
+                    loop {
+                        items.push(self.value(depth + 1)?);
+                        if self.eat(b']') {
+                            break;
+                        }
+                        if !self.eat(b',') {
+                            return None;
+                        }
                     }
-                    Ok(Members(out))
                 }
+                Tree::Arr(items)
             }
-            d.deserialize_map(Visit)
+            b'{' => {
+                self.at += 1;
+                let mut members = Vec::new();
+                if !self.eat(b'}') {
+                    loop {
+                        if self.peek() != Some(b'"') {
+                            return None;
+                        }
+                        let key = self.string()?;
+                        if !self.eat(b':') {
+                            return None;
+                        }
+                        members.push((key, self.value(depth + 1)?));
+                        if self.eat(b'}') {
+                            break;
+                        }
+                        if !self.eat(b',') {
+                            return None;
+                        }
+                    }
+                }
+                // Keys are unique: the event parser refuses an object that names one twice.
+                members.sort_by(|a, b| a.0.cmp(&b.0));
+                Tree::Obj(members)
+            }
+            _ => {
+                let bytes = self.text.as_bytes();
+                let start = self.at;
+                while self.at < bytes.len()
+                    && matches!(bytes[self.at], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    self.at += 1;
+                }
+                Tree::Num(Decimal::parse(&self.text[start..self.at])?)
+            }
+        })
+    }
+
+    fn word(&mut self, word: &str, tree: Tree<'t>) -> Option<Tree<'t>> {
+        self.text[self.at..].starts_with(word).then(|| {
+            self.at += word.len();
+            tree
+        })
+    }
+
+    /// A string token at the cursor, unescaped (borrowed when it has no escapes).
+    fn string(&mut self) -> Option<Cow<'t, str>> {
+        let bytes = self.text.as_bytes();
+        let start = self.at;
+        let mut i = start + 1;
+        let mut escaped = false;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'\\' => {
+                    escaped = true;
+                    i += 2;
+                }
+                b'"' => break,
+                _ => i += 1,
+            }
+        }
+        if i >= bytes.len() {
+            return None;
+        }
+        self.at = i + 1;
+        let token = &self.text[start..=i];
+        if escaped {
+            serde_json::from_str::<String>(token).ok().map(Cow::Owned)
+        } else {
+            Some(Cow::Borrowed(&token[1..token.len() - 1]))
         }
     }
-    serde_json::from_str::<Members<'_>>(text).ok().map(|m| m.0)
 }
 
 #[cfg(test)]

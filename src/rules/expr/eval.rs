@@ -101,6 +101,8 @@ fn equal(a: &Val<'_>, b: &Val<'_>) -> Truth {
     Some(match (a, b) {
         (Val::Unknown, _) | (_, Val::Unknown) => return None,
         // Arrays and objects deeply (unknown past the nesting bound); never equal to a scalar.
+        // Equal texts are equal values (the fast path); else trees, one pass each.
+        (Val::Array(_, a) | Val::Object(a), Val::Array(_, b) | Val::Object(b)) if a == b => true,
         (x, y) if x.is_composite() && y.is_composite() => x.tree()? == y.tree()?,
         (Val::Null, Val::Null) => true,
         (Val::Bool(x), Val::Bool(y)) => x == y,
@@ -168,6 +170,14 @@ fn in_set(v: &Val<'_>, strings: &StrSet, set: &HashSet<Literal>) -> Truth {
 fn in_array<'e>(v: &Val<'_>, field: &'e FieldValue<'e>) -> Truth {
     match (v, field) {
         (Val::Unknown, _) => None,
+        // An array or object: its tree built once, then compared with each composite item.
+        (v, FieldValue::Array(items, _)) if v.is_composite() => {
+            let tree = v.tree()?;
+            Some(items.iter().any(|item| {
+                let item = field_val(item);
+                item.is_composite() && item.tree().is_some_and(|t| t == tree)
+            }))
+        }
         (_, FieldValue::Array(items, _)) => Some(
             items
                 .iter()

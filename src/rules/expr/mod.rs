@@ -87,7 +87,8 @@ mod tests {
     fn arrays_and_objects_compare_deeply() {
         let event = r#"{"ts":1,"tags":["gift"],"two":["gift","rush"],
             "ship":{"zip":10001,"city":"NY"},"bill":{"city":"NY","zip":10001.0},
-            "other":{"zip":"10001","city":"NY"},"n":[[1,{"a":[2]}]],"m":[[1.0,{"a":[2e0]}]]}"#;
+            "other":{"zip":"10001","city":"NY"},"n":[[1,{"a":[2]}]],"m":[[1.0,{"a":[2e0]}]],
+            "pair":[1,2],"arrs":[[3],[1.0,2]]}"#;
         for (expr, want) in [
             ("tags == tags", Some(true)),
             ("!(tags == tags)", Some(false)),
@@ -106,13 +107,18 @@ mod tests {
             ("ship == null", Some(false)),
             ("missing == ['gift']", None),
             ("tags < ['z']", None),
+            ("pair in arrs", Some(true)),
+            ("tags in arrs", Some(false)),
         ] {
             assert_eq!(eval(expr, event), want, "{expr}");
         }
-        // Nesting past the bound is unknown, not a stack overflow.
+        // Nesting past the bound is unknown, not a stack overflow (the same text is equal).
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        let line = format!(r#"{{"ts":1,"a":{deep},"b":{deep}}}"#);
+        let other = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+        let line = format!(r#"{{"ts":1,"a":{deep},"b":{other}}}"#);
         assert_eq!(eval("a == b", &line), None);
+        assert_eq!(eval("a == a", &line), Some(true));
+        assert_eq!(eval("a in [1]", &line), Some(false));
     }
 
     fn error(expr: &str, allow_counters: bool) -> (usize, String) {
