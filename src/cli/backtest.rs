@@ -4,7 +4,6 @@
 use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Instant;
 
 use anyhow::Context;
 
@@ -36,29 +35,40 @@ pub fn backtest(
     let Some(reader) = open_input(input) else {
         return Ok(ExitCode::from(1));
     };
-    let total = std::fs::metadata(input)
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|m| m.len());
-    let started = Instant::now();
-    let show_progress = io::stderr().is_terminal();
+    // A progress bar on a terminal's stderr only: bytes of a file read so far, or lines of stdin.
+    let bar = io::stderr().is_terminal().then(|| {
+        let size = std::fs::metadata(input)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        match size {
+            Some(bytes) => indicatif::ProgressBar::new(bytes).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "backtest {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            ),
+            None => indicatif::ProgressBar::new_spinner().with_style(
+                indicatif::ProgressStyle::with_template("backtest {spinner} {pos} lines {per_sec}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            ),
+        }
+    });
+    let by_bytes = bar.as_ref().is_some_and(|b| b.length().is_some());
+    let reader: Box<dyn io::BufRead> = match (&bar, by_bytes) {
+        (Some(bar), true) => Box::new(io::BufReader::new(bar.wrap_read(reader))),
+        _ => reader,
+    };
     let mut engine = limits.engine(rules, limits.store_setup().memory_store());
     let options = pipeline::backtest::BacktestOptions { label, sweeps };
     let report = pipeline::backtest::backtest(&mut engine, reader, options, |lines| {
-        if show_progress {
-            let rate = lines as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            match total {
-                Some(bytes) => eprint!(
-                    "\rbacktest: {lines} lines ({:.1} MiB input), {rate:.0} lines/s",
-                    bytes as f64 / 1048576.0
-                ),
-                None => eprint!("\rbacktest: {lines} lines, {rate:.0} lines/s"),
-            }
+        if let (Some(bar), false) = (&bar, by_bytes) {
+            bar.set_position(lines);
         }
     })
     .context("backtest failed")?;
-    if show_progress {
-        eprintln!();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     if json {
         for warning in pipeline::backtest::watermark_warnings(&report) {

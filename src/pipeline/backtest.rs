@@ -164,7 +164,7 @@ pub fn plan_sweeps(rules: &RuleSet, requests: &[(String, Vec<Decimal>)]) -> Resu
 
 /// The pattern of an injected event (`"fraud":"…"`), read only from lines that mention it.
 fn fraud_tag(line: &[u8]) -> Option<String> {
-    if !line.windows(8).any(|w| w == b"\"fraud\":") {
+    if memchr::memmem::find(line, b"\"fraud\":").is_none() {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(line).ok()?;
@@ -393,30 +393,27 @@ impl Tally {
     /// the sweeps' candidates.
     fn values(&mut self, engine: &Engine<MemoryStore>, rules: &RuleSet, event: &Event, label: Label) {
         for (position, index) in rules.active_counters().enumerate() {
-            let Some(raw) = engine.counted_value(position) else {
+            let Some((raw, key)) = engine.counted_value(position) else {
                 continue;
             };
             self.values[position].add(raw);
-            if rules.counter_key(position, event, &mut self.key) {
-                self.peaks[position].add(&self.key, raw, || {
-                    crate::rules::record::key_json(rules, event, index)
-                });
-            }
+            self.peaks[position].add(key, raw, || {
+                crate::rules::record::key_json(rules, event, index)
+            });
         }
         for sweep in &mut self.report.sweeps {
             let Some(position) = rules.counter_position(sweep.counter) else {
                 continue;
             };
-            let Some(raw) = engine.counted_value(position) else {
+            let Some((raw, key)) = engine.counted_value(position) else {
                 continue;
             };
-            let keyed = rules.counter_key(position, event, &mut self.key);
             for candidate in &mut sweep.candidates {
                 if raw > candidate.threshold {
                     candidate.hits += 1;
                     candidate.labelled.hit(label);
-                    if keyed && !candidate.keys_hit.contains(&self.key) {
-                        candidate.keys_hit.insert(self.key.clone());
+                    if !candidate.keys_hit.contains(key) {
+                        candidate.keys_hit.insert(key.to_vec());
                     }
                 }
             }

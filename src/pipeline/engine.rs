@@ -346,13 +346,14 @@ impl<S: CounterStore> Engine<S> {
 
     /// The value the active counter at `position` had after counting the last evaluated event,
     /// if that event fed it (`None`: out of scope, skipped or late).
-    pub fn counted_value(&self, position: usize) -> Option<i64> {
+    pub fn counted_value(&self, position: usize) -> Option<(i64, &[u8])> {
         match self.outcomes.get(position) {
+            // A counted event's key bytes are still where counting wrote them.
             Some(Outcome::Known {
                 value,
                 counted: true,
                 ..
-            }) => Some(*value),
+            }) => Some((*value, &self.keys[position])),
             _ => None,
         }
     }

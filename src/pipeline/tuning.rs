@@ -85,7 +85,7 @@ pub struct Distribution {
 /// Each key's highest value, for the top keys.
 #[derive(Debug, Clone, Default)]
 pub struct Peaks {
-    peaks: HashMap<Vec<u8>, (i64, String)>,
+    peaks: HashMap<Vec<u8>, (i64, String), foldhash::fast::RandomState>,
     pub untracked: bool,
 }
 
@@ -138,7 +138,7 @@ pub enum Label {
 pub fn label_of(line: &[u8], field: &FieldPath) -> Label {
     let last = field.segments().last().unwrap_or_default();
     let needle = format!("\"{last}\"");
-    if !line.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+    if memchr::memmem::find(line, needle.as_bytes()).is_none() {
         return Label::Unlabelled;
     }
     let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(line) else {
