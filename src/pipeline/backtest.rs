@@ -164,9 +164,7 @@ pub fn plan_sweeps(rules: &RuleSet, requests: &[(String, Vec<Decimal>)]) -> Resu
 
 /// The pattern of an injected event (`"fraud":"…"`), read only from lines that mention it.
 fn fraud_tag(line: &[u8]) -> Option<String> {
-    if memchr::memmem::find(line, b"\"fraud\":").is_none() {
-        return None;
-    }
+    memchr::memmem::find(line, b"\"fraud\":")?;
     let value: serde_json::Value = serde_json::from_slice(line).ok()?;
     value.get("fraud")?.as_str().map(str::to_owned)
 }
