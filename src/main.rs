@@ -165,6 +165,10 @@ enum Command {
         /// Repeat for several rules.
         #[arg(long, value_name = "RULE=L1,L2,…", value_parser = vigil::pipeline::tuning::parse_sweep)]
         sweep: Vec<(String, Vec<vigil::decimal::Decimal>)>,
+        /// Another rule set to judge the same events with: every event whose decision differs
+        /// (action, or which rules hit), with both records.
+        #[arg(long, value_name = "OTHER_RULES")]
+        compare: Option<PathBuf>,
         #[command(flatten)]
         bounds: BoundArgs,
     },
@@ -493,6 +497,7 @@ fn main() -> ExitCode {
             max_bad_ratio,
             label,
             sweep,
+            compare,
             bounds,
         } => {
             if let Err(code) = bounds.check() {
@@ -504,8 +509,11 @@ fn main() -> ExitCode {
                 json,
                 bounds.input_bounds(),
                 max_bad_ratio,
-                label,
-                &sweep,
+                cli::Tuning {
+                    label,
+                    sweeps: &sweep,
+                    compare: compare.as_deref(),
+                },
             )
         }
         #[cfg(feature = "harness")]

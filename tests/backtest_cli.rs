@@ -475,6 +475,31 @@ fn a_backtest_tunes_a_limit_with_labels_distributions_and_a_sweep() {
     assert!(table.contains("labels (bad): 4 fraud, 2 legitimate, 3 unlabelled events"), "{table}");
     assert!(table.contains("sweep of fails:"), "{table}");
     assert!(table.contains(r#"{"user_id":"u1"} 4, {"user_id":"u3"} 3, {"user_id":"u2"} 2"#), "{table}");
+    // --compare: the same rule at limit 3 decides u1's 3rd event (line 3) and u3's 3rd (line 9)
+    // differently; both records are listed.
+    let other = dir.path().join("other.toml");
+    std::fs::write(
+        &other,
+        "[[rule]]\nid = 'fails'\naction = 'block'\nmatch = { result = 'fail' }\ndimensions = ['user_id']\nwindow = '1h'\nlimit = 3\n",
+    )
+    .unwrap();
+    let out = vigil(&[
+        "backtest", "--rules", rules.to_str().unwrap(), "--input", events.to_str().unwrap(),
+        "--compare", other.to_str().unwrap(), "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["differing_events"], 2);
+    let differences = report["differences"].as_array().unwrap();
+    assert_eq!(differences.iter().map(|d| d["line"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 9]);
+    assert_eq!(differences[0]["record"]["action"], "block");
+    assert_eq!(differences[0]["other_record"]["action"], "allow");
+    assert_eq!(differences[0]["other_record"]["hits"], serde_json::json!([]));
+    let out = vigil(&[
+        "backtest", "--rules", rules.to_str().unwrap(), "--input", events.to_str().unwrap(),
+        "--compare", other.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("2 events decided differently by the other rule set\n  line 3: block [fails] → allow []\n  line 9: block [fails] → allow []\n"), "{table}");
     // A sweep of a rule without `limit` is refused, saying why.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
         .args(["backtest", "--rules", rules.to_str().unwrap(), "--input", events.to_str().unwrap(), "--sweep", "nope=1"])

@@ -11,6 +11,13 @@ use vigil::pipeline;
 
 use super::{load_rules, open_input, InputBounds};
 
+/// What `backtest` measures beyond hits (`--label`, `--sweep`, `--compare`).
+pub struct Tuning<'a> {
+    pub label: vigil::event::FieldPath,
+    pub sweeps: &'a [(String, Vec<vigil::decimal::Decimal>)],
+    pub compare: Option<&'a Path>,
+}
+
 /// Replay plus the per-rule report.
 pub fn backtest(
     rules_path: &Path,
@@ -18,9 +25,13 @@ pub fn backtest(
     json: bool,
     limits: InputBounds,
     max_bad_ratio: f64,
-    label: vigil::event::FieldPath,
-    sweeps: &[(String, Vec<vigil::decimal::Decimal>)],
+    tuning: Tuning<'_>,
 ) -> anyhow::Result<ExitCode> {
+    let Tuning {
+        label,
+        sweeps,
+        compare,
+    } = tuning;
     use std::io::IsTerminal;
     let Some(rules) = load_rules(rules_path) else {
         return Ok(ExitCode::from(1));
@@ -31,6 +42,13 @@ pub fn backtest(
             eprintln!("{message}");
             return Ok(ExitCode::from(1));
         }
+    };
+    let compare = match compare {
+        Some(path) => match load_rules(path) {
+            Some(other) => Some(limits.engine(other, limits.store_setup().memory_store())),
+            None => return Ok(ExitCode::from(1)),
+        },
+        None => None,
     };
     let Some(reader) = open_input(input) else {
         return Ok(ExitCode::from(1));
@@ -60,7 +78,11 @@ pub fn backtest(
         _ => reader,
     };
     let mut engine = limits.engine(rules, limits.store_setup().memory_store());
-    let options = pipeline::backtest::BacktestOptions { label, sweeps };
+    let options = pipeline::backtest::BacktestOptions {
+        label,
+        sweeps,
+        compare,
+    };
     let report = pipeline::backtest::backtest(&mut engine, reader, options, |lines| {
         if let (Some(bar), false) = (&bar, by_bytes) {
             bar.set_position(lines);

@@ -22,6 +22,7 @@ use vigil::rules::RuleSet;
 pub use backtest::backtest;
 #[cfg(feature = "harness")]
 pub use bench::{bench, bench_kafka, BenchArgs};
+pub use backtest::Tuning;
 pub use check::check;
 #[cfg(feature = "harness")]
 pub use gen::gen;

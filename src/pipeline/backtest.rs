@@ -100,13 +100,29 @@ pub struct BacktestReport {
     pub labelled_legit: u64,
     /// `--sweep`: v1-form rules re-judged at candidate limits.
     pub sweeps: Vec<Sweep>,
+    /// `--compare`: events the other rule set decided differently (action, or which rules hit
+    /// in which mode with which action), and the first [`MAX_DIFFERENCES`] of them.
+    pub differing_events: Option<u64>,
+    pub differences: Vec<Difference>,
 }
 
-/// What a backtest measures beyond hits: the label field and the rules to sweep.
-#[derive(Debug, Clone)]
+/// Most differing events a `--compare` report lists (all are counted).
+pub const MAX_DIFFERENCES: usize = 10_000;
+
+/// One event decided differently by the two rule sets: its line and both records.
+#[derive(Debug, Clone, Serialize)]
+pub struct Difference {
+    pub line: u64,
+    pub record: Box<serde_json::value::RawValue>,
+    pub other_record: Box<serde_json::value::RawValue>,
+}
+
+/// What a backtest measures beyond hits: the label field, the rules to sweep, and another rule
+/// set to compare decisions with (its own engine, bounded as the first).
 pub struct BacktestOptions {
     pub label: FieldPath,
     pub sweeps: Vec<Sweep>,
+    pub compare: Option<Engine<MemoryStore>>,
 }
 
 impl Default for BacktestOptions {
@@ -114,8 +130,31 @@ impl Default for BacktestOptions {
         BacktestOptions {
             label: FieldPath::parse("fraud").expect("a valid path"),
             sweeps: Vec::new(),
+            compare: None,
         }
     }
+}
+
+/// What identifies a decision for `--compare`: the action and each hit's rule, mode and action.
+fn decision_shape(rules: &RuleSet, decision: &Decision) -> (Option<&'static str>, Vec<(String, &'static str, &'static str)>) {
+    (
+        decision.action(rules).map(|a| a.as_str()),
+        decision
+            .hits
+            .iter()
+            .map(|hit| {
+                let rule = rules.rule(hit.rule);
+                (rule.id.clone(), rule.mode.as_str(), rule.action.as_str())
+            })
+            .collect(),
+    )
+}
+
+fn record_json(rules: &RuleSet, event: &Event, decision: &Decision, line: u64) -> Box<serde_json::value::RawValue> {
+    let mut out = Vec::new();
+    crate::rules::record::write_record(&mut out, rules, event, decision, crate::rules::EventSource::Line(line));
+    serde_json::value::RawValue::from_string(String::from_utf8(out).unwrap_or_default())
+        .unwrap_or_else(|_| serde_json::value::RawValue::from_string("null".into()).expect("valid JSON"))
 }
 
 /// Checks `--sweep` requests against the rules: each names an enabled rule in the v1 form
@@ -181,6 +220,13 @@ pub fn backtest(
     let mut tally = Tally::new(&rules);
     tally.report.label = options.label.as_str().to_owned();
     tally.report.sweeps = options.sweeps;
+    let mut other = options.compare.map(|engine| {
+        let rules = engine.rules().clone();
+        (engine, rules)
+    });
+    if other.is_some() {
+        tally.report.differing_events = Some(0);
+    }
     let mut input = input;
     let mut line = Vec::new();
     loop {
@@ -230,11 +276,53 @@ pub fn backtest(
             Label::Legit => tally.report.labelled_legit += 1,
             Label::Unlabelled => {}
         }
+        if let Some((other, other_rules)) = &mut other {
+            compare(&mut tally.report, other, other_rules, text, &rules, &event, &decision)?;
+        }
         tally.decision(&rules, &event, &decision, fraud.as_ref(), label);
         tally.values(engine, &rules, &event, label);
         tally.count_late(engine, &event);
     }
     Ok(tally.finish(engine, &rules))
+}
+
+/// Judges the same line with the other rule set and records the event if its decision differs.
+fn compare(
+    report: &mut BacktestReport,
+    other: &mut Engine<MemoryStore>,
+    other_rules: &RuleSet,
+    text: &[u8],
+    rules: &RuleSet,
+    event: &Event,
+    decision: &Decision,
+) -> Result<(), ReplayError> {
+    let line = report.lines;
+    // Its own projection: the other rules may read other fields.
+    let Ok(other_event) = decode(text, other_rules.projection()) else {
+        return Ok(());
+    };
+    if other.admit(&other_event).is_err() {
+        return Ok(());
+    }
+    let other_decision = other.evaluate(
+        &other_event,
+        InputPosition {
+            lane: 0,
+            offset: line as i64,
+        },
+    )?;
+    if decision_shape(rules, decision) != decision_shape(other_rules, &other_decision) {
+        let count = report.differing_events.get_or_insert(0);
+        *count += 1;
+        if report.differences.len() < MAX_DIFFERENCES {
+            report.differences.push(Difference {
+                line,
+                record: record_json(rules, event, decision, line),
+                other_record: record_json(other_rules, &other_event, &other_decision, line),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The report being built, with each active rule's set of keys hit.
@@ -666,6 +754,37 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
                 c.labelled.unlabelled_hits,
                 ratio(c.labelled.precision),
                 ratio(c.labelled.recall)
+            )?;
+        }
+    }
+    if let Some(differing) = report.differing_events {
+        writeln!(
+            out,
+            "{differing} events decided differently by the other rule set{}",
+            if differing > 20 { " (the first 20; --json lists up to 10 000)" } else { "" }
+        )?;
+        let shape = |record: &serde_json::value::RawValue| {
+            let value: serde_json::Value = serde_json::from_str(record.get()).unwrap_or_default();
+            let hits: Vec<String> = value["hits"]
+                .as_array()
+                .map(|hits| {
+                    hits.iter()
+                        .map(|h| match h["mode"].as_str() {
+                            Some("shadow") => format!("{} (shadow)", h["rule_id"].as_str().unwrap_or("?")),
+                            _ => h["rule_id"].as_str().unwrap_or("?").to_owned(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("{} [{}]", value["action"].as_str().unwrap_or("allow"), hits.join(", "))
+        };
+        for difference in report.differences.iter().take(20) {
+            writeln!(
+                out,
+                "  line {}: {} → {}",
+                difference.line,
+                shape(&difference.record),
+                shape(&difference.other_record)
             )?;
         }
     }
