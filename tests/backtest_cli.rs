@@ -371,8 +371,8 @@ fn a_line_that_makes_the_rest_late_is_named_and_late_events_are_counted() {
     ] {
         assert_eq!(counters[0][field], want, "{field}");
     }
-    let warning = "warning: line 1: its time (2023-11-16 22:13:20) is 2days ahead of the event after it \
-                   (2023-11-14 22:13:20): it moved the watermark past the input's other events, and 4 of them \
+    let warning = "warning: line 1: its time (2023-11-16 22:13:20 UTC) is 2days ahead of the event after it \
+                   (2023-11-14 22:13:20 UTC): it moved the watermark past the input's other events, and 4 of them \
                    were then late for every counter. A stray event from another time? Remove it, or raise --max-lateness\n";
     assert_eq!(String::from_utf8_lossy(&out.stderr), warning);
 

@@ -32,6 +32,8 @@ pub struct RuleReport {
     pub last_hit_ts: Option<i64>,
     /// Hits / events judged.
     pub hit_share: f64,
+    /// Hits / events in its scope (`matched`).
+    pub hit_share_in_scope: f64,
     /// Injected fraud events hit, by pattern.
     pub fraud_caught: BTreeMap<String, u64>,
     /// Its hits by the events' label (`--label`), with precision and recall.
@@ -549,6 +551,7 @@ impl Tally {
         for (rule, keys) in report.rules.iter_mut().zip(&self.keys) {
             rule.keys_hit = keys.len() as u64;
             rule.hit_share = rule.hits as f64 / report.events.max(1) as f64;
+            rule.hit_share_in_scope = rule.hits as f64 / rule.matched.max(1) as f64;
             rule.labelled.finish(report.labelled_fraud);
         }
         for sweep in &mut report.sweeps {
@@ -599,7 +602,7 @@ fn time(ts: Option<i64>) -> String {
     ts.and_then(chrono::DateTime::from_timestamp_millis)
         .map_or_else(
             || "-".to_owned(),
-            |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+            |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         )
 }
 
@@ -614,10 +617,17 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         report.decided,
         100.0 * report.decided as f64 / report.events.max(1) as f64
     )?;
+    let id_width = report
+        .rules
+        .iter()
+        .map(|r| r.rule_id.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
     writeln!(
         out,
-        "{:<28} {:<7} {:<6} {:>9} {:>8} {:>7} {:<19} {:<19} {:>7}  caught",
-        "rule", "mode", "action", "matched", "hits", "keys", "first hit", "last hit", "hit %"
+        "{:<id_width$} {:<7} {:<9} {:>9} {:>8} {:>7} {:<23} {:<23} {:>7} {:>9}  caught",
+        "rule", "mode", "action", "matched", "hits", "keys", "first hit", "last hit", "hit %", "in scope"
     )?;
     for rule in &report.rules {
         let caught: Vec<String> = rule
@@ -632,7 +642,7 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
             .collect();
         writeln!(
             out,
-            "{:<28} {:<7} {:<6} {:>9} {:>8} {:>7} {:<19} {:<19} {:>6.2}%  {}",
+            "{:<id_width$} {:<7} {:<9} {:>9} {:>8} {:>7} {:<23} {:<23} {:>6.2}% {:>8.2}%  {}",
             rule.rule_id,
             rule.mode,
             rule.action,
@@ -642,6 +652,7 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
             time(rule.first_hit_ts),
             time(rule.last_hit_ts),
             100.0 * rule.hit_share,
+            100.0 * rule.hits as f64 / rule.matched.max(1) as f64,
             if caught.is_empty() {
                 "-".to_owned()
             } else {
