@@ -151,22 +151,8 @@ fn write_hit(
 /// A counter's key for `event` as records show it (`{"user_id":"u-17"}`: canonical values, long
 /// ones quoted by prefix, length and digest).
 pub fn key_json(rules: &RuleSet, event: &Event<'_>, counter: usize) -> String {
-    let mut out = vec![b'{'];
-    for (i, (path, &slot)) in rules
-        .counter(counter)
-        .dimensions
-        .iter()
-        .zip(rules.dimension_slots(counter))
-        .enumerate()
-    {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_str(&mut out, path.as_str());
-        out.push(b':');
-        write_scalar(&mut out, event.field(slot).scalar());
-    }
-    out.push(b'}');
+    let mut out = Vec::new();
+    write_key(&mut out, rules, rules.record_parts(), event, counter);
     String::from_utf8(out).unwrap_or_default()
 }
 
