@@ -89,6 +89,10 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
         self.event.field(slot)
     }
 
+    fn event_time(&self) -> Option<i64> {
+        Some(self.event.ts)
+    }
+
     fn counter(&mut self, index: usize) -> Option<Num> {
         match self.outcome(index) {
             Outcome::Known { value, .. } => Some(Num::exact(decide::counter_value(

@@ -230,7 +230,7 @@ pub fn format_duration(ms: i64) -> String {
     format!("{ms}ms")
 }
 
-/// Parses a rule-file duration: `<int>` followed by `ms`, `s`, `m`, `h` or `d`. `None` if malformed
+/// Parses a rule-file duration: `<int>` followed by `ms`, `s`, `m`, `h`, `d` or `w` (7 days). `None` if malformed
 /// or out of range; zero is returned as `Some(0)` for the caller to refuse with its own message.
 pub fn parse_duration(text: &str) -> Option<i64> {
     let digits_end = text
@@ -247,6 +247,7 @@ pub fn parse_duration(text: &str) -> Option<i64> {
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
+        "w" => 7 * 86_400_000,
         _ => return None,
     };
     n.checked_mul(scale)
@@ -261,6 +262,7 @@ mod tests {
         assert_eq!(parse_duration("10m"), Some(600_000));
         assert_eq!(parse_duration("250ms"), Some(250));
         assert_eq!(parse_duration("1d"), Some(86_400_000));
+        assert_eq!(parse_duration("2w"), parse_duration("14d"));
         assert_eq!(parse_duration("0s"), Some(0));
         for bad in [
             "",

@@ -109,6 +109,9 @@ impl<'r, 'e> Context<'r> for FieldsOnly<'r, 'e> {
     fn counter_raw(&mut self, _: usize) -> Option<i64> {
         None
     }
+    fn event_time(&self) -> Option<i64> {
+        Some(self.0.ts)
+    }
 }
 
 /// A counter with its fields resolved to projection slots.

@@ -154,7 +154,7 @@ pub(super) fn duration<'t>(
         None => {
             report.error(
                 at,
-                format!("invalid duration {text_q} for {key}: expected an integer and a unit (ms, s, m, h or d), like \"10m\"", text_q = q(text)),
+                format!("invalid duration {text_q} for {key}: expected an integer and a unit (ms, s, m, h, d or w), like \"10m\"", text_q = q(text)),
             );
             None
         }

@@ -154,6 +154,10 @@ pub enum Expr {
     Contains(Box<Expr>, Box<Expr>),
     Matches(Box<Expr>, Box<Regex>),
     Lower(Box<Expr>),
+    /// `ts()`: the event's time in epoch ms.
+    Ts,
+    /// `ip_prefix(ip, bits)`: the network of that many leading bits, as a string.
+    IpPrefix(Box<Expr>, u8),
 }
 
 /// A parsed, resolved expression with what it reads.
@@ -208,9 +212,11 @@ impl Expr {
             | Expr::Counter(_)
             | Expr::Exists(_)
             | Expr::FieldIsStr { .. }
-            | Expr::CounterCmp { .. } => {
+            | Expr::CounterCmp { .. }
+            | Expr::Ts => {
                 let _ = write!(out, "{self:?}");
             }
+            Expr::IpPrefix(a, bits) => sub(out, &format!("ip_prefix{bits}"), &[a]),
             Expr::InField {
                 negated,
                 value,

@@ -59,6 +59,8 @@ pub trait Context<'e> {
     fn counter(&mut self, index: usize) -> Option<Num>;
     /// The same value on the counter's raw integer scale (micro-units for a sum).
     fn counter_raw(&mut self, index: usize) -> Option<i64>;
+    /// This event's time (epoch ms), for `ts()`; `None` where there is no event.
+    fn event_time(&self) -> Option<i64>;
 }
 
 fn field_val<'e>(v: &'e FieldValue<'e>) -> Val<'e> {
@@ -213,6 +215,18 @@ impl Expr {
             Expr::Lit(l) => lit_val(l),
             Expr::Num(n) => Val::Num(n.clone()),
             Expr::Field(slot) => field_val(cx.field(*slot)),
+            Expr::Ts => cx
+                .event_time()
+                .map_or(Val::Unknown, |ts| Val::Num(Num::exact(Decimal::from_i64(ts)))),
+            Expr::IpPrefix(ip, bits) => match ip.eval(cx) {
+                // The network the address is in, in canonical form (RFC 5952 for IPv6).
+                Val::Str(s) => s
+                    .parse::<IpAddr>()
+                    .ok()
+                    .and_then(|ip| ipnet::IpNet::new(ip, *bits).ok())
+                    .map_or(Val::Unknown, |net| Val::Str(Cow::Owned(net.trunc().to_string()))),
+                _ => Val::Unknown,
+            },
             Expr::List(items) => Val::List(items),
             Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
             Expr::Neg(inner) => match inner.eval(cx) {
@@ -374,6 +388,8 @@ impl Expr {
             | Expr::List(_)
             | Expr::Field(_)
             | Expr::Counter(_)
+            | Expr::Ts
+            | Expr::IpPrefix(..)
             | Expr::Neg(_)
             | Expr::Bin(..)
             | Expr::Lower(_) => truth(&self.eval(cx)),
@@ -399,6 +415,9 @@ impl Expr {
             fn counter_raw(&mut self, _: usize) -> Option<i64> {
                 None
             }
+            fn event_time(&self) -> Option<i64> {
+                None
+            }
         }
         if self.reads_input() {
             return None;
@@ -414,8 +433,13 @@ impl Expr {
             | Expr::Exists(_)
             | Expr::InField { .. }
             | Expr::FieldIsStr { .. }
-            | Expr::CounterCmp { .. } => true,
-            Expr::Not(a) | Expr::Neg(a) | Expr::Lower(a) | Expr::Matches(a, _) => a.reads_input(),
+            | Expr::CounterCmp { .. }
+            | Expr::Ts => true,
+            Expr::Not(a)
+            | Expr::Neg(a)
+            | Expr::Lower(a)
+            | Expr::Matches(a, _)
+            | Expr::IpPrefix(a, _) => a.reads_input(),
             Expr::Bin(_, a, b)
             | Expr::StartsWith(a, b)
             | Expr::EndsWith(a, b)

@@ -65,6 +65,9 @@ mod tests {
         fn counter(&mut self, index: usize) -> Option<Num> {
             self.counters[index].clone()
         }
+        fn event_time(&self) -> Option<i64> {
+            Some(self.event.ts)
+        }
         fn counter_raw(&mut self, index: usize) -> Option<i64> {
             self.counters[index].as_ref().map(|n| n.exact.as_ref().and_then(Decimal::as_i64).unwrap())
         }
@@ -80,6 +83,33 @@ mod tests {
             counters: [Some(Num::exact(Decimal::from_i64(6))), None],
         };
         truth(&c.expr.eval(&mut cx))
+    }
+
+    /// `ts()` is the event's time; `ip_prefix(ip, bits)` the canonical network string, unknown
+    /// for a non-IP or a length past the address's.
+    #[test]
+    fn ts_and_ip_prefix() {
+        let event = r#"{"ts":1700000000000,"ip":"203.0.113.77","v6":"2001:DB8:0:0:1::1",
+            "mapped":"::ffff:1.2.3.4","bad":"not-an-ip","n":7}"#;
+        for (expr, want) in [
+            ("ts() == 1700000000000", Some(true)),
+            ("ts() - 1000 > 1699999999999", Some(false)),
+            ("ip_prefix(ip, 24) == '203.0.113.0/24'", Some(true)),
+            ("ip_prefix(ip, 32) == '203.0.113.77/32'", Some(true)),
+            ("ip_prefix(v6, 32) == '2001:db8::/32'", Some(true)),
+            ("ip_prefix(mapped, 120) == '::ffff:1.2.3.0/120'", Some(true)),
+            ("ip_prefix(ip, 33) == '203.0.113.0/24'", None),
+            ("ip_prefix(bad, 24) == 'x'", None),
+            ("ip_prefix(n, 24) == 'x'", None),
+            ("ip_prefix(missing, 24) == 'x'", None),
+        ] {
+            assert_eq!(eval(expr, event), want, "{expr}");
+        }
+        assert_eq!(
+            error("ip_prefix(ip, bits) == 'x'", true),
+            (14, "ip_prefix() takes the prefix length as an integer literal from 0 to 128".to_owned())
+        );
+        assert_eq!(error("ts(1) > 0", true).1, "ts() takes 0 arguments, found 1");
     }
 
     /// `==` / `!=` compare arrays and objects deeply; a list literal stands wherever a value may.
@@ -243,7 +273,7 @@ mod tests {
             error("ip in @bad", true),
             (6, "unknown list \"bad\"".into())
         );
-        assert_eq!(error("foo(x)", true).1, "unknown function \"foo\"; expected exists, starts_with, ends_with, contains, matches, lower or cidr");
+        assert_eq!(error("foo(x)", true).1, "unknown function \"foo\"; expected exists, starts_with, ends_with, contains, matches, lower, ip_prefix, ts or cidr");
         assert_eq!(
             error("x == 'a\\q'", true),
             (7, "invalid escape '\\q'".into())

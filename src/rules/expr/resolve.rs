@@ -264,11 +264,26 @@ impl Resolver<'_> {
                 })?;
                 Expr::Matches(Box::new(self.resolve(&args[0])?), Box::new(regex))
             }
+            "ts" => {
+                arity(0)?;
+                Expr::Ts
+            }
+            "ip_prefix" => {
+                arity(2)?;
+                let bits = match &args[1].0 {
+                    Ast::Num(d) => d.as_i64().filter(|b| (0..=128).contains(b)),
+                    _ => None,
+                };
+                let Some(bits) = bits else {
+                    return err(args[1].1, "ip_prefix() takes the prefix length as an integer literal from 0 to 128");
+                };
+                Expr::IpPrefix(Box::new(self.resolve(&args[0])?), bits as u8)
+            }
             "cidr" => return err(at, "cidr(...) can only follow 'in' or 'not in'"),
             other => {
                 return err(
                     at,
-                    format!("unknown function {}; expected exists, starts_with, ends_with, contains, matches, lower or cidr", quote_prefix(other)),
+                    format!("unknown function {}; expected exists, starts_with, ends_with, contains, matches, lower, ip_prefix, ts or cidr", quote_prefix(other)),
                 )
             }
         })
