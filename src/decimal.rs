@@ -71,17 +71,23 @@ fn digits(m: u64) -> u32 {
 /// A view of a decimal's parts, whichever form holds it.
 struct Parts<'d> {
     negative: bool,
-    /// Number of significant digits.
-    len: i64,
     exp: i64,
     long: Option<&'d str>,
     mantissa: u64,
 }
 
 impl<'d> Parts<'d> {
+    /// Number of significant digits (counted only where a caller needs it).
+    fn len(&self) -> i64 {
+        match self.long {
+            Some(d) => d.len() as i64,
+            None => i64::from(digits(self.mantissa)),
+        }
+    }
+
     /// Power of ten just above the value: `value < 10^adjusted` and `>= 10^(adjusted-1)`.
     fn adjusted(&self) -> i64 {
-        self.exp + self.len
+        self.exp + self.len()
     }
 
     fn digit_text(&self) -> std::borrow::Cow<'d, str> {
@@ -122,14 +128,12 @@ impl Decimal {
                 exp,
             } => Parts {
                 negative: *negative,
-                len: i64::from(digits(*mantissa)),
                 exp: i64::from(*exp),
                 long: None,
                 mantissa: *mantissa,
             },
             Repr::Long(l) => Parts {
                 negative: l.negative,
-                len: l.digits.len() as i64,
                 exp: l.exp,
                 long: Some(&l.digits),
                 mantissa: 0,
@@ -317,7 +321,7 @@ impl Decimal {
             Some(digits) => {
                 // More than 19 digits: an integer part short enough to fit leaves digits
                 // behind it, so the value is never integral there.
-                let whole = p.len + exp;
+                let whole = p.len() + exp;
                 if whole > 19 {
                     return saturated;
                 }
@@ -400,7 +404,7 @@ impl Decimal {
                 }
             }
             Some(digits) => {
-                let whole = p.len + exp;
+                let whole = p.len() + exp;
                 if whole > 19 {
                     return None;
                 }
@@ -427,6 +431,25 @@ impl Decimal {
 
 impl Ord for Decimal {
     fn cmp(&self, other: &Self) -> Ordering {
+        // The common case, as before long numbers: same sign and exponent, compare mantissas.
+        if let (
+            Repr::Small {
+                negative: na,
+                mantissa: ma,
+                exp: ea,
+            },
+            Repr::Small {
+                negative: nb,
+                mantissa: mb,
+                exp: eb,
+            },
+        ) = (&self.0, &other.0)
+        {
+            if na == nb && ea == eb && *ma != 0 && *mb != 0 {
+                let magnitude = ma.cmp(mb);
+                return if *na { magnitude.reverse() } else { magnitude };
+            }
+        }
         let sign = |d: &Decimal| {
             if d.is_zero() {
                 0
@@ -447,7 +470,7 @@ impl Ord for Decimal {
         // Same sign: compare magnitudes by their leading digit's position, then digit by digit.
         let magnitude = a.adjusted().cmp(&b.adjusted()).then_with(|| {
             if a.long.is_none() && b.long.is_none() {
-                let (da, db) = (a.len as u32, b.len as u32);
+                let (da, db) = (a.len() as u32, b.len() as u32);
                 let (x, y) = (u128::from(a.mantissa), u128::from(b.mantissa));
                 let (x, y) = if da < db {
                     (x * POW10[(db - da) as usize], y)

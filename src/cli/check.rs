@@ -101,15 +101,14 @@ fn sample_warnings(
     }
     let mut warnings = vigil::rules::lint::lint(rules, &sample);
     // A historical sample is fine: no bound against the wall clock.
-    let bounds = vigil::event::TimeBounds {
-        max_future_skew_ms: None,
-        ..vigil::event::TimeBounds::default()
+    let limits = super::InputBounds {
+        bounds: vigil::event::TimeBounds {
+            max_future_skew_ms: None,
+            ..vigil::event::TimeBounds::default()
+        },
+        ..super::InputBounds::default()
     };
-    let mut engine = vigil::pipeline::Engine::new(
-        rules.clone(),
-        vigil::config::StoreSetup::default().memory_store(),
-    )
-    .with_time(bounds, std::sync::Arc::new(vigil::clock::SystemClock));
+    let mut engine = limits.engine(rules.clone(), limits.store_setup().memory_store());
     let Some(reader) = super::open_input(path) else {
         return Ok(None);
     };

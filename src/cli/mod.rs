@@ -40,6 +40,20 @@ pub struct InputBounds {
     pub max_state_bytes: usize,
 }
 
+/// The defaults a config file would give: the input section's time bounds, `ts` as event time,
+/// the memory section's bounds.
+impl Default for InputBounds {
+    fn default() -> Self {
+        let memory = vigil::config::MemoryConfig::default();
+        InputBounds {
+            bounds: vigil::event::TimeBounds::default(),
+            time: vigil::event::TimeSource::default(),
+            max_keys: memory.max_keys,
+            max_state_bytes: memory.max_state_bytes,
+        }
+    }
+}
+
 impl InputBounds {
     /// Where to count: in process within these bounds (`redis.url` unset), keys kept in Redis
     /// for the lateness bound.

@@ -138,7 +138,10 @@ impl Default for BacktestOptions {
 }
 
 /// What identifies a decision for `--compare`: the action and each hit's rule, mode and action.
-fn decision_shape(rules: &RuleSet, decision: &Decision) -> (Option<&'static str>, Vec<(String, &'static str, &'static str)>) {
+fn decision_shape<'r>(
+    rules: &'r RuleSet,
+    decision: &Decision,
+) -> (Option<&'static str>, Vec<(&'r str, &'static str, &'static str)>) {
     (
         decision.action(rules).map(|a| a.as_str()),
         decision
@@ -146,7 +149,7 @@ fn decision_shape(rules: &RuleSet, decision: &Decision) -> (Option<&'static str>
             .iter()
             .map(|hit| {
                 let rule = rules.rule(hit.rule);
-                (rule.id.clone(), rule.mode.as_str(), rule.action.as_str())
+                (rule.id.as_str(), rule.mode.as_str(), rule.action.as_str())
             })
             .collect(),
     )

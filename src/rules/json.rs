@@ -59,16 +59,19 @@ pub(super) fn write_int(out: &mut Vec<u8>, v: impl itoa::Integer) {
 }
 
 /// An exact decimal as a JSON number: its shortest exact text; beyond the range of a double
-/// (which serde_json and most readers refuse as a number), a JSON string of that text.
+/// (which serde_json and most readers refuse as a number), a JSON string of that text; longer
+/// than [`MAX_QUOTED_BYTES`], quoted as [`write_long_value`] does.
 pub(super) fn write_decimal(out: &mut Vec<u8>, d: &Decimal) {
-    match d.as_i64() {
-        Some(v) => write_int(out, v),
-        None if d.fits_f64() => {
-            use std::io::Write;
-            // Writing into a Vec cannot fail.
-            let _ = write!(out, "{d}");
-        }
-        None => write_str(out, &d.to_string()),
+    if let Some(v) = d.as_i64() {
+        return write_int(out, v);
+    }
+    let text = d.to_string();
+    if text.len() > MAX_QUOTED_BYTES {
+        write_long_value(out, &text);
+    } else if d.fits_f64() {
+        out.extend_from_slice(text.as_bytes());
+    } else {
+        write_str(out, &text);
     }
 }
 
@@ -79,7 +82,7 @@ pub(super) fn write_number(out: &mut Vec<u8>, exact: &Decimal, text: Option<&str
         Some(text) if text.len() > MAX_QUOTED_BYTES => write_long_value(out, text),
         // The parser validated the text as one JSON number token.
         Some(text) if exact.fits_f64() => out.extend_from_slice(text.as_bytes()),
-        _ => write_scalar(out, Some(Scalar::Number(exact))),
+        _ => write_decimal(out, exact),
     }
 }
 
@@ -88,17 +91,7 @@ pub(super) fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
         None => out.extend_from_slice(b"null"),
         Some(Scalar::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
         // A key value by its canonical text: one key, one rendering, whichever event wrote it.
-        Some(Scalar::Number(n)) => match n.as_i64() {
-            Some(v) => write_int(out, v),
-            None => {
-                let text = n.to_string();
-                if text.len() > MAX_QUOTED_BYTES {
-                    write_long_value(out, &text);
-                } else {
-                    write_decimal(out, n);
-                }
-            }
-        },
+        Some(Scalar::Number(n)) => write_decimal(out, n),
         Some(Scalar::Str(s)) if s.len() > MAX_QUOTED_BYTES => write_long_value(out, s),
         Some(Scalar::Str(s)) => write_str(out, s),
     }

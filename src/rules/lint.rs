@@ -253,13 +253,17 @@ fn non_object_parent(sample: &Sample, path: &str) -> Option<String> {
 
 /// The sample path closest to `path`, if close enough to be a typo of it.
 fn nearest(sample: &Sample, path: &str) -> Option<String> {
-    sample
-        .paths
-        .keys()
-        .map(|candidate| (strsim::jaro_winkler(path, candidate), candidate))
+    closest(path, sample.paths.keys().map(String::as_str)).map(str::to_owned)
+}
+
+/// The candidate `word` is most likely a typo of (Jaro–Winkler similarity at least 0.85), for
+/// "did you mean" in rule files and in `check --events`.
+pub(crate) fn closest<'c>(word: &str, candidates: impl Iterator<Item = &'c str>) -> Option<&'c str> {
+    candidates
+        .map(|candidate| (strsim::jaro_winkler(word, candidate), candidate))
         .filter(|(score, _)| *score >= 0.85)
         .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, candidate)| candidate.clone())
+        .map(|(_, candidate)| candidate)
 }
 
 fn kinds_text(kinds: u8) -> String {

@@ -131,12 +131,8 @@ fn check_top_level_keys(root: &Table, report: &mut Report<'_>) {
 /// "unknown key … in <table>", with the closest known key when the unknown one looks like a typo
 /// of it (`windw` → `window`), then every key the table takes.
 pub(super) fn unknown_key(key: &str, table: &str, known: &[&str]) -> String {
-    let near = known
-        .iter()
-        .map(|k| (strsim::jaro_winkler(key, k), k))
-        .filter(|(score, _)| *score >= 0.85)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, k)| format!(" (did you mean \"{k}\"?)"))
+    let near = crate::rules::lint::closest(key, known.iter().copied())
+        .map(|k| format!(" (did you mean \"{k}\"?)"))
         .unwrap_or_default();
     format!(
         "unknown key {}{near} in {table}; expected one of: {}",
