@@ -228,7 +228,11 @@ impl Decimal {
                 .iter()
                 .chain(fraction)
                 .fold(0u64, |m, &b| m * 10 + u64::from(b - b'0'));
-            return Some(Decimal::small(negative, mantissa, exp - fraction.len() as i64));
+            return Some(Decimal::small(
+                negative,
+                mantissa,
+                exp - fraction.len() as i64,
+            ));
         }
         // The significant digits of integral ++ fraction: first to last non-zero.
         let at = |k: usize| {
@@ -246,8 +250,8 @@ impl Decimal {
             .rev()
             .find(|&k| at(k) != b'0')
             .expect("a non-zero digit");
-        let exp = (exp - fraction.len() as i64 + (total - 1 - last) as i64)
-            .clamp(-EXP_LIMIT, EXP_LIMIT);
+        let exp =
+            (exp - fraction.len() as i64 + (total - 1 - last) as i64).clamp(-EXP_LIMIT, EXP_LIMIT);
         if last - first < SMALL_DIGITS {
             let mantissa = (first..=last).fold(0u64, |m, k| m * 10 + u64::from(at(k) - b'0'));
             return Some(Decimal::small(negative, mantissa, exp));
@@ -696,7 +700,10 @@ mod tests {
         let long = "1234567890123456789012345678901234567890123456789";
         assert_eq!(d(long).to_string(), long);
         assert_eq!(d(&format!("{long}.000")), d(long));
-        assert_eq!(d(&format!("{long}e-10")).to_string(), "123456789012345678901234567890123456789.0123456789");
+        assert_eq!(
+            d(&format!("{long}e-10")).to_string(),
+            "123456789012345678901234567890123456789.0123456789"
+        );
         assert!(d(&format!("{long}1")) > d(&format!("{long}0")));
         assert!(d(&format!("{long}0")) < d(&format!("{long}1")));
         assert!(d(&format!("-{long}1")) < d(&format!("-{long}0")));
@@ -705,7 +712,8 @@ mod tests {
         assert!(d("1") < d("1.000000000000000000000000000000000000000001"));
         assert!(d("0.999999999999999999999999999999999999999999") < d("1"));
         assert_eq!(
-            d("1.000000000000000000000000000000000000000001").cmp(&d("1.000000000000000000000000000000000000000001")),
+            d("1.000000000000000000000000000000000000000001")
+                .cmp(&d("1.000000000000000000000000000000000000000001")),
             Ordering::Equal
         );
         // Their doubles round correctly, and so do their thresholds and micro-units.
@@ -714,8 +722,14 @@ mod tests {
         assert_eq!(d(above_two).floor_scaled(0), 2);
         assert_eq!((-d(above_two)).floor_scaled(0), -3);
         assert_eq!(d(long).floor_scaled(0), i64::MAX);
-        assert_eq!(d("0.00000250000000000000000000000000000000000001").to_micros_half_even(), Some(3));
-        assert_eq!(d("0.00000249999999999999999999999999999999999999").to_micros_half_even(), Some(2));
+        assert_eq!(
+            d("0.00000250000000000000000000000000000000000001").to_micros_half_even(),
+            Some(3)
+        );
+        assert_eq!(
+            d("0.00000249999999999999999999999999999999999999").to_micros_half_even(),
+            Some(2)
+        );
         assert_eq!(d(long).to_micros_half_even(), None);
         assert_eq!(d(long).as_i128(), None);
     }

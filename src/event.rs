@@ -813,8 +813,14 @@ impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, '_, 'a> {
                 // Both projected and a parent (`device` and `device.id`): descend into the
                 // object's text (rare, so reading it twice costs nothing that matters).
                 let mut inner = serde_json::Deserializer::from_str(text);
-                de::Deserializer::deserialize_any(&mut inner, Inner { node, out: &mut *out })
-                    .map_err(de::Error::custom)?;
+                de::Deserializer::deserialize_any(
+                    &mut inner,
+                    Inner {
+                        node,
+                        out: &mut *out,
+                    },
+                )
+                .map_err(de::Error::custom)?;
                 if let Some(slot) = node.slot {
                     out[slot] = FieldValue::Object(text);
                 }
@@ -1129,7 +1135,11 @@ mod tests {
         assert_eq!(err(br#"{"ts":null}"#), "bad_ts");
         assert_eq!(err(br#"{"ts":"1969-12-31T23:59:59Z"}"#), "bad_ts");
         // Second 60 is a leap second, on a leap-second day or not: never a usable time.
-        for leap in ["2016-12-31T23:59:60Z", "2023-06-01T23:59:60Z", "2023-06-01T12:30:60.5+02:00"] {
+        for leap in [
+            "2016-12-31T23:59:60Z",
+            "2023-06-01T23:59:60Z",
+            "2023-06-01T12:30:60.5+02:00",
+        ] {
             let line = format!(r#"{{"ts":"{leap}"}}"#);
             match decode(line.as_bytes(), &p) {
                 Err(BadEvent::BadTs(why)) => assert!(why.contains("leap second"), "{why}"),

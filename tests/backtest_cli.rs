@@ -382,7 +382,9 @@ fn a_line_that_makes_the_rest_late_is_named_and_late_events_are_counted() {
         "{table}"
     );
     assert!(
-        table.contains("\nfails-user-10m         1         4         1         1         1         1  -\n"),
+        table.contains(
+            "\nfails-user-10m         1         4         1         1         1         1  -\n"
+        ),
         "{table}"
     );
     assert!(table.ends_with(warning), "{table}");
@@ -403,10 +405,16 @@ fn a_backtest_tunes_a_limit_with_labels_distributions_and_a_sweep() {
     // u1 fails 4 times (labelled fraud), u2 twice (labelled legitimate), u3 3 times (no label).
     let mut lines = Vec::new();
     let mut ts = 1_700_000_000_000i64;
-    for (user, times, label) in [("u1", 4, ",\"bad\":true"), ("u2", 2, ",\"bad\":false"), ("u3", 3, "")] {
+    for (user, times, label) in [
+        ("u1", 4, ",\"bad\":true"),
+        ("u2", 2, ",\"bad\":false"),
+        ("u3", 3, ""),
+    ] {
         for _ in 0..times {
             ts += 1000;
-            lines.push(format!(r#"{{"ts":{ts},"result":"fail","user_id":"{user}"{label}}}"#));
+            lines.push(format!(
+                r#"{{"ts":{ts},"result":"fail","user_id":"{user}"{label}}}"#
+            ));
         }
     }
     let events = dir.path().join("events.jsonl");
@@ -431,7 +439,13 @@ fn a_backtest_tunes_a_limit_with_labels_distributions_and_a_sweep() {
     let json_args = args(true);
     let out = vigil(&json_args.iter().map(String::as_str).collect::<Vec<_>>());
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((report["labelled_fraud"].as_u64(), report["labelled_legit"].as_u64()), (Some(4), Some(2)));
+    assert_eq!(
+        (
+            report["labelled_fraud"].as_u64(),
+            report["labelled_legit"].as_u64()
+        ),
+        (Some(4), Some(2))
+    );
     let rule = &report["rules"][0];
     assert_eq!(rule["hits"], 3);
     assert_eq!(
@@ -472,9 +486,15 @@ fn a_backtest_tunes_a_limit_with_labels_distributions_and_a_sweep() {
     let table_args = args(false);
     let table = vigil(&table_args.iter().map(String::as_str).collect::<Vec<_>>());
     let table = String::from_utf8(table.stdout).unwrap();
-    assert!(table.contains("labels (bad): 4 fraud, 2 legitimate, 3 unlabelled events"), "{table}");
+    assert!(
+        table.contains("labels (bad): 4 fraud, 2 legitimate, 3 unlabelled events"),
+        "{table}"
+    );
     assert!(table.contains("sweep of fails:"), "{table}");
-    assert!(table.contains(r#"{"user_id":"u1"} 4, {"user_id":"u3"} 3, {"user_id":"u2"} 2"#), "{table}");
+    assert!(
+        table.contains(r#"{"user_id":"u1"} 4, {"user_id":"u3"} 3, {"user_id":"u2"} 2"#),
+        "{table}"
+    );
     // --compare: the same rule at limit 3 decides u1's 3rd event (line 3) and u3's 3rd (line 9)
     // differently; both records are listed.
     let other = dir.path().join("other.toml");
@@ -484,27 +504,58 @@ fn a_backtest_tunes_a_limit_with_labels_distributions_and_a_sweep() {
     )
     .unwrap();
     let out = vigil(&[
-        "backtest", "--rules", rules.to_str().unwrap(), "--input", events.to_str().unwrap(),
-        "--compare", other.to_str().unwrap(), "--json",
+        "backtest",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--input",
+        events.to_str().unwrap(),
+        "--compare",
+        other.to_str().unwrap(),
+        "--json",
     ]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["differing_events"], 2);
     let differences = report["differences"].as_array().unwrap();
-    assert_eq!(differences.iter().map(|d| d["line"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 9]);
+    assert_eq!(
+        differences
+            .iter()
+            .map(|d| d["line"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [3, 9]
+    );
     assert_eq!(differences[0]["record"]["action"], "block");
     assert_eq!(differences[0]["other_record"]["action"], "allow");
-    assert_eq!(differences[0]["other_record"]["hits"], serde_json::json!([]));
+    assert_eq!(
+        differences[0]["other_record"]["hits"],
+        serde_json::json!([])
+    );
     let out = vigil(&[
-        "backtest", "--rules", rules.to_str().unwrap(), "--input", events.to_str().unwrap(),
-        "--compare", other.to_str().unwrap(),
+        "backtest",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--input",
+        events.to_str().unwrap(),
+        "--compare",
+        other.to_str().unwrap(),
     ]);
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("2 events decided differently by the other rule set\n  line 3: block [fails] → allow []\n  line 9: block [fails] → allow []\n"), "{table}");
     // A sweep of a rule without `limit` is refused, saying why.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
-        .args(["backtest", "--rules", rules.to_str().unwrap(), "--input", events.to_str().unwrap(), "--sweep", "nope=1"])
+        .args([
+            "backtest",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--input",
+            events.to_str().unwrap(),
+            "--sweep",
+            "nope=1",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "--sweep: no rule \"nope\"");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "--sweep: no rule \"nope\""
+    );
 }

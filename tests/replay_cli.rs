@@ -1086,7 +1086,8 @@ limit = 1
     let long_too = format!("{}2", "7".repeat(60));
     let lines = [
         // The VIP (allowed), then its neighbour twice: not allowed, and counted on its own key.
-        r#"{"event_id":18446744073709551616123,"ts":1000,"user_id":18446744073709551615,"card":1}"#.to_owned(),
+        r#"{"event_id":18446744073709551616123,"ts":1000,"user_id":18446744073709551615,"card":1}"#
+            .to_owned(),
         r#"{"event_id":1.50,"ts":2000,"user_id":18446744073709551614,"card":1}"#.to_owned(),
         r#"{"event_id":"e3","ts":3000,"user_id":18446744073709551614,"card":1.50}"#.to_owned(),
         // A list entry matches only itself.
@@ -1099,10 +1100,21 @@ limit = 1
     ];
     let input = lines.join("\n") + "\n";
     let out = vigil(
-        &["replay", "--rules", rules.to_str().unwrap(), "--input", "-", "--emit-allow"],
+        &[
+            "replay",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--input",
+            "-",
+            "--emit-allow",
+        ],
         Some(&input),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let records: Vec<serde_json::Value> = stdout
         .lines()
@@ -1119,20 +1131,36 @@ limit = 1
     };
     let line: Vec<&str> = stdout.lines().collect();
     // The record echoes the id's text, every digit of it.
-    assert!(line[0].contains(r#""event_id":18446744073709551616123,"#), "{}", line[0]);
+    assert!(
+        line[0].contains(r#""event_id":18446744073709551616123,"#),
+        "{}",
+        line[0]
+    );
     assert!(line[1].contains(r#""event_id":1.50,"#), "{}", line[1]);
     assert_eq!(fired(&records[0]), ["vip"]);
     assert_eq!(records[0]["action"], "allow");
     // The neighbour is not the VIP: its second event is its own key's second.
     assert_eq!(fired(&records[1]), Vec::<String>::new());
     assert_eq!(fired(&records[2]), ["second-try"]);
-    assert!(line[2].contains(r#""key":{"user_id":18446744073709551614}"#), "{}", line[2]);
-    assert_eq!(fired(&records[3]), Vec::<String>::new(), "list entry matched its neighbour");
+    assert!(
+        line[2].contains(r#""key":{"user_id":18446744073709551614}"#),
+        "{}",
+        line[2]
+    );
+    assert_eq!(
+        fired(&records[3]),
+        Vec::<String>::new(),
+        "list entry matched its neighbour"
+    );
     assert_eq!(fired(&records[4]), ["stolen-card"]);
     // 1e400 is beyond a double: a string of its text, so serde_json reads the record.
     assert_eq!(records[5]["event_id"], "1e400");
     assert_eq!(fired(&records[5]), Vec::<String>::new());
-    assert_eq!(fired(&records[6]), Vec::<String>::new(), "two long ids shared a key");
+    assert_eq!(
+        fired(&records[6]),
+        Vec::<String>::new(),
+        "two long ids shared a key"
+    );
     assert_eq!(fired(&records[7]), ["second-try"]);
     // The key is the canonical text of the value, every digit of it (the same for `….0`).
     let key = format!(r#""key":{{"user_id":{long}}}"#);
@@ -1161,26 +1189,48 @@ fn long_values_cost_bounded_state_and_bounded_records() {
         ));
     }
     // The first user again (its second event: fires), then one more new one (does not).
-    input.push_str(&format!("{{\"event_id\":\"{filler}0\",\"ts\":2000,\"user_id\":\"{filler}0\"}}\n"));
-    input.push_str(&format!("{{\"event_id\":\"{filler}300\",\"ts\":2001,\"user_id\":\"{filler}300\"}}\n"));
+    input.push_str(&format!(
+        "{{\"event_id\":\"{filler}0\",\"ts\":2000,\"user_id\":\"{filler}0\"}}\n"
+    ));
+    input.push_str(&format!(
+        "{{\"event_id\":\"{filler}300\",\"ts\":2001,\"user_id\":\"{filler}300\"}}\n"
+    ));
     let path = dir.path().join("events.jsonl");
     std::fs::write(&path, &input).unwrap();
     let out = vigil(
-        &["replay", "--rules", rules.to_str().unwrap(), "--input", path.to_str().unwrap()],
+        &[
+            "replay",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--input",
+            path.to_str().unwrap(),
+        ],
         None,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 1, "{}", stdout.chars().take(2000).collect::<String>());
-    assert!(lines[0].len() < 1024, "a record of {} bytes", lines[0].len());
+    assert_eq!(
+        lines.len(),
+        1,
+        "{}",
+        stdout.chars().take(2000).collect::<String>()
+    );
+    assert!(
+        lines[0].len() < 1024,
+        "a record of {} bytes",
+        lines[0].len()
+    );
     let record: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     assert_eq!(record["hits"][0]["value"], 2);
     let quoted = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
     let key = quoted(&record["hits"][0]["key"]["user_id"]);
     let id = quoted(&record["event_id"]);
-    assert!(key.starts_with(&"x".repeat(64)) && key.contains("… (100001 bytes, blake3 "), "{key}");
+    assert!(
+        key.starts_with(&"x".repeat(64)) && key.contains("… (100001 bytes, blake3 "),
+        "{key}"
+    );
     assert_eq!(key, id, "the same value is quoted the same way");
     // 301 keys of 100 kB values: a few hundred bytes each, not 30 MB.
     let mib: f64 = stderr

@@ -399,7 +399,14 @@ fn check_warns_about_windows_a_time_bound_can_blind() {
 fn check_events_names_the_mistakes_a_sample_reveals() {
     let rules = "tests/fixtures/check_events/rules.toml";
     let sample = "tests/fixtures/check_events/sample.jsonl";
-    let out = vigil(&["check", rules, "--events", sample, "--max-future-skew", "off"]);
+    let out = vigil(&[
+        "check",
+        rules,
+        "--events",
+        sample,
+        "--max-future-skew",
+        "off",
+    ]);
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let expected = [
@@ -411,14 +418,29 @@ fn check_events_names_the_mistakes_a_sample_reveals() {
         format!("warning: {rules}:7:1: counter pay-mcc counts nothing on the 100 sample events: no sample event is in its scope"),
     ];
     assert_eq!(stderr.lines().collect::<Vec<_>>(), expected);
-    assert!(String::from_utf8(out.stdout).unwrap().ends_with(", 6 warnings\n"));
-    let strict = vigil(&["check", rules, "--events", sample, "--max-future-skew", "off", "--strict"]);
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .ends_with(", 6 warnings\n"));
+    let strict = vigil(&[
+        "check",
+        rules,
+        "--events",
+        sample,
+        "--max-future-skew",
+        "off",
+        "--strict",
+    ]);
     assert_eq!(strict.status.code(), Some(1));
     // A sample the rules fit: no warning.
     let dir = tempfile::tempdir().unwrap();
     let fits = dir.path().join("fits.jsonl");
     let lines: Vec<String> = (0..4)
-        .map(|i| format!(r#"{{"ts":{},"type":"login","result":"fail","user_id":"u1"}}"#, 1_700_000_000_000i64 + i))
+        .map(|i| {
+            format!(
+                r#"{{"ts":{},"type":"login","result":"fail","user_id":"u1"}}"#,
+                1_700_000_000_000i64 + i
+            )
+        })
         .collect();
     fs::write(&fits, lines.join("\n")).unwrap();
     let brute = dir.path().join("brute.toml");
@@ -428,7 +450,18 @@ fn check_events_names_the_mistakes_a_sample_reveals() {
          [[rule]]\nid = 'brute'\naction = 'block'\nwhen = '$fails-user > 2'\n",
     )
     .unwrap();
-    let out = vigil(&["check", brute.to_str().unwrap(), "--events", fits.to_str().unwrap(), "--strict"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = vigil(&[
+        "check",
+        brute.to_str().unwrap(),
+        "--events",
+        fits.to_str().unwrap(),
+        "--strict",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8(out.stderr).unwrap(), "");
 }

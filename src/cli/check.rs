@@ -96,7 +96,10 @@ fn sample_warnings(
         }
     }
     if sample.events == 0 {
-        eprintln!("{}: no event in the sample (one JSON object per line)", path.display());
+        eprintln!(
+            "{}: no event in the sample (one JSON object per line)",
+            path.display()
+        );
         return Ok(None);
     }
     let mut warnings = vigil::rules::lint::lint(rules, &sample);
@@ -140,12 +143,18 @@ fn sample_warnings(
         }
         let why = match counts {
             Some(c) if !c.skipped.is_empty() || c.late > 0 => {
-                let mut reasons: Vec<String> =
-                    c.skipped.iter().map(|(reason, n)| format!("{n} {reason}")).collect();
+                let mut reasons: Vec<String> = c
+                    .skipped
+                    .iter()
+                    .map(|(reason, n)| format!("{n} {reason}"))
+                    .collect();
                 if c.late > 0 {
                     reasons.push(format!("{} late", c.late));
                 }
-                format!("every event in its scope was skipped ({})", reasons.join(", "))
+                format!(
+                    "every event in its scope was skipped ({})",
+                    reasons.join(", ")
+                )
             }
             _ => "no sample event is in its scope".to_owned(),
         };

@@ -20,9 +20,9 @@ use vigil::rule_files::{self, LoadError};
 use vigil::rules::RuleSet;
 
 pub use backtest::backtest;
+pub use backtest::Tuning;
 #[cfg(feature = "harness")]
 pub use bench::{bench, bench_kafka, BenchArgs};
-pub use backtest::Tuning;
 pub use check::check;
 #[cfg(feature = "harness")]
 pub use gen::gen;

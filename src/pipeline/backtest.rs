@@ -8,8 +8,8 @@ use std::io::{self, BufRead, Write};
 use serde::Serialize;
 
 use super::engine::Engine;
-use super::tuning::{self, Distribution, Label, Labelled, Peaks, Sweep, TopKey, Values};
 use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
+use super::tuning::{self, Distribution, Label, Labelled, Peaks, Sweep, TopKey, Values};
 use crate::decimal::Decimal;
 use crate::event::{decode, Event, FieldPath};
 use crate::rules::{Decision, Form, RuleSet, SkipReason};
@@ -141,7 +141,10 @@ impl Default for BacktestOptions {
 fn decision_shape<'r>(
     rules: &'r RuleSet,
     decision: &Decision,
-) -> (Option<&'static str>, Vec<(&'r str, &'static str, &'static str)>) {
+) -> (
+    Option<&'static str>,
+    Vec<(&'r str, &'static str, &'static str)>,
+) {
     (
         decision.action(rules).map(|a| a.as_str()),
         decision
@@ -155,16 +158,32 @@ fn decision_shape<'r>(
     )
 }
 
-fn record_json(rules: &RuleSet, event: &Event, decision: &Decision, line: u64) -> Box<serde_json::value::RawValue> {
+fn record_json(
+    rules: &RuleSet,
+    event: &Event,
+    decision: &Decision,
+    line: u64,
+) -> Box<serde_json::value::RawValue> {
     let mut out = Vec::new();
-    crate::rules::record::write_record(&mut out, rules, event, decision, crate::rules::EventSource::Line(line));
+    crate::rules::record::write_record(
+        &mut out,
+        rules,
+        event,
+        decision,
+        crate::rules::EventSource::Line(line),
+    );
     serde_json::value::RawValue::from_string(String::from_utf8(out).unwrap_or_default())
-        .unwrap_or_else(|_| serde_json::value::RawValue::from_string("null".into()).expect("valid JSON"))
+        .unwrap_or_else(|_| {
+            serde_json::value::RawValue::from_string("null".into()).expect("valid JSON")
+        })
 }
 
 /// Checks `--sweep` requests against the rules: each names an enabled rule in the v1 form
 /// (`window` + `limit`), whose limit the sweep replaces.
-pub fn plan_sweeps(rules: &RuleSet, requests: &[(String, Vec<Decimal>)]) -> Result<Vec<Sweep>, String> {
+pub fn plan_sweeps(
+    rules: &RuleSet,
+    requests: &[(String, Vec<Decimal>)],
+) -> Result<Vec<Sweep>, String> {
     requests
         .iter()
         .map(|(rule_id, limits)| {
@@ -282,7 +301,15 @@ pub fn backtest(
             Label::Unlabelled => {}
         }
         if let Some((other, other_rules)) = &mut other {
-            compare(&mut tally.report, other, other_rules, text, &rules, &event, &decision)?;
+            compare(
+                &mut tally.report,
+                other,
+                other_rules,
+                text,
+                &rules,
+                &event,
+                &decision,
+            )?;
         }
         tally.decision(&rules, &event, &decision, fraud.as_ref(), label);
         tally.values(engine, &rules, &event, label);
@@ -482,7 +509,13 @@ impl Tally {
 
     /// After `event` is judged: each counter's value if the event fed it, its key's peak, and
     /// the sweeps' candidates.
-    fn values(&mut self, engine: &Engine<MemoryStore>, rules: &RuleSet, event: &Event, label: Label) {
+    fn values(
+        &mut self,
+        engine: &Engine<MemoryStore>,
+        rules: &RuleSet,
+        event: &Event,
+        label: Label,
+    ) {
         for (position, index) in rules.active_counters().enumerate() {
             let Some((raw, key)) = engine.counted_value(position) else {
                 continue;
@@ -630,7 +663,16 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
     writeln!(
         out,
         "{:<id_width$} {:<7} {:<9} {:>9} {:>8} {:>7} {:<23} {:<23} {:>7} {:>9}  caught",
-        "rule", "mode", "action", "matched", "hits", "keys", "first hit", "last hit", "hit %", "in scope"
+        "rule",
+        "mode",
+        "action",
+        "matched",
+        "hits",
+        "keys",
+        "first hit",
+        "last hit",
+        "hit %",
+        "in scope"
     )?;
     for rule in &report.rules {
         let caught: Vec<String> = rule
@@ -677,8 +719,22 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
     )?;
     for counter in &report.counters {
         let (p50, p90, p99, max) = counter.values.as_ref().map_or_else(
-            || ("-".to_owned(), "-".to_owned(), "-".to_owned(), "-".to_owned()),
-            |d| (d.p50.to_string(), d.p90.to_string(), d.p99.to_string(), d.max.to_string()),
+            || {
+                (
+                    "-".to_owned(),
+                    "-".to_owned(),
+                    "-".to_owned(),
+                    "-".to_owned(),
+                )
+            },
+            |d| {
+                (
+                    d.p50.to_string(),
+                    d.p90.to_string(),
+                    d.p99.to_string(),
+                    d.max.to_string(),
+                )
+            },
         );
         let mut reasons: Vec<String> = counter
             .skipped
@@ -738,7 +794,9 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
             report.label,
             report.labelled_fraud,
             report.labelled_legit,
-            report.events.saturating_sub(report.labelled_fraud + report.labelled_legit)
+            report
+                .events
+                .saturating_sub(report.labelled_fraud + report.labelled_legit)
         )?;
         writeln!(
             out,
@@ -754,7 +812,14 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         writeln!(
             out,
             "  {:<12} {:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>7}",
-            "limit", "hits", "keys", "fraud hits", "legit hits", "unlabelled", "precision", "recall"
+            "limit",
+            "hits",
+            "keys",
+            "fraud hits",
+            "legit hits",
+            "unlabelled",
+            "precision",
+            "recall"
         )?;
         for c in &sweep.candidates {
             writeln!(
@@ -775,7 +840,11 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         writeln!(
             out,
             "{differing} events decided differently by the other rule set{}",
-            if differing > 20 { " (the first 20; --json lists up to 10 000)" } else { "" }
+            if differing > 20 {
+                " (the first 20; --json lists up to 10 000)"
+            } else {
+                ""
+            }
         )?;
         let shape = |record: &serde_json::value::RawValue| {
             let value: serde_json::Value = serde_json::from_str(record.get()).unwrap_or_default();
@@ -784,13 +853,19 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
                 .map(|hits| {
                     hits.iter()
                         .map(|h| match h["mode"].as_str() {
-                            Some("shadow") => format!("{} (shadow)", h["rule_id"].as_str().unwrap_or("?")),
+                            Some("shadow") => {
+                                format!("{} (shadow)", h["rule_id"].as_str().unwrap_or("?"))
+                            }
                             _ => h["rule_id"].as_str().unwrap_or("?").to_owned(),
                         })
                         .collect()
                 })
                 .unwrap_or_default();
-            format!("{} [{}]", value["action"].as_str().unwrap_or("allow"), hits.join(", "))
+            format!(
+                "{} [{}]",
+                value["action"].as_str().unwrap_or("allow"),
+                hits.join(", ")
+            )
         };
         for difference in report.differences.iter().take(20) {
             writeln!(

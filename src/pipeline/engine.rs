@@ -9,7 +9,9 @@ use crate::clock::{Clock, SystemClock};
 
 use super::judge::{Judge, Outcome};
 use crate::event::{BadEvent, Event, TimeBounds, TimeSource};
-use crate::rules::{Decision, Form, Plan, RuleSet, Scope, ScopeMemo, SkipReason};
+use crate::rules::{
+    Decision, Form, Hit, Mode, Plan, Reason, RuleSet, Scope, ScopeMemo, SkipReason,
+};
 use crate::store::{CounterStore, HoldSpace, InputPosition, Planned, StoreError, WindowId};
 use crate::window::Applied;
 
@@ -569,10 +571,16 @@ impl<S: CounterStore> Engine<S> {
         )
     }
 
-    /// Judges `event` with every active rule in file order (scope, then condition or limit,
-    /// then hold); counters the event did not feed are read on first reference.
+    /// Judges `event` (DESIGN's order within one event): every rule that does not call
+    /// `score()`, in file order, against the holds as they stood before this event; rollouts;
+    /// suppression below the highest priority of a firing enforce-mode `final` rule; the score;
+    /// the rules that call `score()`, likewise; then the holds of the hits fired by their
+    /// condition — none when an enforce-mode allow hit allows the event. Counters the event
+    /// did not feed are read on first reference.
     fn judge(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
         let mut decision = Decision::default();
+        // Active position of each hit, in step with `decision.hits`.
+        let mut positions: Vec<usize> = Vec::new();
         let rules = &self.rules;
         let mut judge = Judge {
             event,
@@ -583,41 +591,100 @@ impl<S: CounterStore> Engine<S> {
             outcomes: &mut self.outcomes,
             reads: &mut self.counts.reads,
             error: None,
+            score: None,
         };
+        let mut score_rules = false;
         for (position, index) in rules.active().enumerate() {
-            if !rules.in_scope(position, event, &mut self.memo) {
+            if rules.rule(index).calls_score {
+                score_rules = true;
                 continue;
             }
-            self.rule_counts[position].matched += 1;
-            let rule = rules.rule(index);
-            let candidate = match rule.form {
-                Form::V1 {
-                    counter, threshold, ..
-                } => judge.v1_candidate(rule, index, counter, threshold),
-                Form::V2 => judge.v2_candidate(rule, index),
-            };
-            let Some(mut hit) = candidate else { continue };
-            if let (Some(space), Some(hold)) = (self.hold_spaces[position], &rule.hold) {
-                let keyed = rules.hold_key(position, event, &mut self.hold_key);
-                judge.apply_hold(
-                    &mut hit,
-                    space,
-                    (hold, rule.on_store_error),
-                    keyed,
-                    &self.hold_key,
-                )?;
-            }
-            if hit.on_dropped_state {
-                self.rule_counts[position].on_dropped_state += 1;
-                self.counts.on_dropped_state += 1;
-            }
-            let hit = hit.fires.then_some(hit.hit);
-            if let Some(hit) = hit {
-                self.rule_counts[position].hits += 1;
-                if hit.degraded {
-                    self.counts.degraded_hits += 1;
-                }
+            if let Some(hit) = judge_rule(
+                &mut judge,
+                &self.hold_spaces,
+                (position, index),
+                &mut self.memo,
+                &mut self.hold_key,
+                &mut self.rule_counts,
+                &mut self.counts.on_dropped_state,
+            )? {
                 decision.hits.push(hit);
+                positions.push(position);
+            }
+        }
+        // A firing enforce-mode `final` rule suppresses every rule of lower priority.
+        let top = decision
+            .hits
+            .iter()
+            .filter(|h| h.mode == Mode::Enforce && rules.rule(h.rule).is_final)
+            .map(|h| rules.rule(h.rule).priority)
+            .max();
+        if let Some(top) = top {
+            let mut kept = 0;
+            for i in 0..decision.hits.len() {
+                if rules.rule(decision.hits[i].rule).priority >= top {
+                    decision.hits.swap(kept, i);
+                    positions.swap(kept, i);
+                    kept += 1;
+                }
+            }
+            decision.hits.truncate(kept);
+            positions.truncate(kept);
+        }
+        if rules.is_scoring() {
+            let score = decision
+                .hits
+                .iter()
+                .filter(|h| h.mode == Mode::Enforce)
+                .filter_map(|h| rules.rule(h.rule).score)
+                .fold(0i64, i64::saturating_add);
+            decision.score = Some(score);
+        }
+        if score_rules {
+            judge.score = Some(decision.score.unwrap_or(0));
+            let before = decision.hits.len();
+            for (position, index) in rules.active().enumerate() {
+                let rule = rules.rule(index);
+                if !rule.calls_score || top.is_some_and(|top| rule.priority < top) {
+                    continue;
+                }
+                if let Some(hit) = judge_rule(
+                    &mut judge,
+                    &self.hold_spaces,
+                    (position, index),
+                    &mut self.memo,
+                    &mut self.hold_key,
+                    &mut self.rule_counts,
+                    &mut self.counts.on_dropped_state,
+                )? {
+                    decision.hits.push(hit);
+                    positions.push(position);
+                }
+            }
+            if decision.hits.len() > before {
+                // Hits in rule-file order.
+                let mut order: Vec<(Hit, usize)> =
+                    decision.hits.drain(..).zip(positions.drain(..)).collect();
+                order.sort_by_key(|(hit, _)| hit.rule);
+                for (hit, position) in order {
+                    decision.hits.push(hit);
+                    positions.push(position);
+                }
+            }
+        }
+        let allowed = decision.action(rules) == Some(crate::rules::Action::Allow);
+        for (hit, &position) in decision.hits.iter_mut().zip(&positions) {
+            let rule = rules.rule(hit.rule);
+            if hit.reason == Some(Reason::When) {
+                if let (Some(space), Some(hold)) = (self.hold_spaces[position], &rule.hold) {
+                    if rules.hold_key(position, event, &mut self.hold_key) {
+                        judge.set_hold(hit, space, hold, &self.hold_key, allowed)?;
+                    }
+                }
+            }
+            self.rule_counts[position].hits += 1;
+            if hit.degraded {
+                self.counts.degraded_hits += 1;
             }
         }
         if let Some(e) = judge.error {
@@ -625,6 +692,56 @@ impl<S: CounterStore> Engine<S> {
         }
         Ok(decision)
     }
+}
+
+/// One rule's hit on the event `judge` judges, if it fires: its scope, its condition or limit,
+/// its hold as it stood before the event, and its rollout (shadow mode outside it).
+fn judge_rule<'a: 'e, 'e, S: CounterStore>(
+    judge: &mut Judge<'a, 'e, S>,
+    hold_spaces: &[Option<HoldSpace>],
+    (position, index): (usize, usize),
+    memo: &mut ScopeMemo,
+    hold_key: &mut Vec<u8>,
+    rule_counts: &mut [RuleCounts],
+    on_dropped_state: &mut u64,
+) -> Result<Option<Hit>, StoreError> {
+    let (rules, event) = (judge.rules, judge.event);
+    if !rules.in_scope(position, event, memo) {
+        return Ok(None);
+    }
+    rule_counts[position].matched += 1;
+    let rule = rules.rule(index);
+    let candidate = match rule.form {
+        Form::V1 {
+            counter, threshold, ..
+        } => judge.v1_candidate(rule, index, counter, threshold),
+        Form::V2 => judge.v2_candidate(rule, index),
+    };
+    let Some(mut hit) = candidate else {
+        return Ok(None);
+    };
+    if let (Some(space), Some(_)) = (hold_spaces[position], &rule.hold) {
+        let keyed = rules.hold_key(position, event, hold_key);
+        judge.check_hold(&mut hit, space, rule.on_store_error, keyed, hold_key)?;
+    }
+    if hit.on_dropped_state {
+        rule_counts[position].on_dropped_state += 1;
+        *on_dropped_state += 1;
+    }
+    if !hit.fires {
+        return Ok(None);
+    }
+    let mut hit = hit.hit;
+    // Outside its rollout (or without a rollout key), a rule is in shadow mode.
+    if let Some(rollout) = &rule.rollout {
+        if rules
+            .rollout_bucket(position, event)
+            .is_none_or(|bucket| bucket >= rollout.basis_points)
+        {
+            hit.mode = Mode::Shadow;
+        }
+    }
+    Ok(Some(hit))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use crate::event::{Event, FieldValue};
 use crate::rules::expr::{Context, Num};
 use crate::rules::model::Hold;
-use crate::rules::{decide, Hit, OnStoreError, Reason, Rule, RuleSet};
+use crate::rules::{decide, Hit, Mode, OnStoreError, Reason, Rule, RuleSet};
 use crate::store::{CounterStore, HoldSpace, Observed, StoreError, WindowId};
 
 /// A counter's state for the event being evaluated.
@@ -38,6 +38,8 @@ pub(super) struct Judge<'a, 'e, S> {
     pub(super) outcomes: &'a mut [Outcome],
     pub(super) reads: &'a mut u64,
     pub(super) error: Option<StoreError>,
+    /// The event's score (micro-units) while the rules that call `score()` are judged.
+    pub(super) score: Option<i64>,
 }
 
 impl<S: CounterStore> Judge<'_, '_, S> {
@@ -109,6 +111,11 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
             _ => None,
         }
     }
+
+    fn score(&self) -> Option<Num> {
+        self.score
+            .map(|micros| Num::exact(crate::decimal::Decimal::from_micros(micros)))
+    }
 }
 
 /// A rule's hit before it is known whether it fires.
@@ -140,13 +147,14 @@ fn judge_inexact(
 
 impl Candidate {
     /// A v1-form rule whose counter did not count the event: it fires only if held.
-    fn no(rule: usize) -> Candidate {
+    fn no(rule: usize, mode: Mode) -> Candidate {
         Candidate {
             fires: false,
             reason: None,
             on_dropped_state: false,
             hit: Hit {
                 rule,
+                mode,
                 value: None,
                 reason: None,
                 degraded: false,
@@ -185,6 +193,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                     on_dropped_state: dropped,
                     hit: Hit {
                         rule: index,
+                        mode: rule.mode,
                         value: Some(value),
                         reason,
                         degraded: degraded || dropped,
@@ -193,7 +202,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                     },
                 }
             }
-            _ => Candidate::no(index),
+            _ => Candidate::no(index, rule.mode),
         })
     }
 
@@ -230,6 +239,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
             on_dropped_state: dropped,
             hit: Hit {
                 rule: index,
+                mode: rule.mode,
                 value: None,
                 reason,
                 degraded: degraded || dropped,
@@ -239,15 +249,16 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
         })
     }
 
-    /// A rule with a hold: fired by its condition, the hold starts (or extends) from this event;
-    /// otherwise a key still held makes it fire. `keyed`: the event's hold key (`key`) could be
-    /// formed.
+    /// A rule with a hold, judged against the holds as they stood before this event: fired by
+    /// its condition, its reason is `when` (the hold is set once the event's action is decided,
+    /// [`Judge::set_hold`]); otherwise a key still held makes it fire. `keyed`: the event's
+    /// hold key (`key`) could be formed.
     #[inline]
-    pub(super) fn apply_hold(
+    pub(super) fn check_hold(
         &mut self,
         hit: &mut Candidate,
         space: HoldSpace,
-        (hold, policy): (&Hold, OnStoreError),
+        policy: OnStoreError,
         keyed: bool,
         key: &[u8],
     ) -> Result<(), StoreError> {
@@ -257,12 +268,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                 Some(Reason::StoreUnavailable | Reason::StateDropped)
             )
         {
-            // Fired by its condition: the hold starts (or extends) from this event.
             hit.hit.reason = Some(Reason::When);
-            if keyed {
-                let until = self.event.ts.saturating_add(hold.ms);
-                hit.hit.held_until = Some(self.store.extend_hold(space, key, until)?);
-            }
         } else if keyed {
             match self.store.held_until(space, key)? {
                 Some(until) if self.event.ts < until => {
@@ -289,6 +295,28 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                 _ => {}
             }
         }
+        Ok(())
+    }
+
+    /// A hit fired by its rule's condition: its hold starts (or extends) from this event, unless
+    /// `allowed` (the event is allowed by an enforce-mode allow rule: no penalty box), when the
+    /// hit shows the hold as it stands.
+    pub(super) fn set_hold(
+        &mut self,
+        hit: &mut Hit,
+        space: HoldSpace,
+        hold: &Hold,
+        key: &[u8],
+        allowed: bool,
+    ) -> Result<(), StoreError> {
+        hit.held_until = if allowed {
+            self.store
+                .held_until(space, key)?
+                .filter(|&until| self.event.ts < until)
+        } else {
+            let until = self.event.ts.saturating_add(hold.ms);
+            Some(self.store.extend_hold(space, key, until)?)
+        };
         Ok(())
     }
 }

@@ -4,10 +4,10 @@
 //! [`crate::worker`] runs the Kafka worker around the same engine.
 
 pub mod backtest;
-pub mod tuning;
 mod engine;
 mod judge;
 mod replay;
+pub mod tuning;
 
 pub use engine::{CounterChanges, CounterCounts, Engine, EvalCounts, RuleCounts};
 pub use replay::{

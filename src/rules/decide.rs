@@ -37,6 +37,8 @@ impl Reason {
 pub struct Hit {
     /// Index into [`RuleSet::rules`].
     pub rule: usize,
+    /// The mode it fired in: the rule's, or shadow outside its rollout.
+    pub mode: Mode,
     /// A v1-form rule: its counter's value (raw: a count, micro-units or a distinct count).
     pub value: Option<i64>,
     /// Set when the record names a reason.
@@ -63,6 +65,9 @@ pub fn counter_value(aggregate: Aggregate, raw: i64) -> Decimal {
 pub struct Decision {
     /// Every hit, in rule-file order, shadow ones included.
     pub hits: Vec<Hit>,
+    /// The event's score in micro-units (the sum of the enforce-mode hits' scores), when the
+    /// rule set has a scoring rule.
+    pub score: Option<i64>,
 }
 
 impl Decision {
@@ -73,14 +78,16 @@ impl Decision {
         let enforced = self
             .hits
             .iter()
-            .map(|h| rules.rule(h.rule))
-            .filter(|r| r.mode == Mode::Enforce);
+            .filter(|h| h.mode == Mode::Enforce)
+            .map(|h| rules.rule(h.rule).action);
         let mut most = None;
-        for rule in enforced {
-            if rule.action == Action::Allow {
-                return Some(Action::Allow);
+        for action in enforced {
+            match action {
+                Action::Allow => return Some(Action::Allow),
+                // A score decides nothing by itself.
+                Action::Score => {}
+                action => most = most.max(Some(action)),
             }
-            most = most.max(Some(rule.action));
         }
         most
     }

@@ -47,7 +47,7 @@ fn paths(paths: &[crate::event::FieldPath]) -> String {
 }
 
 fn what_counts(counter: &Counter) -> String {
-    let dims: Vec<&str> = counter.dimensions.iter().map(|p| p.as_str()).collect();
+    let dims: Vec<&str> = counter.dimensions.iter().map(|p| p.text()).collect();
     let what = match (&counter.field, counter.aggregate()) {
         (Some(f), Aggregate::Sum) => format!(
             "sum of {f}{}",

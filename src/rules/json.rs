@@ -97,6 +97,19 @@ pub(super) fn write_scalar(out: &mut Vec<u8>, scalar: Option<Scalar<'_>>) {
     }
 }
 
+/// A key value whole, as compact JSON (numbers by their shortest exact decimal): what another
+/// service hashes to reproduce a rollout bucket.
+pub(super) fn write_scalar_exact(out: &mut Vec<u8>, scalar: Scalar<'_>) {
+    match scalar {
+        Scalar::Bool(b) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+        Scalar::Number(n) => match n.as_i64() {
+            Some(v) => write_int(out, v),
+            None => out.extend_from_slice(n.to_string().as_bytes()),
+        },
+        Scalar::Str(s) => write_str(out, s),
+    }
+}
+
 /// Longest value (an id, a key value) a record quotes whole.
 pub const MAX_QUOTED_BYTES: usize = 256;
 

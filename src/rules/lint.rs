@@ -8,6 +8,7 @@ use std::fmt::Write;
 
 use super::expr::{BinOp, Compiled, Expr, Literal};
 use super::lists::ListSet;
+use super::model::KeyPart;
 use super::model::{FileLocation, MatchValue, Scope};
 use super::RuleSet;
 use crate::event::{shorten, FieldPath};
@@ -61,7 +62,10 @@ impl Sample {
         self.events += 1;
         let mut prefix = String::new();
         self.walk(&map, &mut prefix, 0);
-        if let Some(time) = map.get(&self.time_field).and_then(serde_json::Value::as_f64) {
+        if let Some(time) = map
+            .get(&self.time_field)
+            .and_then(serde_json::Value::as_f64)
+        {
             if self.numeric_times.len() < 100_000 {
                 self.numeric_times.push(time);
             }
@@ -140,13 +144,18 @@ pub fn lint(rules: &RuleSet, sample: &Sample) -> Vec<String> {
             what: format!("counter {}", counter.id),
             origin: &counter.origin,
         };
-        let mut paths: Vec<FieldPath> = counter.dimensions.clone();
+        let mut paths: Vec<FieldPath> =
+            counter.dimensions.iter().flat_map(KeyPart::paths).collect();
         paths.extend(counter.field.clone());
+        paths.extend(counter.tuple.iter().flat_map(KeyPart::paths));
         scope_paths(&counter.scope, &slots, &mut paths, &mut |c| {
             comparisons.push((reader(), c))
         });
         for path in paths {
-            reads.entry(path.as_str().to_owned()).or_default().push(reader());
+            reads
+                .entry(path.as_str().to_owned())
+                .or_default()
+                .push(reader());
         }
     }
     for index in rules.active() {
@@ -160,13 +169,22 @@ pub fn lint(rules: &RuleSet, sample: &Sample) -> Vec<String> {
             comparisons.push((reader(), c))
         });
         if let Some(when) = &rule.when {
-            expr_paths(when, &slots, &mut paths, &mut |c| comparisons.push((reader(), c)));
+            expr_paths(when, &slots, &mut paths, &mut |c| {
+                comparisons.push((reader(), c))
+            });
         }
         if let Some(hold) = &rule.hold {
-            paths.extend(hold.key.iter().cloned());
+            paths.extend(hold.key.iter().flat_map(KeyPart::paths));
+        }
+        paths.extend(rule.entity.iter().flat_map(KeyPart::paths));
+        if let Some(rollout) = &rule.rollout {
+            paths.extend(rollout.key.iter().flat_map(KeyPart::paths));
         }
         for path in paths {
-            reads.entry(path.as_str().to_owned()).or_default().push(reader());
+            reads
+                .entry(path.as_str().to_owned())
+                .or_default()
+                .push(reader());
         }
     }
     for (path, readers) in &reads {
@@ -258,7 +276,10 @@ fn nearest(sample: &Sample, path: &str) -> Option<String> {
 
 /// The candidate `word` is most likely a typo of (Jaro–Winkler similarity at least 0.85), for
 /// "did you mean" in rule files and in `check --events`.
-pub(crate) fn closest<'c>(word: &str, candidates: impl Iterator<Item = &'c str>) -> Option<&'c str> {
+pub(crate) fn closest<'c>(
+    word: &str,
+    candidates: impl Iterator<Item = &'c str>,
+) -> Option<&'c str> {
     candidates
         .map(|candidate| (strsim::jaro_winkler(word, candidate), candidate))
         .filter(|(score, _)| *score >= 0.85)
@@ -267,11 +288,15 @@ pub(crate) fn closest<'c>(word: &str, candidates: impl Iterator<Item = &'c str>)
 }
 
 fn kinds_text(kinds: u8) -> String {
-    let names: Vec<&str> = [(STRING, "a string"), (NUMBER, "a number"), (BOOL, "a boolean")]
-        .iter()
-        .filter(|(bit, _)| kinds & bit != 0)
-        .map(|&(_, name)| name)
-        .collect();
+    let names: Vec<&str> = [
+        (STRING, "a string"),
+        (NUMBER, "a number"),
+        (BOOL, "a boolean"),
+    ]
+    .iter()
+    .filter(|(bit, _)| kinds & bit != 0)
+    .map(|&(_, name)| name)
+    .collect();
     names.join(" or ")
 }
 
@@ -380,7 +405,10 @@ fn comparisons(expr: &Expr, slots: &SlotPaths, found: &mut dyn FnMut(Comparison)
         }
         Expr::Bin(op, l, r) if !matches!(op, BinOp::And | BinOp::Or) => {
             let literal = |e: &Expr| match e {
-                Expr::Num(n) => n.exact.as_ref().map(|d| (NUMBER, format!("{d} (a number)"))),
+                Expr::Num(n) => n
+                    .exact
+                    .as_ref()
+                    .map(|d| (NUMBER, format!("{d} (a number)"))),
                 Expr::Lit(Literal::Null) => None,
                 Expr::Lit(l) => Some(literal_kind(l)),
                 _ => None,
@@ -397,7 +425,10 @@ fn comparisons(expr: &Expr, slots: &SlotPaths, found: &mut dyn FnMut(Comparison)
             comparisons(r, slots, found);
         }
         Expr::InSet {
-            value, strings, set, ..
+            value,
+            strings,
+            set,
+            ..
         } => {
             if let Expr::Field(slot) = &**value {
                 let mut kinds = if strings.is_empty() { 0 } else { STRING };
@@ -413,6 +444,8 @@ fn comparisons(expr: &Expr, slots: &SlotPaths, found: &mut dyn FnMut(Comparison)
                     ListSet::Strings(_) => (STRING, "a string list"),
                     ListSet::Numbers(_) => (NUMBER, "a number list"),
                     ListSet::Networks(_) => (STRING, "a cidr list (of string addresses)"),
+                    ListSet::StringMap(_) => (STRING, "a map with string keys"),
+                    ListSet::NumberMap(_) => (NUMBER, "a map with number keys"),
                 };
                 report(*slot, kinds, what.into());
             }

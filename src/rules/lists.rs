@@ -6,10 +6,11 @@
 
 use std::net::IpAddr;
 
-use hashbrown::HashSet;
+use hashbrown::{HashMap, HashSet};
 use ipnet::IpNet;
 
 use crate::event::Decimal;
+use crate::rules::expr::Literal;
 
 /// What a list holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +18,10 @@ pub enum ListKind {
     String,
     Number,
     Cidr,
+    /// Keys (strings) to JSON scalar values.
+    StringMap,
+    /// Number keys (by exact value) to JSON scalar values.
+    NumberMap,
 }
 
 impl ListKind {
@@ -25,6 +30,7 @@ impl ListKind {
             "string" => Some(ListKind::String),
             "number" => Some(ListKind::Number),
             "cidr" => Some(ListKind::Cidr),
+            "map" => Some(ListKind::StringMap),
             _ => None,
         }
     }
@@ -34,6 +40,7 @@ impl ListKind {
             ListKind::String => "string",
             ListKind::Number => "number",
             ListKind::Cidr => "cidr",
+            ListKind::StringMap | ListKind::NumberMap => "map",
         }
     }
 }
@@ -137,6 +144,32 @@ pub enum ListSet {
     Strings(HashSet<String, foldhash::fast::RandomState>),
     Numbers(HashSet<Decimal, foldhash::fast::RandomState>),
     Networks(Networks),
+    StringMap(HashMap<String, Literal, foldhash::fast::RandomState>),
+    NumberMap(HashMap<Decimal, Literal, foldhash::fast::RandomState>),
+}
+
+/// A map entry's value as a list file writes it: a JSON scalar (`5000`, `"gold"`, `true`,
+/// `null`), numbers exactly.
+pub fn parse_map_value(text: &str) -> Result<Literal, String> {
+    let text = text.trim();
+    match text {
+        "null" => return Ok(Literal::Null),
+        "true" => return Ok(Literal::Bool(true)),
+        "false" => return Ok(Literal::Bool(false)),
+        _ => {}
+    }
+    if text.starts_with('"') {
+        return serde_json::from_str::<String>(text)
+            .map(Literal::Str)
+            .map_err(|_| format!("{} is not a JSON string", crate::event::quote_prefix(text)));
+    }
+    match Decimal::parse(text).filter(|_| json_number_syntax(text)) {
+        Some(d) => Ok(Literal::Num(d)),
+        None => Err(format!(
+            "{} is not a JSON scalar (a number, a \"string\", true, false or null)",
+            crate::event::quote_prefix(text)
+        )),
+    }
 }
 
 impl ListSet {
@@ -145,7 +178,39 @@ impl ListSet {
             ListKind::String => ListSet::Strings(HashSet::default()),
             ListKind::Number => ListSet::Numbers(HashSet::default()),
             ListKind::Cidr => ListSet::Networks(Networks::default()),
+            ListKind::StringMap => ListSet::StringMap(HashMap::default()),
+            ListKind::NumberMap => ListSet::NumberMap(HashMap::default()),
         }
+    }
+
+    /// Whether this is a map (`@id[key]` reads it).
+    pub fn is_map(&self) -> bool {
+        matches!(self, ListSet::StringMap(_) | ListSet::NumberMap(_))
+    }
+
+    /// Adds a map entry; `Err` says why the key is not of the map's key kind. A key given twice
+    /// keeps its last value.
+    pub fn add_map_entry(&mut self, key: &str, value: Literal) -> Result<(), String> {
+        match self {
+            ListSet::StringMap(m) => {
+                m.insert(key.to_owned(), value);
+            }
+            ListSet::NumberMap(m) => {
+                match Decimal::parse(key).filter(|_| json_number_syntax(key)) {
+                    Some(d) => {
+                        m.insert(d, value);
+                    }
+                    None => {
+                        return Err(format!(
+                            "key {} is not a number (the map's key_kind is \"number\")",
+                            crate::event::quote_prefix(key)
+                        ))
+                    }
+                }
+            }
+            _ => return Err("not a map".to_owned()),
+        }
+        Ok(())
     }
 
     pub fn kind(&self) -> ListKind {
@@ -153,6 +218,8 @@ impl ListSet {
             ListSet::Strings(_) => ListKind::String,
             ListSet::Numbers(_) => ListKind::Number,
             ListSet::Networks(_) => ListKind::Cidr,
+            ListSet::StringMap(_) => ListKind::StringMap,
+            ListSet::NumberMap(_) => ListKind::NumberMap,
         }
     }
 
@@ -161,6 +228,8 @@ impl ListSet {
             ListSet::Strings(s) => s.len(),
             ListSet::Numbers(s) => s.len(),
             ListSet::Networks(n) => n.len(),
+            ListSet::StringMap(m) => m.len(),
+            ListSet::NumberMap(m) => m.len(),
         }
     }
 
@@ -187,6 +256,17 @@ impl ListSet {
                         ))
                     }
                 }
+            }
+            ListSet::StringMap(_) | ListSet::NumberMap(_) => {
+                // `key,value`: the first comma splits.
+                let Some((key, value)) = text.split_once(',') else {
+                    return Err(format!(
+                        "{} is not a map entry: expected key,value (like m-1,5000)",
+                        crate::event::quote_prefix(text)
+                    ));
+                };
+                let value = parse_map_value(value)?;
+                return self.add_map_entry(key.trim(), value);
             }
             ListSet::Networks(n) => match parse_network(text) {
                 Some(net) => n.insert(net),

@@ -10,6 +10,8 @@ use crate::window::{Aggregate, WindowSpec};
 /// `Allow` is not a severity but an override (an enforce-mode allow hit decides the event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Action {
+    /// Adds the rule's `score` to the event's score and decides nothing.
+    Score,
     Alert,
     Review,
     Challenge,
@@ -25,6 +27,7 @@ impl Action {
             Action::Review => "review",
             Action::Alert => "alert",
             Action::Allow => "allow",
+            Action::Score => "score",
         }
     }
 
@@ -35,6 +38,7 @@ impl Action {
             "review" => Some(Action::Review),
             "alert" => Some(Action::Alert),
             "allow" => Some(Action::Allow),
+            "score" => Some(Action::Score),
             _ => None,
         }
     }
@@ -135,6 +139,56 @@ impl fmt::Display for FileLocation {
     }
 }
 
+/// One entry of a key (`dimensions`, `hold_key`, `rollout_key`, `entity`, a distinct tuple): a
+/// field path, or an expression over the event's fields whose value is the key value.
+#[derive(Debug, Clone)]
+pub enum KeyPart {
+    Path(FieldPath),
+    Expr {
+        /// As written: records name the value by it.
+        text: String,
+        compiled: Box<Compiled>,
+    },
+}
+
+impl KeyPart {
+    /// The entry as written (a path, or the expression's text).
+    pub fn text(&self) -> &str {
+        match self {
+            KeyPart::Path(p) => p.as_str(),
+            KeyPart::Expr { text, .. } => text,
+        }
+    }
+
+    pub fn path(&self) -> Option<&FieldPath> {
+        match self {
+            KeyPart::Path(p) => Some(p),
+            KeyPart::Expr { .. } => None,
+        }
+    }
+
+    /// Every field path the entry reads.
+    pub fn paths(&self) -> Vec<FieldPath> {
+        match self {
+            KeyPart::Path(p) => vec![p.clone()],
+            KeyPart::Expr { compiled, .. } => compiled.paths.clone(),
+        }
+    }
+}
+
+/// Two entries are the same when written the same.
+impl PartialEq for KeyPart {
+    fn eq(&self, other: &KeyPart) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
 /// A counter that passed validation: a sliding-window aggregate per dimension key.
 #[derive(Debug, Clone)]
 pub struct Counter {
@@ -144,10 +198,13 @@ pub struct Counter {
     pub scope: Scope,
     /// The `match` expression as written (for summaries).
     pub scope_text: Option<String>,
-    pub dimensions: Vec<FieldPath>,
+    pub dimensions: Vec<KeyPart>,
     pub window: WindowSpec,
-    /// The summed or distinct field; `None` for count.
+    /// The aggregated field (sum, distinct, max, min, last); `None` for count and for a
+    /// distinct tuple.
     pub field: Option<FieldPath>,
+    /// A distinct counter over a tuple (`field = ["card", "device"]`): its entries.
+    pub tuple: Vec<KeyPart>,
     /// Sums: amounts may be negative (down to -1e12).
     pub allow_negative: bool,
     /// Defined by a rule in the v1 form (`window` + `limit`): no warning when no rule reads it.
@@ -195,7 +252,31 @@ pub struct Rule {
     pub on_store_error: OnStoreError,
     /// `hold`: once fired by its condition, the rule keeps firing for the same hold key.
     pub hold: Option<Hold>,
+    /// `priority` (-1000..=1000): a firing enforce-mode `final` rule suppresses every rule of
+    /// lower priority for the event.
+    pub priority: i32,
+    /// `final`: see `priority`.
+    pub is_final: bool,
+    /// `score`: added to the event's score when the rule fires in enforce mode, in micro-units.
+    pub score: Option<i64>,
+    /// `rollout` below 100: enforced only for keys whose bucket falls under it.
+    pub rollout: Option<Rollout>,
+    /// Whom a hit is about (`entity`, else the hold key); empty: no one.
+    pub entity: Vec<KeyPart>,
+    /// Its `when` calls `score()`: judged after every other rule.
+    pub calls_score: bool,
     pub origin: FileLocation,
+}
+
+/// A partial rollout: the rule is in its mode for keys whose bucket (0..10 000) is below
+/// `basis_points`, in shadow mode for the others.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rollout {
+    /// The percent × 100 (`12.5` → 1250).
+    pub basis_points: u32,
+    /// The percent as written, for records.
+    pub percent: Decimal,
+    pub key: Vec<KeyPart>,
 }
 
 /// A rule's hold: after the rule fires by its condition on an event at time `t`, events in its
@@ -203,8 +284,8 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hold {
     pub ms: i64,
-    /// The hold key's field paths (`hold_key`; a v1-form rule's dimensions by default).
-    pub key: Vec<FieldPath>,
+    /// The hold key (`hold_key`; a v1-form rule's dimensions by default).
+    pub key: Vec<KeyPart>,
 }
 
 impl Rule {

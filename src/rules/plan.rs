@@ -1,8 +1,8 @@
 //! Plan: for one event, which counters it feeds (under which dimension key, with which delta),
 //! and which rules judge it. Pure.
 
-use super::expr::{Context, Expr, Num};
-use super::model::{Counter, MatchValue, Rule, Scope};
+use super::expr::{Context, Expr, Num, Val};
+use super::model::{Counter, KeyPart, MatchValue, Rule, Scope};
 use crate::decimal::MICROS_PER_UNIT;
 use crate::event::{Decimal, Event, FieldValue, Projection, Scalar};
 use crate::window::{Aggregate, Delta};
@@ -114,13 +114,76 @@ impl<'r, 'e> Context<'r> for FieldsOnly<'r, 'e> {
     }
 }
 
+/// One entry of a key, resolved: a projection slot, or an expression over the event's fields.
+#[derive(Debug, Clone)]
+pub(crate) enum KeySlot {
+    Field(usize),
+    Expr(Expr),
+}
+
+/// A key's entries resolved (`dimensions`, a hold key, a rollout key, an entity, a tuple).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyPlan(pub(crate) Vec<KeySlot>);
+
+impl KeyPlan {
+    pub(crate) fn new(parts: &[KeyPart], projection: &mut Projection) -> KeyPlan {
+        KeyPlan(
+            parts
+                .iter()
+                .map(|part| match part {
+                    KeyPart::Path(p) => KeySlot::Field(projection.slot(p)),
+                    KeyPart::Expr { compiled, .. } => KeySlot::Expr(compiled.expr.clone()),
+                })
+                .collect(),
+        )
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each entry's value for `event`, in order: `f(position, value)`; a value that cannot
+    /// key (unknown, null, an object or an array) is `None`.
+    pub(crate) fn for_each_value<'e>(
+        &'e self,
+        event: &'e Event<'e>,
+        mut f: impl FnMut(usize, Option<Scalar<'_>>),
+    ) {
+        for (i, part) in self.0.iter().enumerate() {
+            match part {
+                KeySlot::Field(slot) => f(i, event.field(*slot).scalar()),
+                KeySlot::Expr(expr) => with_scalar(expr.eval(&mut FieldsOnly(event)), |s| f(i, s)),
+            }
+        }
+    }
+}
+
+/// An expression's value as a key value (`None`: it cannot key).
+fn with_scalar<R>(value: Val<'_>, f: impl FnOnce(Option<Scalar<'_>>) -> R) -> R {
+    match value {
+        Val::Str(s) => f(Some(Scalar::Str(&s))),
+        Val::Bool(b) => f(Some(Scalar::Bool(b))),
+        Val::Num(n) => match n.exact {
+            Some(d) => f(Some(Scalar::Number(&d))),
+            // Made by arithmetic: its shortest decimal.
+            None => match Decimal::from_f64(n.float) {
+                Some(d) => f(Some(Scalar::Number(&d))),
+                None => f(None),
+            },
+        },
+        _ => f(None),
+    }
+}
+
 /// A counter with its fields resolved to projection slots.
 #[derive(Debug, Clone)]
 pub(crate) struct PlannedCounter {
     pub(crate) index: usize,
     scope: PlannedScope,
-    pub(crate) dimensions: Vec<usize>,
+    pub(crate) dimensions: KeyPlan,
     field: Option<usize>,
+    /// A distinct tuple's entries (empty: the single `field`).
+    tuple: KeyPlan,
     aggregate: Aggregate,
     allow_negative: bool,
 }
@@ -135,12 +198,9 @@ impl PlannedCounter {
         PlannedCounter {
             index,
             scope: PlannedScope::new(&counter.scope, projection, slots),
-            dimensions: counter
-                .dimensions
-                .iter()
-                .map(|p| projection.slot(p))
-                .collect(),
+            dimensions: KeyPlan::new(&counter.dimensions, projection),
             field: counter.field.as_ref().map(|p| projection.slot(p)),
+            tuple: KeyPlan::new(&counter.tuple, projection),
             aggregate: counter.aggregate(),
             allow_negative: counter.allow_negative,
         }
@@ -152,8 +212,10 @@ impl PlannedCounter {
 pub(crate) struct PlannedRule {
     pub(crate) index: usize,
     scope: PlannedScope,
-    /// The projection slots of the hold key (empty: no hold).
-    hold_key: Vec<usize>,
+    /// The hold key (empty: no hold).
+    hold_key: KeyPlan,
+    /// The rollout key (empty: no rollout).
+    rollout_key: KeyPlan,
 }
 
 impl PlannedRule {
@@ -163,13 +225,19 @@ impl PlannedRule {
         projection: &mut Projection,
         slots: &mut ScopeSlots,
     ) -> PlannedRule {
-        let hold_key = rule.hold.as_ref().map_or_else(Vec::new, |h| {
-            h.key.iter().map(|p| projection.slot(p)).collect()
-        });
+        let hold_key = rule
+            .hold
+            .as_ref()
+            .map_or_else(KeyPlan::default, |h| KeyPlan::new(&h.key, projection));
+        let rollout_key = rule
+            .rollout
+            .as_ref()
+            .map_or_else(KeyPlan::default, |r| KeyPlan::new(&r.key, projection));
         PlannedRule {
             index,
             scope: PlannedScope::new(&rule.scope, projection, slots),
             hold_key,
+            rollout_key,
         }
     }
 }
@@ -256,6 +324,14 @@ impl PlannedCounter {
                 Some(scalar) => Delta::Distinct(digest(&scalar)),
                 None => return Plan::Skip(SkipReason::DistinctField),
             },
+            // A tuple: the digest of its entries' key encoding.
+            (Aggregate::Distinct, None) if !self.tuple.is_empty() => {
+                let mut bytes = Vec::with_capacity(64);
+                if !encode_key(&self.tuple, event, &mut bytes) {
+                    return Plan::Skip(SkipReason::DistinctField);
+                }
+                Delta::Distinct(digest_bytes(&bytes))
+            }
             (Aggregate::Distinct, None) => return Plan::Skip(SkipReason::DistinctField),
         };
         Plan::Observe(delta)
@@ -278,10 +354,14 @@ impl PlannedCounter {
                 .ok()
                 .and_then(Decimal::parse)
         };
-        self.dimensions.iter().any(|&slot| match event.field(slot) {
-            FieldValue::Str(s) => s.as_bytes() == message_key,
-            FieldValue::Number(n) => as_number().is_some_and(|k| k == n.exact),
-            _ => false,
+        self.dimensions.0.iter().any(|part| match part {
+            KeySlot::Field(slot) => match event.field(*slot) {
+                FieldValue::Str(s) => s.as_bytes() == message_key,
+                FieldValue::Number(n) => as_number().is_some_and(|k| k == n.exact),
+                _ => false,
+            },
+            // A derived value (a /24 of the key) spans many message keys.
+            KeySlot::Expr(_) => false,
         })
     }
 }
@@ -292,6 +372,35 @@ impl PlannedRule {
     #[inline]
     pub(crate) fn hold_key(&self, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
         encode_key(&self.hold_key, event, key)
+    }
+
+    /// The rollout bucket (0..10 000) of `event` for rule `id`: the first 8 bytes, big-endian,
+    /// of SHA-256 of `<id> "\n" <canonical key>` modulo 10 000, the canonical key being the
+    /// compact JSON array of the key values. `None`: the key cannot be formed.
+    pub(crate) fn rollout_bucket(&self, id: &str, event: &Event<'_>) -> Option<u32> {
+        use sha2::Digest;
+        let mut text = Vec::with_capacity(64);
+        text.extend_from_slice(id.as_bytes());
+        text.extend_from_slice(b"\n[");
+        let mut formed = true;
+        self.rollout_key
+            .for_each_value(event, |i, value| match value {
+                Some(value) => {
+                    if i > 0 {
+                        text.push(b',');
+                    }
+                    super::json::write_scalar_exact(&mut text, value);
+                }
+                None => formed = false,
+            });
+        if !formed {
+            return None;
+        }
+        text.push(b']');
+        let hash = sha2::Sha256::digest(&text);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&hash[..8]);
+        Some((u64::from_be_bytes(first) % 10_000) as u32)
     }
 
     /// Whether this rule judges `event` (its `match` holds).
@@ -313,15 +422,26 @@ impl ScopeMemo {
 /// process or in the Redis store's local view.
 pub const MAX_KEY_BYTES: usize = 256;
 
-/// Writes the canonical key of the fields at `slots` into `key` (cleared first); false if one is
-/// missing, null, an object or an array.
+/// Writes the canonical key of `plan`'s entries for `event` into `key` (cleared first); false
+/// if one is missing, null, an object or an array.
 #[inline]
-fn encode_key(slots: &[usize], event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+fn encode_key(plan: &KeyPlan, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
     key.clear();
-    for &slot in slots {
-        match event.field(slot).scalar() {
-            Some(scalar) => scalar.encode_into(key),
-            None => return false,
+    for part in &plan.0 {
+        let formed = match part {
+            KeySlot::Field(slot) => match event.field(*slot).scalar() {
+                Some(scalar) => {
+                    scalar.encode_into(key);
+                    true
+                }
+                None => false,
+            },
+            KeySlot::Expr(expr) => with_scalar(expr.eval(&mut FieldsOnly(event)), |s| {
+                s.map(|s| s.encode_into(key)).is_some()
+            }),
+        };
+        if !formed {
+            return false;
         }
     }
     if key.len() > MAX_KEY_BYTES {
@@ -413,7 +533,13 @@ fn value_matches(value: &FieldValue<'_>, expected: &MatchValue) -> bool {
 pub fn digest(scalar: &Scalar<'_>) -> u128 {
     let mut bytes = Vec::with_capacity(32);
     scalar.encode_into(&mut bytes);
-    let hash = blake3::hash(&bytes);
+    digest_bytes(&bytes)
+}
+
+/// A distinct value's digest from its key encoding (a tuple's: its entries' in turn, which
+/// never equals one value's).
+fn digest_bytes(bytes: &[u8]) -> u128 {
+    let hash = blake3::hash(bytes);
     let mut first = [0u8; 16];
     first.copy_from_slice(&hash.as_bytes()[..16]);
     u128::from_le_bytes(first)
@@ -460,7 +586,11 @@ mod tests {
     fn long_keys_are_digests_and_stay_apart() {
         let rules = set("");
         let key = |user: &str| {
-            plan(&rules, &format!(r#"{{"ts":1,"user_id":"{user}","device":{{"id":"d"}}}}"#)).1
+            plan(
+                &rules,
+                &format!(r#"{{"ts":1,"user_id":"{user}","device":{{"id":"d"}}}}"#),
+            )
+            .1
         };
         let long = "u".repeat(1_000_000);
         let (a, b) = (key(&format!("{long}a")), key(&format!("{long}b")));

@@ -2,8 +2,10 @@
 //! copied from the constant parts of the rule set's records, rendered once at load. Pure.
 
 use super::decide::{counter_value, Decision, Hit};
-use super::json::{write_decimal, write_int, write_number, write_scalar, write_str, write_str_body};
-use super::model::{Action, Form};
+use super::json::{
+    write_decimal, write_int, write_number, write_scalar, write_str, write_str_body,
+};
+use super::model::{Action, Form, Mode};
 use super::record_parts::RecordParts;
 use super::set::RuleSet;
 use crate::event::{Event, FieldValue};
@@ -66,6 +68,10 @@ pub fn write_record(
             .as_bytes(),
     );
     out.push(b'"');
+    if let Some(score) = decision.score {
+        out.extend_from_slice(b",\"score\":");
+        write_decimal(out, &crate::decimal::Decimal::from_micros(score));
+    }
     out.extend_from_slice(&parts.version);
     for (i, hit) in decision.hits.iter().enumerate() {
         if i > 0 {
@@ -103,7 +109,7 @@ fn write_hit(
     hit: &Hit,
 ) {
     let rule = rules.rule(hit.rule);
-    out.extend_from_slice(&parts.rule_heads[hit.rule]);
+    out.extend_from_slice(&parts.rule_heads[hit.rule][usize::from(hit.mode == Mode::Shadow)]);
     if let Some(reason) = hit.reason {
         out.extend_from_slice(b",\"reason\":\"");
         out.extend_from_slice(reason.as_str().as_bytes());
@@ -115,7 +121,9 @@ fn write_hit(
             write_key(out, rules, parts, event, counter);
             out.extend_from_slice(b",\"value\":");
             match hit.value {
-                Some(v) => write_decimal(out, &counter_value(rules.counter(counter).aggregate(), v)),
+                Some(v) => {
+                    write_decimal(out, &counter_value(rules.counter(counter).aggregate(), v))
+                }
                 None => out.extend_from_slice(b"null"),
             }
             out.extend_from_slice(&parts.rule_limits[hit.rule]);
@@ -142,10 +150,44 @@ fn write_hit(
             None => out.extend_from_slice(b"null"),
         }
     }
+    write_entity(out, rules, parts, event, hit.rule);
+    out.extend_from_slice(&parts.rule_tails[hit.rule]);
     if hit.degraded {
         out.extend_from_slice(b",\"degraded\":true");
     }
     out.push(b'}');
+}
+
+/// `,"entity":{…}` when the rule names one and every value of it can be formed.
+fn write_entity(
+    out: &mut Vec<u8>,
+    rules: &RuleSet,
+    parts: &RecordParts,
+    event: &Event<'_>,
+    rule: usize,
+) {
+    let plan = rules.entity_plan(rule);
+    if plan.is_empty() {
+        return;
+    }
+    let mark = out.len();
+    out.extend_from_slice(b",\"entity\":{");
+    let mut formed = true;
+    plan.for_each_value(event, |i, value| match value {
+        Some(value) if formed => {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&parts.entity_names[rule][i]);
+            write_scalar(out, Some(value));
+        }
+        _ => formed = false,
+    });
+    if formed {
+        out.push(b'}');
+    } else {
+        out.truncate(mark);
+    }
 }
 
 /// A counter's key for `event` as records show it (`{"user_id":"u-17"}`: canonical values, long
@@ -165,17 +207,16 @@ fn write_key(
     counter: usize,
 ) {
     out.push(b'{');
-    for (i, (path, &slot)) in parts.counter_paths[counter]
-        .iter()
-        .zip(rules.dimension_slots(counter))
-        .enumerate()
-    {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(path);
-        write_scalar(out, event.field(slot).scalar());
-    }
+    let names = &parts.counter_paths[counter];
+    rules
+        .dimension_plan(counter)
+        .for_each_value(event, |i, value| {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&names[i]);
+            write_scalar(out, value);
+        });
     out.push(b'}');
 }
 

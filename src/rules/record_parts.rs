@@ -2,7 +2,16 @@
 //! and windows), rendered as JSON once at load.
 
 use super::json::{render, write_decimal, write_int, write_str};
-use super::model::{Counter, Form, Rule};
+use super::model::{Counter, Form, Mode, Rule};
+use crate::decimal::Decimal;
+
+/// `"name":`
+fn name(text: &str) -> Box<[u8]> {
+    render(|out| {
+        write_str(out, text);
+        out.push(b':');
+    })
+}
 
 /// The constant parts of a rule set's decision records, rendered as JSON once at load: a record
 /// is then mostly copied, not serialised field by field.
@@ -10,8 +19,12 @@ use super::model::{Counter, Form, Rule};
 pub(crate) struct RecordParts {
     /// `,"rules_version":"…","hits":[`
     pub(super) version: Box<[u8]>,
-    /// Per rule: `{"rule_id":"…","mode":"…","action":"…"`
-    pub(super) rule_heads: Vec<Box<[u8]>>,
+    /// Per rule, per mode (enforce, shadow): `{"rule_id":"…","mode":"…","action":"…"`
+    pub(super) rule_heads: Vec<[Box<[u8]>; 2]>,
+    /// Per rule: `,"score":…` and `,"rollout":…` when it has them.
+    pub(super) rule_tails: Vec<Box<[u8]>>,
+    /// Per rule: `"name":` for each entry of its entity, in order.
+    pub(super) entity_names: Vec<Vec<Box<[u8]>>>,
     /// Per v1-form rule: `,"limit":…,"window_ms":…` (empty for the new form).
     pub(super) rule_limits: Vec<Box<[u8]>>,
     /// Per counter: `{"id":"…","key":`
@@ -33,21 +46,45 @@ impl RecordParts {
             rule_heads: rules
                 .iter()
                 .map(|rule| {
-                    render(|out| {
-                        out.extend_from_slice(b"{\"rule_id\":");
-                        write_str(out, &rule.id);
-                        out.extend_from_slice(b",\"mode\":");
-                        write_str(out, rule.mode.as_str());
-                        out.extend_from_slice(b",\"action\":");
-                        write_str(out, rule.action.as_str());
+                    [Mode::Enforce, Mode::Shadow].map(|mode| {
+                        render(|out| {
+                            out.extend_from_slice(b"{\"rule_id\":");
+                            write_str(out, &rule.id);
+                            out.extend_from_slice(b",\"mode\":");
+                            write_str(out, mode.as_str());
+                            out.extend_from_slice(b",\"action\":");
+                            write_str(out, rule.action.as_str());
+                        })
                     })
                 })
+                .collect(),
+            rule_tails: rules
+                .iter()
+                .map(|rule| {
+                    render(|out| {
+                        if let Some(score) = rule.score {
+                            out.extend_from_slice(b",\"score\":");
+                            write_decimal(out, &Decimal::from_micros(score));
+                        }
+                        if let Some(rollout) = &rule.rollout {
+                            out.extend_from_slice(b",\"rollout\":");
+                            write_decimal(out, &rollout.percent);
+                        }
+                    })
+                })
+                .collect(),
+            entity_names: rules
+                .iter()
+                .map(|rule| rule.entity.iter().map(|part| name(part.text())).collect())
                 .collect(),
             rule_limits: rules
                 .iter()
                 .map(|rule| {
                     render(|out| {
-                        if let Form::V1 { counter, ref limit, .. } = rule.form {
+                        if let Form::V1 {
+                            counter, ref limit, ..
+                        } = rule.form
+                        {
                             out.extend_from_slice(b",\"limit\":");
                             write_decimal(out, limit);
                             out.extend_from_slice(b",\"window_ms\":");
@@ -68,17 +105,7 @@ impl RecordParts {
                 .collect(),
             counter_paths: counters
                 .iter()
-                .map(|c| {
-                    c.dimensions
-                        .iter()
-                        .map(|path| {
-                            render(|out| {
-                                write_str(out, path.as_str());
-                                out.push(b':');
-                            })
-                        })
-                        .collect()
-                })
+                .map(|c| c.dimensions.iter().map(|part| name(part.text())).collect())
                 .collect(),
             counter_tails: counters
                 .iter()

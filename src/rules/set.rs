@@ -39,6 +39,10 @@ pub struct RuleSet {
     active_rules: Vec<plan::PlannedRule>,
     /// Per active counter: whether an enabled rule's `when` reads it.
     read: Vec<bool>,
+    /// Per rule (by index): whom its hits are about (empty: no one).
+    entities: Vec<plan::KeyPlan>,
+    /// Whether a rule has a `score` (records then carry the event's score).
+    scoring: bool,
     /// Distinct `match` expressions (slots of a [`ScopeMemo`]).
     scope_slots: usize,
     projection: Projection,
@@ -135,7 +139,14 @@ impl RuleSet {
             }
         }
         let record_parts = RecordParts::new(&rules, &counters, &version);
+        let entities = rules
+            .iter()
+            .map(|rule| plan::KeyPlan::new(&rule.entity, &mut projection))
+            .collect();
+        let scoring = rules.iter().any(|r| r.enabled && r.score.is_some());
         RuleSet {
+            entities,
+            scoring,
             record_parts,
             counters,
             rules,
@@ -276,9 +287,27 @@ impl RuleSet {
         ScopeMemo::with_slots(self.scope_slots)
     }
 
-    /// Projection slots of a counter's dimensions.
-    pub fn dimension_slots(&self, counter: usize) -> &[usize] {
-        self.counter_position[counter].map_or(&[], |p| &self.active_counters[p].dimensions)
+    /// A counter's dimensions, resolved (empty for a disabled counter).
+    pub(crate) fn dimension_plan(&self, counter: usize) -> &plan::KeyPlan {
+        static NONE: plan::KeyPlan = plan::KeyPlan(Vec::new());
+        self.counter_position[counter].map_or(&NONE, |p| &self.active_counters[p].dimensions)
+    }
+
+    /// A rule's entity, resolved (empty: its hits name no one).
+    pub(crate) fn entity_plan(&self, rule: usize) -> &plan::KeyPlan {
+        &self.entities[rule]
+    }
+
+    /// Whether a rule has a `score`: records then carry the event's score.
+    pub fn is_scoring(&self) -> bool {
+        self.scoring
+    }
+
+    /// The rollout bucket (0..10 000) of `event` for the rule at active `position` (`None`: its
+    /// rollout key cannot be formed).
+    pub fn rollout_bucket(&self, position: usize, event: &Event<'_>) -> Option<u32> {
+        let rule = &self.active_rules[position];
+        rule.rollout_bucket(&self.rules[rule.index].id, event)
     }
 
     /// The number of active counters, i.e. valid `position`s for [`RuleSet::plan`].

@@ -5,6 +5,7 @@
 use toml_edit::{Item, TableLike, Value};
 
 use super::positions::{item_offset, key_offset, Diagnostic, Report};
+use super::tables::drafts::{ExprSite, KeyDraft};
 use crate::event::{quote_prefix as q, Decimal, FieldPath};
 use crate::rules::model::{parse_duration, MatchValue, Matcher};
 
@@ -161,16 +162,26 @@ pub(super) fn duration<'t>(
     }
 }
 
-pub(super) fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<FieldPath>> {
-    field_paths(item, "dimensions", report)
+pub(super) fn dimensions(item: &Item, report: &mut Report<'_>) -> Option<Vec<KeyDraft>> {
+    key_entries(item, "dimensions", report)
 }
 
-/// A key made of 1 to `MAX_DIMENSIONS` distinct field paths (`dimensions`, `hold_key`).
-pub(super) fn field_paths(
+/// Whether a key entry is written as a field path (names, digits, `_`, `-`, dots): anything
+/// else (`ip_prefix(ip, 24)`, `lower(email)`) is an expression.
+fn written_as_path(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// A key made of 1 to `MAX_DIMENSIONS` distinct entries (`dimensions`, `hold_key`,
+/// `rollout_key`, `entity`, a distinct tuple `field`), each a field path or an expression.
+pub(super) fn key_entries(
     item: &Item,
     key: &str,
     report: &mut Report<'_>,
-) -> Option<Vec<FieldPath>> {
+) -> Option<Vec<KeyDraft>> {
     let at = item_offset(item);
     let Some(array) = item.as_array() else {
         report.error(
@@ -194,40 +205,49 @@ pub(super) fn field_paths(
         );
         return None;
     }
-    let noun = if key == "dimensions" {
-        "dimension"
-    } else {
-        "hold_key entry"
+    let noun = match key {
+        "dimensions" => "dimension".to_owned(),
+        other => format!("{other} entry"),
     };
-    let mut paths: Vec<FieldPath> = Vec::new();
+    let mut entries: Vec<KeyDraft> = Vec::new();
     let mut ok = true;
     for value in array.iter() {
         let at = value.span().map_or(at, |s| s.start);
-        match value.as_str() {
-            None => {
-                report.error(
-                    at,
-                    format!(
-                        "{noun} must be a field path string, found {}",
-                        value.type_name()
-                    ),
-                );
-                ok = false;
-            }
-            Some(s) => match FieldPath::parse(s) {
+        let Some(s) = value.as_str() else {
+            report.error(
+                at,
+                format!(
+                    "{noun} must be a field path string, found {}",
+                    value.type_name()
+                ),
+            );
+            ok = false;
+            continue;
+        };
+        let entry = if written_as_path(s) {
+            match FieldPath::parse(s) {
+                Some(p) => KeyDraft::Path(p),
                 None => {
                     report.error(at, bad_path(s));
                     ok = false;
+                    continue;
                 }
-                Some(p) if paths.contains(&p) => {
-                    report.error(at, format!("duplicate {noun} {s_q}", s_q = q(s)));
-                    ok = false;
-                }
-                Some(p) => paths.push(p),
-            },
+            }
+        } else {
+            KeyDraft::Expr(ExprSite {
+                file: report.file,
+                at,
+                value: s.to_owned(),
+            })
+        };
+        if entries.iter().any(|e| e.text() == entry.text()) {
+            report.error(at, format!("duplicate {noun} {s_q}", s_q = q(s)));
+            ok = false;
+            continue;
         }
+        entries.push(entry);
     }
-    ok.then_some(paths)
+    ok.then_some(entries)
 }
 
 /// A v1-form rule's `limit`: a finite number >= 0, exactly as written.
@@ -279,6 +299,55 @@ pub(super) fn exact_number(value: &Value, report: &Report<'_>) -> Option<Decimal
         }
     }
     toml_number(value)
+}
+
+/// What a value is, for "found …": a number as written, else its type.
+pub(super) fn found_value(item: &Item, report: &Report<'_>) -> String {
+    match item {
+        Item::Value(v @ (Value::Integer(_) | Value::Float(_))) => {
+            exact_number(v, report).map_or_else(|| type_name(item).to_owned(), |n| n.to_string())
+        }
+        _ => type_name(item).to_owned(),
+    }
+}
+
+/// A number from `low` to `high` with at most `places` decimal places (`score`, `rollout`):
+/// the number as written and its value times 10^places.
+pub(super) fn bounded_number(
+    item: &Item,
+    key: &str,
+    (low, high): (i64, i64),
+    places: i32,
+    report: &mut Report<'_>,
+) -> Option<(Decimal, i64)> {
+    let at = item_offset(item);
+    let number = match item {
+        Item::Value(v @ (Value::Integer(_) | Value::Float(_))) => exact_number(v, report),
+        _ => None,
+    };
+    let scaled = number.as_ref().and_then(|n| {
+        if *n < Decimal::from_i64(low) || *n > Decimal::from_i64(high) {
+            return None;
+        }
+        let scaled = n.floor_scaled(places);
+        // Exactly representable at `places`: scaling back gives the number.
+        let back = Decimal::from_micros(scaled.checked_mul(10i64.pow((6 - places) as u32))?);
+        (back == *n).then_some(scaled)
+    });
+    match (number, scaled) {
+        (Some(n), Some(scaled)) => Some((n, scaled)),
+        _ => {
+            report.error(
+                at,
+                format!(
+                    "{key_q} must be a number from {low} to {high} with at most {places} decimal places, found {}",
+                    found_value(item, report),
+                    key_q = q(key)
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// A `match` table value that reads like a comparison (`"> 500"`): a table matches it literally.

@@ -69,6 +69,8 @@ impl<'a> RuleFile<'a> {
 /// Collects diagnostics for one file.
 pub(super) struct Report<'a> {
     pub(super) source: &'a RuleFile<'a>,
+    /// The file's index in the set (where its expressions are written).
+    pub(super) file: usize,
     pub(super) diagnostics: Vec<Diagnostic>,
 }
 

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use super::positions::{raw_offset, Diagnostic, RuleFile};
 use super::tables::drafts::{
-    CounterDraft, DraftScope, ExprSite, InlineEntry, ListDraft, ListEntries, RuleDraft,
+    CounterDraft, DraftScope, ExprSite, InlineEntry, KeyDraft, ListDraft, ListEntries, RuleDraft,
 };
 use super::tables::ReadTables;
 use crate::event::{quote_prefix as q, Projection};
 use crate::rules::expr::{self, Names};
 use crate::rules::lists::{ListKind, ListSet};
-use crate::rules::model::{Counter, FileLocation, Form, Rule, Scope};
+use crate::rules::model::{Counter, FileLocation, Form, Hold, KeyPart, Rollout, Rule, Scope};
 use crate::window::Aggregate;
 
 /// What compiling a set of files gives.
@@ -175,6 +175,22 @@ fn read_lists(
         let mut set = ListSet::new(draft.kind);
         match &draft.entries {
             ListEntries::Inline(values) => add_inline(&mut set, draft, values, source, diagnostics),
+            ListEntries::Map(pairs) => {
+                for (key, value, at) in pairs {
+                    let result = match value {
+                        Ok(value) => set.add_map_entry(key, value.clone()),
+                        Err(what) => Err(format!(
+                            "a {what} is not a map value (a number, a string, true, false or null)"
+                        )),
+                    };
+                    if let Err(message) = result {
+                        diagnostics.push(Diagnostic {
+                            origin: source.origin(*at),
+                            message: format!("list {:?}: {message}", draft.id),
+                        });
+                    }
+                }
+            }
             ListEntries::File(file, at) => {
                 let path = Path::new(source.name)
                     .parent()
@@ -222,6 +238,9 @@ fn add_inline(
             (InlineEntry::Num(d), ListKind::Number) => set.add(&d.to_string()),
             (InlineEntry::Num(_), _) => Err(format!("a number in a {} list", draft.kind.as_str())),
             (InlineEntry::Str(_), ListKind::Number) => Err("a string in a number list".to_owned()),
+            (_, ListKind::StringMap | ListKind::NumberMap) => {
+                Err("a map's values are a table".to_owned())
+            }
             (InlineEntry::Other(what), _) => {
                 Err(format!("a {what} in a {} list", draft.kind.as_str()))
             }
@@ -289,6 +308,35 @@ impl Exprs<'_, '_> {
         }
     }
 
+    /// Key entries: paths as they are, expressions compiled (`None`: one has an error, reported).
+    fn key(
+        &self,
+        entries: &[KeyDraft],
+        projection: &mut Projection,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Option<Vec<KeyPart>> {
+        let mut parts = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for entry in entries {
+            match entry {
+                KeyDraft::Path(p) => parts.push(KeyPart::Path(p.clone())),
+                KeyDraft::Expr(site) => {
+                    match expr::compile(&site.value, projection, self.names, false) {
+                        Ok(c) => parts.push(KeyPart::Expr {
+                            text: site.value.clone(),
+                            compiled: Box::new(c),
+                        }),
+                        Err(e) => {
+                            diagnostics.push(self.site_error(site, e));
+                            ok = false;
+                        }
+                    }
+                }
+            }
+        }
+        ok.then_some(parts)
+    }
+
     /// A rule's `when`, if it has one (`None`: it has an error, reported).
     fn when(
         &self,
@@ -318,10 +366,15 @@ fn build_counters(
 ) -> Vec<Counter> {
     let mut built = Vec::with_capacity(drafts.len());
     for draft in drafts {
-        if let Some(scope) = exprs.scope(&draft.scope, projection, diagnostics) {
+        let scope = exprs.scope(&draft.scope, projection, diagnostics);
+        let dimensions = exprs.key(&draft.dimensions, projection, diagnostics);
+        let tuple = exprs.key(&draft.tuple, projection, diagnostics);
+        if let (Some(scope), Some(dimensions), Some(tuple)) = (scope, dimensions, tuple) {
             built.push(Counter {
                 scope,
                 scope_text: scope_text(&draft.scope),
+                dimensions,
+                tuple,
                 ..draft.counter.clone()
             });
         }
@@ -342,9 +395,58 @@ fn build_rules(
     for draft in drafts {
         let scope = exprs.scope(&draft.scope, projection, diagnostics);
         let when = exprs.when(draft.when.as_ref(), projection, diagnostics);
-        let (Some(scope), Some(when)) = (scope, when) else {
+        let hold = match &draft.hold {
+            Some((ms, key)) => exprs
+                .key(key, projection, diagnostics)
+                .map(|key| Some(Hold { ms: *ms, key })),
+            None => Some(None),
+        };
+        let rollout = match &draft.rollout {
+            Some((percent, basis_points, key)) => {
+                exprs.key(key, projection, diagnostics).map(|key| {
+                    Some(Rollout {
+                        basis_points: *basis_points,
+                        percent: percent.clone(),
+                        key,
+                    })
+                })
+            }
+            None => Some(None),
+        };
+        let entity = match &draft.entity {
+            Some(entity) => exprs.key(entity, projection, diagnostics),
+            None => Some(Vec::new()),
+        };
+        let (Some(scope), Some(when), Some(hold), Some(rollout), Some(mut entity)) =
+            (scope, when, hold, rollout, entity)
+        else {
             continue;
         };
+        // Whom a hit is about: `entity`, else the hold key.
+        if draft.entity.is_none() {
+            if let Some(hold) = &hold {
+                entity = hold.key.clone();
+            }
+        }
+        let calls_score = when.as_ref().is_some_and(|w| w.calls_score);
+        if calls_score {
+            let file = &draft.origin.file;
+            for (key, at) in [
+                ("score", draft.score.map(|(_, at)| at)),
+                ("final", draft.is_final),
+            ] {
+                if let Some(at) = at {
+                    let source = exprs.files.iter().find(|f| f.name == file.as_str());
+                    diagnostics.push(Diagnostic {
+                        origin: source.map_or_else(|| draft.origin.clone(), |f| f.origin(at)),
+                        message: format!(
+                            "rule {:?} calls score() in its `when`, so it may not have {key:?}: it is judged after the rules that make the score",
+                            draft.id
+                        ),
+                    });
+                }
+            }
+        }
         let form = rule_form(draft, exprs.names, counters);
         if let Some(w) = &when {
             warn_if_constant(draft, w, warnings);
@@ -361,7 +463,13 @@ fn build_rules(
             when_text: draft.when.as_ref().map(|w| w.value.clone()),
             form,
             on_store_error: draft.on_store_error,
-            hold: draft.hold.clone(),
+            hold,
+            priority: draft.priority,
+            is_final: draft.is_final.is_some(),
+            score: draft.score.map(|(micros, _)| micros),
+            rollout,
+            entity,
+            calls_score,
             origin: draft.origin.clone(),
         });
     }

@@ -156,6 +156,17 @@ pub enum Expr {
     Lower(Box<Expr>),
     /// `ts()`: the event's time in epoch ms.
     Ts,
+    /// `score()`: the event's score from the rules judged before.
+    Score,
+    /// `@map[key]`: the value for that key (unknown if absent or of the other kind).
+    MapGet {
+        key: Box<Expr>,
+        list: std::sync::Arc<ListSet>,
+    },
+    /// `exists($c)`: the counter's value is known and not null.
+    CounterExists(usize),
+    /// `since($c)`: this event's time minus the time of the value a `last` counter holds.
+    Since(usize),
     /// `ip_prefix(ip, bits)`: the network of that many leading bits, as a string.
     IpPrefix(Box<Expr>, u8),
 }
@@ -168,6 +179,8 @@ pub struct Compiled {
     pub counters: Vec<usize>,
     /// Field paths it reads, for summaries.
     pub paths: Vec<FieldPath>,
+    /// It calls `score()`.
+    pub calls_score: bool,
 }
 
 impl Expr {
@@ -213,10 +226,18 @@ impl Expr {
             | Expr::Exists(_)
             | Expr::FieldIsStr { .. }
             | Expr::CounterCmp { .. }
+            | Expr::CounterExists(_)
+            | Expr::Since(_)
+            | Expr::Score
             | Expr::Ts => {
                 let _ = write!(out, "{self:?}");
             }
             Expr::IpPrefix(a, bits) => sub(out, &format!("ip_prefix{bits}"), &[a]),
+            Expr::MapGet { key, list } => sub(
+                out,
+                &format!("map{:p}", std::sync::Arc::as_ptr(list)),
+                &[key],
+            ),
             Expr::InField {
                 negated,
                 value,

@@ -132,7 +132,10 @@ impl<'t> Reader<'t> {
                 let bytes = self.text.as_bytes();
                 let start = self.at;
                 while self.at < bytes.len()
-                    && matches!(bytes[self.at], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                    && matches!(
+                        bytes[self.at],
+                        b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'
+                    )
                 {
                     self.at += 1;
                 }
@@ -187,10 +190,16 @@ mod tests {
 
     #[test]
     fn objects_compare_in_any_key_order_and_numbers_by_value() {
-        assert_eq!(t(r#"{"zip":10001,"city":"NY"}"#), t(r#"{"city":"NY","zip":10001.0}"#));
+        assert_eq!(
+            t(r#"{"zip":10001,"city":"NY"}"#),
+            t(r#"{"city":"NY","zip":10001.0}"#)
+        );
         assert_ne!(t(r#"{"zip":10001}"#), t(r#"{"zip":"10001"}"#));
         assert_ne!(t(r#"{"zip":10001}"#), t(r#"{"zip":10001,"x":null}"#));
-        assert_eq!(t(r#"[1,[2,{"a":"\u0041"}]]"#), t(r#"[1.0,[2e0,{"a":"A"}]]"#));
+        assert_eq!(
+            t(r#"[1,[2,{"a":"\u0041"}]]"#),
+            t(r#"[1.0,[2e0,{"a":"A"}]]"#)
+        );
         assert_ne!(t("[1,2]"), t("[2,1]"));
         assert_eq!(
             t(r#"["gift"]"#),

@@ -61,6 +61,18 @@ pub trait Context<'e> {
     fn counter_raw(&mut self, index: usize) -> Option<i64>;
     /// This event's time (epoch ms), for `ts()`; `None` where there is no event.
     fn event_time(&self) -> Option<i64>;
+    /// A counter's value as the expression sees it (a `last` counter's is any scalar).
+    fn counter_value(&mut self, index: usize) -> Val<'e> {
+        self.counter(index).map_or(Val::Unknown, Val::Num)
+    }
+    /// `since($c)`: this event's time minus the time of the `last` counter's value.
+    fn since(&mut self, _index: usize) -> Option<i64> {
+        None
+    }
+    /// `score()`: the event's score so far; `None` outside judging.
+    fn score(&self) -> Option<Num> {
+        None
+    }
 }
 
 fn field_val<'e>(v: &'e FieldValue<'e>) -> Val<'e> {
@@ -196,7 +208,12 @@ fn in_list(v: Val<'_>, list: &ListSet) -> Truth {
     match (v, list) {
         (Val::Unknown, _) => None,
         (Val::Str(s), ListSet::Strings(set)) => Some(set.contains(s.as_ref())),
-        (Val::Num(Num { exact: Some(ref d), .. }), ListSet::Numbers(set)) => Some(set.contains(d)),
+        (
+            Val::Num(Num {
+                exact: Some(ref d), ..
+            }),
+            ListSet::Numbers(set),
+        ) => Some(set.contains(d)),
         (Val::Num(n), ListSet::Numbers(set)) => {
             Some(Decimal::from_f64(n.float).is_some_and(|d| set.contains(&d)))
         }
@@ -205,7 +222,31 @@ fn in_list(v: Val<'_>, list: &ListSet) -> Truth {
             s.parse::<IpAddr>().ok().map(|ip| nets.contains(ip))
         }
         (_, ListSet::Networks(_)) => None,
+        // A map tests its keys.
+        (Val::Str(s), ListSet::StringMap(map)) => Some(map.contains_key(s.as_ref())),
+        (Val::Num(n), ListSet::NumberMap(map)) => {
+            Some(exact_of(&n).is_some_and(|d| map.contains_key(&d)))
+        }
+        (_, ListSet::StringMap(_) | ListSet::NumberMap(_)) => Some(false),
     }
+}
+
+/// A number's exact value (a double made by arithmetic, by its shortest decimal).
+fn exact_of(n: &Num) -> Option<Decimal> {
+    match &n.exact {
+        Some(d) => Some(d.clone()),
+        None => Decimal::from_f64(n.float),
+    }
+}
+
+/// `@map[key]`: the value for `key`; unknown when absent or of the other kind.
+fn map_get<'l>(key: Val<'_>, list: &'l ListSet) -> Val<'l> {
+    let found = match (key, list) {
+        (Val::Str(s), ListSet::StringMap(map)) => map.get(s.as_ref()),
+        (Val::Num(n), ListSet::NumberMap(map)) => exact_of(&n).and_then(|d| map.get(&d)),
+        _ => None,
+    };
+    found.map_or(Val::Unknown, lit_val)
 }
 
 impl Expr {
@@ -215,20 +256,27 @@ impl Expr {
             Expr::Lit(l) => lit_val(l),
             Expr::Num(n) => Val::Num(n.clone()),
             Expr::Field(slot) => field_val(cx.field(*slot)),
-            Expr::Ts => cx
-                .event_time()
-                .map_or(Val::Unknown, |ts| Val::Num(Num::exact(Decimal::from_i64(ts)))),
+            Expr::Ts => cx.event_time().map_or(Val::Unknown, |ts| {
+                Val::Num(Num::exact(Decimal::from_i64(ts)))
+            }),
             Expr::IpPrefix(ip, bits) => match ip.eval(cx) {
                 // The network the address is in, in canonical form (RFC 5952 for IPv6).
                 Val::Str(s) => s
                     .parse::<IpAddr>()
                     .ok()
                     .and_then(|ip| ipnet::IpNet::new(ip, *bits).ok())
-                    .map_or(Val::Unknown, |net| Val::Str(Cow::Owned(net.trunc().to_string()))),
+                    .map_or(Val::Unknown, |net| {
+                        Val::Str(Cow::Owned(net.trunc().to_string()))
+                    }),
                 _ => Val::Unknown,
             },
             Expr::List(items) => Val::List(items),
-            Expr::Counter(index) => cx.counter(*index).map_or(Val::Unknown, Val::Num),
+            Expr::Counter(index) => cx.counter_value(*index),
+            Expr::Score => cx.score().map_or(Val::Unknown, Val::Num),
+            Expr::MapGet { key, list } => map_get(key.eval(cx), list),
+            Expr::Since(index) => cx.since(*index).map_or(Val::Unknown, |ms| {
+                Val::Num(Num::exact(Decimal::from_i64(ms)))
+            }),
             Expr::Neg(inner) => match inner.eval(cx) {
                 Val::Num(n) => Val::Num(Num {
                     float: -n.float,
@@ -368,6 +416,10 @@ impl Expr {
                 cx.field(*slot),
                 FieldValue::Missing | FieldValue::Null
             )),
+            Expr::CounterExists(index) => Some(!matches!(
+                cx.counter_value(*index),
+                Val::Unknown | Val::Null
+            )),
             Expr::StartsWith(a, b) | Expr::EndsWith(a, b) | Expr::Contains(a, b) => {
                 match (a.eval(cx), b.eval(cx)) {
                     (Val::Str(s), Val::Str(p)) => Some(match self {
@@ -389,6 +441,9 @@ impl Expr {
             | Expr::Field(_)
             | Expr::Counter(_)
             | Expr::Ts
+            | Expr::Score
+            | Expr::MapGet { .. }
+            | Expr::Since(_)
             | Expr::IpPrefix(..)
             | Expr::Neg(_)
             | Expr::Bin(..)
@@ -434,7 +489,11 @@ impl Expr {
             | Expr::InField { .. }
             | Expr::FieldIsStr { .. }
             | Expr::CounterCmp { .. }
+            | Expr::CounterExists(_)
+            | Expr::Since(_)
+            | Expr::Score
             | Expr::Ts => true,
+            Expr::MapGet { key, .. } => key.reads_input(),
             Expr::Not(a)
             | Expr::Neg(a)
             | Expr::Lower(a)

@@ -69,7 +69,9 @@ mod tests {
             Some(self.event.ts)
         }
         fn counter_raw(&mut self, index: usize) -> Option<i64> {
-            self.counters[index].as_ref().map(|n| n.exact.as_ref().and_then(Decimal::as_i64).unwrap())
+            self.counters[index]
+                .as_ref()
+                .map(|n| n.exact.as_ref().and_then(Decimal::as_i64).unwrap())
         }
     }
 
@@ -107,9 +109,16 @@ mod tests {
         }
         assert_eq!(
             error("ip_prefix(ip, bits) == 'x'", true),
-            (14, "ip_prefix() takes the prefix length as an integer literal from 0 to 128".to_owned())
+            (
+                14,
+                "ip_prefix() takes the prefix length as an integer literal from 0 to 128"
+                    .to_owned()
+            )
         );
-        assert_eq!(error("ts(1) > 0", true).1, "ts() takes 0 arguments, found 1");
+        assert_eq!(
+            error("ts(1) > 0", true).1,
+            "ts() takes 0 arguments, found 1"
+        );
     }
 
     /// `==` / `!=` compare arrays and objects deeply; a list literal stands wherever a value may.

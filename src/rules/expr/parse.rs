@@ -34,6 +34,8 @@ pub(super) enum Ast {
     Path(FieldPath),
     Counter(String),
     ListRef(String),
+    /// `@map[key]`.
+    MapGet(String, Box<(Ast, usize)>),
     Not(Box<(Ast, usize)>),
     Neg(Box<(Ast, usize)>),
     Bin(BinOp, Box<(Ast, usize)>, Box<(Ast, usize)>),
@@ -290,6 +292,14 @@ impl Parser {
             Tok::Num(d) => Ast::Num(d),
             Tok::Str(s) => Ast::Str(s),
             Tok::Counter(id) => Ast::Counter(id),
+            Tok::List(id) if self.is_op("[") => {
+                self.bump();
+                self.enter()?;
+                let key = self.expression()?;
+                self.expect_op("]")?;
+                self.depth -= 1;
+                Ast::MapGet(id, Box::new(key))
+            }
             Tok::List(id) => Ast::ListRef(id),
             Tok::Op("(") => {
                 self.enter()?;

@@ -20,6 +20,10 @@ pub trait Names {
     fn counter_scale(&self, _index: usize) -> i32 {
         0
     }
+    /// Whether a counter's aggregate is `last` (what `since()` takes).
+    fn counter_is_last(&self, _index: usize) -> bool {
+        false
+    }
     /// The list `id`, or an error message.
     fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String>;
 }
@@ -37,12 +41,14 @@ pub(super) fn resolve(
         allow_counters,
         counters: Vec::new(),
         paths: Vec::new(),
+        calls_score: false,
     };
     let expr = resolver.resolve(ast)?;
     Ok(Compiled {
         expr,
         counters: resolver.counters,
         paths: resolver.paths,
+        calls_score: resolver.calls_score,
     })
 }
 
@@ -52,9 +58,28 @@ struct Resolver<'a> {
     allow_counters: bool,
     counters: Vec<usize>,
     paths: Vec<FieldPath>,
+    calls_score: bool,
 }
 
 impl Resolver<'_> {
+    /// A `$counter` reference: its index, noted as read.
+    fn counter(&mut self, id: &str, at: usize) -> Result<usize, ExprError> {
+        if !self.allow_counters {
+            return err(
+                at,
+                format!(
+                    "a match cannot use counters (${}): test it in the rule's `when`",
+                    shorten(id)
+                ),
+            );
+        }
+        let index = self.names.counter(id).or_else(|m| err(at, m))?;
+        if !self.counters.contains(&index) {
+            self.counters.push(index);
+        }
+        Ok(index)
+    }
+
     fn field(&mut self, path: &FieldPath) -> usize {
         if !self.paths.contains(path) {
             self.paths.push(path.clone());
@@ -72,21 +97,25 @@ impl Resolver<'_> {
             // A list literal stands wherever a value may (compared deeply by `==`).
             Ast::List(items) => Expr::List(items.iter().map(literal).collect::<Result<_, _>>()?),
             Ast::Path(p) => Expr::Field(self.field(p)),
-            Ast::Counter(id) => {
-                if !self.allow_counters {
+            Ast::Counter(id) => Expr::Counter(self.counter(id, at)?),
+            Ast::MapGet(id, key) => {
+                let list = self.names.list(id).or_else(|m| err(at, m))?;
+                if !list.is_map() {
                     return err(
                         at,
                         format!(
-                            "a match cannot use counters (${}): test it in the rule's `when`",
+                            "@{}[...] reads a map, and {} is a {} list (write `x in @{}`)",
+                            shorten(id),
+                            quote_prefix(id),
+                            list.kind().as_str(),
                             shorten(id)
                         ),
                     );
                 }
-                let index = self.names.counter(id).or_else(|m| err(at, m))?;
-                if !self.counters.contains(&index) {
-                    self.counters.push(index);
+                Expr::MapGet {
+                    key: Box::new(self.resolve(key)?),
+                    list,
                 }
-                Expr::Counter(index)
             }
             Ast::ListRef(id) => {
                 self.names.list(id).or_else(|m| err(at, m))?;
@@ -237,8 +266,33 @@ impl Resolver<'_> {
                 arity(1)?;
                 match &args[0].0 {
                     Ast::Path(p) => Expr::Exists(self.field(p)),
-                    _ => return err(args[0].1, "exists() takes a field path"),
+                    Ast::Counter(id) => Expr::CounterExists(self.counter(id, args[0].1)?),
+                    _ => return err(args[0].1, "exists() takes a field path or a $counter"),
                 }
+            }
+            "since" => {
+                arity(1)?;
+                match &args[0].0 {
+                    Ast::Counter(id) => {
+                        let index = self.counter(id, args[0].1)?;
+                        if !self.names.counter_is_last(index) {
+                            return err(
+                                args[0].1,
+                                format!("since() takes a counter with aggregate \"last\", and ${} is not one", shorten(id)),
+                            );
+                        }
+                        Expr::Since(index)
+                    }
+                    _ => return err(args[0].1, "since() takes a $counter with aggregate \"last\""),
+                }
+            }
+            "score" => {
+                arity(0)?;
+                if !self.allow_counters {
+                    return err(at, "a match cannot use score(): test it in the rule's `when`");
+                }
+                self.calls_score = true;
+                Expr::Score
             }
             "starts_with" | "ends_with" | "contains" => {
                 arity(2)?;
@@ -283,7 +337,7 @@ impl Resolver<'_> {
             other => {
                 return err(
                     at,
-                    format!("unknown function {}; expected exists, starts_with, ends_with, contains, matches, lower, ip_prefix, ts or cidr", quote_prefix(other)),
+                    format!("unknown function {}; expected exists, starts_with, ends_with, contains, matches, lower, ip_prefix, ts, since, score or cidr", quote_prefix(other)),
                 )
             }
         })

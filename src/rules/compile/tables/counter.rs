@@ -146,16 +146,18 @@ fn build_counter(
     window.max_distinct = keys.max_distinct.map_or(DEFAULT_MAX_DISTINCT, |(n, _)| n);
     let dimensions = keys.w.dimensions?;
     let field = keys.w.field.map(|(p, _)| p);
-    window.identity = window_identity(&dimensions, field.as_ref());
+    let tuple = keys.w.tuple.map_or_else(Vec::new, |(t, _)| t);
+    window.identity = window_identity(&dimensions, field.as_ref(), &tuple);
     let counter = Counter {
         id,
         description: keys.description,
         enabled: keys.enabled.unwrap_or(true),
         scope: Scope::All,
         scope_text: None,
-        dimensions,
+        dimensions: Vec::new(),
         window,
         field,
+        tuple: Vec::new(),
         allow_negative: keys.allow_negative.is_some_and(|(b, _)| b),
         from_rule: false,
         origin,
@@ -163,5 +165,7 @@ fn build_counter(
     Some(CounterDraft {
         counter,
         scope: keys.scope.unwrap_or(DraftScope::All),
+        dimensions,
+        tuple,
     })
 }

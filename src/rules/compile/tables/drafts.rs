@@ -6,9 +6,9 @@ use toml_edit::Item;
 
 use super::super::fields::matchers;
 use super::super::positions::{item_offset, Diagnostic, Report};
-use crate::event::Decimal;
+use crate::event::{Decimal, FieldPath};
 use crate::rules::lists::ListKind;
-use crate::rules::model::{Action, Counter, FileLocation, Hold, Matcher, Mode, OnStoreError};
+use crate::rules::model::{Action, Counter, FileLocation, Matcher, Mode, OnStoreError};
 
 /// An expression string as written in a file: its value, and where its TOML token starts.
 #[derive(Debug, Clone)]
@@ -17,6 +17,22 @@ pub(crate) struct ExprSite {
     /// Byte offset of the TOML string token in the file.
     pub(crate) at: usize,
     pub(crate) value: String,
+}
+
+/// One entry of a key as read: a field path, or an expression compiled in the last pass.
+#[derive(Debug, Clone)]
+pub(crate) enum KeyDraft {
+    Path(FieldPath),
+    Expr(ExprSite),
+}
+
+impl KeyDraft {
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            KeyDraft::Path(p) => p.as_str(),
+            KeyDraft::Expr(site) => &site.value,
+        }
+    }
 }
 
 /// A `match` as read: a table (checked already) or an expression (compiled in the last pass).
@@ -29,8 +45,12 @@ pub(crate) enum DraftScope {
 
 #[derive(Debug)]
 pub(crate) struct CounterDraft {
+    /// Its `dimensions` and `tuple` are filled when the entries compile.
     pub(crate) counter: Counter,
     pub(crate) scope: DraftScope,
+    pub(crate) dimensions: Vec<KeyDraft>,
+    /// A distinct counter's tuple `field`.
+    pub(crate) tuple: Vec<KeyDraft>,
 }
 
 #[derive(Debug)]
@@ -45,7 +65,15 @@ pub(crate) struct RuleDraft {
     /// v1 form: the limit (its counter has the rule's id).
     pub(crate) limit: Option<Decimal>,
     pub(crate) on_store_error: OnStoreError,
-    pub(crate) hold: Option<Hold>,
+    /// `hold` (ms) and its key.
+    pub(crate) hold: Option<(i64, Vec<KeyDraft>)>,
+    pub(crate) priority: i32,
+    pub(crate) is_final: Option<usize>,
+    /// `score` in micro-units, with where its key is written.
+    pub(crate) score: Option<(i64, usize)>,
+    /// `rollout` below 100: (percent, basis points, key).
+    pub(crate) rollout: Option<(Decimal, u32, Vec<KeyDraft>)>,
+    pub(crate) entity: Option<Vec<KeyDraft>>,
     pub(crate) origin: FileLocation,
 }
 
@@ -64,6 +92,14 @@ pub(crate) enum ListEntries {
     Inline(Vec<(InlineEntry, usize)>),
     /// A list file, relative to the rule file, and where `file` is written.
     File(String, usize),
+    /// A map's inline `values` table: (key, value or what it is instead, where written).
+    Map(
+        Vec<(
+            String,
+            Result<crate::rules::expr::Literal, &'static str>,
+            usize,
+        )>,
+    ),
 }
 
 #[derive(Debug)]

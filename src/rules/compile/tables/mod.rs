@@ -43,6 +43,7 @@ pub(super) fn read_files(files: &[RuleFile<'_>]) -> ReadTables {
     for (file, source) in files.iter().enumerate() {
         let mut report = Report {
             source,
+            file,
             diagnostics: Vec::new(),
         };
         read_file(file, &mut report, &mut tables);

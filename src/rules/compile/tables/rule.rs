@@ -4,17 +4,18 @@
 use toml_edit::{Item, Table};
 
 use super::super::fields::{
-    boolean, duration, field_paths, keyword, mark, read_id, read_limit, string, type_name,
+    boolean, bounded_number, duration, found_value, key_entries, keyword, mark, read_id,
+    read_limit, string, type_name,
 };
 use super::super::positions::{item_offset, key_offset, Report};
-use super::drafts::{read_scope, CounterDraft, DraftScope, ExprSite, RuleDraft, TableCx};
+use super::drafts::{read_scope, CounterDraft, DraftScope, ExprSite, KeyDraft, RuleDraft, TableCx};
 use super::window::{window_identity, window_key, window_spec, WindowKeys, MAX_WINDOW_MS};
-use crate::event::{quote_prefix as q, shorten, Decimal, FieldPath};
-use crate::rules::model::{Action, Counter, FileLocation, Hold, Mode, OnStoreError, Scope};
+use crate::event::{quote_prefix as q, shorten, Decimal};
+use crate::rules::model::{Action, Counter, FileLocation, Mode, OnStoreError, Scope};
 use crate::window::{Aggregate, WindowSpec};
 
 /// Keys a `[[rule]]` table may hold, in the order they are documented.
-pub const RULE_KEYS: [&str; 16] = [
+pub const RULE_KEYS: [&str; 22] = [
     "id",
     "description",
     "action",
@@ -31,6 +32,12 @@ pub const RULE_KEYS: [&str; 16] = [
     "limit",
     "hold",
     "hold_key",
+    "priority",
+    "final",
+    "score",
+    "rollout",
+    "rollout_key",
+    "entity",
 ];
 
 /// The keys of a `[[rule]]` table as read (`None`: absent or invalid), with where the ones a
@@ -50,7 +57,14 @@ struct RuleKeys<'t> {
     limit: Option<(Decimal, usize)>,
     on_store_error: Option<OnStoreError>,
     hold: Option<(i64, usize)>,
-    hold_key: Option<(Vec<FieldPath>, usize)>,
+    hold_key: Option<(Vec<KeyDraft>, usize)>,
+    priority: Option<i32>,
+    is_final: Option<(bool, usize)>,
+    score: Option<(i64, usize)>,
+    /// (percent, basis points, where written)
+    rollout: Option<(Decimal, u32, usize)>,
+    rollout_key: Option<(Vec<KeyDraft>, usize)>,
+    entity: Option<Vec<KeyDraft>>,
     /// Keys present but invalid (not reported missing too).
     invalid: Vec<&'static str>,
 }
@@ -121,7 +135,8 @@ fn read_rule_key<'t>(
             keys.description = string(item, "description", cx.report).map(str::to_owned)
         }
         "action" => {
-            let expected = "\"block\", \"challenge\", \"review\", \"alert\" or \"allow\"";
+            let expected =
+                "\"block\", \"challenge\", \"review\", \"alert\", \"allow\" or \"score\"";
             keys.action = keyword(item, "action", "action", expected, cx.report, Action::parse);
             mark(&mut keys.invalid, keys.action.is_none(), "action");
         }
@@ -176,13 +191,39 @@ fn read_rule_key<'t>(
             mark(&mut keys.invalid, keys.hold.is_none(), "hold");
         }
         "hold_key" => {
-            keys.hold_key = field_paths(item, "hold_key", cx.report).map(|paths| (paths, key_at));
+            keys.hold_key = key_entries(item, "hold_key", cx.report).map(|paths| (paths, key_at));
             mark(&mut keys.invalid, keys.hold_key.is_none(), "hold_key");
         }
-        other => cx.report.error(
-            key_at,
-            super::unknown_key(other, "rule", &RULE_KEYS),
-        ),
+        "priority" => match item.as_integer() {
+            Some(n) if (-1000..=1000).contains(&n) => keys.priority = Some(n as i32),
+            _ => cx.report.error(
+                at,
+                format!(
+                    "\"priority\" must be an integer from -1000 to 1000, found {}",
+                    found_value(item, cx.report)
+                ),
+            ),
+        },
+        "final" => keys.is_final = boolean(item, "final", cx.report).map(|b| (b, key_at)),
+        "score" => {
+            keys.score = bounded_number(item, "score", (-1_000_000, 1_000_000), 6, cx.report)
+                .map(|(_, micros)| (micros, key_at));
+            mark(&mut keys.invalid, keys.score.is_none(), "score");
+        }
+        "rollout" => {
+            keys.rollout = bounded_number(item, "rollout", (0, 100), 2, cx.report)
+                .map(|(percent, bp)| (percent, bp as u32, key_at));
+            mark(&mut keys.invalid, keys.rollout.is_none(), "rollout");
+        }
+        "rollout_key" => {
+            keys.rollout_key =
+                key_entries(item, "rollout_key", cx.report).map(|entries| (entries, key_at));
+            mark(&mut keys.invalid, keys.rollout_key.is_none(), "rollout_key");
+        }
+        "entity" => keys.entity = key_entries(item, "entity", cx.report),
+        other => cx
+            .report
+            .error(key_at, super::unknown_key(other, "rule", &RULE_KEYS)),
     }
 }
 
@@ -221,6 +262,27 @@ fn check_rule(keys: &RuleKeys<'_>, v1: bool, header: usize, report: &mut Report<
             report.error(*at, format!("{key_q} needs \"window\" (the v1 form); otherwise define a [[counter]] and test it in `when`", key_q = q(key)));
         }
     }
+    if keys.action == Some(Action::Score) && keys.score.is_none() && !invalid.contains(&"score") {
+        report.error(
+            header,
+            format!("{name} has action \"score\" and is missing required key \"score\" (what it adds to the event's score)"),
+        );
+    }
+    match (&keys.rollout, &keys.rollout_key) {
+        (Some((_, bp, at)), None) if *bp < 10_000 && !invalid.contains(&"rollout_key") => {
+            report.error(
+                *at,
+                "a \"rollout\" below 100 needs \"rollout_key\" (the key whose bucket decides who is in the rollout)",
+            );
+        }
+        (None, Some((_, at))) if !invalid.contains(&"rollout") => {
+            report.error(
+                *at,
+                "\"rollout_key\" needs \"rollout\" (the percent of keys the rule enforces)",
+            );
+        }
+        _ => {}
+    }
     match (&keys.hold, &keys.hold_key) {
         (None, Some((_, at))) if !invalid.contains(&"hold") => {
             report.error(
@@ -256,27 +318,26 @@ fn build_rule(
     let scope = keys.scope.unwrap_or(DraftScope::All);
     // A v1-form rule holds its own dimension key unless told otherwise.
     let hold = match (keys.hold, keys.hold_key) {
-        (Some((ms, _)), Some((key, _))) => Some(Hold { ms, key }),
-        (Some((ms, _)), None) => Some(Hold {
-            ms,
-            key: keys.w.dimensions.clone()?,
-        }),
+        (Some((ms, _)), Some((key, _))) => Some((ms, key)),
+        (Some((ms, _)), None) => Some((ms, keys.w.dimensions.clone()?)),
         (None, _) => None,
     };
     let counter = if v1 {
         let dimensions = keys.w.dimensions?;
         let field = keys.w.field.map(|(p, _)| p);
+        let tuple = keys.w.tuple.map_or_else(Vec::new, |(t, _)| t);
         let mut window = spec?;
-        window.identity = window_identity(&dimensions, field.as_ref());
+        window.identity = window_identity(&dimensions, field.as_ref(), &tuple);
         let counter = Counter {
             id: id.clone(),
             description: None,
             enabled,
             scope: Scope::All,
             scope_text: None,
-            dimensions,
+            dimensions: Vec::new(),
             window,
             field,
+            tuple: Vec::new(),
             allow_negative: false,
             from_rule: true,
             origin: origin.clone(),
@@ -284,9 +345,15 @@ fn build_rule(
         Some(CounterDraft {
             counter,
             scope: scope.clone(),
+            dimensions,
+            tuple,
         })
     } else {
         None
+    };
+    let rollout = match (keys.rollout, keys.rollout_key) {
+        (Some((percent, bp, _)), Some((key, _))) if bp < 10_000 => Some((percent, bp, key)),
+        _ => None,
     };
     let rule = RuleDraft {
         id,
@@ -299,6 +366,11 @@ fn build_rule(
         limit: keys.limit.map(|(l, _)| l),
         on_store_error: keys.on_store_error.unwrap_or_default(),
         hold,
+        priority: keys.priority.unwrap_or(0),
+        is_final: keys.is_final.filter(|(b, _)| *b).map(|(_, at)| at),
+        score: keys.score,
+        rollout,
+        entity: keys.entity,
         origin,
     };
     Some((rule, counter))

@@ -4,8 +4,9 @@
 
 use toml_edit::Item;
 
-use super::super::fields::{bad_path, dimensions, duration, keyword, mark, string};
+use super::super::fields::{bad_path, dimensions, duration, key_entries, keyword, mark, string};
 use super::super::positions::{item_offset, Report};
+use super::drafts::KeyDraft;
 use crate::event::{shorten, FieldPath};
 use crate::window::{Aggregate, WindowSpec};
 
@@ -19,11 +20,13 @@ pub const DEFAULT_BUCKETS: i64 = 60;
 /// The keys shared by counters and v1 rules, as read.
 #[derive(Default)]
 pub(crate) struct WindowKeys<'t> {
-    pub(crate) dimensions: Option<Vec<FieldPath>>,
+    pub(crate) dimensions: Option<Vec<KeyDraft>>,
     pub(crate) window: Option<(i64, &'t str, usize)>,
     pub(crate) bucket: Option<(i64, &'t str, usize)>,
     pub(crate) aggregate: Option<(Aggregate, usize)>,
     pub(crate) field: Option<(FieldPath, usize)>,
+    /// A distinct tuple: `field = ["card", "device"]`.
+    pub(crate) tuple: Option<(Vec<KeyDraft>, usize)>,
 }
 
 /// Reads one key shared by counters and v1 rules; false if `key` is not one of them.
@@ -70,6 +73,10 @@ pub(crate) fn window_key<'t>(
             .map(|a| (a, at));
             mark(invalid, w.aggregate.is_none(), "aggregate");
         }
+        "field" if item.is_array() => {
+            w.tuple = key_entries(item, "field", report).map(|entries| (entries, key_at));
+            mark(invalid, w.tuple.is_none(), "field");
+        }
         "field" => {
             w.field = string(item, "field", report).and_then(|s| match FieldPath::parse(s) {
                 Some(p) => Some((p, key_at)),
@@ -87,15 +94,24 @@ pub(crate) fn window_key<'t>(
 
 /// What a counter's window counts, as a digest of its dimensions and field (see
 /// `WindowSpec::identity`).
-pub(crate) fn window_identity(dimensions: &[FieldPath], field: Option<&FieldPath>) -> u64 {
+pub(crate) fn window_identity(
+    dimensions: &[KeyDraft],
+    field: Option<&FieldPath>,
+    tuple: &[KeyDraft],
+) -> u64 {
     let mut hasher = blake3::Hasher::new();
-    for path in dimensions {
-        hasher.update(path.to_string().as_bytes());
+    for entry in dimensions {
+        hasher.update(entry.text().as_bytes());
         hasher.update(b"\0");
     }
     hasher.update(b"\x01");
     if let Some(field) = field {
         hasher.update(field.to_string().as_bytes());
+    }
+    // A tuple is told from a path written the same by its separator.
+    for entry in tuple {
+        hasher.update(b"\x02");
+        hasher.update(entry.text().as_bytes());
     }
     let mut first = [0u8; 8];
     first.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
@@ -112,6 +128,14 @@ pub(crate) fn window_spec(
     let aggregate = w.aggregate.map_or(Aggregate::Count, |(a, _)| a);
     if !invalid.contains(&"aggregate") {
         match (aggregate, &w.field) {
+            _ if w.tuple.is_some() && aggregate != Aggregate::Distinct => {
+                let at = w.tuple.as_ref().map_or(header, |(_, at)| *at);
+                report.error(
+                    at,
+                    "a tuple \"field\" (an array) is only for aggregate \"distinct\"",
+                );
+            }
+            (Aggregate::Distinct, None) if w.tuple.is_some() => {}
             (Aggregate::Count, Some((_, at))) => {
                 report.error(*at, "\"field\" is not allowed with aggregate \"count\"");
             }
