@@ -284,6 +284,7 @@ hold_key = ["user"]
             hits: vec![
                 Hit {
                     rule: v1,
+                    mode: Mode::Enforce,
                     value: Some(12_500_000),
                     reason: None,
                     degraded: false,
@@ -292,6 +293,7 @@ hold_key = ["user"]
                 },
                 Hit {
                     rule: v2,
+                    mode: Mode::Shadow,
                     value: None,
                     reason: Some(Reason::Held),
                     degraded: true,
@@ -299,6 +301,7 @@ hold_key = ["user"]
                     held_until: Some(1_700_001_800_000),
                 },
             ],
+            score: None,
         };
         let mut out = Vec::new();
         write_record(
@@ -327,7 +330,7 @@ hold_key = ["user"]
                     {"id": "fails", "key": {"user": "u\n1"}, "value": 3, "window_ms": 600_000},
                     {"id": "v1-sum", "key": {"card.id": 7, "geo": "FR"}, "value": 1.25, "window_ms": 3_600_000}
                  ],
-                 "held_until": 1_700_001_800_000i64, "degraded": true}
+                 "held_until": 1_700_001_800_000i64, "entity": {"user": "u\n1"}, "degraded": true}
             ],
             "source": {"topic": "ev\"ents", "partition": 3, "offset": 42}
         });
@@ -349,12 +352,14 @@ hold_key = ["user"]
         let decision = Decision {
             hits: vec![Hit {
                 rule: 1,
+                mode: Mode::Shadow,
                 value: None,
                 reason: Some(Reason::When),
                 degraded: false,
                 counters: SmallVec::new(),
                 held_until: None,
             }],
+            score: None,
         };
         let mut out = Vec::new();
         write_record(&mut out, &rules, &event, &decision, EventSource::Line(9));
@@ -362,7 +367,7 @@ hold_key = ["user"]
         assert_eq!(
             text,
             format!(
-                r#"{{"decision_id":"line/9","event_id":null,"ts":5,"action":"allow","rules_version":"{}","hits":[{{"rule_id":"v2","mode":"shadow","action":"block","reason":"when","counters":[],"held_until":null}}],"source":{{"line":9}}}}"#,
+                r#"{{"decision_id":"line/9","event_id":null,"ts":5,"action":"allow","rules_version":"{}","hits":[{{"rule_id":"v2","mode":"shadow","action":"block","reason":"when","counters":[],"held_until":null,"entity":{{"user":"u"}}}}],"source":{{"line":9}}}}"#,
                 rules.version()
             )
         );

@@ -115,11 +115,11 @@ limit = 5
             errors(text),
             [
                 "r.toml:2:6: invalid rule id \"A\": must match ^[a-z0-9][a-z0-9_.-]{0,63}$",
-                "r.toml:3:10: invalid action \"deny\": expected \"block\", \"challenge\", \"review\", \"alert\" or \"allow\"",
+                "r.toml:3:10: invalid action \"deny\": expected \"block\", \"challenge\", \"review\", \"alert\", \"allow\" or \"score\"",
                 "r.toml:4:14: \"dimensions\" must list 1 to 4 field paths, found 0",
                 "r.toml:5:10: invalid duration \"10x\" for window: expected an integer and a unit (ms, s, m, h, d or w), like \"10m\"",
                 "r.toml:6:9: \"limit\" must be a number >= 0, found -1",
-                "r.toml:7:1: unknown key \"colour\" in rule; expected one of: id, description, action, mode, enabled, match, when, on_store_error, dimensions, window, bucket, aggregate, field, limit, hold, hold_key",
+                "r.toml:7:1: unknown key \"colour\" in rule; expected one of: id, description, action, mode, enabled, match, when, on_store_error, dimensions, window, bucket, aggregate, field, limit, hold, hold_key, priority, final, score, rollout, rollout_key, entity",
             ]
         );
     }

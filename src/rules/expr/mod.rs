@@ -282,7 +282,7 @@ mod tests {
             error("ip in @bad", true),
             (6, "unknown list \"bad\"".into())
         );
-        assert_eq!(error("foo(x)", true).1, "unknown function \"foo\"; expected exists, starts_with, ends_with, contains, matches, lower, ip_prefix, ts or cidr");
+        assert_eq!(error("foo(x)", true).1, "unknown function \"foo\"; expected exists, starts_with, ends_with, contains, matches, lower, ip_prefix, ts, since, score or cidr");
         assert_eq!(
             error("x == 'a\\q'", true),
             (7, "invalid escape '\\q'".into())
@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(error("matches(x, '(')", true).0, 11);
         assert_eq!(
             error("exists('x')", true),
-            (7, "exists() takes a field path".into())
+            (7, "exists() takes a field path or a $counter".into())
         );
         assert_eq!(error("ip in cidr('10.0.0.0/33')", true).0, 11);
         assert_eq!(error("in == 1", true).0, 0);
