@@ -14,6 +14,12 @@ pub enum Aggregate {
     Count,
     Sum,
     Distinct,
+    /// The largest value in the window (micro-units, as a sum's).
+    Max,
+    /// The smallest value in the window.
+    Min,
+    /// The value of the key's previous event (the one with the greatest time in the window).
+    Last,
 }
 
 impl Aggregate {
@@ -22,8 +28,24 @@ impl Aggregate {
             Aggregate::Count => "count",
             Aggregate::Sum => "sum",
             Aggregate::Distinct => "distinct",
+            Aggregate::Max => "max",
+            Aggregate::Min => "min",
+            Aggregate::Last => "last",
         }
     }
+
+    /// Whether its raw values are micro-units (an amount), as a sum's.
+    pub fn is_amount(self) -> bool {
+        matches!(self, Aggregate::Sum | Aggregate::Max | Aggregate::Min)
+    }
+}
+
+/// A `last` window's value: a JSON scalar of the event (strings of at most 256 bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LastValue {
+    Bool(bool),
+    Num(crate::decimal::Decimal),
+    Str(Box<str>),
 }
 
 /// The shape of one sliding window.
@@ -83,6 +105,10 @@ pub enum Delta {
     Sum(i64),
     /// A distinct value, by the digest of its canonical encoding.
     Distinct(u128),
+    /// An amount in micro-units for a max or min window.
+    Extreme(i64),
+    /// An event for a `last` window (its value goes with it: [`WindowState::apply_last`]).
+    Last,
 }
 
 /// The result of applying one observation.
@@ -95,13 +121,24 @@ pub enum Applied {
     /// Counted, but the distinct value was not recorded: the window already holds
     /// `max_distinct` values. The value is the window's (`max_distinct`).
     Capped(i64),
+    /// Read, or counted into a `last` window, with no value: the window holds nothing (max,
+    /// min and last windows; a count reads 0 instead).
+    Empty,
 }
 
 impl Applied {
+    /// What a key never counted reads: 0 for count, sum and distinct; nothing for the others.
+    pub fn never_counted(aggregate: Aggregate) -> Applied {
+        match aggregate {
+            Aggregate::Count | Aggregate::Sum | Aggregate::Distinct => Applied::Counted(0),
+            Aggregate::Max | Aggregate::Min | Aggregate::Last => Applied::Empty,
+        }
+    }
+
     /// The window value, unless the observation was late.
     pub fn value(self) -> Option<i64> {
         match self {
-            Applied::Late => None,
+            Applied::Late | Applied::Empty => None,
             Applied::Counted(value) | Applied::Capped(value) => Some(value),
         }
     }
@@ -120,6 +157,20 @@ pub enum WindowState {
     /// Boxed: a distinct set is several times larger than a series, and keeping it out of line
     /// keeps every store entry small.
     Distinct(Box<DistinctSet>),
+    /// Per bucket its largest (`Max`) or smallest value.
+    Max(BucketSeries),
+    Min(BucketSeries),
+    /// The event with the greatest time (its time and value): all a `last` window needs, since
+    /// the greatest time is in the newest bucket, the last to slide out.
+    Last(Box<LastState>),
+}
+
+/// A `last` window's state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LastState {
+    head: Option<i64>,
+    /// The counted event with the greatest time (ties: the later counted), and its value.
+    best: Option<(i64, LastValue)>,
 }
 
 impl WindowState {
@@ -127,6 +178,58 @@ impl WindowState {
         match aggregate {
             Aggregate::Count | Aggregate::Sum => WindowState::Series(BucketSeries::default()),
             Aggregate::Distinct => WindowState::Distinct(Box::default()),
+            Aggregate::Max => WindowState::Max(BucketSeries::default()),
+            Aggregate::Min => WindowState::Min(BucketSeries::default()),
+            Aggregate::Last => WindowState::Last(Box::default()),
+        }
+    }
+
+    /// Counts an event at `ts_ms` (bucket `bucket`) with `value` into a `last` window; the
+    /// previous event's time as the value, and its value ([`Applied::Empty`]: none in the window).
+    pub fn apply_last(
+        &mut self,
+        spec: &WindowSpec,
+        bucket: i64,
+        ts_ms: i64,
+        value: LastValue,
+    ) -> (Applied, Option<LastValue>) {
+        let WindowState::Last(state) = self else {
+            unreachable!("apply_last on a {} window", spec.aggregate.as_str())
+        };
+        let Some(head) = advance_head(&mut state.head, spec, bucket) else {
+            return (Applied::Late, None);
+        };
+        let oldest = head - spec.buckets + 1;
+        let live = state
+            .best
+            .as_ref()
+            .filter(|(t, _)| spec.bucket_of(*t) >= oldest);
+        let previous = live.map(|(t, v)| (*t, v.clone()));
+        if live.is_none_or(|(t, _)| *t <= ts_ms) {
+            state.best = Some((ts_ms, value));
+        }
+        match previous {
+            Some((t, v)) => (Applied::Counted(t), Some(v)),
+            None => (Applied::Empty, None),
+        }
+    }
+
+    /// Reads a `last` window at `bucket` without changing it: the time and value of its event
+    /// with the greatest time still in the window an event at that bucket would see.
+    pub fn read_last(&self, spec: &WindowSpec, bucket: i64) -> (Applied, Option<LastValue>) {
+        let WindowState::Last(state) = self else {
+            return (Applied::Empty, None);
+        };
+        let Some(head) = state.head else {
+            return (Applied::Empty, None);
+        };
+        if bucket <= head - spec.buckets {
+            return (Applied::Late, None);
+        }
+        let oldest = head.max(bucket) - spec.buckets + 1;
+        match &state.best {
+            Some((t, v)) if spec.bucket_of(*t) >= oldest => (Applied::Counted(*t), Some(v.clone())),
+            _ => (Applied::Empty, None),
         }
     }
 
@@ -152,6 +255,10 @@ impl WindowState {
                     buckets: Buckets(live),
                 })
             }
+            Aggregate::Max | Aggregate::Min | Aggregate::Last => {
+                // Only count, sum and distinct windows are kept in a shared store.
+                WindowState::new(spec.aggregate)
+            }
             Aggregate::Distinct => {
                 let mut set = DistinctSet {
                     head: Some(head),
@@ -172,7 +279,16 @@ impl WindowState {
     /// Estimated bytes this state owns on the heap (capacities, not the allocator's overhead).
     pub fn heap_bytes(&self) -> usize {
         match self {
-            WindowState::Series(s) => s.buckets.heap_bytes(),
+            WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => {
+                s.buckets.heap_bytes()
+            }
+            WindowState::Last(l) => {
+                size_of::<LastState>()
+                    + match &l.best {
+                        Some((_, LastValue::Str(s))) => s.len(),
+                        _ => 0,
+                    }
+            }
             WindowState::Distinct(d) => {
                 size_of::<DistinctSet>() + d.latest.heap_bytes() + d.per_bucket.heap_bytes()
             }
@@ -181,8 +297,9 @@ impl WindowState {
 
     pub fn head(&self) -> Option<i64> {
         match self {
-            WindowState::Series(s) => s.head,
+            WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => s.head,
             WindowState::Distinct(d) => d.head,
+            WindowState::Last(l) => l.head,
         }
     }
 
@@ -195,7 +312,7 @@ impl WindowState {
                 .iter()
                 .find(|&&(b, _)| b == bucket)
                 .map(|&(_, v)| v),
-            WindowState::Distinct(_) => None,
+            _ => None,
         }
     }
 
@@ -203,8 +320,8 @@ impl WindowState {
     /// have slid out: compare with the head).
     pub fn latest_bucket(&self, value: u128) -> Option<i64> {
         match self {
-            WindowState::Series(_) => None,
             WindowState::Distinct(d) => d.latest.get(value),
+            _ => None,
         }
     }
 
@@ -214,6 +331,8 @@ impl WindowState {
             (WindowState::Series(s), Delta::Count) => s.add(spec, bucket, 1),
             (WindowState::Series(s), Delta::Sum(v)) => s.add(spec, bucket, v),
             (WindowState::Distinct(d), Delta::Distinct(v)) => d.add(spec, bucket, v),
+            (WindowState::Max(s), Delta::Extreme(v)) => s.extreme(spec, bucket, v, i64::max),
+            (WindowState::Min(s), Delta::Extreme(v)) => s.extreme(spec, bucket, v, i64::min),
             // The store opens a state per window spec, so a delta always matches its state.
             (state, delta) => unreachable!("delta {delta:?} applied to {state:?}"),
         }
@@ -224,6 +343,9 @@ impl WindowState {
         match self {
             WindowState::Series(s) => s.value(),
             WindowState::Distinct(d) => d.live as i64,
+            WindowState::Max(s) => s.buckets().map(|(_, v)| v).max().unwrap_or(0),
+            WindowState::Min(s) => s.buckets().map(|(_, v)| v).min().unwrap_or(0),
+            WindowState::Last(l) => l.best.as_ref().map_or(0, |(t, _)| *t),
         }
     }
 
@@ -232,7 +354,10 @@ impl WindowState {
     /// whose latest bucket is at least `h-k+1`).
     pub fn read(&self, spec: &WindowSpec, bucket: i64) -> Applied {
         let Some(head) = self.head() else {
-            return Applied::Counted(0);
+            return match self {
+                WindowState::Series(_) | WindowState::Distinct(_) => Applied::Counted(0),
+                _ => Applied::Empty,
+            };
         };
         if bucket <= head - spec.buckets {
             return Applied::Late;
@@ -254,6 +379,16 @@ impl WindowState {
                     .map(|&(_, n)| i64::from(n))
                     .sum(),
             ),
+            WindowState::Max(s) | WindowState::Min(s) => {
+                let live = s.buckets().filter(|&(b, _)| b >= oldest).map(|(_, v)| v);
+                let value = if matches!(self, WindowState::Max(_)) {
+                    live.max()
+                } else {
+                    live.min()
+                };
+                value.map_or(Applied::Empty, Applied::Counted)
+            }
+            WindowState::Last(_) => self.read_last(spec, bucket).0,
         }
     }
 }
@@ -341,6 +476,29 @@ impl BucketSeries {
         self.buckets.add(bucket, amount);
         self.buckets.drop_before(head - spec.buckets + 1, |_| {});
         Applied::Counted(self.value())
+    }
+
+    /// Keeps the larger (or smaller, by `keep`) of a bucket's value and `amount`; the window's
+    /// extreme afterwards.
+    fn extreme(
+        &mut self,
+        spec: &WindowSpec,
+        bucket: i64,
+        amount: i64,
+        keep: fn(i64, i64) -> i64,
+    ) -> Applied {
+        let Some(head) = advance_head(&mut self.head, spec, bucket) else {
+            return Applied::Late;
+        };
+        match self.buckets.0.iter().rposition(|&(b, _)| b <= bucket) {
+            Some(pos) if self.buckets.0[pos].0 == bucket => {
+                self.buckets.0[pos].1 = keep(self.buckets.0[pos].1, amount)
+            }
+            Some(pos) => self.buckets.0.insert(pos + 1, (bucket, amount)),
+            None => self.buckets.0.insert(0, (bucket, amount)),
+        }
+        self.buckets.drop_before(head - spec.buckets + 1, |_| {});
+        Applied::Counted(self.buckets().map(|(_, v)| v).fold(amount, keep))
     }
 
     /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend

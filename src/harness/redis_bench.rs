@@ -278,6 +278,8 @@ pub fn memory(
                     Aggregate::Distinct => {
                         Delta::Distinct(u128::from((i % 10) as u64) << 64 | u128::from(key))
                     }
+                    Aggregate::Max | Aggregate::Min => Delta::Extreme((i * 37) % 5000 * 10_000),
+                    Aggregate::Last => Delta::Last,
                 };
                 store.apply(window, &key.to_le_bytes(), ts, delta)?;
                 store.tick()?;

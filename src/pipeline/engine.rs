@@ -13,7 +13,7 @@ use crate::rules::{
     Decision, Form, Hit, Mode, Plan, Reason, RuleSet, Scope, ScopeMemo, SkipReason,
 };
 use crate::store::{CounterStore, HoldSpace, InputPosition, Planned, StoreError, WindowId};
-use crate::window::Applied;
+use crate::window::{Applied, Delta, LastValue};
 
 /// Per-evaluation counts, for the replay summary and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub struct EvalCounts {
     pub skipped_sum_field: u64,
     pub skipped_sum_range: u64,
     pub skipped_distinct_field: u64,
+    /// A `last` counter's field missing, not a scalar, or a string over 256 bytes.
+    pub skipped_last_field: u64,
     /// Counter values read without counting (a rule referring to a counter the event did not feed).
     pub reads: u64,
     /// Events with at least one hit.
@@ -48,6 +50,7 @@ impl EvalCounts {
             + self.skipped_sum_field
             + self.skipped_sum_range
             + self.skipped_distinct_field
+            + self.skipped_last_field
     }
 }
 
@@ -71,7 +74,7 @@ pub struct CounterCounts {
     /// Distinct values not recorded: the key's window held `max_distinct` values.
     pub capped: u64,
     /// Skips by reason, indexed by [`SkipReason::index`].
-    pub skipped: [u64; 4],
+    pub skipped: [u64; 6],
 }
 
 /// What a rule reload did to the counters (for the reload log).
@@ -96,6 +99,8 @@ pub struct Engine<S> {
     /// Per active counter: its key for the current event, and its outcome.
     keys: Vec<Vec<u8>>,
     outcomes: Vec<Outcome>,
+    /// Per active `last` counter: the value its outcome's time belongs to, for this event.
+    last_values: Vec<Option<LastValue>>,
     counts: EvalCounts,
     /// Per active rule, since the last [`Engine::take_rule_counts`].
     rule_counts: Vec<RuleCounts>,
@@ -147,6 +152,7 @@ impl<S: CounterStore> Engine<S> {
             windows: Vec::new(),
             keys: Vec::new(),
             outcomes: Vec::new(),
+            last_values: Vec::new(),
             counts: EvalCounts::default(),
             rule_counts: Vec::new(),
             counter_counts: Vec::new(),
@@ -306,6 +312,7 @@ impl<S: CounterStore> Engine<S> {
             .collect();
         self.keys = vec![Vec::with_capacity(64); self.windows.len()];
         self.outcomes = vec![Outcome::Unread; self.windows.len()];
+        self.last_values = vec![None; self.windows.len()];
         self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
         self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
         self.memo = rules.scope_memo();
@@ -499,6 +506,7 @@ impl<S: CounterStore> Engine<S> {
         event: &Event<'_>,
         behind: bool,
     ) -> Result<Outcome, StoreError> {
+        self.last_values[position] = None;
         Ok(
             match self
                 .rules
@@ -517,6 +525,9 @@ impl<S: CounterStore> Engine<S> {
                         SkipReason::SumField => &mut self.counts.skipped_sum_field,
                         SkipReason::SumRange => &mut self.counts.skipped_sum_range,
                         SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
+                        SkipReason::LastField | SkipReason::ValueTooLong => {
+                            &mut self.counts.skipped_last_field
+                        }
                     } += 1;
                     self.counter_counts[position].skipped[reason.index()] += 1;
                     // A skipped event did not feed the counter: a rule reads it (if its key
@@ -533,13 +544,34 @@ impl<S: CounterStore> Engine<S> {
                     Outcome::Unknown
                 }
                 Plan::Observe(delta) => {
-                    let observed = self.store.apply(
-                        self.windows[position],
-                        &self.keys[position],
-                        event.ts,
-                        delta,
-                    )?;
+                    let observed = match delta {
+                        Delta::Last => {
+                            // Planned only for a field it keeps.
+                            let Some(value) = self.rules.last_value(position, event) else {
+                                return Ok(Outcome::Unknown);
+                            };
+                            let (observed, previous) = self.store.apply_last(
+                                self.windows[position],
+                                &self.keys[position],
+                                event.ts,
+                                value,
+                            )?;
+                            self.last_values[position] = previous;
+                            observed
+                        }
+                        delta => self.store.apply(
+                            self.windows[position],
+                            &self.keys[position],
+                            event.ts,
+                            delta,
+                        )?,
+                    };
                     match observed.applied {
+                        // Counted into a window that held nothing before it.
+                        Applied::Empty => {
+                            self.counter_counts[position].counted += 1;
+                            Outcome::Unknown
+                        }
                         Applied::Late => {
                             self.counts.late += 1;
                             self.counter_counts[position].late += 1;
@@ -589,6 +621,7 @@ impl<S: CounterStore> Engine<S> {
             windows: &self.windows,
             keys: &mut self.keys,
             outcomes: &mut self.outcomes,
+            last_values: &mut self.last_values,
             reads: &mut self.counts.reads,
             error: None,
             score: None,

@@ -5,10 +5,11 @@
 use smallvec::SmallVec;
 
 use crate::event::{Event, FieldValue};
-use crate::rules::expr::{Context, Num};
+use crate::rules::expr::{Context, Num, Val};
 use crate::rules::model::Hold;
 use crate::rules::{decide, Hit, Mode, OnStoreError, Reason, Rule, RuleSet};
 use crate::store::{CounterStore, HoldSpace, Observed, StoreError, WindowId};
+use crate::window::{Aggregate, LastValue};
 
 /// A counter's state for the event being evaluated.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,6 +28,15 @@ pub(super) enum Outcome {
     },
 }
 
+/// A `last` counter's value as expressions see it.
+fn last_val(value: &LastValue) -> Val<'static> {
+    match value {
+        LastValue::Bool(b) => Val::Bool(*b),
+        LastValue::Num(d) => Val::Num(Num::exact(d.clone())),
+        LastValue::Str(s) => Val::Str(std::borrow::Cow::Owned(s.to_string())),
+    }
+}
+
 /// Expression context over one event: fields from the event; counters from the outcomes of
 /// counting, read from the store on first reference.
 pub(super) struct Judge<'a, 'e, S> {
@@ -36,6 +46,7 @@ pub(super) struct Judge<'a, 'e, S> {
     pub(super) windows: &'a [WindowId],
     pub(super) keys: &'a mut [Vec<u8>],
     pub(super) outcomes: &'a mut [Outcome],
+    pub(super) last_values: &'a mut [Option<LastValue>],
     pub(super) reads: &'a mut u64,
     pub(super) error: Option<StoreError>,
     /// The event's score (micro-units) while the rules that call `score()` are judged.
@@ -57,11 +68,18 @@ impl<S: CounterStore> Judge<'_, '_, S> {
                     Outcome::Unknown
                 } else {
                     *self.reads += 1;
-                    match self.store.read(
-                        self.windows[position],
-                        &self.keys[position],
-                        self.event.ts,
-                    ) {
+                    let read = if self.rules.counter(counter).aggregate() == Aggregate::Last {
+                        self.store
+                            .read_last(self.windows[position], &self.keys[position], self.event.ts)
+                            .map(|(observed, value)| {
+                                self.last_values[position] = value;
+                                observed
+                            })
+                    } else {
+                        self.store
+                            .read(self.windows[position], &self.keys[position], self.event.ts)
+                    };
+                    match read {
                         Ok(Observed {
                             applied,
                             degraded,
@@ -108,6 +126,27 @@ impl<'e, S: CounterStore> Context<'e> for Judge<'_, 'e, S> {
     fn counter_raw(&mut self, index: usize) -> Option<i64> {
         match self.outcome(index) {
             Outcome::Known { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    fn counter_value(&mut self, index: usize) -> Val<'e> {
+        match self.outcome(index) {
+            Outcome::Known { value, .. } => match self.rules.counter(index).aggregate() {
+                Aggregate::Last => self
+                    .rules
+                    .counter_position(index)
+                    .and_then(|p| self.last_values[p].as_ref())
+                    .map_or(Val::Unknown, last_val),
+                aggregate => Val::Num(Num::exact(decide::counter_value(aggregate, value))),
+            },
+            _ => Val::Unknown,
+        }
+    }
+
+    fn since(&mut self, index: usize) -> Option<i64> {
+        match self.outcome(index) {
+            Outcome::Known { value, .. } => Some(self.event.ts.saturating_sub(value)),
             _ => None,
         }
     }
@@ -160,6 +199,7 @@ impl Candidate {
                 degraded: false,
                 counters: SmallVec::new(),
                 held_until: None,
+                values: Vec::new(),
             },
         }
     }
@@ -199,6 +239,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                         degraded: degraded || dropped,
                         counters: SmallVec::new(),
                         held_until: None,
+                        values: Vec::new(),
                     },
                 }
             }
@@ -217,6 +258,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
         // Every counter the condition names, known ones in the record, whatever
         // evaluation short-circuited.
         let mut counters = SmallVec::new();
+        let mut values = Vec::new();
         let (mut degraded, mut dropped) = (false, false);
         for &counter in rule.counters() {
             if let Outcome::Known {
@@ -227,6 +269,15 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
             } = self.outcome(counter)
             {
                 counters.push((counter, value));
+                if self.rules.counter(counter).aggregate() == Aggregate::Last {
+                    if let Some(v) = self
+                        .rules
+                        .counter_position(counter)
+                        .and_then(|p| self.last_values[p].clone())
+                    {
+                        values.push((counter, v));
+                    }
+                }
                 degraded |= d;
                 dropped |= x;
             }
@@ -245,6 +296,7 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                 degraded: degraded || dropped,
                 counters,
                 held_until: None,
+                values,
             },
         })
     }

@@ -143,7 +143,7 @@ impl std::fmt::Display for ReplaySummary {
         write!(
             f,
             "replay: {} events read, {} decisions, {} bad lines, {} late ({} events behind the watermark), \
-             {} skipped ({} dimension, {} sum field, {} sum range, {} distinct field), {} counter reads, \
+             {} skipped ({} dimension, {} sum field, {} sum range, {} distinct field{}), {} counter reads, \
              {} distinct values over max_distinct, {} live keys (peak {}{}), {:.3}s, {:.0} events/s",
             c.events,
             c.decisions,
@@ -155,6 +155,11 @@ impl std::fmt::Display for ReplaySummary {
             c.skipped_sum_field,
             c.skipped_sum_range,
             c.skipped_distinct_field,
+            if c.skipped_last_field > 0 {
+                format!(", {} last field", c.skipped_last_field)
+            } else {
+                String::new()
+            },
             c.reads,
             c.capped,
             self.live_keys,

@@ -5,7 +5,7 @@ use smallvec::SmallVec;
 use super::model::{Action, Mode};
 use super::set::RuleSet;
 use crate::decimal::Decimal;
-use crate::window::Aggregate;
+use crate::window::{Aggregate, LastValue};
 
 /// Why a rule fired, when the record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,13 +50,16 @@ pub struct Hit {
     pub counters: SmallVec<[(usize, i64); 2]>,
     /// A rule with a hold: until when its hold key is held (`None`: the key cannot be formed).
     pub held_until: Option<i64>,
+    /// The values of the `last` counters in `counters` (their raw value is a time).
+    pub values: Vec<(usize, LastValue)>,
 }
 
 /// A counter's raw value (count, micro-units, distinct count) as the exact decimal it means.
 pub fn counter_value(aggregate: Aggregate, raw: i64) -> Decimal {
     match aggregate {
-        Aggregate::Sum => Decimal::from_micros(raw),
-        Aggregate::Count | Aggregate::Distinct => Decimal::from_i64(raw),
+        Aggregate::Sum | Aggregate::Max | Aggregate::Min => Decimal::from_micros(raw),
+        // A `last` counter's raw value is its event's time (its value travels in `Hit::values`).
+        Aggregate::Count | Aggregate::Distinct | Aggregate::Last => Decimal::from_i64(raw),
     }
 }
 

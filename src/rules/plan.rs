@@ -5,7 +5,7 @@ use super::expr::{Context, Expr, Num, Val};
 use super::model::{Counter, KeyPart, MatchValue, Rule, Scope};
 use crate::decimal::MICROS_PER_UNIT;
 use crate::event::{Decimal, Event, FieldValue, Projection, Scalar};
-use crate::window::{Aggregate, Delta};
+use crate::window::{Aggregate, Delta, LastValue};
 
 /// A `match` with its table fields resolved to projection slots.
 #[derive(Debug, Clone)]
@@ -254,15 +254,21 @@ pub enum SkipReason {
     SumRange,
     /// The distinct field is missing, null, an object or an array.
     DistinctField,
+    /// A `last` counter's field is missing, null, an object or an array.
+    LastField,
+    /// A `last` counter's field is a string longer than 256 bytes.
+    ValueTooLong,
 }
 
 impl SkipReason {
     /// Every reason, in the order of [`SkipReason::index`].
-    pub const ALL: [SkipReason; 4] = [
+    pub const ALL: [SkipReason; 6] = [
         SkipReason::Dimension,
         SkipReason::SumField,
         SkipReason::SumRange,
         SkipReason::DistinctField,
+        SkipReason::LastField,
+        SkipReason::ValueTooLong,
     ];
 
     /// Position in [`SkipReason::ALL`] (per-reason counters are arrays).
@@ -277,6 +283,8 @@ impl SkipReason {
             SkipReason::SumField => "non_numeric_sum_field",
             SkipReason::SumRange => "sum_range",
             SkipReason::DistinctField => "missing_distinct_field",
+            SkipReason::LastField => "missing_last_field",
+            SkipReason::ValueTooLong => "value_too_long",
         }
     }
 }
@@ -290,6 +298,9 @@ pub enum Plan {
     /// Add `delta` to the window of the key written into the caller's buffer.
     Observe(Delta),
 }
+
+/// Longest string a `last` counter keeps (a longer one skips: `value_too_long`).
+pub const MAX_LAST_BYTES: usize = 256;
 
 /// Largest summed amount, exclusive: 10^12 units in micro-units.
 const SUM_LIMIT_MICROS: i64 = 1_000_000_000_000 * MICROS_PER_UNIT;
@@ -308,18 +319,34 @@ impl PlannedCounter {
         let field = self.field.map(|slot| event.field(slot));
         let delta = match (self.aggregate, field) {
             (Aggregate::Count, _) => Delta::Count,
-            (Aggregate::Sum, Some(FieldValue::Number(n))) => {
+            (Aggregate::Sum | Aggregate::Max | Aggregate::Min, Some(FieldValue::Number(n))) => {
                 let low = if self.allow_negative {
                     -SUM_LIMIT_MICROS
                 } else {
                     -1
                 };
                 match n.exact.to_micros_half_even() {
-                    Some(micros) if micros > low && micros < SUM_LIMIT_MICROS => Delta::Sum(micros),
+                    Some(micros) if micros > low && micros < SUM_LIMIT_MICROS => {
+                        if self.aggregate == Aggregate::Sum {
+                            Delta::Sum(micros)
+                        } else {
+                            Delta::Extreme(micros)
+                        }
+                    }
                     _ => return Plan::Skip(SkipReason::SumRange),
                 }
             }
-            (Aggregate::Sum, _) => return Plan::Skip(SkipReason::SumField),
+            (Aggregate::Sum | Aggregate::Max | Aggregate::Min, _) => {
+                return Plan::Skip(SkipReason::SumField)
+            }
+            (Aggregate::Last, Some(value)) => match value {
+                FieldValue::Str(s) if s.len() > MAX_LAST_BYTES => {
+                    return Plan::Skip(SkipReason::ValueTooLong)
+                }
+                FieldValue::Str(_) | FieldValue::Number(_) | FieldValue::Bool(_) => Delta::Last,
+                _ => return Plan::Skip(SkipReason::LastField),
+            },
+            (Aggregate::Last, None) => return Plan::Skip(SkipReason::LastField),
             (Aggregate::Distinct, Some(value)) => match value.scalar() {
                 Some(scalar) => Delta::Distinct(digest(&scalar)),
                 None => return Plan::Skip(SkipReason::DistinctField),
@@ -335,6 +362,16 @@ impl PlannedCounter {
             (Aggregate::Distinct, None) => return Plan::Skip(SkipReason::DistinctField),
         };
         Plan::Observe(delta)
+    }
+
+    /// A `last` counter's value for `event` (its field, a scalar), owned for the store.
+    pub(crate) fn last_value(&self, event: &Event<'_>) -> Option<LastValue> {
+        Some(match event.field(self.field?) {
+            FieldValue::Str(s) if s.len() <= MAX_LAST_BYTES => LastValue::Str(s.as_ref().into()),
+            FieldValue::Number(n) => LastValue::Num(n.exact.clone()),
+            FieldValue::Bool(b) => LastValue::Bool(*b),
+            _ => return None,
+        })
     }
 
     /// Writes this counter's dimension key for `event` into `key`; false if a dimension value

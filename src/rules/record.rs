@@ -8,7 +8,8 @@ use super::json::{
 use super::model::{Action, Form, Mode};
 use super::record_parts::RecordParts;
 use super::set::RuleSet;
-use crate::event::{Event, FieldValue};
+use crate::event::{Event, FieldValue, Scalar};
+use crate::window::{Aggregate, LastValue};
 
 /// Where an event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +138,16 @@ fn write_hit(
                 out.extend_from_slice(&parts.counter_heads[counter]);
                 write_key(out, rules, parts, event, counter);
                 out.extend_from_slice(b",\"value\":");
-                write_decimal(out, &counter_value(rules.counter(counter).aggregate(), raw));
+                match rules.counter(counter).aggregate() {
+                    Aggregate::Last => write_last(
+                        out,
+                        hit.values
+                            .iter()
+                            .find(|(c, _)| *c == counter)
+                            .map(|(_, v)| v),
+                    ),
+                    aggregate => write_decimal(out, &counter_value(aggregate, raw)),
+                }
                 out.extend_from_slice(&parts.counter_tails[counter]);
             }
             out.push(b']');
@@ -156,6 +166,18 @@ fn write_hit(
         out.extend_from_slice(b",\"degraded\":true");
     }
     out.push(b'}');
+}
+
+/// A `last` counter's value (null if unknown).
+fn write_last(out: &mut Vec<u8>, value: Option<&LastValue>) {
+    write_scalar(
+        out,
+        value.map(|v| match v {
+            LastValue::Bool(b) => Scalar::Bool(*b),
+            LastValue::Num(d) => Scalar::Number(d),
+            LastValue::Str(s) => Scalar::Str(s),
+        }),
+    );
 }
 
 /// `,"entity":{…}` when the rule names one and every value of it can be formed.

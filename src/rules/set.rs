@@ -262,6 +262,16 @@ impl RuleSet {
         self.active_counters[position].follows_message_key(event, message_key)
     }
 
+    /// The value a `last` counter at active `position` counts for `event` (`None`: its field
+    /// is not a scalar it keeps).
+    pub fn last_value(
+        &self,
+        position: usize,
+        event: &Event<'_>,
+    ) -> Option<crate::window::LastValue> {
+        self.active_counters[position].last_value(event)
+    }
+
     /// Writes the counter's dimension key for `event` into `key`; false if a dimension value is
     /// missing, null, an object or an array.
     #[inline]
@@ -296,6 +306,23 @@ impl RuleSet {
     /// A rule's entity, resolved (empty: its hits name no one).
     pub(crate) fn entity_plan(&self, rule: usize) -> &plan::KeyPlan {
         &self.entities[rule]
+    }
+
+    /// The enabled counters the Redis store cannot keep yet (aggregates `max`, `min`, `last`):
+    /// a worker or `replay --redis` refuses a rule set that has any.
+    pub fn local_only_counters(&self) -> Vec<&str> {
+        self.active_counters()
+            .map(|index| &self.counters[index])
+            .filter(|c| {
+                matches!(
+                    c.aggregate(),
+                    crate::window::Aggregate::Max
+                        | crate::window::Aggregate::Min
+                        | crate::window::Aggregate::Last
+                )
+            })
+            .map(|c| c.id.as_str())
+            .collect()
     }
 
     /// Whether a rule has a `score`: records then carry the event's score.

@@ -40,6 +40,23 @@ impl CounterStore for AnyStore {
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
         delegate!(self, s => s.read(window, key, ts_ms))
     }
+    fn apply_last(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        value: crate::window::LastValue,
+    ) -> Result<(Observed, Option<crate::window::LastValue>), StoreError> {
+        delegate!(self, s => s.apply_last(window, key, ts_ms, value))
+    }
+    fn read_last(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+    ) -> Result<(Observed, Option<crate::window::LastValue>), StoreError> {
+        delegate!(self, s => s.read_last(window, key, ts_ms))
+    }
     fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {
         delegate!(self, s => s.open_holds(name, ttl_ms))
     }

@@ -315,6 +315,8 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
         Aggregate::Count => b"c",
         Aggregate::Sum => b"s",
         Aggregate::Distinct => b"d",
+        // Refused at load with this store (`RuleSet::local_only_counters`).
+        Aggregate::Max | Aggregate::Min | Aggregate::Last => b"?",
     });
     call.int(key.spec.buckets);
     // The script records at most this many distinct values per key, as the view does.
@@ -363,6 +365,8 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
                 Delta::Count => call.int(1),
                 Delta::Sum(micros) => call.int(micros),
                 Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
+                Delta::Extreme(v) => call.int(v),
+                Delta::Last => call.int(0),
             }
             if let (true, Some(origin)) = (tagged, o.origin) {
                 call.uint(origin.lane);
@@ -409,6 +413,8 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     call.arg(b"h");
     call.int(head);
     match state {
+        // Refused at load with this store (`RuleSet::local_only_counters`).
+        WindowState::Max(_) | WindowState::Min(_) | WindowState::Last(_) => return false,
         WindowState::Series(series) => {
             let mut touched: smallvec::SmallVec<[(i64, i64); 4]> = if key.full {
                 series.buckets().collect()

@@ -2,7 +2,7 @@
 //! opened by id, observations applied or read at an event's time, the input position that makes
 //! counting exactly-once, and the store's error type.
 
-use crate::window::{Applied, Delta, WindowSpec};
+use crate::window::{Applied, Delta, LastValue, WindowSpec};
 
 /// Handle of a window opened on a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -175,6 +175,25 @@ pub trait CounterStore {
     /// window, else the part of the window an event at that time would see; 0 for a key never
     /// counted.
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError>;
+
+    /// Counts an event at `ts_ms` with `value` into `key` of a `last` window: the previous
+    /// event's time as the value (or [`Applied::Empty`], or [`Applied::Late`]), and its value.
+    fn apply_last(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        value: LastValue,
+    ) -> Result<(Observed, Option<LastValue>), StoreError>;
+
+    /// Reads `key` of a `last` window at `ts_ms` without changing anything: the time and value
+    /// of the event with the greatest time an event at `ts_ms` would see.
+    fn read_last(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+    ) -> Result<(Observed, Option<LastValue>), StoreError>;
 
     /// Opens (or finds again) the holds of the rule called `name`. A shared store keeps a hold
     /// for `ttl_ms` after setting it (at least the hold's length).

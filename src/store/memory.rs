@@ -7,7 +7,7 @@ use super::counter_store::{
     CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows,
 };
 use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
-use crate::window::{Delta, WindowSpec, WindowState};
+use crate::window::{Applied, Delta, LastValue, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
 const MIN_SWEEP_INTERVAL: usize = 4096;
@@ -477,18 +477,16 @@ impl MemoryStore {
     }
 }
 
-impl CounterStore for MemoryStore {
-    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
-        self.windows.open(name, spec)
-    }
-
-    fn apply(
+impl MemoryStore {
+    /// Counts into `key` of `window` at `ts_ms` with `count` (on the key's state, existing or
+    /// new): what `count` gave, with whether the key lost state before this event.
+    fn count_with<R>(
         &mut self,
         window: WindowId,
         key: &[u8],
         ts_ms: i64,
-        delta: Delta,
-    ) -> Result<Observed, StoreError> {
+        count: impl FnOnce(&mut WindowState, &WindowSpec, i64) -> R,
+    ) -> Result<(bool, R), StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
         let entry = match self.states.get_mut(&BytesRef(key)) {
@@ -514,13 +512,13 @@ impl CounterStore for MemoryStore {
         let applied = match entry.windows.iter_mut().find(|(w, _)| *w == window.0) {
             Some((_, state)) => {
                 let before = state.heap_bytes();
-                let applied = state.apply(&spec, bucket, delta);
+                let applied = count(state, &spec, bucket);
                 self.bytes = (self.bytes + state.heap_bytes()).saturating_sub(before);
                 applied
             }
             None => {
                 let mut state = WindowState::new(spec.aggregate);
-                let applied = state.apply(&spec, bucket, delta);
+                let applied = count(&mut state, &spec, bucket);
                 let heap = |w: &KeyWindows| {
                     if w.spilled() {
                         w.capacity() * size_of::<(u32, WindowState)>()
@@ -546,10 +544,74 @@ impl CounterStore for MemoryStore {
         {
             self.sweep();
         }
+        Ok((state_dropped, applied))
+    }
+}
+
+impl CounterStore for MemoryStore {
+    fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
+        self.windows.open(name, spec)
+    }
+
+    fn apply(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+    ) -> Result<Observed, StoreError> {
+        let (state_dropped, applied) =
+            self.count_with(window, key, ts_ms, |state, spec, bucket| {
+                state.apply(spec, bucket, delta)
+            })?;
         Ok(Observed {
             state_dropped,
             ..Observed::exact(applied)
         })
+    }
+
+    fn apply_last(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        value: LastValue,
+    ) -> Result<(Observed, Option<LastValue>), StoreError> {
+        let (state_dropped, (applied, previous)) =
+            self.count_with(window, key, ts_ms, |state, spec, bucket| {
+                state.apply_last(spec, bucket, ts_ms, value)
+            })?;
+        Ok((
+            Observed {
+                state_dropped,
+                ..Observed::exact(applied)
+            },
+            previous,
+        ))
+    }
+
+    fn read_last(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+    ) -> Result<(Observed, Option<LastValue>), StoreError> {
+        let spec = self.windows.spec(window.0);
+        let state = self
+            .states
+            .get(&BytesRef(key))
+            .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
+        let (applied, value) = match state {
+            Some((_, state)) => state.read_last(&spec, spec.bucket_of(ts_ms)),
+            None => (Applied::Empty, None),
+        };
+        Ok((
+            Observed {
+                state_dropped: self.window_dropped(window.0, key, ts_ms),
+                ..Observed::exact(applied)
+            },
+            value,
+        ))
     }
 
     fn read(&mut self, window: WindowId, key: &[u8], ts_ms: i64) -> Result<Observed, StoreError> {
@@ -560,7 +622,7 @@ impl CounterStore for MemoryStore {
             .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
         let applied = match state {
             Some((_, state)) => state.read(&spec, spec.bucket_of(ts_ms)),
-            None => crate::window::Applied::Counted(0),
+            None => Applied::never_counted(spec.aggregate),
         };
         Ok(Observed {
             state_dropped: self.window_dropped(window.0, key, ts_ms),

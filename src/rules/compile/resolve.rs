@@ -71,12 +71,16 @@ pub(super) fn resolve(
     let scales: Vec<i32> = counters
         .iter()
         .map(|c| {
-            if c.counter.aggregate() == Aggregate::Sum {
+            if c.counter.aggregate().is_amount() {
                 6
             } else {
                 0
             }
         })
+        .collect();
+    let lasts: Vec<bool> = counters
+        .iter()
+        .map(|c| c.counter.aggregate() == Aggregate::Last)
         .collect();
     let list_index: HashMap<&str, usize> = lists
         .iter()
@@ -87,6 +91,7 @@ pub(super) fn resolve(
     let names = CounterNames {
         index: &index,
         scales: &scales,
+        lasts: &lasts,
         rule_ids: &rule_ids,
         lists: &lists,
         list_index: &list_index,
@@ -481,7 +486,7 @@ fn rule_form(draft: &RuleDraft, names: &CounterNames<'_>, counters: &[CounterDra
     match &draft.limit {
         Some(limit) => {
             let counter = names.index[&draft.id].0;
-            let scale = if counters[counter].counter.aggregate() == Aggregate::Sum {
+            let scale = if counters[counter].counter.aggregate().is_amount() {
                 6
             } else {
                 0
@@ -553,6 +558,8 @@ struct CounterNames<'a> {
     index: &'a HashMap<String, (usize, bool)>,
     /// Per counter: decimal places of its raw values.
     scales: &'a [i32],
+    /// Per counter: whether its aggregate is `last`.
+    lasts: &'a [bool],
     rule_ids: &'a HashSet<&'a str>,
     lists: &'a [(String, Arc<ListSet>)],
     /// Each list id's position in `lists` (the first, if an id is defined twice).
@@ -570,6 +577,10 @@ impl Names for LenientNames<'_> {
 
     fn counter_scale(&self, index: usize) -> i32 {
         self.0.scales.get(index).copied().unwrap_or(0)
+    }
+
+    fn counter_is_last(&self, index: usize) -> bool {
+        self.0.lasts.get(index).copied().unwrap_or(true)
     }
 
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {
@@ -594,6 +605,10 @@ impl Names for CounterNames<'_> {
 
     fn counter_scale(&self, index: usize) -> i32 {
         self.scales[index]
+    }
+
+    fn counter_is_last(&self, index: usize) -> bool {
+        self.lasts[index]
     }
 
     fn list(&self, id: &str) -> Result<Arc<ListSet>, String> {

@@ -129,13 +129,18 @@ impl Resolver<'_> {
             Ast::Bin(op, l, r) => {
                 let (l, r) = (self.resolve(l)?, self.resolve(r)?);
                 match (op, l, r) {
+                    // A `last` counter's raw value is a time: compared by its value instead.
                     (op, Expr::Counter(index), Expr::Num(n))
-                        if counter_cmp(*op, false).is_some() && n.exact.is_some() =>
+                        if counter_cmp(*op, false).is_some()
+                            && n.exact.is_some()
+                            && !self.names.counter_is_last(index) =>
                     {
                         self.counter_cmp(counter_cmp(*op, false), index, n)
                     }
                     (op, Expr::Num(n), Expr::Counter(index))
-                        if counter_cmp(*op, true).is_some() && n.exact.is_some() =>
+                        if counter_cmp(*op, true).is_some()
+                            && n.exact.is_some()
+                            && !self.names.counter_is_last(index) =>
                     {
                         self.counter_cmp(counter_cmp(*op, true), index, n)
                     }

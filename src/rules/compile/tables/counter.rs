@@ -121,8 +121,11 @@ fn check_counter(
     }
     let spec = window_spec(w, &keys.invalid, header, report);
     let aggregate = w.aggregate.map_or(Aggregate::Count, |(a, _)| a);
-    if let Some((_, at)) = keys.allow_negative.filter(|_| aggregate != Aggregate::Sum) {
-        report.error(at, "\"allow_negative\" is only for aggregate \"sum\"");
+    if let Some((_, at)) = keys.allow_negative.filter(|_| !aggregate.is_amount()) {
+        report.error(
+            at,
+            "\"allow_negative\" is only for aggregates \"sum\", \"max\" and \"min\"",
+        );
     }
     if let Some((_, at)) = keys
         .max_distinct

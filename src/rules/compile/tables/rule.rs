@@ -88,6 +88,14 @@ pub(crate) fn read_rule(
     } else {
         None
     };
+    if let (Some(spec), Some((_, at))) = (&spec, &keys.w.aggregate) {
+        if spec.aggregate == Aggregate::Last {
+            cx.report.error(
+                *at,
+                "aggregate \"last\" holds a value, not an amount a limit could exceed: define a [[counter]] and compare it in `when`, like \"$last-country != geo.country\"",
+            );
+        }
+    }
     if let (Some(spec), Some((limit, at))) = (&spec, &keys.limit) {
         let most = Decimal::from_i64(i64::from(spec.max_distinct));
         if spec.aggregate == Aggregate::Distinct && *limit >= most {

@@ -56,7 +56,7 @@ pub(crate) fn window_key<'t>(
         }
         "bucket" => w.bucket = duration(item, "bucket", report),
         "aggregate" => {
-            let expected = "\"count\", \"sum\" or \"distinct\"";
+            let expected = "\"count\", \"sum\", \"distinct\", \"max\", \"min\" or \"last\"";
             w.aggregate = keyword(
                 item,
                 "aggregate",
@@ -67,6 +67,9 @@ pub(crate) fn window_key<'t>(
                     "count" => Some(Aggregate::Count),
                     "sum" => Some(Aggregate::Sum),
                     "distinct" => Some(Aggregate::Distinct),
+                    "max" => Some(Aggregate::Max),
+                    "min" => Some(Aggregate::Min),
+                    "last" => Some(Aggregate::Last),
                     _ => None,
                 },
             )
@@ -139,7 +142,14 @@ pub(crate) fn window_spec(
             (Aggregate::Count, Some((_, at))) => {
                 report.error(*at, "\"field\" is not allowed with aggregate \"count\"");
             }
-            (Aggregate::Sum | Aggregate::Distinct, None) if !invalid.contains(&"field") => {
+            (
+                Aggregate::Sum
+                | Aggregate::Distinct
+                | Aggregate::Max
+                | Aggregate::Min
+                | Aggregate::Last,
+                None,
+            ) if !invalid.contains(&"field") => {
                 let at = w.aggregate.map_or(header, |(_, at)| at);
                 report.error(
                     at,
