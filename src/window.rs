@@ -715,7 +715,7 @@ mod tests {
     fn counted(a: Applied) -> i64 {
         match a {
             Applied::Counted(v) | Applied::Capped(v) => v,
-            Applied::Late => panic!("unexpected late"),
+            Applied::Late | Applied::Empty => panic!("unexpected {a:?}"),
         }
     }
 
@@ -890,6 +890,82 @@ mod tests {
             w.apply(&s, 19, Delta::Count),
             Applied::Counted(1),
             "as if it had been dropped"
+        );
+    }
+
+    /// Max and min are exact over the live buckets; a key never counted, or whose buckets all
+    /// slid out of what a read sees, has no value.
+    #[test]
+    fn max_and_min_follow_the_window() {
+        let s = spec(Aggregate::Max, 10, 3);
+        let mut max = WindowState::new(Aggregate::Max);
+        let mut min = WindowState::new(Aggregate::Min);
+        assert_eq!(max.read(&s, 0), Applied::Empty);
+        for (bucket, v, want_max, want_min) in [
+            (0, 50, 50, 50),
+            (0, 70, 70, 50),
+            (1, 10, 70, 10),
+            (2, 30, 70, 10),
+            // Bucket 0 slides out: 70 and 50 go.
+            (3, 20, 30, 10),
+            // Late: bucket 0 is behind head - k.
+            (0, 999, -1, -1),
+        ] {
+            let got_max = max.apply(&s, bucket, Delta::Extreme(v));
+            let got_min = min.apply(&s, bucket, Delta::Extreme(v));
+            if want_max < 0 {
+                assert_eq!((got_max, got_min), (Applied::Late, Applied::Late));
+            } else {
+                assert_eq!(got_max, Applied::Counted(want_max), "max at {bucket}");
+                assert_eq!(got_min, Applied::Counted(want_min), "min at {bucket}");
+            }
+        }
+        // A read at bucket 5 sees buckets 3..=3 only; at 7, nothing.
+        assert_eq!(max.read(&s, 5), Applied::Counted(20));
+        assert_eq!(min.read(&s, 7), Applied::Empty);
+        assert_eq!(Applied::Empty.value(), None);
+    }
+
+    /// `last`: the previous event of the key, the one with the greatest time (ties: the later
+    /// counted), while it is in the window; reading changes nothing.
+    #[test]
+    fn last_is_the_previous_event_by_time() {
+        let s = spec(Aggregate::Last, 1_000, 60);
+        let mut w = WindowState::new(Aggregate::Last);
+        let v = |x: &str| LastValue::Str(x.into());
+        let mut count =
+            |w: &mut WindowState, ts: i64, x: &str| w.apply_last(&s, s.bucket_of(ts), ts, v(x));
+        assert_eq!(count(&mut w, 10_000, "US"), (Applied::Empty, None));
+        assert_eq!(
+            count(&mut w, 20_000, "FR"),
+            (Applied::Counted(10_000), Some(v("US")))
+        );
+        // Out of order: the previous is still the greatest time, and it stays the greatest.
+        assert_eq!(
+            count(&mut w, 15_000, "DE"),
+            (Applied::Counted(20_000), Some(v("FR")))
+        );
+        // A tie goes to the later counted.
+        assert_eq!(
+            count(&mut w, 20_000, "GB"),
+            (Applied::Counted(20_000), Some(v("FR")))
+        );
+        assert_eq!(
+            count(&mut w, 21_000, "IT"),
+            (Applied::Counted(20_000), Some(v("GB")))
+        );
+        assert_eq!(
+            w.read_last(&s, s.bucket_of(30_000)),
+            (Applied::Counted(21_000), Some(v("IT")))
+        );
+        // 60 s later the window no longer holds 21 000: nothing before.
+        assert_eq!(w.read_last(&s, s.bucket_of(81_000)), (Applied::Empty, None));
+        assert_eq!(count(&mut w, 81_500, "ES"), (Applied::Empty, None));
+        // Late for the window (bucket 20 <= head 81 - 60).
+        assert_eq!(count(&mut w, 20_000, "XX"), (Applied::Late, None));
+        assert_eq!(
+            w.read_last(&s, s.bucket_of(82_000)),
+            (Applied::Counted(81_500), Some(v("ES")))
         );
     }
 }

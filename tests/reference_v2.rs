@@ -703,21 +703,18 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
                         == V::J(Value::Bool(true))
                 }
             };
-            // Holds: a firing by `when` raises held_until to ts + hold; otherwise an event before
-            // its key's held_until fires with reason `held`.
-            let (reason, held_until) = match &rule.hold {
-                None => ("when", None),
+            // Holds, as they stood before this event: a firing by `when` raises held_until to
+            // ts + hold once the event's action is decided (below); otherwise an event before its
+            // key's held_until fires with reason `held`.
+            let (reason, held_until, to_hold) = match &rule.hold {
+                None => ("when", None, None),
                 Some((ms, dims)) => {
                     let key = key_of(&event, dims);
                     match (by_when, key) {
-                        (true, None) => ("when", Some(Value::Null)),
-                        (true, Some(key)) => {
-                            let until = held.entry((ri, key)).or_insert(ts + ms);
-                            *until = (*until).max(ts + ms);
-                            ("when", Some(json!(*until)))
-                        }
+                        (true, None) => ("when", Some(Value::Null), None),
+                        (true, Some(key)) => ("when", Some(Value::Null), Some((key, *ms))),
                         (false, Some(key)) => match held.get(&(ri, key)) {
-                            Some(&until) if ts < until => ("held", Some(json!(until))),
+                            Some(&until) if ts < until => ("held", Some(json!(until)), None),
                             _ => continue,
                         },
                         (false, None) => continue,
@@ -739,11 +736,36 @@ fn reference(counters: &[CounterParams], rules: &[RuleParams], input: &str) -> V
                     Some(json!({"id": format!("c{ci}"), "key": key_record(&event, &c.dims), "value": num(value), "window_ms": c.bucket_ms * c.buckets}))
                 })
                 .collect();
-            hits.push((ri, listed, reason, held_until));
+            // Whom the hit is about: its hold key, when it can be formed.
+            let entity = rule.hold.as_ref().and_then(|(_, dims)| {
+                key_of(&event, dims).map(|_| Value::Object(key_record(&event, dims)))
+            });
+            hits.push((ri, listed, reason, held_until, to_hold, entity));
         }
         if hits.is_empty() {
             continue;
         }
+        // No hold is set when an enforce-mode allow hit allows the event.
+        let allowed = hits
+            .iter()
+            .any(|(r, ..)| !rules[*r].shadow && rules[*r].action == "allow");
+        let hits = hits
+            .into_iter()
+            .map(|(ri, listed, reason, mut held_until, to_hold, entity)| {
+                if let Some((key, ms)) = to_hold {
+                    held_until = Some(match held.get(&(ri, key.clone())) {
+                        _ if !allowed => {
+                            let until = held.entry((ri, key)).or_insert(ts + ms);
+                            *until = (*until).max(ts + ms);
+                            json!(*until)
+                        }
+                        Some(&until) if ts < until => json!(until),
+                        _ => Value::Null,
+                    });
+                }
+                (ri, listed, reason, held_until, entity)
+            })
+            .collect();
         records.push(record(rules, i, ts, hits));
     }
     records
@@ -802,12 +824,12 @@ fn count(
 }
 
 /// The decision record of line `i` (0-based) from its hits: (rule index, listed counters, reason,
-/// held_until).
+/// held_until, entity).
 fn record(
     rules: &[RuleParams],
     i: usize,
     ts: i64,
-    hits: Vec<(usize, Vec<Value>, &str, Option<Value>)>,
+    hits: Vec<(usize, Vec<Value>, &str, Option<Value>, Option<Value>)>,
 ) -> Value {
     let enforced: Vec<&str> = hits
         .iter()
@@ -827,11 +849,14 @@ fn record(
     };
     let hits: Vec<Value> = hits
         .into_iter()
-        .map(|(r, counters, reason, held_until)| {
+        .map(|(r, counters, reason, held_until, entity)| {
             let mut hit = json!({"rule_id": format!("r{r}"), "mode": if rules[r].shadow {"shadow"} else {"enforce"},
                    "action": rules[r].action, "reason": reason, "counters": counters});
             if let Some(until) = held_until {
                 hit["held_until"] = until;
+            }
+            if let Some(entity) = entity {
+                hit["entity"] = entity;
             }
             hit
         })

@@ -11,7 +11,12 @@ use vigil::rule_files::{self, LoadError};
 const FIXTURES: &str = "tests/fixtures/rules/invalid";
 
 /// The error kinds the rule language must refuse; each needs its own fixture.
-const REQUIRED: [&str; 45] = [
+const REQUIRED: [&str; 50] = [
+    "v3_priority_final_score",
+    "v3_rollout",
+    "v3_expressions",
+    "v3_aggregates",
+    "v3_maps",
     "key_typo",
     "expr_too_deep",
     "integer_past_64_bits",

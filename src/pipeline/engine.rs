@@ -851,4 +851,49 @@ mod tests {
             assert_eq!(engine.counts().on_dropped_state, 1, "{policy}");
         }
     }
+
+    /// Holds are set once the event's action is decided: none when an enforce-mode allow rule
+    /// allows the event (an allow-listed card puts no device in the penalty box), and none for
+    /// a rule a `final` rule suppressed.
+    #[test]
+    fn holds_follow_the_decided_action() {
+        let rules = set("[[rule]]\nid='device-box'\naction='block'\nwhen='amount < 10'\nhold='1h'\nhold_key=['device']\n[[rule]]\nid='qa-card'\naction='allow'\nwhen=\"card == 'qa'\"\n[[rule]]\nid='vip'\naction='allow'\npriority=5\nfinal=true\nwhen='vip == true'\n");
+        let mut engine = Engine::new(rules, MemoryStore::new())
+            .with_time(TimeBounds::OFF, Arc::new(SystemClock));
+        let mut judge = |line: &str, offset: i64| {
+            let projection = engine.rules().projection().clone();
+            let event = crate::event::decode(line.as_bytes(), &projection).unwrap();
+            let decision = engine
+                .evaluate(&event, InputPosition { lane: 0, offset })
+                .unwrap();
+            let ids: Vec<(String, Option<i64>)> = decision
+                .hits
+                .iter()
+                .map(|h| (engine.rules().rule(h.rule).id.clone(), h.held_until))
+                .collect();
+            ids
+        };
+        // The QA card's small payment fires device-box, but the event is allowed: no hold.
+        let qa = judge(r#"{"ts":1000,"card":"qa","device":"d1","amount":1}"#, 0);
+        assert_eq!(qa, [("device-box".into(), None), ("qa-card".into(), None)]);
+        assert!(judge(r#"{"ts":2000,"card":"c1","device":"d1","amount":50}"#, 1).is_empty());
+        // A VIP's small payment: device-box is suppressed (priority 0 < 5), no hold either.
+        assert_eq!(
+            judge(
+                r#"{"ts":3000,"card":"c2","device":"d2","amount":1,"vip":true}"#,
+                2
+            ),
+            [("vip".into(), None)]
+        );
+        assert!(judge(r#"{"ts":4000,"card":"c1","device":"d2","amount":50}"#, 3).is_empty());
+        // Anyone else's small payment holds the device for an hour.
+        assert_eq!(
+            judge(r#"{"ts":5000,"card":"c3","device":"d3","amount":1}"#, 4),
+            [("device-box".into(), Some(3_605_000))]
+        );
+        assert_eq!(
+            judge(r#"{"ts":6000,"card":"c1","device":"d3","amount":50}"#, 5),
+            [("device-box".into(), Some(3_605_000))]
+        );
+    }
 }

@@ -60,6 +60,17 @@ fn what_counts(counter: &Counter) -> String {
         (Some(f), Aggregate::Distinct) => {
             format!("distinct {f} (at most {})", counter.window.max_distinct)
         }
+        (None, Aggregate::Distinct) if !counter.tuple.is_empty() => {
+            let tuple: Vec<&str> = counter.tuple.iter().map(|p| p.text()).collect();
+            format!(
+                "distinct ({}) (at most {})",
+                tuple.join(", "),
+                counter.window.max_distinct
+            )
+        }
+        (Some(f), Aggregate::Max) => format!("largest {f}"),
+        (Some(f), Aggregate::Min) => format!("smallest {f}"),
+        (Some(f), Aggregate::Last) => format!("{f} of the previous event"),
         _ => "count of events".to_owned(),
     };
     format!(
@@ -116,7 +127,37 @@ pub fn describe_rule(rules: &RuleSet, rule: &Rule) -> String {
             format_duration(hold.ms)
         )
     });
-    format!("{head} {body}{hold}  [{origin}]", origin = rule.origin)
+    let mut v3 = String::new();
+    if rule.priority != 0 || rule.is_final {
+        v3.push_str(&format!("; priority {}", rule.priority));
+        if rule.is_final {
+            v3.push_str(", final (suppresses lower priorities)");
+        }
+    }
+    if let Some(score) = rule.score {
+        v3.push_str(&format!(
+            "; score {}",
+            crate::decimal::Decimal::from_micros(score)
+        ));
+    }
+    if rule.calls_score {
+        v3.push_str("; judged after the scoring rules");
+    }
+    if let Some(rollout) = &rule.rollout {
+        let key: Vec<&str> = rollout.key.iter().map(|p| p.text()).collect();
+        v3.push_str(&format!(
+            "; {} for {}% of {} (shadow for the rest)",
+            rule.mode.as_str(),
+            rollout.percent,
+            key.join(" + ")
+        ));
+    }
+    // Unless it is the hold key (said already).
+    if !rule.entity.is_empty() && rule.hold.as_ref().is_none_or(|h| h.key != rule.entity) {
+        let entity: Vec<&str> = rule.entity.iter().map(|p| p.text()).collect();
+        v3.push_str(&format!("; about {}", entity.join(" + ")));
+    }
+    format!("{head} {body}{hold}{v3}  [{origin}]", origin = rule.origin)
 }
 
 /// One line per counter and per rule for `vigil check`.

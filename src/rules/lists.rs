@@ -350,4 +350,35 @@ mod tests {
         };
         assert!(set.contains(&Decimal::from_i64(6051)) && set.contains(&Decimal::from_i64(4829)));
     }
+
+    /// A map file: `key,value` lines, the first comma splitting, the value a JSON scalar; number
+    /// keys by exact value.
+    #[test]
+    fn map_files_split_at_the_first_comma() {
+        let mut m = ListSet::new(ListKind::StringMap);
+        let errors = m.add_file("# merchant,limit\nm-1,500\nm-2, \"gold, silver\"\nm-3,true\nm,4,null\nm-5\nm-6,0x10\nm-7,\"open\n");
+        assert_eq!(m.len(), 3);
+        // `m,4,null` (the value is `4,null`), `m-5` (no comma), `0x10`, an open string.
+        assert_eq!(
+            errors.iter().map(|e| e.0).collect::<Vec<_>>(),
+            [5, 6, 7, 8],
+            "{errors:?}"
+        );
+        let ListSet::StringMap(map) = &m else {
+            unreachable!()
+        };
+        assert_eq!(map["m-1"], Literal::Num(Decimal::from_i64(500)));
+        assert_eq!(map["m-2"], Literal::Str("gold, silver".into()));
+        assert_eq!(map["m-3"], Literal::Bool(true));
+        let mut n = ListSet::new(ListKind::NumberMap);
+        assert!(n.add_file("7995,3\n4829.0,2\n").is_empty());
+        let ListSet::NumberMap(map) = &n else {
+            unreachable!()
+        };
+        assert_eq!(
+            map[&Decimal::from_i64(4829)],
+            Literal::Num(Decimal::from_i64(2))
+        );
+        assert!(n.add("x,1").is_err());
+    }
 }

@@ -828,4 +828,87 @@ when = "$a > 0 || $b > 0"
             assert_eq!(rules.in_scope(0, &event, &mut memo), r, "{line}");
         }
     }
+
+    /// The rollout bucket is SHA-256 of `<rule id> "\n" <compact JSON array of the key>`, its
+    /// first 8 bytes big-endian, modulo 10 000: pinned so another service can reproduce it
+    /// (`printf 'new-limit-30\n["alice"]' | sha256sum`).
+    #[test]
+    fn rollout_buckets_are_pinned() {
+        let rules = RuleSet::from_sources([(
+            "r.toml",
+            "[[rule]]\nid='new-limit-30'\naction='block'\nrollout=30\nrollout_key=['user']\n[[rule]]\nid='two'\naction='block'\nrollout=12.5\nrollout_key=['user', 'lower(email)']\n",
+        )])
+        .unwrap();
+        let bucket = |position: usize, fields: &str| {
+            let line = format!("{{\"ts\":1,{fields}}}");
+            let event = decode(line.as_bytes(), rules.projection()).unwrap();
+            rules.rollout_bucket(position, &event)
+        };
+        for (user, want) in [
+            (r#""alice""#, 401),
+            (r#""frank""#, 1464),
+            (r#""42""#, 687),
+            (r#""bob""#, 4638),
+            (r#""carol""#, 8005),
+            ("42", 8659),
+            ("42.0", 8659),
+            ("4.2e1", 8659),
+        ] {
+            assert_eq!(
+                bucket(0, &format!(r#""user":{user}"#)),
+                Some(want),
+                "{user}"
+            );
+        }
+        assert_eq!(bucket(0, r#""user":null"#), None);
+        assert_eq!(bucket(0, r#""other":1"#), None);
+        assert_eq!(bucket(0, r#""user":{"a":1}"#), None);
+        // Two entries, one an expression: `two\n["u1","a@b.c"]`.
+        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut hasher, b"two\n[\"u1\",\"a@b.c\"]");
+        let hash = sha2::Digest::finalize(hasher);
+        let want = (u64::from_be_bytes(hash[..8].try_into().unwrap()) % 10_000) as u32;
+        assert_eq!(bucket(1, r#""user":"u1","email":"A@B.c""#), Some(want));
+    }
+
+    /// A key entry may be an expression: its value is the key value; one that cannot be formed
+    /// (unknown, null) skips the counter. A distinct tuple is one value per combination.
+    #[test]
+    fn expression_dimensions_and_tuples() {
+        let rules = RuleSet::from_sources([(
+            "r.toml",
+            "[[counter]]\nid='net'\ndimensions=['ip_prefix(ip, 24)']\nwindow='1m'\n[[counter]]\nid='pairs'\ndimensions=['u']\nwindow='1m'\naggregate='distinct'\nfield=['card', 'device']\n[[rule]]\nid='r'\naction='block'\nwhen='$net > 0 || $pairs > 0'\n",
+        )])
+        .unwrap();
+        let plan_of = |position: usize, fields: &str| {
+            let line = format!("{{\"ts\":1,{fields}}}");
+            let event = decode(line.as_bytes(), rules.projection()).unwrap();
+            let mut key = Vec::new();
+            let plan = rules.plan(position, &event, &mut key, &mut rules.scope_memo());
+            (plan, key)
+        };
+        let (a, key_a) = plan_of(0, r#""ip":"203.0.113.5""#);
+        let (_, key_b) = plan_of(0, r#""ip":"203.0.113.77""#);
+        let (_, key_c) = plan_of(0, r#""ip":"203.0.114.1""#);
+        assert!(matches!(a, Plan::Observe(Delta::Count)));
+        assert_eq!(key_a, key_b);
+        assert_ne!(key_a, key_c);
+        assert_eq!(
+            plan_of(0, r#""ip":"nope""#).0,
+            Plan::Skip(SkipReason::Dimension)
+        );
+        let pair = |card: &str, device: &str| match plan_of(
+            1,
+            &format!(r#""u":"x","card":{card},"device":{device}"#),
+        )
+        .0
+        {
+            Plan::Observe(Delta::Distinct(d)) => Some(d),
+            _ => None,
+        };
+        assert_eq!(pair(r#""c1""#, r#""d1""#), pair(r#""c1""#, r#""d1""#));
+        assert_ne!(pair(r#""c1""#, r#""d1""#), pair(r#""c1""#, r#""d2""#));
+        assert_ne!(pair(r#""c1""#, r#""d2""#), pair(r#""c2""#, r#""d1""#));
+        assert_eq!(pair(r#""c1""#, "null"), None);
+    }
 }

@@ -312,6 +312,7 @@ hold_key = ["user"]
                     degraded: false,
                     counters: SmallVec::new(),
                     held_until: None,
+                    values: Vec::new(),
                 },
                 Hit {
                     rule: v2,
@@ -321,6 +322,7 @@ hold_key = ["user"]
                     degraded: true,
                     counters: [(fails, 3), (sum, 1_250_000)].into_iter().collect(),
                     held_until: Some(1_700_001_800_000),
+                    values: Vec::new(),
                 },
             ],
             score: None,
@@ -380,6 +382,7 @@ hold_key = ["user"]
                 degraded: false,
                 counters: SmallVec::new(),
                 held_until: None,
+                values: Vec::new(),
             }],
             score: None,
         };

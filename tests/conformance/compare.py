@@ -12,6 +12,7 @@ Compared, per decision: `action`; per hit, both sides sorted by `rule_id`:
   counters    -- when the expected hit has them: a set of (id, value) pairs, values exact;
   held_until  -- must equal the expected one; where the expected hit has none, the actual one
                  must be absent or null.
+  entity, score, rollout -- when the expected hit has them (rules v3); the record's score likewise.
 Ignored: decision_id, rules_version, source, ts, key, limit, window_ms, and any other field.
 
 Prints at most 10 mismatches and a last line `N/M decisions match` (M counts every event_id
@@ -120,6 +121,9 @@ def hit_problems(exp, act):
         ce, ca = counter_set(exp), counter_set(act)
         if ce != ca:
             probs.append(f"counters are {show_counters(ca)}, expected {show_counters(ce)}")
+    for f in ("entity", "score", "rollout"):
+        if f in exp and not same(exp[f], act.get(f, ABSENT)):
+            probs.append(f"{f} is {show(act.get(f, ABSENT))}, expected {show(exp[f])}")
     if "held_until" in exp:
         if not same(exp["held_until"], act.get("held_until", ABSENT)):
             probs.append(f"held_until is {show(act.get('held_until', ABSENT))}, "
@@ -137,6 +141,8 @@ def decision_problems(exp, act):
     probs = []
     if not same(exp.get("action"), act.get("action", ABSENT)):
         probs.append(f"action is {show(act.get('action', ABSENT))}, expected {show(exp.get('action'))}")
+    if "score" in exp and not same(exp["score"], act.get("score", ABSENT)):
+        probs.append(f"score is {show(act.get('score', ABSENT))}, expected {show(exp['score'])}")
     eh, ah = by_rule(exp["hits"]), by_rule(act["hits"])
     if len(ah) != len(act["hits"]):
         probs.append("a hit is not a JSON object")

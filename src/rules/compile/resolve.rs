@@ -123,6 +123,7 @@ pub(super) fn resolve(
         return Err(diagnostics);
     }
     warn_unread_counters(&built_counters, &built_rules, &mut warnings);
+    warn_always_suppressed(&built_rules, &mut warnings);
     Ok(CompiledSet {
         counters: built_counters,
         rules: built_rules,
@@ -185,7 +186,8 @@ fn read_lists(
                     let result = match value {
                         Ok(value) => set.add_map_entry(key, value.clone()),
                         Err(what) => Err(format!(
-                            "a {what} is not a map value (a number, a string, true, false or null)"
+                            "{} {what} is not a map value (a number, a string, true, false or null)",
+                            if what.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" }
                         )),
                     };
                     if let Err(message) = result {
@@ -326,7 +328,7 @@ impl Exprs<'_, '_> {
             match entry {
                 KeyDraft::Path(p) => parts.push(KeyPart::Path(p.clone())),
                 KeyDraft::Expr(site) => {
-                    match expr::compile(&site.value, projection, self.names, false) {
+                    match expr::compile_key(&site.value, projection, self.names) {
                         Ok(c) => parts.push(KeyPart::Expr {
                             text: site.value.clone(),
                             compiled: Box::new(c),
@@ -511,6 +513,38 @@ fn warn_if_constant(draft: &RuleDraft, when: &expr::Compiled, warnings: &mut Vec
                     "rule {:?} can never fire: its `when` is always {}",
                     draft.id,
                     constant_name(&value)
+                ),
+            });
+        }
+    }
+}
+
+/// A rule that a `final` enforce-mode rule of higher priority always suppresses: that rule has
+/// no `when`, no rollout and the same scope, so it fires on every event the other judges.
+fn warn_always_suppressed(rules: &[Rule], warnings: &mut Vec<Diagnostic>) {
+    let same_scope = |a: &Rule, b: &Rule| match (&a.scope, &b.scope) {
+        (Scope::All, Scope::All) => true,
+        (Scope::Table(x), Scope::Table(y)) => x == y,
+        (Scope::Expr(_), Scope::Expr(_)) => a.scope_text == b.scope_text,
+        _ => false,
+    };
+    for rule in rules.iter().filter(|r| r.enabled) {
+        let silencer = rules.iter().find(|f| {
+            f.enabled
+                && f.is_final
+                && f.mode == crate::rules::model::Mode::Enforce
+                && f.when.is_none()
+                && f.rollout.is_none()
+                && matches!(f.form, Form::V2)
+                && f.priority > rule.priority
+                && same_scope(f, rule)
+        });
+        if let Some(f) = silencer {
+            warnings.push(Diagnostic {
+                origin: rule.origin.clone(),
+                message: format!(
+                    "rule {:?} never fires: the final rule {:?} (priority {} > {}) fires on every event it judges and suppresses it",
+                    rule.id, f.id, f.priority, rule.priority
                 ),
             });
         }

@@ -29,7 +29,23 @@ pub fn compile(
     allow_counters: bool,
 ) -> Result<Compiled, ExprError> {
     let ast = parse::parse(text)?;
-    resolve::resolve(&ast, projection, names, allow_counters)
+    let site = if allow_counters {
+        None
+    } else {
+        Some("a match")
+    };
+    resolve::resolve(&ast, projection, names, site)
+}
+
+/// Parses and resolves a key entry (`dimensions`, `hold_key`, `rollout_key`, `entity`, a
+/// distinct tuple): an expression over the event's fields, without counters or `score()`.
+pub fn compile_key(
+    text: &str,
+    projection: &mut Projection,
+    names: &dyn Names,
+) -> Result<Compiled, ExprError> {
+    let ast = parse::parse(text)?;
+    resolve::resolve(&ast, projection, names, Some("a key entry"))
 }
 
 #[cfg(test)]
@@ -118,6 +134,68 @@ mod tests {
         assert_eq!(
             error("ts(1) > 0", true).1,
             "ts() takes 0 arguments, found 1"
+        );
+    }
+
+    /// `@map[key]` is the key's value (unknown when absent or of the other kind); `x in @map`
+    /// tests the keys.
+    #[test]
+    fn maps_look_up_values_and_test_keys() {
+        struct Maps;
+        impl Names for Maps {
+            fn counter(&self, id: &str) -> Result<usize, String> {
+                Err(format!("unknown counter {id}"))
+            }
+            fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String> {
+                use crate::rules::lists::ListKind;
+                let mut set = match id {
+                    "limits" => ListSet::new(ListKind::StringMap),
+                    "points" => ListSet::new(ListKind::NumberMap),
+                    _ => ListSet::new(ListKind::String),
+                };
+                match id {
+                    "limits" => assert!(set.add_file("m-1,500\nm-2,\"gold\"\n").is_empty()),
+                    "points" => assert!(set.add_file("7995,3\n").is_empty()),
+                    _ => set.add("a").unwrap(),
+                }
+                Ok(std::sync::Arc::new(set))
+            }
+        }
+        let eval = |expr: &str, event: &str| {
+            let mut p = Projection::new();
+            let c = compile(expr, &mut p, &Maps, true).unwrap();
+            let e = decode(event.as_bytes(), &p).unwrap();
+            let mut cx = Cx {
+                event: &e,
+                counters: [None, None],
+            };
+            truth(&c.expr.eval(&mut cx))
+        };
+        let event =
+            r#"{"ts":1,"m":"m-1","g":"m-2","x":"m-9","amount":600,"mcc":7995.0,"smcc":"7995"}"#;
+        for (expr, want) in [
+            ("amount > @limits[m]", Some(true)),
+            ("@limits[g] == 'gold'", Some(true)),
+            ("amount > @limits[g]", None),
+            ("amount > @limits[x]", None),
+            ("m in @limits", Some(true)),
+            ("x in @limits", Some(false)),
+            ("x not in @limits", Some(true)),
+            ("@points[mcc] == 3", Some(true)),
+            ("@points[smcc] == 3", None),
+            ("smcc in @points", Some(false)),
+            ("@points[mcc + 0] == 3", Some(true)),
+        ] {
+            assert_eq!(eval(expr, event), want, "{expr}");
+        }
+        let mut p = Projection::new();
+        let e = compile("@plain[x] == 1", &mut p, &Maps, true).unwrap_err();
+        assert_eq!(
+            (e.offset, e.message.as_str()),
+            (
+                0,
+                "@plain[...] reads a map, and \"plain\" is a string list (write `x in @plain`)"
+            )
         );
     }
 

@@ -28,17 +28,18 @@ pub trait Names {
     fn list(&self, id: &str) -> Result<std::sync::Arc<ListSet>, String>;
 }
 
-/// Resolves a parsed expression. `allow_counters` is false for a `match`.
+/// Resolves a parsed expression. `fields_only`: where it stands when it may read fields only
+/// (`"a match"`, `"a key entry"`), `None` for a rule's `when`.
 pub(super) fn resolve(
     ast: &(Ast, usize),
     projection: &mut Projection,
     names: &dyn Names,
-    allow_counters: bool,
+    fields_only: Option<&'static str>,
 ) -> Result<Compiled, ExprError> {
     let mut resolver = Resolver {
         projection,
         names,
-        allow_counters,
+        fields_only,
         counters: Vec::new(),
         paths: Vec::new(),
         calls_score: false,
@@ -55,7 +56,7 @@ pub(super) fn resolve(
 struct Resolver<'a> {
     projection: &'a mut Projection,
     names: &'a dyn Names,
-    allow_counters: bool,
+    fields_only: Option<&'static str>,
     counters: Vec<usize>,
     paths: Vec<FieldPath>,
     calls_score: bool,
@@ -64,11 +65,11 @@ struct Resolver<'a> {
 impl Resolver<'_> {
     /// A `$counter` reference: its index, noted as read.
     fn counter(&mut self, id: &str, at: usize) -> Result<usize, ExprError> {
-        if !self.allow_counters {
+        if let Some(site) = self.fields_only {
             return err(
                 at,
                 format!(
-                    "a match cannot use counters (${}): test it in the rule's `when`",
+                    "{site} cannot use counters (${}): test it in the rule's `when`",
                     shorten(id)
                 ),
             );
@@ -293,8 +294,8 @@ impl Resolver<'_> {
             }
             "score" => {
                 arity(0)?;
-                if !self.allow_counters {
-                    return err(at, "a match cannot use score(): test it in the rule's `when`");
+                if let Some(site) = self.fields_only {
+                    return err(at, format!("{site} cannot use score(): test it in the rule's `when`"));
                 }
                 self.calls_score = true;
                 Expr::Score
