@@ -9,7 +9,7 @@
 --
 -- KEYS[n]  the n-th key's hash: vg:<counter>:<digest>
 -- ARGV     for each key in order, a header of eight values followed by its deltas and its writes:
---            aggregate: "c" (count), "s" (sum) or "d" (distinct)
+--            aggregate: "c" (count), "s" (sum), "d" (distinct), "x" (max), "n" (min) or "l" (last)
 --            k, the number of buckets in the window
 --            the most distinct values the window records (distinct: 1..=1000000; "0" otherwise):
 --            a new value that would exceed it, once the window has slid, is not recorded, so no
@@ -25,7 +25,10 @@
 --            how many ARGV entries of writes follow the deltas (0: none)
 --          deltas in the order they were counted: count → value is an integer increment;
 --          sum → an integer of micro-units (up to 19 digits), added in order and saturating at
---          the 64-bit limits; distinct → the value's digest (16 raw bytes)
+--          the 64-bit limits; max / min → an integer of micro-units, the bucket keeping the
+--          larger / smaller; distinct → the value's digest (16 raw bytes); last → the event's
+--          "<time>:<tag><text>" (tag s, n or b), kept when its time is at least the kept one's
+--          (or that one slid out), so of equal times the later delta wins
 --          writes: "1" to refresh the TTL or "0" (the caller refreshed it less than a window
 --          ago, so it is still above its floor); how many field/value entries follow; those
 --          entries: "v" and the next version (one more than the caller's, or a random one below
@@ -38,8 +41,9 @@
 --          writes without deltas is answered {"!"} and sends its deltas next time.
 --
 -- Hash fields (compact, so small windows stay in Redis' listpack encoding): "h" the head bucket;
--- "<slot>" (digits only) the count or sum of the live bucket whose index mod k is slot;
--- "d<digest>" a distinct value's latest bucket, also as its slot; "o:<partition>" the highest
+-- "<slot>" (digits only) the count, sum, max or min of the live bucket whose index mod k is slot;
+-- "d<digest>" a distinct value's latest bucket, also as its slot; "l" a last window's event with
+-- the greatest time, as "<bucket>:<time>:<tag><text>"; "o:<partition>" the highest
 -- offset applied from that partition. Live buckets are head-k+1 ..= head, so a slot names exactly
 -- one of them. A delta whose offset is at or below its partition's recorded one was applied
 -- before (replay after a crash, or a flush sent again after its reply was lost) and is skipped;
@@ -121,6 +125,14 @@ local function add_limbs(a, b)
   return {hi, lo}
 end
 
+-- The larger (`larger`) or smaller of two limb pairs: both limbs share the value's sign, so
+-- comparing hi then lo orders them.
+local function extreme_limbs(a, b, larger)
+  local a_first = a[1] > b[1] or (a[1] == b[1] and a[2] >= b[2])
+  if a_first == larger then return a end
+  return b
+end
+
 local function limbs_text(v)
   local hi, lo = v[1], v[2]
   if hi == 0 then return format('%.0f', lo) end
@@ -138,7 +150,7 @@ local function invalid()
     n = key
     if at + 7 > #ARGV then return bad('header cut short') end
     local kind, k, cap, ttl, stride, expected = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
-    if kind ~= 'c' and kind ~= 's' and kind ~= 'd' then return bad('unknown aggregate') end
+    if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
     if not is_number(k) or tonumber(k) < 1 then return bad('bad bucket count') end
     if not is_number(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
       return bad('bad distinct bound')
@@ -158,8 +170,9 @@ local function invalid()
       local value = ARGV[i + 1]
       if not is_number(ARGV[i]) then return bad('bad bucket') end
       if kind == 'c' and not is_number(value) then return bad('bad increment') end
-      if kind == 's' and not is_amount(value) then return bad('bad amount') end
+      if (kind == 's' or kind == 'x' or kind == 'n') and not is_amount(value) then return bad('bad amount') end
       if kind == 'd' and #value ~= 16 then return bad('bad digest') end
+      if kind == 'l' and (#value > 300 or not is_number(match(value, '^(%-?%d+):[snb]'))) then return bad('bad last value') end
       if stride == 4 and (ARGV[i + 2] == '' or not is_number(ARGV[i + 3])) then return bad('bad position') end
     end
     if writes > 0 and expected == '<' then return bad('writes with "<"') end
@@ -225,6 +238,13 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   local head = tonumber(stored['h'])
   local stored_head = head
   local buckets, latest = {}, {}
+  -- Last: the kept event, {bucket, time, text} (text "<time>:<tag><text>").
+  local last_kept
+  local last_touched = false
+  if kind == 'l' and stored['l'] ~= nil then
+    local b, rest = match(stored['l'], '^(%-?%d+):(.*)$')
+    if b ~= nil then last_kept = {tonumber(b), tonumber(match(rest, '^(%-?%d+):')), rest} end
+  end
   -- Distinct: how many values have each live bucket as their latest, and how many are live.
   local per_bucket, live = {}, 0
   if head ~= nil then
@@ -236,6 +256,8 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
           -- Versions before exact sums stored units as doubles: read them as micro-units.
           if not is_amount(value) then value = format('%.0f', (tonumber(value) or 0) * 1000000) end
           buckets[unslot(slot, head, k)] = limbs(value)
+        elseif kind == 'x' or kind == 'n' then
+          buckets[unslot(slot, head, k)] = limbs(is_amount(value) and value or '0')
         else
           buckets[unslot(slot, head, k)] = tonumber(value)
         end
@@ -254,11 +276,15 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
     prior = {head and format('%.0f', head) or ''}
     for bucket, value in pairs(buckets) do
       prior[#prior + 1] = 'b' .. format('%.0f', bucket)
-      prior[#prior + 1] = kind == 's' and limbs_text(value) or format('%.0f', value)
+      prior[#prior + 1] = (kind == 's' or kind == 'x' or kind == 'n') and limbs_text(value) or format('%.0f', value)
     end
     for digest, bucket in pairs(latest) do
       prior[#prior + 1] = 'd' .. digest
       prior[#prior + 1] = format('%.0f', bucket)
+    end
+    if last_kept ~= nil then
+      prior[#prior + 1] = 'l'
+      prior[#prior + 1] = stored['l']
     end
     for field, value in pairs(stored) do
       if sub(field, 1, 2) == 'o:' then
@@ -322,6 +348,17 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
         elseif kind == 's' then
           buckets[bucket] = add_limbs(buckets[bucket] or {0, 0}, limbs(value))
           touched_buckets[bucket] = true
+        elseif kind == 'l' then
+          local ts = tonumber(match(value, '^(%-?%d+):'))
+          if last_kept == nil or last_kept[1] <= head - k or ts >= last_kept[2] then
+            last_kept = {bucket, ts, value}
+            last_touched = true
+          end
+        elseif kind == 'x' or kind == 'n' then
+          local amount = limbs(value)
+          local held = buckets[bucket]
+          buckets[bucket] = held and extreme_limbs(held, amount, kind == 'x') or amount
+          touched_buckets[bucket] = true
         else
           buckets[bucket] = (buckets[bucket] or 0) + tonumber(value)
           touched_buckets[bucket] = true
@@ -349,7 +386,7 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
     current = true
   end
   local function text(value)
-    if kind == 's' then return limbs_text(value) end
+    if kind == 's' or kind == 'x' or kind == 'n' then return limbs_text(value) end
     return format('%.0f', value)
   end
   if not current then
@@ -364,6 +401,10 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
         out[#out + 1] = 'd' .. digest
         out[#out + 1] = format('%.0f', bucket)
       end
+    end
+    if last_kept ~= nil and last_kept[1] >= oldest_live then
+      out[#out + 1] = 'l'
+      out[#out + 1] = format('%.0f', last_kept[1]) .. ':' .. last_kept[3]
     end
     for field, value in pairs(stored) do
       if sub(field, 1, 2) == 'o:' and newest[sub(field, 3)] == nil then
@@ -400,6 +441,7 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
     local bucket = latest[digest]
     if bucket >= oldest_live then set('d' .. digest, format('%.0f', bucket % k)) end
   end
+  if last_touched then set('l', format('%.0f', last_kept[1]) .. ':' .. last_kept[3]) end
   local dead = {}
   if stored_head ~= nil and head > stored_head then
     for j = 1, #flat, 2 do

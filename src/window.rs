@@ -214,6 +214,24 @@ impl WindowState {
         }
     }
 
+    /// A `last` window's event with the greatest time (its time and value), live or not.
+    pub fn last_best(&self) -> Option<(i64, &LastValue)> {
+        match self {
+            WindowState::Last(state) => state.best.as_ref().map(|(t, v)| (*t, v)),
+            _ => None,
+        }
+    }
+
+    /// A `last` window read back from a shared store: its head and its event with the greatest
+    /// time (ignored unless live for `head`).
+    pub fn from_last(spec: &WindowSpec, head: i64, best: Option<(i64, LastValue)>) -> WindowState {
+        let oldest_live = head - spec.buckets + 1;
+        WindowState::Last(Box::new(LastState {
+            head: Some(head),
+            best: best.filter(|(t, _)| (oldest_live..=head).contains(&spec.bucket_of(*t))),
+        }))
+    }
+
     /// Reads a `last` window at `bucket` without changing it: the time and value of its event
     /// with the greatest time still in the window an event at that bucket would see.
     pub fn read_last(&self, spec: &WindowSpec, bucket: i64) -> (Applied, Option<LastValue>) {
@@ -244,21 +262,24 @@ impl WindowState {
     ) -> WindowState {
         let oldest_live = head - spec.buckets + 1;
         match spec.aggregate {
-            Aggregate::Count | Aggregate::Sum => {
+            Aggregate::Count | Aggregate::Sum | Aggregate::Max | Aggregate::Min => {
                 let mut live: SmallVec<[(i64, i64); 2]> = buckets
                     .into_iter()
                     .filter(|&(b, _)| (oldest_live..=head).contains(&b))
                     .collect();
                 live.sort_by_key(|&(b, _)| b);
-                WindowState::Series(BucketSeries {
+                let series = BucketSeries {
                     head: Some(head),
                     buckets: Buckets(live),
-                })
+                };
+                match spec.aggregate {
+                    Aggregate::Max => WindowState::Max(series),
+                    Aggregate::Min => WindowState::Min(series),
+                    _ => WindowState::Series(series),
+                }
             }
-            Aggregate::Max | Aggregate::Min | Aggregate::Last => {
-                // Only count, sum and distinct windows are kept in a shared store.
-                WindowState::new(spec.aggregate)
-            }
+            // `last` windows are not kept in a shared store.
+            Aggregate::Last => WindowState::new(spec.aggregate),
             Aggregate::Distinct => {
                 let mut set = DistinctSet {
                     head: Some(head),
@@ -306,7 +327,7 @@ impl WindowState {
     /// The count or sum held in `bucket`, if it is live and not empty (count/sum windows).
     pub fn bucket_value(&self, bucket: i64) -> Option<i64> {
         match self {
-            WindowState::Series(s) => s
+            WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => s
                 .buckets
                 .0
                 .iter()
@@ -933,7 +954,7 @@ mod tests {
         let s = spec(Aggregate::Last, 1_000, 60);
         let mut w = WindowState::new(Aggregate::Last);
         let v = |x: &str| LastValue::Str(x.into());
-        let mut count =
+        let count =
             |w: &mut WindowState, ts: i64, x: &str| w.apply_last(&s, s.bucket_of(ts), ts, v(x));
         assert_eq!(count(&mut w, 10_000, "US"), (Applied::Empty, None));
         assert_eq!(

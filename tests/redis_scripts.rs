@@ -931,3 +931,119 @@ fn the_per_event_ring_baseline_counts_exactly_like_the_hash_baseline() {
         .unwrap();
     assert_eq!(after, before + 1, "the late event was not counted");
 }
+
+/// Max ("x") and min ("n") windows: each bucket keeps its largest or smallest amount, exactly
+/// beyond 2^53 and across signs, merged call after call (as another writer's deltas are).
+#[test]
+fn script_keeps_each_buckets_largest_and_smallest_amount() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let window = |out: Vec<String>| -> BTreeMap<String, String> {
+        out[5..]
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect()
+    };
+    // 2^53 + 1 and 2^53 + 2 differ only past a double's precision.
+    let (a, b) = ("9007199254740993", "9007199254740994");
+    let deltas = [
+        "1",
+        a,
+        "1",
+        b,
+        "1",
+        "5",
+        "2",
+        "-1000000001",
+        "2",
+        "-999999999",
+    ];
+    let max = window(call(&mut conn, "vg:t:x", "x", 5, 2, &deltas));
+    let min = window(call(&mut conn, "vg:t:n", "n", 5, 2, &deltas));
+    assert_eq!((max["b1"].as_str(), max["b2"].as_str()), (b, "-999999999"));
+    assert_eq!(
+        (min["b1"].as_str(), min["b2"].as_str()),
+        ("5", "-1000000001")
+    );
+    // A later call merges into what the hash holds; bucket 1 slides out at head 6.
+    let max = window(call(&mut conn, "vg:t:x", "x", 5, 2, &["2", "7", "6", "3"]));
+    assert_eq!(
+        max,
+        BTreeMap::from([("b2".into(), "7".into()), ("b6".into(), "3".into())])
+    );
+    let min = window(call(
+        &mut conn,
+        "vg:t:n",
+        "n",
+        5,
+        2,
+        &["2", "7", "3", "-2000000000000"],
+    ));
+    assert_eq!(
+        (min["b2"].as_str(), min["b3"].as_str()),
+        ("-1000000001", "-2000000000000")
+    );
+}
+
+/// A last ("l") window keeps one event: the one with the greatest time (of equal times the later
+/// delta), replaced once it slides out; a bad value is refused before any write.
+#[test]
+fn script_keeps_a_last_windows_latest_event() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let last = |out: &[String]| -> Option<String> {
+        out[5..]
+            .chunks(2)
+            .find(|p| p[0] == "l")
+            .map(|p| p[1].clone())
+    };
+    // Buckets of 1 000 ms, k = 60: (bucket, "<ts>:<tag><text>").
+    let out = call(
+        &mut conn,
+        "vg:t:l",
+        "l",
+        60,
+        2,
+        &[
+            "10",
+            "10000:sUS",
+            "20",
+            "20500:sFR",
+            "15",
+            "15000:sDE",
+            "20",
+            "20500:sGB",
+        ],
+    );
+    assert_eq!(last(&out).as_deref(), Some("20:20500:sGB"));
+    // An older event does not replace it; a newer one does.
+    let out = call(&mut conn, "vg:t:l", "l", 60, 2, &["19", "19999:n12.5"]);
+    assert_eq!(last(&out).as_deref(), Some("20:20500:sGB"));
+    let out = call(&mut conn, "vg:t:l", "l", 60, 2, &["21", "21000:b1"]);
+    assert_eq!(last(&out).as_deref(), Some("21:21000:b1"));
+    // Past the window the kept event slid out: the next one replaces it whatever its time.
+    let out = call(&mut conn, "vg:t:l", "l", 60, 2, &["90", "90000:sES"]);
+    assert_eq!(last(&out).as_deref(), Some("90:90000:sES"));
+    let script = script();
+    let mut inv = script.key("vg:t:l2");
+    inv.arg("l")
+        .arg(60)
+        .arg(0)
+        .arg(60_000)
+        .arg(2)
+        .arg("")
+        .arg(2)
+        .arg(0)
+        .arg("1")
+        .arg("US");
+    assert!(inv
+        .invoke::<Vec<Reply>>(&mut conn)
+        .unwrap_err()
+        .to_string()
+        .contains("bad last value"));
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("vg:t:l2")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!exists);
+}

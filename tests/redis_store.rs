@@ -904,3 +904,121 @@ fn a_redis_that_may_evict_keys_is_refused_unless_allowed() {
     let store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
     assert!(!store.stats().eviction_allowed);
 }
+
+/// `max`, `min` and `last` counters kept in Redis (the script keeps each bucket's largest or
+/// smallest amount, exactly, as two limbs, and a last key's one value and time) decide exactly as
+/// in process, through flushes and a read cache small enough to reload windows from Redis.
+#[test]
+fn max_min_and_last_in_redis_decide_exactly_like_the_memory_store() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("extremes.toml"),
+        r#"
+[[counter]]
+id         = "max-amount-user-1h"
+match      = "type == 'payment'"
+dimensions = ["user_id"]
+window     = "1h"
+aggregate  = "max"
+field      = "amount"
+
+[[counter]]
+id         = "min-amount-card-10m"
+match      = "type == 'payment'"
+dimensions = ["card.id"]
+window     = "10m"
+bucket     = "10s"
+aggregate  = "min"
+field      = "amount"
+
+[[rule]]
+id     = "amount-spread"
+action = "review"
+match  = "type == 'payment'"
+when   = "$max-amount-user-1h > 200 && $min-amount-card-10m < 20"
+
+[[rule]]
+id     = "login-after-big-payment"
+action = "alert"
+match  = "type == 'login'"
+when   = "$max-amount-user-1h >= 400"
+
+[[counter]]
+id         = "last-country-user-1h"
+dimensions = ["user_id"]
+window     = "1h"
+aggregate  = "last"
+field      = "geo.country"
+
+[[counter]]
+id         = "last-result-device-10m"
+dimensions = ["device.id"]
+window     = "10m"
+bucket     = "10s"
+aggregate  = "last"
+field      = "result"
+
+[[rule]]
+id     = "country-changed"
+action = "challenge"
+when   = "$last-country-user-1h != geo.country && since($last-country-user-1h) < 600000"
+
+[[rule]]
+id     = "first-on-device"
+action = "alert"
+match  = "type == 'login'"
+when   = "!exists($last-result-device-10m) || $last-result-device-10m == 'fail'"
+"#,
+    )
+    .unwrap();
+    let input = workload(40_000);
+    // The decisions name `last` values of events read back from Redis.
+    let (memory, _, _) = support::store_replay::replay_rules(
+        dir.path(),
+        MemoryStore::new(),
+        &input,
+        ReplayOptions::default(),
+    );
+    let config = RedisStoreConfig {
+        cache_capacity: 64,
+        max_pending: 300,
+        ..RedisStoreConfig::default()
+    };
+    let (from_redis, _, engine) = support::store_replay::replay_rules(
+        dir.path(),
+        RedisStore::connect(&redis.url(), config).unwrap(),
+        &input,
+        ReplayOptions::default(),
+    );
+    let records = decisions(&memory);
+    let fired = |id: &str| {
+        records
+            .iter()
+            .filter(|r| {
+                r["hits"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|h| h["rule_id"] == id)
+            })
+            .count()
+    };
+    for rule in [
+        "amount-spread",
+        "login-after-big-payment",
+        "country-changed",
+        "first-on-device",
+    ] {
+        assert!(fired(rule) > 100, "{rule} must fire: {}", fired(rule));
+    }
+    assert_eq!(
+        String::from_utf8(from_redis).unwrap(),
+        String::from_utf8(memory).unwrap()
+    );
+    assert!(
+        engine.store().stats().loads > 1_000,
+        "{:?}",
+        engine.store().stats()
+    );
+}

@@ -823,13 +823,15 @@ fn count(
     known
 }
 
-/// The decision record of line `i` (0-based) from its hits: (rule index, listed counters, reason,
-/// held_until, entity).
+/// A hit as the reference makes it: (rule index, listed counters, reason, held_until, entity).
+type Hit<'r> = (usize, Vec<Value>, &'r str, Option<Value>, Option<Value>);
+
+/// The decision record of line `i` (0-based) from its hits.
 fn record(
     rules: &[RuleParams],
     i: usize,
     ts: i64,
-    hits: Vec<(usize, Vec<Value>, &str, Option<Value>, Option<Value>)>,
+    hits: Vec<Hit<'_>>,
 ) -> Value {
     let enforced: Vec<&str> = hits
         .iter()

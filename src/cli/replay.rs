@@ -41,10 +41,6 @@ pub fn replay(
     let Some(rules) = load_rules(rules_path) else {
         return Ok(ExitCode::from(1));
     };
-    if let (Some(_), Some(refusal)) = (&redis, rules.redis_refusal()) {
-        eprintln!("error: {}: {refusal}", rules_path.display());
-        return Ok(ExitCode::from(1));
-    }
     let Some(reader) = open_input(input) else {
         return Ok(ExitCode::from(1));
     };

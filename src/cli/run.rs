@@ -32,10 +32,6 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     let Some(rules) = load_rules_with(&config.rules.path, config.rules.allow_empty) else {
         return Ok(ExitCode::from(1));
     };
-    if let (Some(_), Some(refusal)) = (&config.redis.url, rules.redis_refusal()) {
-        eprintln!("error: {}: {refusal}", config.rules.path.display());
-        return Ok(ExitCode::from(1));
-    }
     if config.redis.url.is_none() {
         tracing::warn!(
             "no redis.url: counting in process, exact only while this is the only worker"

@@ -201,7 +201,7 @@ pub fn plan_sweeps(
             if rules.counter_position(counter).is_none() {
                 return Err(format!("--sweep: rule {rule_id:?} is disabled"));
             }
-            let scale = if rules.counter(counter).aggregate() == crate::window::Aggregate::Sum {
+            let scale = if rules.counter(counter).aggregate().is_amount() {
                 6
             } else {
                 0
@@ -517,6 +517,10 @@ impl Tally {
         label: Label,
     ) {
         for (position, index) in rules.active_counters().enumerate() {
+            // A `last` counter's value is no amount: it has no distribution or peak.
+            if rules.counter(index).aggregate() == crate::window::Aggregate::Last {
+                continue;
+            }
             let Some((raw, key)) = engine.counted_value(position) else {
                 continue;
             };

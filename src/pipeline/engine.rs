@@ -455,6 +455,10 @@ impl<S: CounterStore> Engine<S> {
                     self.rules
                         .plan(position, event, &mut self.keys[position], &mut self.memo)
                 {
+                    // A `last` window's delta carries its value: never counted ahead.
+                    if delta == Delta::Last {
+                        continue;
+                    }
                     let origin = InputPosition { lane, offset };
                     let follows_message_key = message_key.is_some_and(|m| {
                         self.rules.counter_follows_message_key(position, event, m)

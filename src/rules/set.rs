@@ -308,34 +308,6 @@ impl RuleSet {
         &self.entities[rule]
     }
 
-    /// The enabled counters the Redis store cannot keep yet (aggregates `max`, `min`, `last`):
-    /// a worker or `replay --redis` refuses a rule set that has any.
-    pub fn local_only_counters(&self) -> Vec<&str> {
-        self.active_counters()
-            .map(|index| &self.counters[index])
-            .filter(|c| {
-                matches!(
-                    c.aggregate(),
-                    crate::window::Aggregate::Max
-                        | crate::window::Aggregate::Min
-                        | crate::window::Aggregate::Last
-                )
-            })
-            .map(|c| c.id.as_str())
-            .collect()
-    }
-
-    /// Why the Redis store cannot count this set, if it cannot: the counters it does not keep.
-    pub fn redis_refusal(&self) -> Option<String> {
-        let counters = self.local_only_counters();
-        (!counters.is_empty()).then(|| {
-            format!(
-                "counters {} aggregate max, min or last, which the Redis store does not keep yet: count them in process (replay or backtest without --redis, or a worker without redis.url)",
-                counters.iter().map(|c| format!("{c:?}")).collect::<Vec<_>>().join(", ")
-            )
-        })
-    }
-
     /// Whether a rule has a `score`: records then carry the event's score.
     pub fn is_scoring(&self) -> bool {
         self.scoring

@@ -3,7 +3,9 @@
 
 use super::counter_store::{InputPosition, StoreError};
 use super::scripts::ScriptCall;
-use crate::window::{Aggregate, Delta, WindowSpec, WindowState};
+use std::sync::Arc;
+
+use crate::window::{Aggregate, Applied, Delta, LastValue, WindowSpec, WindowState};
 
 /// One key's reply: its items (head, late, skipped, version, marker, field, value, …).
 pub(super) type KeyReply = Vec<Vec<u8>>;
@@ -21,11 +23,73 @@ pub(super) fn flat(value: redis::Value) -> Result<Vec<Vec<u8>>, StoreError> {
 }
 
 /// One counted observation Redis has not acknowledged.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Observation {
     pub(super) bucket: i64,
     pub(super) delta: Delta,
     pub(super) origin: Option<InputPosition>,
+    /// A `last` window's event: its time and value.
+    pub(super) last: Option<Arc<(i64, LastValue)>>,
+}
+
+impl Observation {
+    /// Applies the observation to `state` (a window rebuilt from Redis and the pending deltas).
+    pub(super) fn apply_to(&self, state: &mut WindowState, spec: &WindowSpec) -> Applied {
+        match &self.last {
+            Some(last) => {
+                state
+                    .apply_last(spec, self.bucket, last.0, last.1.clone())
+                    .0
+            }
+            None => state.apply(spec, self.bucket, self.delta),
+        }
+    }
+}
+
+/// A `last` value as the script keeps it: a tag (`s` string, `n` number, `b` boolean) and its
+/// text.
+fn push_last_value(out: &mut Vec<u8>, value: &LastValue) {
+    match value {
+        LastValue::Str(s) => {
+            out.push(b's');
+            out.extend_from_slice(s.as_bytes());
+        }
+        LastValue::Num(d) => {
+            out.push(b'n');
+            out.extend_from_slice(d.to_string().as_bytes());
+        }
+        LastValue::Bool(b) => out.extend_from_slice(if *b { b"b1" } else { b"b0" }),
+    }
+}
+
+/// A `last` delta's value for the script: `<ts>:<tag><text>`.
+pub(super) fn last_delta(ts: i64, value: &LastValue) -> Vec<u8> {
+    let mut out = ts.to_string().into_bytes();
+    out.push(b':');
+    push_last_value(&mut out, value);
+    out
+}
+
+/// The `l` field of a `last` window: `<bucket>:<ts>:<tag><text>`.
+pub(super) fn last_field(bucket: i64, ts: i64, value: &LastValue) -> Vec<u8> {
+    let mut out = bucket.to_string().into_bytes();
+    out.push(b':');
+    out.extend_from_slice(&last_delta(ts, value));
+    out
+}
+
+/// Parses an `l` field: (bucket, time, value); `None` if malformed.
+pub(super) fn parse_last_field(bytes: &[u8]) -> Option<(i64, i64, LastValue)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (bucket, rest) = text.split_once(':')?;
+    let (ts, value) = rest.split_once(':')?;
+    let value = match value.as_bytes().first()? {
+        b's' => LastValue::Str(value[1..].into()),
+        b'n' => LastValue::Num(crate::decimal::Decimal::parse(&value[1..])?),
+        b'b' => LastValue::Bool(&value[1..] == "1"),
+        _ => return None,
+    };
+    Some((bucket.parse().ok()?, ts.parse().ok()?, value))
 }
 
 /// Highest applied offset per lane (`o:<lane>` in Redis).
@@ -145,12 +209,18 @@ pub(super) fn parse_reply(
         _ => return Err(bad("unknown marker")),
     }
     let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
+    let mut last = None;
     for pair in reply[5..].chunks_exact(2) {
         let (field, value) = (&pair[0], &pair[1]);
         if field.starts_with(b"o:") {
             if let Some((lane, offset)) = recorded_offset(field, value) {
                 raise(&mut offsets, lane, offset);
             }
+            continue;
+        }
+        if field.as_slice() == b"l" {
+            let (_, ts, value) = parse_last_field(value).ok_or_else(|| bad("bad last value"))?;
+            last = Some((ts, value));
             continue;
         }
         match field.first() {
@@ -164,8 +234,11 @@ pub(super) fn parse_reply(
         }
     }
     let state = match head {
+        Some(head) if spec.aggregate == Aggregate::Last => WindowState::from_last(spec, head, last),
         Some(head) => WindowState::from_window(spec, head, buckets, values),
-        None if buckets.is_empty() && values.is_empty() => WindowState::new(spec.aggregate),
+        None if buckets.is_empty() && values.is_empty() && last.is_none() => {
+            WindowState::new(spec.aggregate)
+        }
         None => return Err(bad("a window without a head")),
     };
     let stored = Stored {
@@ -231,6 +304,7 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
             .map(|d| head - d.rem_euclid(k))
             .ok_or_else(|| bad("bad slot"))
     };
+    let mut last = None;
     let (mut buckets, mut values, mut offsets) = (Vec::new(), Vec::new(), Offsets::new());
     for pair in flat.chunks_exact(2) {
         let (field, value) = (&pair[0], &pair[1]);
@@ -255,9 +329,16 @@ pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored,
             digest.copy_from_slice(&field[1..]);
             let slot = text(value)?.parse::<i64>().map_err(|_| bad("bad slot"))?;
             values.push((u128::from_le_bytes(digest), unslot(slot)?));
+        } else if field.as_slice() == b"l" {
+            let (_, ts, value) = parse_last_field(value).ok_or_else(|| bad("bad last value"))?;
+            last = Some((ts, value));
         }
     }
-    let state = WindowState::from_window(spec, head, buckets, values);
+    let state = if spec.aggregate == Aggregate::Last {
+        WindowState::from_last(spec, head, last)
+    } else {
+        WindowState::from_window(spec, head, buckets, values)
+    };
     Ok(Stored {
         state,
         version: version.unwrap_or(0),
@@ -315,8 +396,9 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
         Aggregate::Count => b"c",
         Aggregate::Sum => b"s",
         Aggregate::Distinct => b"d",
-        // Refused at load with this store (`RuleSet::local_only_counters`).
-        Aggregate::Max | Aggregate::Min | Aggregate::Last => b"?",
+        Aggregate::Max => b"x",
+        Aggregate::Min => b"n",
+        Aggregate::Last => b"l",
     });
     call.int(key.spec.buckets);
     // The script records at most this many distinct values per key, as the view does.
@@ -366,7 +448,11 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
                 Delta::Sum(micros) => call.int(micros),
                 Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
                 Delta::Extreme(v) => call.int(v),
-                Delta::Last => call.int(0),
+                Delta::Last => match &o.last {
+                    Some(last) => call.arg(&last_delta(last.0, &last.1)),
+                    // Built only with its value (`Observation::last`).
+                    None => call.arg(b""),
+                },
             }
             if let (true, Some(origin)) = (tagged, o.origin) {
                 call.uint(origin.lane);
@@ -413,9 +499,15 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     call.arg(b"h");
     call.int(head);
     match state {
-        // Refused at load with this store (`RuleSet::local_only_counters`).
-        WindowState::Max(_) | WindowState::Min(_) | WindowState::Last(_) => return false,
-        WindowState::Series(series) => {
+        WindowState::Last(_) => {
+            if let Some((ts, value)) = state.last_best() {
+                call.arg(b"l");
+                call.arg(&last_field(spec.bucket_of(ts), ts, value));
+            }
+            add_offsets(call, key);
+            call.fill(sets_count, call.args() - sets_start);
+        }
+        WindowState::Series(series) | WindowState::Max(series) | WindowState::Min(series) => {
             let mut touched: smallvec::SmallVec<[(i64, i64); 4]> = if key.full {
                 series.buckets().collect()
             } else {

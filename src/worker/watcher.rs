@@ -40,14 +40,6 @@ impl Worker {
             }
             seen = now;
             match rule_files::load_with(path, self.config.rules.allow_empty) {
-                Ok(rules) if self.config.redis.url.is_some() && rules.redis_refusal().is_some() => {
-                    self.metrics
-                        .rule_reloads
-                        .get_or_create(&ResultLabels { result: "error" })
-                        .inc();
-                    tracing::error!(target: "vigil::rules", "{}", rules.redis_refusal().unwrap_or_default());
-                    tracing::warn!(path = %path.display(), "rule reload refused; the previous rules stay in force");
-                }
                 Ok(rules) => {
                     let active = rules.active().len();
                     // A list file is watched from the load that names it.

@@ -117,6 +117,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             keys[at].1.push(Observation {
                 bucket,
                 delta: p.delta,
+                last: None,
                 origin: Some(p.origin),
             });
         }

@@ -114,7 +114,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                     let spec = self.windows.spec(key.window);
                     let mut state = WindowState::new(spec.aggregate);
                     for o in &again {
-                        state.apply(&spec, o.bucket, o.delta);
+                        o.apply_to(&mut state, &spec);
                     }
                     (state, Offsets::new(), true)
                 }

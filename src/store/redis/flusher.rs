@@ -771,7 +771,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 };
                 let base_head = state.head();
                 for o in &dirty.pending {
-                    state.apply(&spec, o.bucket, o.delta);
+                    o.apply_to(&mut state, &spec);
                 }
                 (state, Some(version), base_head, offsets)
             }

@@ -461,29 +461,23 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         self.observe(window, key, ts_ms)
     }
 
-    /// Refused: rule sets with `last` counters are refused with the Redis store at load
-    /// ([`crate::rules::RuleSet::local_only_counters`]).
     fn apply_last(
         &mut self,
-        _window: WindowId,
-        _key: &[u8],
-        _ts_ms: i64,
-        _value: crate::window::LastValue,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        value: crate::window::LastValue,
     ) -> Result<(Observed, Option<crate::window::LastValue>), StoreError> {
-        Err(StoreError::Protocol(
-            "aggregate \"last\" is not kept in the Redis store".to_owned(),
-        ))
+        self.count_with(window, key, ts_ms, Delta::Last, Some(value))
     }
 
     fn read_last(
         &mut self,
-        _window: WindowId,
-        _key: &[u8],
-        _ts_ms: i64,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
     ) -> Result<(Observed, Option<crate::window::LastValue>), StoreError> {
-        Err(StoreError::Protocol(
-            "aggregate \"last\" is not kept in the Redis store".to_owned(),
-        ))
+        self.observe_with(window, key, ts_ms)
     }
 
     fn open_holds(&mut self, name: &str, ttl_ms: i64) -> HoldSpace {

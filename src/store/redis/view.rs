@@ -13,7 +13,7 @@ use crate::clock::MonotonicClock;
 use crate::store::codec::{self, Observation, Offsets, Stored};
 use crate::store::counter_store::{Observed, StoreError, WindowId};
 use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
-use crate::window::{Aggregate, Applied, Delta, WindowSpec, WindowState};
+use crate::window::{Aggregate, Applied, Delta, LastValue, WindowSpec, WindowState};
 
 /// This process's views of windows.
 pub(super) struct Views {
@@ -297,7 +297,9 @@ impl CleanViews {
 /// Whether `state` holds at least two observations (for a sum: in two buckets at least).
 pub(super) fn several_observations(spec: &WindowSpec, state: &WindowState) -> bool {
     match (spec.aggregate, state) {
-        (Aggregate::Sum, WindowState::Series(series)) => series.buckets().nth(1).is_some(),
+        (Aggregate::Sum, WindowState::Series(series))
+        | (Aggregate::Max, WindowState::Max(series))
+        | (Aggregate::Min, WindowState::Min(series)) => series.buckets().nth(1).is_some(),
         _ => state.value() >= 2,
     }
 }
@@ -408,6 +410,18 @@ pub(super) fn judge(state: &WindowState, spec: &WindowSpec, bucket: i64) -> Appl
     }
 }
 
+/// [`judge`], with a `last` window's value: the event it holds, as a read at `bucket` sees it.
+pub(super) fn judged(
+    state: &WindowState,
+    spec: &WindowSpec,
+    bucket: i64,
+) -> (Applied, Option<LastValue>) {
+    match state {
+        WindowState::Last(_) => state.read_last(spec, bucket),
+        _ => (judge(state, spec, bucket), None),
+    }
+}
+
 /// A clean window as Redis holds it at `version` (0: Redis held nothing; `None`: unknown).
 #[derive(Clone)]
 pub(super) struct Cached {
@@ -477,42 +491,65 @@ impl<C: MonotonicClock> RedisStore<C> {
         ts_ms: i64,
         delta: Delta,
     ) -> Result<Observed, StoreError> {
+        self.count_with(window, key, ts_ms, delta, None)
+            .map(|(observed, _)| observed)
+    }
+
+    /// Counts one observation on the key's view; a `last` window's with its value (`last`),
+    /// giving back the previous event's value (`CounterStore::apply_last`).
+    pub(super) fn count_with(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+        delta: Delta,
+        last: Option<LastValue>,
+    ) -> Result<(Observed, Option<LastValue>), StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
-        if !self.views.ahead.is_empty() {
+        // A `last` window is never counted ahead (`plan_counts` leaves it out): its deltas
+        // carry a value.
+        if !self.views.ahead.is_empty() && last.is_none() {
             if let Some(observed) = self.count_on_ahead(window, key, bucket, delta) {
-                return Ok(observed);
+                return Ok((observed, None));
             }
         }
         let lookup = KeyRef {
             window: window.0,
             key,
         };
+        let last = last.map(|value| Arc::new((ts_ms, value)));
         let observation = Observation {
             bucket,
             delta,
             origin: self.origin,
+            last: last.clone(),
+        };
+        let origin = observation.origin;
+        let apply = |state: &mut WindowState| match &last {
+            Some(last) => state.apply_last(&spec, bucket, last.0, last.1.clone()),
+            None => (state.apply(&spec, bucket, delta), None),
         };
         let index = self.counted + 1;
-        let (applied, counted, base_unknown) = match self.views.dirty.get_mut(&lookup) {
-            Some(dirty) if codec::replayed(&dirty.offsets, observation.origin) => (
-                judge(&dirty.state, &spec, bucket),
+        let ((applied, previous), counted, base_unknown) = match self.views.dirty.get_mut(&lookup) {
+            Some(dirty) if codec::replayed(&dirty.offsets, origin) => (
+                judged(&dirty.state, &spec, bucket),
                 false,
                 dirty.base_unknown,
             ),
             Some(dirty) => {
-                let applied = dirty.state.apply(&spec, bucket, delta);
+                let (applied, previous) = apply(&mut dirty.state);
                 let counted = applied.is_counted();
                 if counted {
                     dirty.push(observation, index);
                 }
-                (applied, counted, dirty.base_unknown)
+                ((applied, previous), counted, dirty.base_unknown)
             }
             None => {
                 let clean = self.clean_view(window, key);
                 match clean {
-                    Some(clean) if codec::replayed(&clean.offsets, observation.origin) => {
-                        (judge(&clean.state, &spec, bucket), false, false)
+                    Some(clean) if codec::replayed(&clean.offsets, origin) => {
+                        (judged(&clean.state, &spec, bucket), false, false)
                     }
                     Some(clean) => {
                         // The key turns dirty at once (but for a late observation): a view read
@@ -525,7 +562,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                             offsets,
                         } = Arc::try_unwrap(clean).unwrap_or_else(|shared| Cached::clone(&shared));
                         let base_head = state.head();
-                        let applied = state.apply(&spec, bucket, delta);
+                        let (applied, previous) = apply(&mut state);
                         let counted = applied.is_counted();
                         let stored = StoredKey {
                             window: window.0,
@@ -548,13 +585,13 @@ impl<C: MonotonicClock> RedisStore<C> {
                                 }),
                             );
                         }
-                        (applied, counted, false)
+                        ((applied, previous), counted, false)
                     }
                     None => {
                         // Redis is unavailable: count from nothing; the deltas are merged into
                         // whatever Redis holds when it answers again (applied ones skipped).
                         let mut state = WindowState::new(spec.aggregate);
-                        let applied = state.apply(&spec, bucket, delta);
+                        let (applied, previous) = apply(&mut state);
                         let mut dirty = Dirty::new(state, None, None, None, Offsets::new());
                         dirty.base_unknown = true;
                         dirty.push(observation, index);
@@ -565,7 +602,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                             },
                             dirty,
                         );
-                        (applied, true, true)
+                        ((applied, previous), true, true)
                     }
                 }
             }
@@ -577,16 +614,19 @@ impl<C: MonotonicClock> RedisStore<C> {
             if degraded {
                 self.stats.degraded_observations += 1;
             }
-        } else if observation.origin.is_some() && applied.is_counted() {
+        } else if origin.is_some() && applied.is_counted() {
             self.stats.skipped_applied += 1;
         }
         // Writing behind is left to `tick`, which the caller runs between events: a flush then
         // never carries part of an event's deltas.
-        Ok(Observed {
-            applied,
-            degraded,
-            state_dropped: false,
-        })
+        Ok((
+            Observed {
+                applied,
+                degraded,
+                state_dropped: false,
+            },
+            previous,
+        ))
     }
 
     /// Reads the key's view without changing it (`CounterStore::read`).
@@ -596,15 +636,34 @@ impl<C: MonotonicClock> RedisStore<C> {
         key: &[u8],
         ts_ms: i64,
     ) -> Result<Observed, StoreError> {
+        self.observe_with(window, key, ts_ms)
+            .map(|(observed, _)| observed)
+    }
+
+    /// Reads the key's view without changing it, with a `last` window's value
+    /// (`CounterStore::read_last`).
+    pub(super) fn observe_with(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+        ts_ms: i64,
+    ) -> Result<(Observed, Option<LastValue>), StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
+        let read = |state: &WindowState| match state {
+            WindowState::Last(_) => state.read_last(&spec, bucket),
+            _ => (state.read(&spec, bucket), None),
+        };
         if !self.views.ahead.is_empty() {
             if let Some(applied) = self.read_ahead(window, key, bucket) {
-                return Ok(Observed {
-                    applied,
-                    degraded: false,
-                    state_dropped: false,
-                });
+                return Ok((
+                    Observed {
+                        applied,
+                        degraded: false,
+                        state_dropped: false,
+                    },
+                    None,
+                ));
             }
         }
         let lookup = KeyRef {
@@ -613,25 +672,39 @@ impl<C: MonotonicClock> RedisStore<C> {
         };
         if let Some(dirty) = self.views.dirty.get(&lookup) {
             let degraded = dirty.base_unknown || self.breaker.is_open();
-            return Ok(Observed {
-                applied: dirty.state.read(&spec, bucket),
-                degraded,
-                state_dropped: false,
-            });
+            let (applied, value) = read(&dirty.state);
+            return Ok((
+                Observed {
+                    applied,
+                    degraded,
+                    state_dropped: false,
+                },
+                value,
+            ));
         }
         let clean = self.clean_view(window, key);
         Ok(match clean {
-            Some(clean) => Observed {
-                applied: clean.state.read(&spec, bucket),
-                degraded: self.breaker.is_open(),
-                state_dropped: false,
-            },
-            // Redis is unavailable and nothing was counted here: what this process knows is 0.
-            None => Observed {
-                applied: Applied::Counted(0),
-                degraded: true,
-                state_dropped: false,
-            },
+            Some(clean) => {
+                let (applied, value) = read(&clean.state);
+                (
+                    Observed {
+                        applied,
+                        degraded: self.breaker.is_open(),
+                        state_dropped: false,
+                    },
+                    value,
+                )
+            }
+            // Redis is unavailable and nothing was counted here: what this process knows is
+            // nothing (0 for a count).
+            None => (
+                Observed {
+                    applied: Applied::never_counted(spec.aggregate),
+                    degraded: true,
+                    state_dropped: false,
+                },
+                None,
+            ),
         })
     }
 
