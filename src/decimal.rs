@@ -141,6 +141,12 @@ impl Decimal {
         }
     }
 
+    /// Whether its canonical text may be long: a number of more than 19 significant digits
+    /// (any other is at most a few dozen characters).
+    pub fn may_be_long(&self) -> bool {
+        matches!(self.0, Repr::Long(_))
+    }
+
     fn is_zero(&self) -> bool {
         matches!(self.0, Repr::Small { mantissa: 0, .. })
     }

@@ -49,7 +49,7 @@ fn write_lists(dir: &Path) {
         if i % 10 == 9 {
             writeln!(limits, "m-{i:07},\"manual\"").unwrap();
         } else {
-            writeln!(limits, "m-{i:07},{}", i % 1000).unwrap();
+            writeln!(limits, "m-{i:07},{}", 20_000 + i % 1000).unwrap();
         }
     }
     std::fs::write(lists.join("cards.txt"), cards).unwrap();
@@ -129,10 +129,13 @@ fn million_entry_lists_load_fast_and_test_exactly() {
     );
 
     let probes: [(&str, &[&str]); 19] = [
-        // m-0000123's limit is 123; m-0999999's is "manual" (a string: never compared).
-        (r#""merchant":"m-0000123","amount":124"#, &["over-limit"]),
-        (r#""merchant":"m-0000123","amount":123"#, &[]),
-        (r#""merchant":"m-0999998","amount":998.5"#, &["over-limit"]),
+        // m-0000123's limit is 20 123; m-0999999's is "manual" (a string: never compared).
+        (r#""merchant":"m-0000123","amount":20124"#, &["over-limit"]),
+        (r#""merchant":"m-0000123","amount":20123"#, &[]),
+        (
+            r#""merchant":"m-0999998","amount":20998.5"#,
+            &["over-limit"],
+        ),
         (r#""merchant":"m-0999999","amount":1e9"#, &[]),
         (r#""merchant":"m-1000000","amount":1e9"#, &[]),
         (r#""card":"c-0000000""#, &["stolen-card"]),

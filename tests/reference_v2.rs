@@ -827,12 +827,7 @@ fn count(
 type Hit<'r> = (usize, Vec<Value>, &'r str, Option<Value>, Option<Value>);
 
 /// The decision record of line `i` (0-based) from its hits.
-fn record(
-    rules: &[RuleParams],
-    i: usize,
-    ts: i64,
-    hits: Vec<Hit<'_>>,
-) -> Value {
+fn record(rules: &[RuleParams], i: usize, ts: i64, hits: Vec<Hit<'_>>) -> Value {
     let enforced: Vec<&str> = hits
         .iter()
         .filter(|(r, ..)| !rules[*r].shadow)

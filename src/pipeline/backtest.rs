@@ -152,7 +152,7 @@ fn decision_shape<'r>(
             .iter()
             .map(|hit| {
                 let rule = rules.rule(hit.rule);
-                (rule.id.as_str(), rule.mode.as_str(), rule.action.as_str())
+                (rule.id.as_str(), hit.mode.as_str(), rule.action.as_str())
             })
             .collect(),
     )

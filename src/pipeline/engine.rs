@@ -60,6 +60,8 @@ pub struct RuleCounts {
     /// Events in the rule's scope (its `match` held).
     pub matched: u64,
     pub hits: u64,
+    /// Of `hits`, those in shadow mode (the rule's mode, or outside its rollout).
+    pub shadow_hits: u64,
     /// Judgements on state dropped at the in-process bound (a counter known only as a lower
     /// bound, or a hold that may have been dropped), judged by the rule's `on_store_error`.
     pub on_dropped_state: u64,
@@ -720,6 +722,9 @@ impl<S: CounterStore> Engine<S> {
                 }
             }
             self.rule_counts[position].hits += 1;
+            if hit.mode == Mode::Shadow {
+                self.rule_counts[position].shadow_hits += 1;
+            }
             if hit.degraded {
                 self.counts.degraded_hits += 1;
             }

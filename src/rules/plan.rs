@@ -302,6 +302,11 @@ pub enum Plan {
 /// Longest string a `last` counter keeps (a longer one skips: `value_too_long`).
 pub const MAX_LAST_BYTES: usize = 256;
 
+/// Whether a number's canonical text is longer than a `last` counter keeps.
+fn number_too_long(n: &Decimal) -> bool {
+    n.may_be_long() && n.to_string().len() > MAX_LAST_BYTES
+}
+
 /// Largest summed amount, exclusive: 10^12 units in micro-units.
 const SUM_LIMIT_MICROS: i64 = 1_000_000_000_000 * MICROS_PER_UNIT;
 
@@ -343,6 +348,9 @@ impl PlannedCounter {
                 FieldValue::Str(s) if s.len() > MAX_LAST_BYTES => {
                     return Plan::Skip(SkipReason::ValueTooLong)
                 }
+                FieldValue::Number(n) if number_too_long(&n.exact) => {
+                    return Plan::Skip(SkipReason::ValueTooLong)
+                }
                 FieldValue::Str(_) | FieldValue::Number(_) | FieldValue::Bool(_) => Delta::Last,
                 _ => return Plan::Skip(SkipReason::LastField),
             },
@@ -368,7 +376,7 @@ impl PlannedCounter {
     pub(crate) fn last_value(&self, event: &Event<'_>) -> Option<LastValue> {
         Some(match event.field(self.field?) {
             FieldValue::Str(s) if s.len() <= MAX_LAST_BYTES => LastValue::Str(s.as_ref().into()),
-            FieldValue::Number(n) => LastValue::Num(n.exact.clone()),
+            FieldValue::Number(n) if !number_too_long(&n.exact) => LastValue::Num(n.exact.clone()),
             FieldValue::Bool(b) => LastValue::Bool(*b),
             _ => return None,
         })

@@ -14,7 +14,7 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use super::shared::{stop_loops, PartitionKey, PartitionLoop, Polled, Worker};
 use crate::event::Event;
 use crate::pipeline::Engine;
-use crate::rules::{record, Action, EventSource, Mode, SkipReason};
+use crate::rules::{record, Action, EventSource, SkipReason};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
@@ -645,20 +645,20 @@ impl Worker {
                     })
                     .inc_by(counts.on_dropped_state);
             }
-            if counts.hits > 0 {
-                let mode = match rule.mode {
-                    Mode::Enforce => "enforce",
-                    Mode::Shadow => "shadow",
-                };
+            // By the mode each hit fired in (a rule outside its rollout fires in shadow mode).
+            for (mode, hits) in [
+                ("enforce", counts.hits - counts.shadow_hits),
+                ("shadow", counts.shadow_hits),
+            ] {
+                if hits == 0 {
+                    continue;
+                }
                 let labels = RuleHitLabels {
                     rule: rule.id.clone(),
                     mode,
                     action: rule.action.as_str(),
                 };
-                self.metrics
-                    .rule_hits
-                    .get_or_create(&labels)
-                    .inc_by(counts.hits);
+                self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
             }
         }
     }

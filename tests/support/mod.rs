@@ -686,7 +686,8 @@ pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usi
         .map(|key| {
             let fields: Vec<(Vec<u8>, String)> =
                 redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
-            // Bucket fields are slot numbers (digits only); distinct fields start with 'd'.
+            // Bucket fields are slot numbers (digits only); distinct fields start with 'd'; a
+            // last window's kept event is `l` = "<bucket>:<time>:<value>", its time counted here.
             let total: i128 = fields
                 .iter()
                 .filter(|(f, _)| f.iter().all(u8::is_ascii_digit))
@@ -694,7 +695,17 @@ pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usi
                     v.parse::<i128>()
                         .unwrap_or_else(|_| panic!("{key}: bucket {v:?} is not an integer"))
                 })
-                .sum();
+                .sum::<i128>()
+                + fields
+                    .iter()
+                    .filter(|(f, _)| f.as_slice() == b"l")
+                    .map(|(_, v)| {
+                        v.split(':')
+                            .nth(1)
+                            .and_then(|t| t.parse::<i128>().ok())
+                            .unwrap_or(-1)
+                    })
+                    .sum::<i128>();
             let distinct = fields.iter().filter(|(f, _)| f[0] == b'd').count();
             (key, (total, distinct))
         })

@@ -300,6 +300,8 @@ pub(super) fn several_observations(spec: &WindowSpec, state: &WindowState) -> bo
         (Aggregate::Sum, WindowState::Series(series))
         | (Aggregate::Max, WindowState::Max(series))
         | (Aggregate::Min, WindowState::Min(series)) => series.buckets().nth(1).is_some(),
+        // One kept event says nothing about how many there were.
+        (Aggregate::Last, _) => false,
         _ => state.value() >= 2,
     }
 }
@@ -410,14 +412,19 @@ pub(super) fn judge(state: &WindowState, spec: &WindowSpec, bucket: i64) -> Appl
     }
 }
 
-/// [`judge`], with a `last` window's value: the event it holds, as a read at `bucket` sees it.
+/// [`judge`], for any window: a `last` window's previous event is unknown.
 pub(super) fn judged(
     state: &WindowState,
     spec: &WindowSpec,
     bucket: i64,
 ) -> (Applied, Option<LastValue>) {
     match state {
-        WindowState::Last(_) => state.read_last(spec, bucket),
+        // The window holds this event itself now (it was applied before): which event came
+        // before it is no longer known.
+        WindowState::Last(_) => match state.head() {
+            Some(head) if bucket <= head - spec.buckets => (Applied::Late, None),
+            _ => (Applied::Empty, None),
+        },
         _ => (judge(state, spec, bucket), None),
     }
 }
