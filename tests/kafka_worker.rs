@@ -1118,12 +1118,14 @@ fn kafkas_own_console_consumer_reads_the_decisions_and_dead_letters() {
         LONG,
     );
 
+    // `score`: the shipped rules have scoring rules (rules/signals.toml).
     let documented = [
         "action",
         "decision_id",
         "event_id",
         "hits",
         "rules_version",
+        "score",
         "source",
         "ts",
     ];

@@ -492,15 +492,16 @@ impl Tally {
             if let Some(tag) = fraud {
                 *rule.fraud_caught.entry(tag.clone()).or_default() += 1;
             }
-            // The key of the counter the rule fires on (a v1 rule's own, else the first its
-            // condition names).
+            // Whom the hit is about: the rule's entity, else the key of the counter it fires
+            // on (a v1 rule's own, else the first its condition names).
             let counter = match rules.rule(hit.rule).form {
                 Form::V1 { counter, .. } => Some(counter),
                 Form::V2 => rules.rule(hit.rule).counters().first().copied(),
             };
-            let formed = counter
-                .and_then(|c| rules.counter_position(c))
-                .is_some_and(|p| rules.counter_key(p, event, &mut self.key));
+            let formed = rules.entity_key(hit.rule, event, &mut self.key)
+                || counter
+                    .and_then(|c| rules.counter_position(c))
+                    .is_some_and(|p| rules.counter_key(p, event, &mut self.key));
             if formed && !self.keys[position].contains(&self.key) {
                 self.keys[position].insert(self.key.clone());
             }

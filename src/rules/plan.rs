@@ -470,7 +470,7 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// Writes the canonical key of `plan`'s entries for `event` into `key` (cleared first); false
 /// if one is missing, null, an object or an array.
 #[inline]
-fn encode_key(plan: &KeyPlan, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+pub(crate) fn encode_key(plan: &KeyPlan, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
     key.clear();
     for part in &plan.0 {
         let formed = match part {

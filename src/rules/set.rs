@@ -308,6 +308,13 @@ impl RuleSet {
         &self.entities[rule]
     }
 
+    /// Writes the entity of rule `rule` (by index) for `event` into `key` (encoded like a
+    /// dimension key); false if the rule names none or it cannot be formed.
+    pub fn entity_key(&self, rule: usize, event: &Event<'_>, key: &mut Vec<u8>) -> bool {
+        let plan = &self.entities[rule];
+        !plan.is_empty() && plan::encode_key(plan, event, key)
+    }
+
     /// Whether a rule has a `score`: records then carry the event's score.
     pub fn is_scoring(&self) -> bool {
         self.scoring
