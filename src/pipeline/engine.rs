@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::clock::{Clock, SystemClock};
 
 use super::judge::{Judge, Outcome};
@@ -103,6 +105,8 @@ pub struct Engine<S> {
     outcomes: Vec<Outcome>,
     /// Per active `last` counter: the value its outcome's time belongs to, for this event.
     last_values: Vec<Option<LastValue>>,
+    /// Whether an active counter is a `last` one (`last_values` is used).
+    has_last: bool,
     counts: EvalCounts,
     /// Per active rule, since the last [`Engine::take_rule_counts`].
     rule_counts: Vec<RuleCounts>,
@@ -155,6 +159,7 @@ impl<S: CounterStore> Engine<S> {
             keys: Vec::new(),
             outcomes: Vec::new(),
             last_values: Vec::new(),
+            has_last: false,
             counts: EvalCounts::default(),
             rule_counts: Vec::new(),
             counter_counts: Vec::new(),
@@ -315,6 +320,9 @@ impl<S: CounterStore> Engine<S> {
         self.keys = vec![Vec::with_capacity(64); self.windows.len()];
         self.outcomes = vec![Outcome::Unread; self.windows.len()];
         self.last_values = vec![None; self.windows.len()];
+        self.has_last = rules
+            .active_counters()
+            .any(|index| rules.counter(index).aggregate() == crate::window::Aggregate::Last);
         self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
         self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
         self.memo = rules.scope_memo();
@@ -512,7 +520,9 @@ impl<S: CounterStore> Engine<S> {
         event: &Event<'_>,
         behind: bool,
     ) -> Result<Outcome, StoreError> {
-        self.last_values[position] = None;
+        if self.has_last {
+            self.last_values[position] = None;
+        }
         Ok(
             match self
                 .rules
@@ -618,7 +628,7 @@ impl<S: CounterStore> Engine<S> {
     fn judge(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
         let mut decision = Decision::default();
         // Active position of each hit, in step with `decision.hits`.
-        let mut positions: Vec<usize> = Vec::new();
+        let mut positions: SmallVec<[usize; 8]> = SmallVec::new();
         let rules = &self.rules;
         let mut judge = Judge {
             event,
@@ -711,7 +721,15 @@ impl<S: CounterStore> Engine<S> {
                 }
             }
         }
-        let allowed = decision.action(rules) == Some(crate::rules::Action::Allow);
+        // The action is needed only for an event with a hold to set.
+        let sets_hold = decision
+            .hits
+            .iter()
+            .zip(&positions)
+            .any(|(hit, &position)| {
+                hit.reason == Some(Reason::When) && self.hold_spaces[position].is_some()
+            });
+        let allowed = sets_hold && decision.action(rules) == Some(crate::rules::Action::Allow);
         for (hit, &position) in decision.hits.iter_mut().zip(&positions) {
             let rule = rules.rule(hit.rule);
             if hit.reason == Some(Reason::When) {
@@ -738,6 +756,7 @@ impl<S: CounterStore> Engine<S> {
 
 /// One rule's hit on the event `judge` judges, if it fires: its scope, its condition or limit,
 /// its hold as it stood before the event, and its rollout (shadow mode outside it).
+#[inline]
 fn judge_rule<'a: 'e, 'e, S: CounterStore>(
     judge: &mut Judge<'a, 'e, S>,
     hold_spaces: &[Option<HoldSpace>],
