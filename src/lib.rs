@@ -10,8 +10,9 @@
 //! - [`decimal`]: exact decimals — numbers compared by the value their text writes, micro-unit
 //!   sums, the shortest exact text.
 //! - [`window`]: exact bucket math of the window semantics — bucket index, late events, the per-key
-//!   [`window::WindowState`] for count, sum (micro-units, saturating) and distinct (bounded by
-//!   `max_distinct`), and reading a window at an event's time without changing it.
+//!   [`window::WindowState`] for count, sum (micro-units, saturating), distinct (bounded by
+//!   `max_distinct`), max / min (each bucket's extreme) and last (the event with the greatest
+//!   time), and reading a window at an event's time without changing it.
 //! - [`rules`]: the TOML rule language, compiled into a [`rules::RuleSet`].
 //!   - `rules::compile`: rule files → validated model, every error as `file:line:col: message`
 //!     (`positions`: line index and diagnostics; `fields`: typed value readers; `tables`: one
@@ -20,10 +21,13 @@
 //!   - `rules::expr`: the expression language — `lex`, `parse` (one precedence table), `resolve`
 //!     (names → projection slots, counters, lists), `eval` (three-valued, no allocation), `deep`
 //!     (`==` on arrays and objects, one pass over their JSON text).
-//!   - `rules::lists`: `[[list]]` sets (strings, exact numbers, networks by prefix length).
+//!   - `rules::lists`: `[[list]]` sets (strings, exact numbers, networks by prefix length) and
+//!     maps (key → JSON scalar).
 //!   - `rules::model`: the validated counters and rules. `rules::plan`: which counters an event
-//!     feeds (key bytes, delta), which rules judge it (each distinct `match` conjunct evaluated
-//!     at most once per event), hold keys. `rules::decide`: hits → a [`rules::Decision`].
+//!     feeds (key bytes from paths or expressions, delta), which rules judge it (each distinct
+//!     `match` conjunct evaluated at most once per event), hold, rollout and entity keys.
+//!     `rules::decide`: hits → a [`rules::Decision`] (the action; the pipeline's judge orders
+//!     rollouts, `final` suppression, the score and holds).
 //!     `rules::record`: its JSON record, from parts rendered once at load. `rules::describe`:
 //!     what `vigil check` says of each counter and rule; `rules::lint`: what a sample of events
 //!     says of them (`vigil check --events`).
