@@ -75,7 +75,7 @@ fn backtest_reports_hits_keys_and_caught_fraud_consistently_with_replay() {
         }
     }
     let rules = report["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 21);
+    assert_eq!(rules.len(), 20);
     for rule in rules {
         let id = rule["rule_id"].as_str().unwrap();
         let (n, first, last) = hits.get(id).copied().unwrap_or((0, 0, 0));

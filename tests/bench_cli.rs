@@ -32,7 +32,7 @@ fn in_process_bench_reports_and_compares_rule_sets_on_a_given_input() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         stdout.starts_with(
-            "vigil bench (replay, in-process store, 1 thread)\n  input            212 events"
+            "vigil bench (replay, in-process store, 1 thread)\n  input            181 events"
         ),
         "{stdout}"
     );

@@ -322,7 +322,7 @@ fn shipped_examples_show_every_kind_of_decision() {
     }
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(
-        stderr.starts_with("replay: 212 events read, 61 decisions, 0 bad lines, 0 late"),
+        stderr.starts_with("replay: 181 events read, 54 decisions, 0 bad lines, 0 late"),
         "{stderr}"
     );
 }
