@@ -210,11 +210,31 @@ impl InputConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    /// Address of `/metrics`, `/healthz`, `/readyz` and the `/v1` lookups.
     pub listen: SocketAddr,
+    /// The bearer token of the write endpoints (`DELETE /v1/rules/{id}/hold`); empty: every
+    /// write endpoint answers 403. Set it from the environment (`VIGIL_HTTP_ADMIN_TOKEN`) rather
+    /// than in the file.
+    pub admin_token: String,
+}
+
+impl fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("listen", &self.listen)
+            .field(
+                "admin_token",
+                &if self.admin_token.is_empty() {
+                    ""
+                } else {
+                    "***"
+                },
+            )
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -561,6 +581,21 @@ fn default_section<T: serde::de::DeserializeOwned>(section: &str) -> T {
         .remove(section)
         .expect("the embedded defaults have every section but kafka's");
     table.try_into().expect("the embedded defaults are valid")
+}
+
+impl KafkaConfig {
+    /// The embedded defaults with these brokers: for the commands other than `run` that write to
+    /// Kafka (`hold release --brokers`).
+    pub fn for_brokers(brokers: &str) -> KafkaConfig {
+        let mut defaults: toml::Table =
+            toml::from_str(DEFAULTS).expect("the embedded defaults are valid TOML");
+        let mut table = match defaults.remove("kafka") {
+            Some(toml::Value::Table(table)) => table,
+            _ => toml::Table::new(),
+        };
+        table.insert("brokers".into(), toml::Value::String(brokers.to_owned()));
+        table.try_into().expect("the embedded defaults are valid")
+    }
 }
 
 impl Default for RedisConfig {

@@ -105,6 +105,50 @@ enum Command {
         #[command(flatten)]
         bounds: BoundArgs,
     },
+    /// Show one key as the engine sees it: a counter's live window (value, head, buckets with
+    /// their time ranges, distinct values, recorded offsets, TTL in Redis), or a rule's hold on
+    /// the key and every counter its condition reads.
+    #[command(after_long_help = INSPECT_HELP)]
+    Inspect {
+        /// A rule file or a directory of *.toml rule files (the ones the workers run).
+        #[arg(long, default_value_os_t = RulesConfig::default().path)]
+        rules: PathBuf,
+        /// Look in the Redis the workers count in (their redis.url).
+        #[arg(
+            long,
+            value_name = "URL",
+            required_unless_present = "input",
+            conflicts_with = "input"
+        )]
+        redis: Option<String>,
+        /// CA certificate (PEM) that signed a rediss:// server's certificate.
+        #[arg(long, value_name = "FILE", requires = "redis")]
+        redis_ca: Option<PathBuf>,
+        /// Instead of Redis: replay this JSON-lines file in process up to --at, then look.
+        #[arg(long, value_name = "FILE")]
+        input: Option<PathBuf>,
+        /// A counter id or a rule id.
+        id: String,
+        /// The key, as FIELD=VALUE for each field it is formed from (dotted paths for nested
+        /// fields). Typed as in rule files: user_id=17 is the number, user_id='17' the string;
+        /// anything that is not a number, true, false or null is a string as written.
+        #[arg(value_name = "FIELD=VALUE", required = true)]
+        fields: Vec<String>,
+        /// The time to look at, as an event at that time would see the key: RFC 3339 or epoch
+        /// milliseconds. Default: now; with --input, the newest event's time.
+        #[arg(long, value_name = "TIME", value_parser = cli::parse_at)]
+        at: Option<i64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        bounds: BoundArgs,
+    },
+    /// Holds (a rule's penalty box on a key).
+    Hold {
+        #[command(subcommand)]
+        command: HoldCommand,
+    },
     /// Run the Kafka worker: consume events, count, decide, produce decisions (until SIGTERM/SIGINT).
     Run {
         /// Configuration file (TOML; VIGIL_<SECTION>_<KEY> environment variables override it).
@@ -221,6 +265,54 @@ enum Command {
         workload: WorkloadArgs,
     },
 }
+
+#[derive(Subcommand)]
+enum HoldCommand {
+    /// End a rule's hold on one key (a wrongly blocked customer need not wait for it to
+    /// expire): the next event of that key is judged as if the hold had never been set. Writes
+    /// an audit record ("kind":"hold_release", rule, key, reason, time) to the decisions topic
+    /// and prints it.
+    #[command(after_long_help = INSPECT_HELP)]
+    Release {
+        /// A rule file or a directory of *.toml rule files (the ones the workers run).
+        #[arg(long, default_value_os_t = RulesConfig::default().path)]
+        rules: PathBuf,
+        /// The Redis the workers count in (default: redis.url of --config).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
+        /// CA certificate (PEM) that signed a rediss:// server's certificate.
+        #[arg(long, value_name = "FILE", requires = "redis")]
+        redis_ca: Option<PathBuf>,
+        /// The workers' configuration file: its Kafka section says where the audit record goes
+        /// (brokers, decisions topic, SASL/TLS properties), its redis.url where the hold is.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Write the audit record at these brokers instead of --config's.
+        #[arg(long, value_name = "BROKERS", required_unless_present = "config")]
+        brokers: Option<String>,
+        /// The decisions topic, with --brokers.
+        #[arg(long, default_value = "decisions", requires = "brokers")]
+        topic: String,
+        /// Why: kept in the audit record (a ticket number, who asked).
+        #[arg(long, required = true)]
+        reason: String,
+        /// The rule whose hold ends.
+        rule: String,
+        /// The hold key, as FIELD=VALUE (typed as with inspect).
+        #[arg(value_name = "FIELD=VALUE", required = true)]
+        fields: Vec<String>,
+    },
+}
+
+const INSPECT_HELP: &str = "\
+Examples:
+  vigil inspect --redis redis://127.0.0.1:6379 login-fails-user-10m user_id=u-7
+  vigil inspect --input examples/events.jsonl login-brute-force user_id=u-7 --json
+  vigil inspect --redis redis://127.0.0.1:6379 pay-amount-card-1h card.bin='411111' --at 2026-11-26T10:00:00Z
+  vigil hold release --config vigil.toml login-brute-force user_id=u-7 --reason 'ticket 4711: customer verified'
+
+Field values are typed as in rule files: user_id=17 is the number 17 and user_id='17' the string
+\"17\" (a key made from one never matches the other); u-17 is the string \"u-17\".";
 
 /// Bounds on event time.
 #[derive(clap::Args)]
@@ -461,6 +553,49 @@ fn main() -> ExitCode {
                 max_bad_ratio,
             )
         }
+        Command::Inspect {
+            rules,
+            redis,
+            redis_ca,
+            input,
+            id,
+            fields,
+            at,
+            json,
+            bounds,
+        } => {
+            if let Err(code) = bounds.check() {
+                return code;
+            }
+            let from = match (redis, input) {
+                (Some(url), _) => cli::InspectFrom::Redis { url, ca: redis_ca },
+                (None, Some(input)) => cli::InspectFrom::Input(input),
+                (None, None) => unreachable!("clap requires --redis or --input"),
+            };
+            cli::inspect(&rules, from, &id, &fields, at, json, bounds.input_bounds())
+        }
+        Command::Hold {
+            command:
+                HoldCommand::Release {
+                    rules,
+                    redis,
+                    redis_ca,
+                    config,
+                    brokers,
+                    topic,
+                    reason,
+                    rule,
+                    fields,
+                },
+        } => cli::hold_release(
+            &rules,
+            redis.map(|url| (url, redis_ca)),
+            config.as_deref(),
+            brokers.map(|b| (b, topic)),
+            &rule,
+            &fields,
+            &reason,
+        ),
         Command::Run { config } => cli::run(&config),
         #[cfg(feature = "harness")]
         Command::Gen {

@@ -324,6 +324,28 @@ impl WindowState {
         }
     }
 
+    /// What each non-empty bucket holds, oldest first, to show a window: its count, sum or extreme
+    /// (micro-units for amounts); for a distinct window, the values whose latest bucket it is;
+    /// for a `last` window, the kept event's time in its bucket.
+    pub fn contributions(&self, spec: &WindowSpec) -> Vec<(i64, i64)> {
+        match self {
+            WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => {
+                s.buckets().collect()
+            }
+            WindowState::Distinct(d) => d
+                .per_bucket
+                .0
+                .iter()
+                .map(|&(b, n)| (b, i64::from(n)))
+                .collect(),
+            WindowState::Last(l) => l
+                .best
+                .iter()
+                .map(|(t, _)| (spec.bucket_of(*t), *t))
+                .collect(),
+        }
+    }
+
     /// The count or sum held in `bucket`, if it is live and not empty (count/sum windows).
     pub fn bucket_value(&self, bucket: i64) -> Option<i64> {
         match self {

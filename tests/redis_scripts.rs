@@ -1,6 +1,6 @@
 //! The Lua scripts' protocol, called directly against real `redis-server` processes started by
 //! the test harness: `lua/apply_window.lua` (counting, versions, offsets, the distinct bound,
-//! argument checks) and `lua/hold.lua`.
+//! argument checks), `lua/hold.lua` and `lua/release_hold.lua`.
 
 mod support;
 
@@ -759,6 +759,64 @@ fn hold_script_keeps_the_later_time_and_refuses_bad_arguments() {
     assert!(raise(&mut conn, "1", 0).is_err(), "a TTL of zero");
     let stored: String = redis::cmd("GET").arg("vg:h:r:k").query(&mut conn).unwrap();
     assert_eq!(stored, "1700000900000");
+}
+
+fn release_script() -> redis::Script {
+    redis::Script::new(include_str!("../lua/release_hold.lua"))
+}
+
+#[test]
+fn a_released_hold_refuses_raises_made_before_it_and_takes_later_ones() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let raise = |conn: &mut redis::Connection, until: &str| -> String {
+        hold_script()
+            .key("vg:h:r:k")
+            .arg(until)
+            .arg(3_600_000)
+            .invoke(conn)
+            .unwrap()
+    };
+    let release = |conn: &mut redis::Connection, known: &str| -> Option<String> {
+        release_script()
+            .key("vg:h:r:k")
+            .arg(known)
+            .invoke(conn)
+            .unwrap()
+    };
+    assert_eq!(release(&mut conn, ""), None, "nothing held");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("vg:h:r:k")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!exists, "releasing what is not held writes nothing");
+    assert_eq!(raise(&mut conn, "1700000600000"), "1700000600000");
+    assert_eq!(release(&mut conn, ""), Some("1700000600000".into()));
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:h:r:k").query(&mut conn).unwrap();
+    assert!(ttl > 3_500_000, "the marker keeps the hold's TTL: {ttl}");
+    // A raise made before the release (for no later a time) arrives after it: refused.
+    assert_eq!(raise(&mut conn, "1700000600000"), "r1700000600000");
+    assert_eq!(raise(&mut conn, "1700000599999"), "r1700000600000");
+    // Released again: nothing held now (the releasing process knows nothing newer).
+    assert_eq!(release(&mut conn, ""), None);
+    // A firing after the release sets a new hold.
+    assert_eq!(raise(&mut conn, "1700000600001"), "1700000600001");
+    // The releasing process's own raise, not yet written, is released too.
+    assert_eq!(
+        release(&mut conn, "1700000700000"),
+        Some("1700000700000".into())
+    );
+    assert_eq!(raise(&mut conn, "1700000650000"), "r1700000700000");
+    for bad in ["x", "1.5", "-1"] {
+        assert!(
+            release_script()
+                .key("vg:h:r:k")
+                .arg(bad)
+                .invoke::<Option<String>>(&mut conn)
+                .is_err(),
+            "{bad:?}"
+        );
+    }
 }
 
 /// The script's `max_distinct` against the in-process window on random sequences (values coming

@@ -8,6 +8,7 @@ mod bench;
 mod check;
 #[cfg(feature = "harness")]
 mod gen;
+mod inspect;
 mod replay;
 mod run;
 
@@ -26,6 +27,7 @@ pub use bench::{bench, bench_kafka, BenchArgs};
 pub use check::check;
 #[cfg(feature = "harness")]
 pub use gen::gen;
+pub use inspect::{hold_release, inspect, parse_at, InspectFrom};
 pub use replay::{replay, ReplayRedis};
 pub use run::run;
 

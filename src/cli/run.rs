@@ -1,5 +1,5 @@
-//! `vigil run --config FILE`: the Kafka worker until SIGTERM/SIGINT, with `/metrics`, `/healthz`
-//! and `/readyz` served on a small runtime of its own.
+//! `vigil run --config FILE`: the Kafka worker until SIGTERM/SIGINT, with `/metrics`, `/healthz`,
+//! `/readyz` and the `/v1` lookups served on a small runtime of its own.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -53,11 +53,13 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the HTTP runtime")?;
     let listen = config.http.listen;
+    let lookups = worker::Lookups::new();
     let server = runtime
         .block_on(telemetry::http::serve(
             listen,
             Arc::clone(&metrics),
             Arc::clone(&health),
+            lookups.clone().router(),
             std::future::pending(),
         ))
         .with_context(|| format!("http.listen: cannot listen on {listen}"))?;
@@ -66,7 +68,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
             tracing::error!(error = %e, "HTTP server stopped");
         }
     });
-    tracing::info!(%listen, "serving /metrics /healthz /readyz");
+    tracing::info!(%listen, "serving /metrics /healthz /readyz and the /v1 lookups");
     runtime.spawn(on_signals(shutdown.clone(), config.worker.shutdown_timeout));
     let result = worker::run(
         config,
@@ -75,6 +77,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         journal,
         metrics,
         health,
+        &lookups,
         shutdown.clone(),
     );
     shutdown.trigger();

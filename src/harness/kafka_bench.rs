@@ -789,6 +789,7 @@ impl BenchWorker {
                         journal,
                         metrics,
                         Arc::new(Health::default()),
+                        &worker::Lookups::new(),
                         shutdown,
                     )
                     .map_err(|e| e.to_string())

@@ -99,7 +99,7 @@ pub struct Engine<S> {
     rules: RuleSet,
     store: S,
     /// The store window of each active counter, by active position.
-    windows: Vec<WindowId>,
+    pub(super) windows: Vec<WindowId>,
     /// Per active counter: its key for the current event, and its outcome.
     keys: Vec<Vec<u8>>,
     outcomes: Vec<Outcome>,
@@ -115,12 +115,12 @@ pub struct Engine<S> {
     bounds: TimeBounds,
     clock: Arc<dyn Clock>,
     /// Where events decoded for this engine's rules take their time from.
-    time_source: TimeSource,
+    pub(super) time_source: TimeSource,
     /// The newest accepted event time of each input lane (a Kafka partition; the whole input in
     /// replay): its watermark follows it.
     newest: Vec<(u64, i64)>,
     /// Per active rule: its hold space in the store (`None`: no hold).
-    hold_spaces: Vec<Option<HoldSpace>>,
+    pub(super) hold_spaces: Vec<Option<HoldSpace>>,
     /// The hold key of the rule being judged.
     hold_key: Vec<u8>,
     /// `match` results for the event being evaluated (and for prefetching).

@@ -5,6 +5,7 @@
 
 pub mod backtest;
 mod engine;
+pub mod inspect;
 mod judge;
 mod replay;
 pub mod tuning;

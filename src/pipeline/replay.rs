@@ -30,6 +30,9 @@ pub struct ReplayOptions {
     /// The input is a live stream (a pipe): each line is judged as soon as it is read and its
     /// record written out at once, instead of waiting for a batch of lines to fill.
     pub live: bool,
+    /// Events after this time (epoch ms) are read and neither counted nor judged (`vigil
+    /// inspect --input --at`: the state as it stood then).
+    pub until_ms: Option<i64>,
 }
 
 impl Default for ReplayOptions {
@@ -40,6 +43,7 @@ impl Default for ReplayOptions {
             lane: 0,
             store_wait: Duration::ZERO,
             live: false,
+            until_ms: None,
         }
     }
 }
@@ -129,6 +133,8 @@ pub struct ReplaySummary {
     pub peak_state_bytes: usize,
     /// What the store dropped to stay within its bound of keys.
     pub state: StateStats,
+    /// Events after `ReplayOptions::until_ms`, not judged.
+    pub after_until: u64,
 }
 
 impl ReplaySummary {
@@ -279,6 +285,10 @@ pub fn replay<S: CounterStore>(
                     continue;
                 }
             };
+            if options.until_ms.is_some_and(|until| event.ts > until) {
+                summary.after_until += 1;
+                continue;
+            }
             let decision = engine.evaluate(
                 event,
                 InputPosition {

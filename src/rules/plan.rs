@@ -240,6 +240,11 @@ impl PlannedRule {
             rollout_key,
         }
     }
+
+    /// The hold key, resolved (empty: no hold).
+    pub(crate) fn hold_plan(&self) -> &KeyPlan {
+        &self.hold_key
+    }
 }
 
 /// Why an event in a counter's scope was not counted.

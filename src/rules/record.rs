@@ -180,6 +180,20 @@ fn write_last(out: &mut Vec<u8>, value: Option<&LastValue>) {
     );
 }
 
+/// A `last` counter's value as records show it (`null` if unknown).
+pub fn last_value_json(value: Option<&LastValue>) -> String {
+    let mut out = Vec::new();
+    write_last(&mut out, value);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// An amount in micro-units as records show a sum.
+pub fn micros_json(micros: i64) -> String {
+    let mut out = Vec::new();
+    write_decimal(&mut out, &crate::decimal::Decimal::from_micros(micros));
+    String::from_utf8(out).unwrap_or_default()
+}
+
 /// `,"entity":{…}` when the rule names one and every value of it can be formed.
 fn write_entity(
     out: &mut Vec<u8>,
@@ -218,6 +232,26 @@ pub fn key_json(rules: &RuleSet, event: &Event<'_>, counter: usize) -> String {
     let mut out = Vec::new();
     write_key(&mut out, rules, rules.record_parts(), event, counter);
     String::from_utf8(out).unwrap_or_default()
+}
+
+/// The hold key of the rule at active `position` for `event`, as records show keys; `None` if
+/// the rule has no hold or a value is missing.
+pub fn hold_key_json(rules: &RuleSet, event: &Event<'_>, position: usize) -> Option<String> {
+    let rule = rules.rule(rules.active().nth(position)?);
+    let hold = rule.hold.as_ref()?;
+    let mut out = vec![b'{'];
+    let mut formed = true;
+    rules.hold_plan(position).for_each_value(event, |i, value| {
+        if i > 0 {
+            out.push(b',');
+        }
+        super::json::write_str(&mut out, hold.key[i].text());
+        out.push(b':');
+        formed &= value.is_some();
+        write_scalar(&mut out, value);
+    });
+    out.push(b'}');
+    formed.then(|| String::from_utf8(out).unwrap_or_default())
 }
 
 /// A counter's dimension values for this event, by path, as canonical JSON scalars.

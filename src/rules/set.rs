@@ -303,6 +303,16 @@ impl RuleSet {
         self.counter_position[counter].map_or(&NONE, |p| &self.active_counters[p].dimensions)
     }
 
+    /// The hold key of the rule at active `position`, resolved (empty: no hold).
+    pub(crate) fn hold_plan(&self, position: usize) -> &plan::KeyPlan {
+        self.active_rules[position].hold_plan()
+    }
+
+    /// The active position of the rule at `index` (`None`: disabled).
+    pub fn rule_position(&self, index: usize) -> Option<usize> {
+        self.active_rules.iter().position(|r| r.index == index)
+    }
+
     /// A rule's entity, resolved (empty: its hits name no one).
     pub(crate) fn entity_plan(&self, rule: usize) -> &plan::KeyPlan {
         &self.entities[rule]

@@ -3,6 +3,8 @@
 //! committed only after the broker acknowledged the record. A record the producer gives up on
 //! (e.g. `message.timeout.ms` passed while the brokers were away) is produced again, never dropped.
 
+pub mod audit;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -1,7 +1,8 @@
 //! The store a command was configured with, in process or Redis, behind one type.
 
 use super::counter_store::{
-    CounterStore, HoldSpace, InputPosition, Observed, Planned, StateStats, StoreError, WindowId,
+    CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats, StoreError,
+    WindowId,
 };
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
@@ -70,6 +71,12 @@ impl CounterStore for AnyStore {
         until_ms: i64,
     ) -> Result<i64, StoreError> {
         delegate!(self, s => s.extend_hold(space, key, until_ms))
+    }
+    fn inspect(&mut self, window: WindowId, key: &[u8]) -> Result<Inspected, StoreError> {
+        delegate!(self, s => s.inspect(window, key))
+    }
+    fn release_hold(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        delegate!(self, s => s.release_hold(space, key))
     }
     fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
         delegate!(self, s => s.prefetch_holds(keys))

@@ -2,7 +2,7 @@
 //! opened by id, observations applied or read at an event's time, the input position that makes
 //! counting exactly-once, and the store's error type.
 
-use crate::window::{Applied, Delta, LastValue, WindowSpec};
+use crate::window::{Applied, Delta, LastValue, WindowSpec, WindowState};
 
 /// Handle of a window opened on a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,6 +124,23 @@ impl Observed {
     }
 }
 
+/// What a store holds for one (window, key), to show it (`CounterStore::inspect`).
+#[derive(Debug, Clone)]
+pub struct Inspected {
+    /// The window as this process counts with it: what the backing service holds, with what
+    /// this process counted and has not written yet.
+    pub state: WindowState,
+    /// The highest input offset applied to the key, per input lane.
+    pub offsets: Vec<(u64, i64)>,
+    /// Milliseconds until the backing service forgets the key (`None`: no expiry, or in
+    /// process).
+    pub ttl_ms: Option<i64>,
+    /// Where the key lives in the backing service (`None`: in process).
+    pub location: Option<String>,
+    /// This process counted into the key and has not written it to the backing service yet.
+    pub unflushed: bool,
+}
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -217,6 +234,14 @@ pub trait CounterStore {
         key: &[u8],
         until_ms: i64,
     ) -> Result<i64, StoreError>;
+
+    /// What the store holds for `key` in `window`, to show it: changes nothing, counts nothing.
+    fn inspect(&mut self, window: WindowId, key: &[u8]) -> Result<Inspected, StoreError>;
+
+    /// Ends the hold of `key` in `space` (support released it): until when it held, `None` if
+    /// it did not. An event judged after the release finds no hold; a raise this process or
+    /// another made for the hold being released before it is not written back.
+    fn release_hold(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError>;
 
     /// Loads the holds of `keys` that are not known locally (or not recently), in as few round
     /// trips as possible, ahead of the `held_until` calls that will need them.

@@ -4,7 +4,8 @@ use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::counter_store::{
-    CounterStore, HoldSpace, HoldSpaces, Observed, StateStats, StoreError, WindowId, Windows,
+    CounterStore, HoldSpace, HoldSpaces, Inspected, Observed, StateStats, StoreError, WindowId,
+    Windows,
 };
 use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
 use crate::window::{Applied, Delta, LastValue, WindowSpec, WindowState};
@@ -642,6 +643,37 @@ impl CounterStore for MemoryStore {
                 key,
             })
             .copied())
+    }
+
+    fn inspect(&mut self, window: WindowId, key: &[u8]) -> Result<Inspected, StoreError> {
+        let spec = self.windows.spec(window.0);
+        let state = self
+            .states
+            .get(&BytesRef(key))
+            .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0))
+            .map_or_else(
+                || WindowState::new(spec.aggregate),
+                |(_, state)| state.clone(),
+            );
+        Ok(Inspected {
+            state,
+            offsets: Vec::new(),
+            ttl_ms: None,
+            location: None,
+            unflushed: false,
+        })
+    }
+
+    fn release_hold(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        let key = StoredKey {
+            window: space.0,
+            key: KeyBytes::new(key),
+        };
+        let released = self.holds.remove(&key);
+        if released.is_some() {
+            self.bytes = self.bytes.saturating_sub(hold_bytes(&key));
+        }
+        Ok(released)
     }
 
     fn hold_dropped(&mut self, space: HoldSpace, key: &[u8], ts_ms: i64) -> bool {

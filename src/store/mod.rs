@@ -25,7 +25,8 @@ mod scripts;
 pub use any::AnyStore;
 pub use codec::decode_untrusted;
 pub use counter_store::{
-    CounterStore, HoldSpace, InputPosition, Observed, Planned, StateStats, StoreError, WindowId,
+    CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats, StoreError,
+    WindowId,
 };
 pub use journal::{Journal, JournalError, JournalWriter};
 /// Lower-case hex, as Redis key names write digests (the Redis benchmark names its keys alike).

@@ -22,6 +22,10 @@ pub static HOLD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(H
 
 const HOLD_SOURCE: &str = include_str!("../../lua/hold.lua");
 
+/// Ends a rule's hold on one key, leaving a marker that refuses raises made before (see the
+/// header of `lua/release_hold.lua`). Rare: sent as EVAL, with its source.
+pub(super) const RELEASE_HOLD_SOURCE: &str = include_str!("../../lua/release_hold.lua");
+
 /// Claims an input lane for one replay at a time and records how far a finished one got (see
 /// the header of `lua/replay_lane.lua`).
 pub static REPLAY_LANE: LazyLock<redis::Script> =

@@ -1,6 +1,6 @@
 //! The internal HTTP port: `/metrics` (Prometheus text), `/healthz` (liveness: the consumer loop
 //! is turning) and `/readyz` (readiness: rules loaded, store connected, consumer subscribed, a
-//! broker reachable, not shutting down).
+//! broker reachable, not shutting down); the worker merges its `/v1` routes in.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,12 +65,14 @@ struct AppState {
     health: Arc<Health>,
 }
 
-pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
+/// The probes and metrics, with `extra` routes merged in (the worker's `/v1` lookups).
+pub fn router(metrics: Arc<Metrics>, health: Arc<Health>, extra: Router) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(AppState { metrics, health })
+        .merge(extra)
 }
 
 /// Binds `listen` (so a taken port fails at startup, not later) and serves until `shutdown`.
@@ -78,10 +80,11 @@ pub async fn serve(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    extra: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<impl std::future::Future<Output = std::io::Result<()>>> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    let app = router(metrics, health);
+    let app = router(metrics, health, extra);
     Ok(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

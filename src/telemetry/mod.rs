@@ -143,6 +143,13 @@ pub struct CodeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LookupLabels {
+    /// `counter`, `rule` or `release`.
+    pub endpoint: &'static str,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabels {
     pub topic: String,
     pub partition: i32,
@@ -197,6 +204,8 @@ pub struct Metrics {
     pub stale_writes: Counter,
     /// Kafka produce failures, by code; the record is produced again.
     pub delivery_errors: Family<CodeLabels, Counter>,
+    /// Requests to the `/v1` endpoints, by endpoint and HTTP status.
+    pub lookups: Family<LookupLabels, Counter>,
     /// Consumer lag per assigned partition, from librdkafka statistics.
     pub consumer_lag: Family<PartitionLabels, Gauge>,
     /// Offset committed last per partition (the next offset to read).
@@ -316,6 +325,7 @@ impl Metrics {
             replayed_observations: Counter::default(),
             stale_writes: Counter::default(),
             delivery_errors: Family::default(),
+            lookups: Family::default(),
             consumer_lag: Family::default(),
             committed_offset: Family::default(),
             decision_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -535,6 +545,11 @@ impl Metrics {
     /// The Kafka worker: deliveries, partitions, offsets, the decision journal.
     fn register_worker(&self, registry: &mut Registry) {
         registry.register(
+            "lookups",
+            "Requests to the /v1 lookups and hold releases, by endpoint and HTTP status",
+            self.lookups.clone(),
+        );
+        registry.register(
             "kafka_delivery_errors",
             "Kafka produce failures, by code",
             self.delivery_errors.clone(),
@@ -612,6 +627,13 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+
+    /// Counts one `/v1` request.
+    pub fn lookup(&self, endpoint: &'static str, status: u16) {
+        self.lookups
+            .get_or_create(&LookupLabels { endpoint, status })
+            .inc();
     }
 
     pub fn inc_events(&self, outcome: &'static str, n: u64) {

@@ -13,7 +13,9 @@
 //!   (`committer.rs`);
 //! - a rule watcher: validates changed rule files and swaps them in atomically (`watcher.rs`);
 //! - an aligner: keeps the group's partitions in step in event time, sharing where this worker's
-//!   partitions stand through Redis, which also tells whether other workers count (`alignment.rs`).
+//!   partitions stand through Redis, which also tells whether other workers count (`alignment.rs`);
+//! - on the HTTP runtime, the `/v1` lookups and hold releases, which take the engine between two
+//!   batches (`lookups.rs`).
 //!
 //! What they share is in `shared.rs`. On revocation and on shutdown: stop the partition loops,
 //! flush the store, wait for deliveries, commit — within `worker.shutdown_timeout`. A broker
@@ -23,12 +25,14 @@ mod alignment;
 mod committer;
 mod context;
 mod error;
+mod lookups;
 mod partition;
 mod poll;
 mod shared;
 mod watcher;
 
 pub use error::WorkerError;
+pub use lookups::Lookups;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +52,9 @@ use context::WorkerContext;
 use shared::{PartitionKey, Worker};
 
 /// Runs the worker until `shutdown` fires, then stops within `worker.shutdown_timeout`.
+// Each argument is a separate thing the caller made (the HTTP side serves two of them before the
+// worker runs): a struct to hold them would only be taken apart here.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     config: Config,
     rules: RuleSet,
@@ -55,6 +62,7 @@ pub fn run(
     journal: Option<JournalWriter>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    lookups: &Lookups,
     shutdown: Shutdown,
 ) -> Result<(), WorkerError> {
     metrics.rules_active.set(rules.active().len() as i64);
@@ -72,6 +80,7 @@ pub fn run(
         Arc::clone(&metrics),
         shutdown.clone(),
     ));
+    lookups.bind(&worker);
     let consumer = Arc::new(subscribe(&worker, &health, &fatal)?);
 
     // The helper threads stop on `helpers_done`, after the final commit.

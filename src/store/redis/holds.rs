@@ -12,7 +12,7 @@ use crate::clock::MonotonicClock;
 use crate::store::counter_store::{HoldSpace, StoreError};
 use crate::store::keys::{key_name, KeyBytes, KeyRef, StoredKey};
 use crate::store::link::Batch;
-use crate::store::scripts::HOLD;
+use crate::store::scripts::{HOLD, RELEASE_HOLD_SOURCE};
 
 /// A rule's hold on one key as this process knows it: what Redis said last, raised by what this
 /// process set since.
@@ -140,6 +140,46 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
         });
         Ok(until_ms)
+    }
+
+    /// Ends the hold of `key` in `space` in Redis, and in this process's view: a raise this
+    /// process has not written yet goes with it (the release covers it), one in flight is
+    /// refused by Redis (it is not later than what was released).
+    pub(super) fn release(
+        &mut self,
+        space: HoldSpace,
+        key: &[u8],
+    ) -> Result<Option<i64>, StoreError> {
+        let lookup = KeyRef {
+            window: space.0,
+            key,
+        };
+        let known = self.holds.views.get(&lookup).and_then(|view| view.until);
+        let name = self.redis_hold_key(space, key);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RELEASE_HOLD_SOURCE)
+            .arg(1)
+            .arg(&name)
+            .arg(known.map(|t| t.to_string()).unwrap_or_default());
+        let reply = self.run_each(vec![(name, cmd)])?.pop();
+        let released = match reply {
+            Some(Value::Nil) | None => None,
+            Some(reply) => Some(
+                redis::from_redis_value::<String>(reply)
+                    .ok()
+                    .and_then(|t| t.parse::<i64>().ok())
+                    .ok_or_else(|| StoreError::Protocol("release_hold: not a time".into()))?,
+            ),
+        };
+        let at = self.clock.now();
+        if let Some(view) = self.holds.views.get_mut(&lookup) {
+            if view.pending.take().is_some() {
+                self.holds.pending -= 1;
+            }
+            view.inflight = None;
+            view.learn(None, at);
+        }
+        Ok(released)
     }
 
     /// Reads, in one pipeline, the holds of `keys` not told within the last flush interval.
@@ -312,12 +352,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             let Some((raised, _)) = view.inflight.take() else {
                 continue;
             };
-            match redis::from_redis_value::<String>(reply.clone())
-                .ok()
-                .and_then(|t| t.parse::<i64>().ok())
-            {
-                Some(stored) => view.learn(Some(stored), sent),
-                None => {
+            let text = redis::from_redis_value::<String>(reply.clone()).ok();
+            match text.as_deref().map(|t| (t, t.parse::<i64>().ok())) {
+                Some((_, Some(stored))) => view.learn(Some(stored), sent),
+                // Released (`lua/release_hold.lua`) after this raise was made: not held.
+                Some((t, None)) if t.starts_with('r') => view.learn(None, sent),
+                _ => {
                     view.learn(Some(raised), sent);
                     refused.get_or_insert_with(|| {
                         StoreError::Protocol(format!("hold raise refused: {reply:?}"))

@@ -59,8 +59,8 @@ pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 pub use early::{EarlyReader, EarlyReads};
 
 use super::counter_store::{
-    CounterStore, HoldSpace, HoldSpaces, InputPosition, Observed, Planned, StoreError, WindowId,
-    Windows,
+    CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StoreError,
+    WindowId, Windows,
 };
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
 use crate::clock::{MonotonicClock, SystemMonotonic};
@@ -499,6 +499,14 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         until_ms: i64,
     ) -> Result<i64, StoreError> {
         self.raise_hold(space, key, until_ms)
+    }
+
+    fn inspect(&mut self, window: WindowId, key: &[u8]) -> Result<Inspected, StoreError> {
+        self.inspect_key(window, key)
+    }
+
+    fn release_hold(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
+        self.release(space, key)
     }
 
     fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {

@@ -89,17 +89,40 @@ impl<C: MonotonicClock> RedisStore<C> {
             cmd.arg(name);
             batch.command(self.cluster, name, cmd);
         }
+        self.run_batch(batch, command, names.len())
+    }
+
+    /// Commands, each on the key it names, pipelined on the reader thread: a reply per
+    /// command, in order. For the rare calls outside counting (inspecting a key, releasing a
+    /// hold).
+    pub(super) fn run_each(
+        &mut self,
+        commands: Vec<(String, redis::Cmd)>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut batch = Batch::default();
+        let count = commands.len();
+        for (name, cmd) in commands {
+            batch.command(self.cluster, &name, cmd);
+        }
+        self.run_batch(batch, "inspection", count)
+    }
+
+    fn run_batch(
+        &mut self,
+        batch: Batch,
+        command: &str,
+        count: usize,
+    ) -> Result<Vec<Value>, StoreError> {
         // Every attempt (a dropped connection fails at once and is worth another), but within
         // two read deadlines: the counting path does not wait out a long outage.
         let replies = self.query_read(batch, self.config.attempts)?;
         // These replies may come from a promoted replica the flusher has not met yet: what it
         // lacks is put back in the views first, so the replies never stand in for it.
         self.catch_up_failover();
-        if replies.len() != names.len() {
+        if replies.len() != count {
             return Err(StoreError::Protocol(format!(
-                "{} replies for {} {command} reads",
+                "{} replies for {count} {command} reads",
                 replies.len(),
-                names.len()
             )));
         }
         Ok(replies)

@@ -490,6 +490,50 @@ impl<C: MonotonicClock> RedisStore<C> {
         key_name("vg:", name, &hasher.finalize())
     }
 
+    /// What Redis holds for the key now (its window, recorded offsets, TTL), or this process's
+    /// view of it while that has deltas Redis has not acknowledged (`CounterStore::inspect`).
+    pub(super) fn inspect_key(
+        &mut self,
+        window: WindowId,
+        key: &[u8],
+    ) -> Result<crate::store::Inspected, StoreError> {
+        let spec = self.windows.spec(window.0);
+        let name = self.redis_key(window, key);
+        let mut hash = redis::cmd("HGETALL");
+        hash.arg(&name);
+        let mut ttl = redis::cmd("PTTL");
+        ttl.arg(&name);
+        let mut replies = self
+            .run_each(vec![(name.clone(), hash), (name.clone(), ttl)])?
+            .into_iter();
+        let (Some(hash), Some(ttl)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::Protocol("inspection: missing replies".into()));
+        };
+        let stored = codec::decode_hash(&spec, &codec::flat(hash)?)?;
+        let ttl_ms = redis::from_redis_value::<i64>(ttl)
+            .ok()
+            .filter(|&ms| ms >= 0);
+        let lookup = KeyRef {
+            window: window.0,
+            key,
+        };
+        let (state, mut offsets, unflushed) = match self.views.dirty.get(&lookup) {
+            Some(dirty) => (dirty.state.clone(), dirty.offsets.clone(), true),
+            None => (stored.state, Offsets::new(), false),
+        };
+        for &(lane, offset) in &stored.offsets {
+            codec::raise(&mut offsets, lane, offset);
+        }
+        offsets.sort_unstable();
+        Ok(crate::store::Inspected {
+            state,
+            offsets: offsets.into_vec(),
+            ttl_ms,
+            location: Some(name),
+            unflushed,
+        })
+    }
+
     /// Counts one observation on the key's view (`CounterStore::apply`).
     pub(super) fn count(
         &mut self,
