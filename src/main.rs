@@ -204,9 +204,11 @@ enum Command {
         /// rule's precision and recall.
         #[arg(long, value_name = "FIELD", default_value = "fraud", value_parser = parse_label)]
         label: vigil::event::FieldPath,
-        /// Re-judge a rule in the v1 form (window + limit) at each of these limits in the same
-        /// pass: hits, keys, labelled hits, precision and recall per limit (holds not applied).
-        /// Repeat for several rules.
+        /// Re-judge a rule at each of these limits in the same pass: hits, keys, labelled hits,
+        /// precision and recall per limit. The rule is in the v1 form (window + limit: the limit
+        /// is replaced) or its whole `when` compares a counter with a number ("$c > N" or
+        /// "$c >= N": N is replaced). Holds, `final` and rollouts are not applied. Repeat for
+        /// several rules.
         #[arg(long, value_name = "RULE=L1,L2,…", value_parser = vigil::pipeline::tuning::parse_sweep)]
         sweep: Vec<(String, Vec<vigil::decimal::Decimal>)>,
         /// Another rule set to judge the same events with: every event whose decision differs

@@ -559,3 +559,85 @@ fn a_backtest_tunes_a_limit_with_labels_distributions_and_a_sweep() {
         "--sweep: no rule \"nope\""
     );
 }
+
+/// A rule whose whole `when` compares a counter with a number is swept too: the number is
+/// replaced, the rule judges every event in its scope (fed the counter or not), and each
+/// candidate fires exactly as the rule would with that number written in. Any other `when` is
+/// refused, saying which forms a sweep re-judges.
+#[test]
+fn a_sweep_re_judges_a_when_that_compares_a_counter_with_a_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let counter = "[[counter]]\nid = 'fails'\nmatch = \"result == 'fail'\"\ndimensions = ['user_id']\nwindow = '1h'\n";
+    let rule = |id: &str, when: &str| {
+        format!("[[rule]]\nid = '{id}'\naction = 'challenge'\nmatch = \"result == 'ok'\"\nwhen = \"{when}\"\n")
+    };
+    let swept = dir.path().join("swept.toml");
+    std::fs::write(
+        &swept,
+        format!(
+            "{counter}{}{}",
+            rule("ok-after", "$fails >= 2"),
+            rule("other", "$fails > 1 && user_id != 'x'")
+        ),
+    )
+    .unwrap();
+    // u1: 3 failures then a success; u2: 1 failure then a success; u3: a success only.
+    let mut lines = Vec::new();
+    let mut ts = 1_700_000_000_000i64;
+    for (user, fails) in [("u1", 3), ("u2", 1), ("u3", 0)] {
+        for _ in 0..fails {
+            ts += 1000;
+            lines.push(format!(
+                r#"{{"ts":{ts},"result":"fail","user_id":"{user}"}}"#
+            ));
+        }
+        ts += 1000;
+        lines.push(format!(r#"{{"ts":{ts},"result":"ok","user_id":"{user}"}}"#));
+    }
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(&events, lines.join("\n")).unwrap();
+    let run = |rules: &std::path::Path, sweep: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args([
+                "backtest",
+                "--rules",
+                rules.to_str().unwrap(),
+                "--input",
+                events.to_str().unwrap(),
+                "--json",
+                "--sweep",
+                sweep,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run(&swept, "ok-after=0,1,2,3,4");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hits: Vec<(u64, u64)> = report["sweeps"][0]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["hits"].as_u64().unwrap(), c["keys"].as_u64().unwrap()))
+        .collect();
+    // >= 0: every success (3, by 3 users); >= 1: u1 and u2; >= 2 and >= 3: u1; >= 4: none.
+    assert_eq!(hits, vec![(3, 3), (2, 2), (1, 1), (1, 1), (0, 0)]);
+    // The candidate equal to the rule's own number gives the rule's own hits.
+    let own = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule_id"] == "ok-after")
+        .unwrap();
+    assert_eq!(own["hits"], 1);
+    let out = run(&swept, "other=1");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "--sweep: rule \"other\" has neither a `limit` nor a `when` of the form \"$counter > N\" or \"$counter >= N\" (the two forms a sweep re-judges)"
+    );
+}

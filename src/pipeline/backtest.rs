@@ -9,10 +9,11 @@ use serde::Serialize;
 
 use super::engine::Engine;
 use super::replay::{read_line_bounded, LineRead, ReplayError, DEFAULT_MAX_EVENT_BYTES};
-use super::tuning::{self, Distribution, Label, Labelled, Peaks, Sweep, TopKey, Values};
+use super::tuning::{self, Distribution, Label, Labelled, Peaks, Sweep, SweptForm, TopKey, Values};
 use crate::decimal::Decimal;
 use crate::event::{decode, Event, FieldPath};
-use crate::rules::{Decision, Form, RuleSet, SkipReason};
+use crate::rules::expr::{CounterCmp, Expr};
+use crate::rules::{Decision, Form, RuleSet, ScopeMemo, SkipReason};
 use crate::store::{InputPosition, MemoryStore};
 
 /// One rule's results.
@@ -179,7 +180,8 @@ fn record_json(
 }
 
 /// Checks `--sweep` requests against the rules: each names an enabled rule in the v1 form
-/// (`window` + `limit`), whose limit the sweep replaces.
+/// (`window` + `limit`), whose limit the sweep replaces, or one whose whole `when` compares a
+/// counter with a number (`$c > N`, `$c >= N`), whose number it replaces.
 pub fn plan_sweeps(
     rules: &RuleSet,
     requests: &[(String, Vec<Decimal>)],
@@ -193,12 +195,29 @@ pub fn plan_sweeps(
                 .position(|r| &r.id == rule_id)
                 .ok_or_else(|| format!("--sweep: no rule {rule_id:?}"))?;
             let rule = rules.rule(index);
-            let Form::V1 { counter, .. } = rule.form else {
-                return Err(format!(
-                    "--sweep: rule {rule_id:?} has no `limit` (sweeps re-judge the v1 form: window + limit)"
-                ));
+            let (counter, form) = match (&rule.form, rule.when.as_deref().map(|w| &w.expr)) {
+                (Form::V1 { counter, .. }, _) => (*counter, SweptForm::V1),
+                (
+                    _,
+                    Some(Expr::CounterCmp {
+                        cmp: cmp @ (CounterCmp::Gt | CounterCmp::Ge),
+                        index: counter,
+                        ..
+                    }),
+                ) => (
+                    *counter,
+                    SweptForm::When {
+                        rule: index,
+                        at_least: *cmp == CounterCmp::Ge,
+                    },
+                ),
+                _ => {
+                    return Err(format!(
+                        "--sweep: rule {rule_id:?} has neither a `limit` nor a `when` of the form \"$counter > N\" or \"$counter >= N\" (the two forms a sweep re-judges)"
+                    ))
+                }
             };
-            if rules.counter_position(counter).is_none() {
+            if rules.counter_position(counter).is_none() || rules.rule_position(index).is_none() {
                 return Err(format!("--sweep: rule {rule_id:?} is disabled"));
             }
             let scale = if rules.counter(counter).aggregate().is_amount() {
@@ -209,11 +228,16 @@ pub fn plan_sweeps(
             Ok(Sweep {
                 rule_id: rule_id.clone(),
                 counter,
+                form,
                 candidates: limits
                     .iter()
                     .map(|limit| tuning::Candidate {
                         limit: limit.clone(),
                         threshold: limit.floor_scaled(scale),
+                        ceiling: (-limit)
+                            .floor_scaled(scale)
+                            .checked_neg()
+                            .unwrap_or(i64::MAX),
                         hits: 0,
                         keys: 0,
                         labelled: Labelled::default(),
@@ -377,6 +401,8 @@ struct Tally {
     peaks: Vec<Peaks>,
     /// Lines that jumped the watermark, by line.
     jumps: BTreeMap<u64, WatermarkJump>,
+    /// For the sweeps of `when` rules: whether the rule judges the event.
+    memo: ScopeMemo,
 }
 
 impl Tally {
@@ -409,6 +435,7 @@ impl Tally {
             jumps: BTreeMap::new(),
             values: vec![Values::default(); rules.active_counters().len()],
             peaks: vec![Peaks::default(); rules.active_counters().len()],
+            memo: rules.scope_memo(),
         }
     }
 
@@ -534,11 +561,21 @@ impl Tally {
             let Some(position) = rules.counter_position(sweep.counter) else {
                 continue;
             };
-            let Some((raw, key)) = engine.counted_value(position) else {
+            let value = match sweep.form {
+                SweptForm::V1 => engine.counted_value(position),
+                SweptForm::When { rule, .. } => {
+                    self.memo.reset();
+                    let judged = rules
+                        .rule_position(rule)
+                        .is_some_and(|p| rules.in_scope(p, event, &mut self.memo));
+                    judged.then(|| engine.known_value(position)).flatten()
+                }
+            };
+            let Some((raw, key)) = value else {
                 continue;
             };
             for candidate in &mut sweep.candidates {
-                if raw > candidate.threshold {
+                if candidate.fires(sweep.form, raw) {
                     candidate.hits += 1;
                     candidate.labelled.hit(label);
                     if !candidate.keys_hit.contains(key) {

@@ -377,6 +377,15 @@ impl<S: CounterStore> Engine<S> {
         }
     }
 
+    /// The value the active counter at `position` had for the last evaluated event, counted or
+    /// read (`None`: neither, or unknown), with its key.
+    pub fn known_value(&self, position: usize) -> Option<(i64, &[u8])> {
+        match self.outcomes.get(position) {
+            Some(Outcome::Known { value, .. }) => Some((*value, &self.keys[position])),
+            _ => None,
+        }
+    }
+
     pub fn rules(&self) -> &RuleSet {
         &self.rules
     }

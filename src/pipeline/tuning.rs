@@ -1,6 +1,7 @@
 //! What `vigil backtest` adds for tuning a limit: the distribution of each counter's value at the
 //! events it counted, the keys that peaked highest, labelled events (precision and recall), and
-//! the hits a v1-form rule would have at candidate limits (`--sweep`). Pure.
+//! the hits a rule would have at candidate limits (`--sweep`: a v1-form rule's `limit`, or the
+//! number a `when = "$counter > N"` compares with). Pure.
 
 use std::collections::HashMap;
 
@@ -190,9 +191,12 @@ impl Labelled {
 #[derive(Debug, Clone, Serialize)]
 pub struct Candidate {
     pub limit: Decimal,
-    /// The limit on the counter's raw scale (`value > limit` ⇔ `raw > threshold`).
+    /// The limit on the counter's raw scale, rounded down (`value > limit` ⇔ `raw > threshold`)
+    /// and up (`value >= limit` ⇔ `raw >= ceiling`).
     #[serde(skip)]
     pub threshold: i64,
+    #[serde(skip)]
+    pub ceiling: i64,
     pub hits: u64,
     pub keys: u64,
     #[serde(flatten)]
@@ -207,7 +211,31 @@ pub struct Sweep {
     pub rule_id: String,
     #[serde(skip)]
     pub counter: usize,
+    /// How the rule compares its counter with the limit.
+    #[serde(skip)]
+    pub form: SweptForm,
     pub candidates: Vec<Candidate>,
+}
+
+/// The two forms a sweep re-judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweptForm {
+    /// `window` + `limit`: fires when the event fed the counter and its value exceeds the limit.
+    V1,
+    /// `when = "$counter > N"` (or `>=`): fires when the rule judges the event (its `match`
+    /// holds; rule index) and the counter's value, fed by the event or not, is above (or at)
+    /// the limit.
+    When { rule: usize, at_least: bool },
+}
+
+impl Candidate {
+    /// Whether a raw value fires the rule at this candidate.
+    pub fn fires(&self, form: SweptForm, raw: i64) -> bool {
+        match form {
+            SweptForm::When { at_least: true, .. } => raw >= self.ceiling,
+            _ => raw > self.threshold,
+        }
+    }
 }
 
 /// Parses `RULE=L1,L2,…`.
