@@ -641,3 +641,53 @@ fn a_sweep_re_judges_a_when_that_compares_a_counter_with_a_number() {
         "--sweep: rule \"other\" has neither a `limit` nor a `when` of the form \"$counter > N\" or \"$counter >= N\" (the two forms a sweep re-judges)"
     );
 }
+
+/// "Why does this counter count nothing?": each skip reason with the field that made it, a
+/// dimension entry counted event by event, the summed field for the other reasons.
+#[test]
+fn skipped_events_name_the_field_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[counter]]\nid = 'spend'\ndimensions = ['user_id', 'card.id']\nwindow = '1h'\naggregate = 'sum'\nfield = 'amount'\n\n[[rule]]\nid = 'big'\naction = 'review'\nwhen = '$spend > 100'\n",
+    )
+    .unwrap();
+    let lines = [
+        r#"{"ts":1700000000000,"user_id":"u1","card":{"id":"c1"},"amount":5}"#,
+        r#"{"ts":1700000001000,"card":{"id":"c1"},"amount":5}"#,
+        r#"{"ts":1700000002000,"user_id":"u1","amount":5}"#,
+        r#"{"ts":1700000003000,"user_id":"u1","card":{"id":null},"amount":5}"#,
+        r#"{"ts":1700000004000,"user_id":"u1","card":{"id":"c1"},"amount":"5"}"#,
+    ];
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(&events, lines.join("\n")).unwrap();
+    let run = |json: bool| {
+        let mut args = vec![
+            "backtest",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--input",
+            events.to_str().unwrap(),
+        ];
+        if json {
+            args.push("--json");
+        }
+        std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let report: serde_json::Value = serde_json::from_slice(&run(true).stdout).unwrap();
+    assert_eq!(
+        report["counters"][0]["skipped_fields"],
+        serde_json::json!({"missing_dimension": {"user_id": 1, "card.id": 2}, "non_numeric_sum_field": {"amount": 1}})
+    );
+    let table = String::from_utf8(run(false).stdout).unwrap();
+    assert!(
+        table.contains(
+            "missing_dimension 3 (card.id 2, user_id 1), non_numeric_sum_field 1 (amount)"
+        ),
+        "{table}"
+    );
+}

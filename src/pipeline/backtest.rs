@@ -52,6 +52,9 @@ pub struct CounterReport {
     pub late: u64,
     /// Events in its scope not counted, by reason.
     pub skipped: BTreeMap<&'static str, u64>,
+    /// The same, by reason and the field (a dimension entry, or the counted field) that made
+    /// each event skip.
+    pub skipped_fields: BTreeMap<&'static str, BTreeMap<String, u64>>,
     /// Distinct values not recorded: the key's window held `max_distinct` values.
     pub distinct_capped: u64,
     /// Its value at the events it counted.
@@ -403,6 +406,9 @@ struct Tally {
     jumps: BTreeMap<u64, WatermarkJump>,
     /// For the sweeps of `when` rules: whether the rule judges the event.
     memo: ScopeMemo,
+    /// Per active counter: its dimension skips so far, and by dimension entry.
+    dimension_skips: Vec<u64>,
+    missing_dimensions: Vec<BTreeMap<usize, u64>>,
 }
 
 impl Tally {
@@ -436,6 +442,8 @@ impl Tally {
             values: vec![Values::default(); rules.active_counters().len()],
             peaks: vec![Peaks::default(); rules.active_counters().len()],
             memo: rules.scope_memo(),
+            dimension_skips: vec![0; rules.active_counters().len()],
+            missing_dimensions: vec![BTreeMap::new(); rules.active_counters().len()],
         }
     }
 
@@ -545,6 +553,13 @@ impl Tally {
         label: Label,
     ) {
         for (position, index) in rules.active_counters().enumerate() {
+            let skips = engine.dimension_skips(position);
+            if skips > self.dimension_skips[position] {
+                self.dimension_skips[position] = skips;
+                if let Some(entry) = rules.missing_dimension(index, event) {
+                    *self.missing_dimensions[position].entry(entry).or_default() += 1;
+                }
+            }
             // A `last` counter's value is no amount: it has no distribution or peak.
             if rules.counter(index).aggregate() == crate::window::Aggregate::Last {
                 continue;
@@ -614,6 +629,11 @@ impl Tally {
                         .map(|reason| (reason.code(), counts.skipped[reason.index()]))
                         .filter(|&(_, n)| n > 0)
                         .collect(),
+                    skipped_fields: skipped_fields(
+                        rules.counter(index),
+                        &counts.skipped,
+                        &self.missing_dimensions[position],
+                    ),
                     distinct_capped: counts.capped,
                     values: self.values[position].summary(aggregate),
                     top_keys: self.peaks[position].top(aggregate),
@@ -641,6 +661,42 @@ impl Tally {
         }
         self.report
     }
+}
+
+/// Skips by reason and the field that made them: a dimension entry for a missing dimension (as
+/// counted event by event), the counted field (or a tuple's entries) for the other reasons.
+fn skipped_fields(
+    counter: &crate::rules::Counter,
+    skipped: &[u64],
+    missing: &BTreeMap<usize, u64>,
+) -> BTreeMap<&'static str, BTreeMap<String, u64>> {
+    let mut fields = BTreeMap::new();
+    for reason in SkipReason::ALL {
+        let n = skipped[reason.index()];
+        if n == 0 {
+            continue;
+        }
+        let by_field: BTreeMap<String, u64> = match reason {
+            SkipReason::Dimension => missing
+                .iter()
+                .filter_map(|(&i, &n)| Some((counter.dimensions.get(i)?.text().to_owned(), n)))
+                .collect(),
+            _ => {
+                let field = match &counter.field {
+                    Some(path) => path.as_str().to_owned(),
+                    None => counter
+                        .tuple
+                        .iter()
+                        .map(|k| k.text())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                };
+                BTreeMap::from([(field, n)])
+            }
+        };
+        fields.insert(reason.code(), by_field);
+    }
+    fields
 }
 
 /// Most watermark jumps named in warnings (the JSON report lists them all).
@@ -781,7 +837,20 @@ pub fn write_table(report: &BacktestReport, out: &mut impl Write) -> io::Result<
         let mut reasons: Vec<String> = counter
             .skipped
             .iter()
-            .map(|(reason, n)| format!("{reason} {n}"))
+            .map(|(reason, n)| {
+                let fields = counter.skipped_fields.get(reason);
+                match fields.map(|f| f.iter().collect::<Vec<_>>()).as_deref() {
+                    Some([(field, _)]) => format!("{reason} {n} ({field})"),
+                    Some(many) if !many.is_empty() => format!(
+                        "{reason} {n} ({})",
+                        many.iter()
+                            .map(|(field, n)| format!("{field} {n}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    _ => format!("{reason} {n}"),
+                }
+            })
             .collect();
         if counter.distinct_capped > 0 {
             reasons.push(format!("over max_distinct {}", counter.distinct_capped));

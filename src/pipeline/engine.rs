@@ -386,6 +386,14 @@ impl<S: CounterStore> Engine<S> {
         }
     }
 
+    /// Events the active counter at `position` skipped because a dimension was missing, since
+    /// its counts were last taken.
+    pub fn dimension_skips(&self, position: usize) -> u64 {
+        self.counter_counts
+            .get(position)
+            .map_or(0, |c| c.skipped[SkipReason::Dimension.index()])
+    }
+
     pub fn rules(&self) -> &RuleSet {
         &self.rules
     }

@@ -313,6 +313,19 @@ impl RuleSet {
         self.active_rules.iter().position(|r| r.index == index)
     }
 
+    /// The first dimension (by index into the counter's `dimensions`) whose value `event` lacks
+    /// (missing, null, an object or an array), if any.
+    pub fn missing_dimension(&self, counter: usize, event: &Event<'_>) -> Option<usize> {
+        let mut missing = None;
+        self.dimension_plan(counter)
+            .for_each_value(event, |i, value| {
+                if value.is_none() && missing.is_none() {
+                    missing = Some(i);
+                }
+            });
+        missing
+    }
+
     /// A rule's entity, resolved (empty: its hits name no one).
     pub(crate) fn entity_plan(&self, rule: usize) -> &plan::KeyPlan {
         &self.entities[rule]
