@@ -54,30 +54,34 @@
 //!   decode → plan → count → decide for one event, with the watermark of each input lane;
 //!   `judge`: one rule over one event; `replay`: [`pipeline::replay`] over a JSON-lines stream;
 //!   [`pipeline::backtest`]: the per-rule report, with [`pipeline::tuning`] (value percentiles,
-//!   top keys, labels, limit sweeps).
+//!   top keys, labels, limit sweeps); [`pipeline::inspect`]: one key as the engine sees it (a
+//!   counter's window, a rule's hold and counters) and ending a hold — `vigil inspect`,
+//!   `vigil hold release` and the worker's `/v1` endpoints.
 //! - [`config`]: the `vigil run` configuration: TOML over embedded defaults (every default in
 //!   `config_defaults.toml`), `VIGIL_*` overrides; [`config::StoreSetup`] opens the store and
 //!   journal for `replay`, `run` and the benchmarks alike.
 //! - [`source`]: the Kafka consumer's settings, message decoding with dead-letter reasons, and
 //!   per-partition offset [`source::Progress`] (what may be committed).
 //! - [`sink`]: the idempotent producer of decisions and dead letters; deliveries report back to
-//!   the partition's progress.
+//!   the partition's progress. `sink::audit`: one audit record (a hold released), waited for.
 //! - [`broker`]: the client failures retrying cannot fix (a refused credential, an untrusted
 //!   certificate), which stop the worker instead of leaving it retrying forever.
 //! - [`worker`]: `vigil run`, one file per thread — `poll` (the consumer loop), `context`
 //!   (rdkafka callbacks, rebalances), `partition` (one ordered loop per partition over the shared
 //!   engine; it waits while more than `input.max_partition_skew` ahead of the slowest partition),
 //!   `committer` (write-behind, durable marks, commits, metric export), `watcher` (rule hot
-//!   reload), `alignment` (partitions in step: positions, the board exchange); `shared` holds
-//!   what they share.
-//! - [`telemetry`]: the one [`telemetry::Metrics`] struct, `/metrics` `/healthz` `/readyz`, logs.
+//!   reload), `alignment` (partitions in step: positions, the board exchange), `lookups` (the
+//!   `/v1` lookups and hold releases, on the HTTP runtime); `shared` holds what they share.
+//! - [`telemetry`]: the one [`telemetry::Metrics`] struct, `/metrics` `/healthz` `/readyz` (the
+//!   worker merges its `/v1` routes in), logs.
 //! - [`shutdown`]: the shutdown signal every loop waits on.
 //! - `harness` (cargo feature `harness`, on by default; off the product path): `workload`
 //!   (deterministic synthetic events), `fuzzing` (the fuzz targets' bodies, also run bounded in
 //!   the suite), `replay_bench`, `redis_bench`, `kafka_bench` (`vigil bench`), `divergence`
 //!   (decisions against a single-order run).
 //! - The binary: `main.rs` (clap) and `cli/`, one file per command (`check`, `replay`,
-//!   `backtest`, `run`, `gen`, `bench`) — the only users of `anyhow`.
+//!   `backtest`, `inspect` with `hold release`, `run`, `gen`, `bench`) — the only users of
+//!   `anyhow`.
 //!
 //! # Data flow
 //!
