@@ -626,6 +626,21 @@ fn a_sweep_re_judges_a_when_that_compares_a_counter_with_a_number() {
         .collect();
     // >= 0: every success (3, by 3 users); >= 1: u1 and u2; >= 2 and >= 3: u1; >= 4: none.
     assert_eq!(hits, vec![(3, 3), (2, 2), (1, 1), (1, 1), (0, 0)]);
+    // The counter's distribution holds its value at the events it counted (4 failures) and at
+    // those the rule judged with it (3 successes): 1 2 3 1 | 3 1 0.
+    let values = &report["counters"][0]["values"];
+    assert_eq!(
+        (
+            values["counted"].clone(),
+            values["p50"].clone(),
+            values["max"].clone()
+        ),
+        (
+            serde_json::json!(7),
+            serde_json::json!(1),
+            serde_json::json!(3)
+        )
+    );
     // The candidate equal to the rule's own number gives the rule's own hits.
     let own = report["rules"]
         .as_array()

@@ -57,7 +57,7 @@ pub struct CounterReport {
     pub skipped_fields: BTreeMap<&'static str, BTreeMap<String, u64>>,
     /// Distinct values not recorded: the key's window held `max_distinct` values.
     pub distinct_capped: u64,
-    /// Its value at the events it counted.
+    /// Its value at the events it counted or a rule judged with it (read without counting).
     pub values: Option<Distribution>,
     /// The keys whose value peaked highest.
     pub top_keys: Vec<TopKey>,
@@ -564,7 +564,7 @@ impl Tally {
             if rules.counter(index).aggregate() == crate::window::Aggregate::Last {
                 continue;
             }
-            let Some((raw, key)) = engine.counted_value(position) else {
+            let Some((raw, key)) = engine.known_value(position) else {
                 continue;
             };
             self.values[position].add(raw);

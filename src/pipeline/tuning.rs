@@ -1,5 +1,5 @@
 //! What `vigil backtest` adds for tuning a limit: the distribution of each counter's value at the
-//! events it counted, the keys that peaked highest, labelled events (precision and recall), and
+//! events it counted or a rule read it at, the keys that peaked highest, labelled events (precision and recall), and
 //! the hits a rule would have at candidate limits (`--sweep`: a v1-form rule's `limit`, or the
 //! number a `when = "$counter > N"` compares with). Pure.
 
@@ -22,7 +22,7 @@ pub const MAX_TRACKED_KEYS: usize = 100_000;
 /// Top keys reported per counter.
 pub const TOP_KEYS: usize = 5;
 
-/// A counter's values at the events it counted, exact up to [`MAX_SAMPLED_VALUES`] values.
+/// A counter's values at the events it counted or a rule read it at, exact up to [`MAX_SAMPLED_VALUES`] values.
 #[derive(Debug, Clone, Default)]
 pub struct Values {
     seen: u64,
@@ -71,7 +71,7 @@ impl Values {
     }
 }
 
-/// Percentiles (nearest rank) of a counter's value at the events it counted.
+/// Percentiles (nearest rank) of a counter's value at the events it counted or a rule read it at.
 #[derive(Debug, Clone, Serialize)]
 pub struct Distribution {
     pub counted: u64,
