@@ -1,11 +1,14 @@
 #!lua
 -- Raises a rule's hold on one hold key (a penalty box): held_until = max(held_until, ARGV[1]).
 --
--- KEYS[1]  the hold: vg:h:<rule id>:<digest of the hold key>, a string holding held_until
+-- KEYS[1]  the hold: vg:h:<rule id>:<digest of the hold key>, a string holding
+--          `<held_until>` (never released), `<held_until>:<generation>` (set again after
+--          `generation` releases) or `r<generation>` (released: not held)
 -- ARGV[1]  the wanted held_until: epoch milliseconds of event time, a decimal integer
 -- ARGV[2]  TTL in milliseconds (at least the hold's length), set whenever the hold is raised
--- Returns  held_until as it stands after the call, as a decimal string; or `r<time>` when the
---          hold was released (`release_hold.lua`) and the wanted time is not later than it was.
+-- ARGV[3]  the generation the raiser read the hold at (absent: 0). A raise made before a release
+--          it had not seen (an older generation) is refused: the release stands.
+-- Returns  the hold's value as it stands after the call.
 --
 -- Times are integers below 2^53, which Lua's doubles hold exactly; they are compared as numbers
 -- and stored as the caller's own text, never as a number Lua printed.
@@ -13,22 +16,37 @@
 local MAX_TTL = 315360000000
 local MAX_TIME = 9007199254740991
 local key, wanted, ttl = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local known = ARGV[3] or '0'
 if #KEYS ~= 1 or wanted == nil or wanted ~= math.floor(wanted) or wanted < 0 or wanted > MAX_TIME
-    or not string.match(ARGV[1], '^%d+$') or ttl == nil or ttl < 1 or ttl > MAX_TTL then
+    or not string.match(ARGV[1], '^%d+$') or ttl == nil or ttl < 1 or ttl > MAX_TTL
+    or not string.match(known, '^%d+$') then
   return redis.error_reply('hold: bad arguments')
 end
+-- GET answers false (not nil) for a missing key.
 local current = redis.call('GET', key)
+local held, generation = nil, 0
 if current then
-  local held = tonumber(current)
-  if held ~= nil and held >= wanted then
-    return current
-  end
-  if held == nil and string.sub(current, 1, 1) == 'r' then
-    local released = tonumber(string.sub(current, 2))
-    if released ~= nil and released >= wanted then
-      return current
+  local released = string.match(current, '^r(%d+)$')
+  if released then
+    generation = tonumber(released)
+  else
+    local until_text, generation_text = string.match(current, '^(%d+):(%d+)$')
+    if until_text then
+      held, generation = tonumber(until_text), tonumber(generation_text)
+    else
+      held = tonumber(current)
     end
   end
 end
-redis.call('SET', key, ARGV[1], 'PX', ttl)
-return ARGV[1]
+if tonumber(known) < generation then
+  return current
+end
+if held ~= nil and held >= wanted then
+  return current
+end
+local value = ARGV[1]
+if generation > 0 then
+  value = ARGV[1] .. ':' .. generation
+end
+redis.call('SET', key, value, 'PX', ttl)
+return value

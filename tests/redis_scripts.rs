@@ -769,52 +769,92 @@ fn release_script() -> redis::Script {
 fn a_released_hold_refuses_raises_made_before_it_and_takes_later_ones() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let raise = |conn: &mut redis::Connection, until: &str| -> String {
+    // A raise at the generation its raiser read the hold at.
+    let raise = |conn: &mut redis::Connection, until: &str, generation: u64| -> String {
         hold_script()
             .key("vg:h:r:k")
             .arg(until)
             .arg(3_600_000)
+            .arg(generation)
             .invoke(conn)
             .unwrap()
     };
-    let release = |conn: &mut redis::Connection, known: &str| -> Option<String> {
+    let release = |conn: &mut redis::Connection, known: &str| -> (String, String) {
         release_script()
             .key("vg:h:r:k")
             .arg(known)
             .invoke(conn)
             .unwrap()
     };
-    assert_eq!(release(&mut conn, ""), None, "nothing held");
-    let exists: bool = redis::cmd("EXISTS")
-        .arg("vg:h:r:k")
-        .query(&mut conn)
-        .unwrap();
-    assert!(!exists, "releasing what is not held writes nothing");
-    assert_eq!(raise(&mut conn, "1700000600000"), "1700000600000");
-    assert_eq!(release(&mut conn, ""), Some("1700000600000".into()));
+    let get = |conn: &mut redis::Connection| -> Option<String> {
+        redis::cmd("GET").arg("vg:h:r:k").query(conn).unwrap()
+    };
+    // Nothing held: nothing released, but a marker refuses raises read before it.
+    assert_eq!(release(&mut conn, ""), ("".into(), "1".into()));
+    assert_eq!(get(&mut conn).as_deref(), Some("r1"));
     let ttl: i64 = redis::cmd("PTTL").arg("vg:h:r:k").query(&mut conn).unwrap();
-    assert!(ttl > 3_500_000, "the marker keeps the hold's TTL: {ttl}");
-    // A raise made before the release (for no later a time) arrives after it: refused.
-    assert_eq!(raise(&mut conn, "1700000600000"), "r1700000600000");
-    assert_eq!(raise(&mut conn, "1700000599999"), "r1700000600000");
-    // Released again: nothing held now (the releasing process knows nothing newer).
-    assert_eq!(release(&mut conn, ""), None);
-    // A firing after the release sets a new hold.
-    assert_eq!(raise(&mut conn, "1700000600001"), "1700000600001");
-    // The releasing process's own raise, not yet written, is released too.
+    assert!(
+        ttl > 86_000_000,
+        "a marker without a hold lasts a day: {ttl}"
+    );
+    assert_eq!(
+        raise(&mut conn, "1700000600000", 0),
+        "r1",
+        "made before the release: refused"
+    );
+    assert_eq!(
+        raise(&mut conn, "1700000600000", 1),
+        "1700000600000:1",
+        "made after it: held"
+    );
+    assert_eq!(
+        raise(&mut conn, "1700000500000", 1),
+        "1700000600000:1",
+        "never shortened"
+    );
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:h:r:k").query(&mut conn).unwrap();
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
+    // Released: until when it held, and the new generation; the marker keeps the hold's TTL.
+    assert_eq!(release(&mut conn, ""), ("1700000600000".into(), "2".into()));
+    let ttl: i64 = redis::cmd("PTTL").arg("vg:h:r:k").query(&mut conn).unwrap();
+    assert!(
+        ttl > 3_500_000 && ttl <= 3_600_000,
+        "the marker keeps the hold's TTL: {ttl}"
+    );
+    // An extension made before the release (a later time, the older generation): refused.
+    assert_eq!(raise(&mut conn, "1700000900000", 1), "r2");
+    // A firing judged after the release, even for an earlier event time: held anew.
+    assert_eq!(raise(&mut conn, "1700000550000", 2), "1700000550000:2");
+    // The releasing process's own raise, not yet written, is released with the hold.
     assert_eq!(
         release(&mut conn, "1700000700000"),
-        Some("1700000700000".into())
+        ("1700000700000".into(), "3".into())
     );
-    assert_eq!(raise(&mut conn, "1700000650000"), "r1700000700000");
+    // A hold never released keeps the plain format older versions wrote and read.
+    redis::cmd("DEL").arg("vg:h:r:k").exec(&mut conn).unwrap();
+    assert_eq!(raise(&mut conn, "1700000600000", 0), "1700000600000");
+    assert_eq!(
+        release(&mut conn, "1700000500000"),
+        ("1700000600000".into(), "1".into())
+    );
     for bad in ["x", "1.5", "-1"] {
         assert!(
             release_script()
                 .key("vg:h:r:k")
                 .arg(bad)
-                .invoke::<Option<String>>(&mut conn)
+                .invoke::<(String, String)>(&mut conn)
                 .is_err(),
             "{bad:?}"
+        );
+        assert!(
+            hold_script()
+                .key("vg:h:r:k")
+                .arg("1")
+                .arg(1000)
+                .arg(bad)
+                .invoke::<String>(&mut conn)
+                .is_err(),
+            "generation {bad:?}"
         );
     }
 }

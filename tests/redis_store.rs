@@ -1022,3 +1022,58 @@ when   = "!exists($last-result-device-10m) || $last-result-device-10m == 'fail'"
         engine.store().stats()
     );
 }
+
+/// A release (support) ends the hold for every process: the releasing process's own raise not
+/// yet written goes with it, another process's raise made before the release (an extension still
+/// on its way) is refused when it arrives, and a firing judged after the release holds the key
+/// anew.
+#[test]
+fn a_released_hold_stays_released_whatever_raises_were_on_their_way() {
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        flush_interval: std::time::Duration::from_millis(20),
+        ..RedisStoreConfig::default()
+    };
+    let clock = std::sync::Arc::new(ManualMonotonic::new());
+    let connect = || {
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
+            .unwrap()
+    };
+    let (mut a, mut b) = (connect(), connect());
+    let (space_a, space_b) = (
+        a.open_holds("brute-force", 3_600_000),
+        b.open_holds("brute-force", 3_600_000),
+    );
+    let key = b"u-7";
+    // Both processes hold the key; b's extension is not written yet, nor is a's raise.
+    assert_eq!(a.extend_hold(space_a, key, 1_000_000).unwrap(), 1_000_000);
+    a.flush().unwrap();
+    clock.advance(config.flush_interval * 2);
+    assert_eq!(b.held_until(space_b, key).unwrap(), Some(1_000_000));
+    assert_eq!(b.extend_hold(space_b, key, 2_000_000).unwrap(), 2_000_000);
+    assert_eq!(a.extend_hold(space_a, key, 1_500_000).unwrap(), 1_500_000);
+    // a releases: what it knows (its own raise included) is released; it holds nothing now.
+    assert_eq!(a.release_hold(space_a, key).unwrap(), Some(1_500_000));
+    assert_eq!(a.held_until(space_a, key).unwrap(), None);
+    a.flush().unwrap();
+    // b's extension, made before the release, arrives: refused, and b learns it.
+    b.flush().unwrap();
+    let mut conn = redis.connection();
+    let name = a.redis_hold_key(space_a, key);
+    let stored: String = redis::cmd("GET").arg(&name).query(&mut conn).unwrap();
+    assert_eq!(stored, "r1");
+    assert_eq!(b.held_until(space_b, key).unwrap(), None);
+    clock.advance(config.flush_interval * 2);
+    assert_eq!(a.held_until(space_a, key).unwrap(), None);
+    assert_eq!(b.held_until(space_b, key).unwrap(), None);
+    // A firing judged after the release (b read the new generation) holds the key again, even
+    // for an earlier event time; a sees it.
+    assert_eq!(b.extend_hold(space_b, key, 1_200_000).unwrap(), 1_200_000);
+    b.flush().unwrap();
+    clock.advance(config.flush_interval * 2);
+    assert_eq!(a.held_until(space_a, key).unwrap(), Some(1_200_000));
+    let stored: String = redis::cmd("GET").arg(&name).query(&mut conn).unwrap();
+    assert_eq!(stored, "1200000:1");
+    // Releasing a key nobody holds says so.
+    assert_eq!(a.release_hold(space_a, b"u-8").unwrap(), None);
+}

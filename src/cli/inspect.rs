@@ -48,6 +48,14 @@ pub fn inspect(
         eprintln!("error: {e}");
         return Ok(ExitCode::from(1));
     }
+    // A time given as the event's time field is the moment looked at, as --at.
+    let at_ms = match fields.stated_time(&bounds.time) {
+        Ok(stated) => stated.or(at_ms),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let (mut engine, newest) = match from {
         InspectFrom::Redis { url, ca } => {
             let Some(store) = open_redis(&url, ca, &bounds) else {

@@ -99,7 +99,7 @@ impl KeyFields {
 
     /// The time the fields state in the event's time field (`ts`, or the field event time is
     /// taken from), as epoch milliseconds or RFC 3339: the time to look at.
-    fn stated_time(&self, time: &TimeSource) -> Result<Option<i64>, InspectError> {
+    pub fn stated_time(&self, time: &TimeSource) -> Result<Option<i64>, InspectError> {
         let path = match time {
             TimeSource::Ts => "ts",
             TimeSource::Field(path) => path.as_str(),

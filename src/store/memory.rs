@@ -193,6 +193,9 @@ pub struct MemoryStore {
     /// bound): an event of any age is held if its time is before its key's hold, and there is at
     /// most one entry per (rule, key) that fired by its condition.
     holds: HashMap<StoredKey, i64, foldhash::fast::RandomState>,
+    /// Holds support released while some holds had been dropped at the bound: not held, even
+    /// if the record of drops says they may have been (a handful; releases are rare).
+    released_holds: hashbrown::HashSet<StoredKey, foldhash::fast::RandomState>,
     horizon: Option<i64>,
     inserts_since_sweep: usize,
     /// The key table's capacity when it last had no tombstones: what its allocation holds.
@@ -265,6 +268,7 @@ impl MemoryStore {
             evicted_holds: 0,
             hold_spaces: HoldSpaces::default(),
             holds: HashMap::default(),
+            released_holds: Default::default(),
             horizon: None,
             inserts_since_sweep: 0,
             table_full: 0,
@@ -673,11 +677,21 @@ impl CounterStore for MemoryStore {
         if released.is_some() {
             self.bytes = self.bytes.saturating_sub(hold_bytes(&key));
         }
+        if !self.dropped_holds.is_empty() {
+            self.released_holds.insert(key);
+        }
         Ok(released)
     }
 
     fn hold_dropped(&mut self, space: HoldSpace, key: &[u8], ts_ms: i64) -> bool {
         if self.dropped_holds.is_empty() {
+            return false;
+        }
+        // Released by support: known not held, whatever was dropped before.
+        if self.released_holds.contains(&KeyRef {
+            window: space.0,
+            key,
+        }) {
             return false;
         }
         self.dropped_holds
@@ -704,6 +718,10 @@ impl CounterStore for MemoryStore {
                     key: KeyBytes::new(key),
                 };
                 self.bytes += hold_bytes(&key);
+                if !self.released_holds.is_empty() {
+                    // Held again: its drops count again.
+                    self.released_holds.remove(&key);
+                }
                 self.holds.insert(key, until_ms);
                 if self.holds.len() > self.max_keys
                     || (self.state_bytes() > self.max_bytes

@@ -5,13 +5,13 @@
 //! number, `?user_id='17'` the string). Each request takes the engine between two batches for
 //! the reads of one key (at most a rule's counters), and at most [`CONCURRENT_LOOKUPS`] run at
 //! once: the rest are answered 429. Nothing of the key reaches logs or metrics (the release log
-//! names the rule and a digest of the key; the audit record on the decisions topic carries it).
+//! names the rule; the audit record on the decisions topic carries the key and the reason).
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -63,6 +63,8 @@ impl Lookups {
             .route("/v1/counters/{id}", get(get_counter))
             .route("/v1/rules/{id}", get(get_rule))
             .route("/v1/rules/{id}/hold", get(get_rule).delete(delete_hold))
+            // Read whole before the token is checked: bounded to a reason's size.
+            .layer(DefaultBodyLimit::max(MAX_BODY))
             .with_state(self)
     }
 }
@@ -117,13 +119,6 @@ async fn with_worker(
     endpoint: &'static str,
     lookup: impl FnOnce(&Worker) -> Response + Send + 'static,
 ) -> Response {
-    let Ok(_permit) = lookups.permits.try_acquire() else {
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "busy",
-            format!("{CONCURRENT_LOOKUPS} lookups are running; try again"),
-        );
-    };
     let Some(worker) = lookups.worker() else {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -131,7 +126,18 @@ async fn with_worker(
             "the worker is not running yet",
         );
     };
+    // Owned and moved into the blocking task: a client that hangs up does not free its slot
+    // while its lookup still waits for the engine.
+    let Ok(permit) = Arc::clone(&lookups.permits).try_acquire_owned() else {
+        worker.metrics.lookup(endpoint, 429);
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "busy",
+            format!("{CONCURRENT_LOOKUPS} lookups are running; try again"),
+        );
+    };
     let response = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let response = lookup(&worker);
         worker.metrics.lookup(endpoint, response.status().as_u16());
         response
@@ -226,6 +232,7 @@ async fn delete_hold(
         );
     };
     if worker.config.http.admin_token.is_empty() {
+        worker.metrics.lookup("release", 403);
         return error(
             StatusCode::FORBIDDEN,
             "no_admin_token",
@@ -233,6 +240,7 @@ async fn delete_hold(
         );
     }
     if !authorized(&headers, &worker.config.http.admin_token) {
+        worker.metrics.lookup("release", 403);
         return error(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -269,12 +277,10 @@ async fn delete_hold(
                 Err(e) => return error(status_of(&e), e.code(), e),
             }
         };
-        let digest = blake3::hash(release.key.get().as_bytes()).to_hex();
         tracing::warn!(
             rule = %release.rule,
-            key_digest = &digest[..16],
             released_until = release.released_until,
-            "hold released by an operator (reason and key in the audit record on the decisions topic)"
+            "hold released by an operator (key and reason in the audit record on the decisions topic)"
         );
         let record = release.record();
         match crate::sink::audit::write_audit_record(
@@ -285,7 +291,7 @@ async fn delete_hold(
         ) {
             Ok(()) => json(record),
             Err(e) => {
-                tracing::error!(rule = %release.rule, key_digest = &digest[..16], error = %e, "the hold is released but its audit record was not written");
+                tracing::error!(rule = %release.rule, error = %e, "the hold is released but its audit record was not written");
                 error(
                     StatusCode::BAD_GATEWAY,
                     "audit_not_written",

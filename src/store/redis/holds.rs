@@ -26,6 +26,9 @@ pub(super) struct HoldView {
     pub(super) pending: Option<(i64, u64)>,
     /// The raise in flight.
     pub(super) inflight: Option<(i64, u64)>,
+    /// How many times support released the hold, as Redis told last: raises carry it, and
+    /// Redis refuses those made before a release they had not seen.
+    generation: u64,
 }
 
 impl HoldView {
@@ -36,8 +39,10 @@ impl HoldView {
             .is_some_and(|at| now.saturating_duration_since(at) < interval)
     }
 
-    /// What Redis told (`stored`), raised by this process's unacknowledged raises.
-    fn learn(&mut self, stored: Option<i64>, at: Instant) {
+    /// What Redis told (`stored`, at `generation`), raised by this process's unacknowledged
+    /// raises.
+    fn learn(&mut self, stored: Option<i64>, generation: u64, at: Instant) {
+        self.generation = generation;
         let raises = self
             .pending
             .into_iter()
@@ -45,6 +50,18 @@ impl HoldView {
             .map(|(until, _)| until);
         self.until = stored.into_iter().chain(raises).max();
         self.read_at = Some(at);
+    }
+}
+
+/// A hold's value in Redis (see `lua/hold.lua`): until when it holds (`None`: released, or not a
+/// time) and its generation (how many times it was released).
+fn parse_hold(text: &str) -> (Option<i64>, u64) {
+    if let Some(generation) = text.strip_prefix('r') {
+        return (None, generation.parse().unwrap_or(0));
+    }
+    match text.split_once(':') {
+        Some((until, generation)) => (until.parse().ok(), generation.parse().unwrap_or(0)),
+        None => (text.parse().ok(), 0),
     }
 }
 
@@ -161,23 +178,31 @@ impl<C: MonotonicClock> RedisStore<C> {
             .arg(1)
             .arg(&name)
             .arg(known.map(|t| t.to_string()).unwrap_or_default());
-        let reply = self.run_each(vec![(name, cmd)])?.pop();
-        let released = match reply {
-            Some(Value::Nil) | None => None,
-            Some(reply) => Some(
-                redis::from_redis_value::<String>(reply)
-                    .ok()
-                    .and_then(|t| t.parse::<i64>().ok())
-                    .ok_or_else(|| StoreError::Protocol("release_hold: not a time".into()))?,
-            ),
-        };
+        let mut commands = vec![(name.clone(), cmd)];
+        // As flushes do: a failover must not bring the released hold back.
+        if let Some(timeout) = self.config.replica_ack_timeout {
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(1).arg(timeout.as_millis().max(1) as u64);
+            commands.push((name, wait));
+        }
+        let reply = self.run_each(commands)?.into_iter().next();
+        let (released, generation) = reply
+            .and_then(|r| redis::from_redis_value::<(String, String)>(r).ok())
+            .and_then(|(until, generation)| {
+                let until = match until.as_str() {
+                    "" => None,
+                    text => Some(text.parse::<i64>().ok()?),
+                };
+                Some((until, generation.parse::<u64>().ok()?))
+            })
+            .ok_or_else(|| StoreError::Protocol("release_hold: unexpected reply".into()))?;
         let at = self.clock.now();
         if let Some(view) = self.holds.views.get_mut(&lookup) {
             if view.pending.take().is_some() {
                 self.holds.pending -= 1;
             }
             view.inflight = None;
-            view.learn(None, at);
+            view.learn(None, generation, at);
         }
         Ok(released)
     }
@@ -258,9 +283,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
         };
         for (&(space, key), reply) in keys.iter().zip(replies) {
-            let stored = match redis::from_redis_value::<Option<String>>(reply) {
-                Ok(text) => text.and_then(|t| t.parse::<i64>().ok()),
-                Err(_) => None,
+            let (stored, generation) = match redis::from_redis_value::<Option<String>>(reply) {
+                Ok(Some(text)) => parse_hold(&text),
+                _ => (None, 0),
             };
             let view = self
                 .holds
@@ -270,7 +295,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                     key: KeyBytes::new(key),
                 })
                 .or_default();
-            view.learn(stored, at);
+            view.learn(stored, generation, at);
         }
     }
 
@@ -315,13 +340,15 @@ impl<C: MonotonicClock> RedisStore<C> {
         for key in &sent {
             let space = HoldSpace(key.window);
             let name = self.redis_hold_key(space, key.key.as_slice());
-            let (until, _) = self.holds.views[key].inflight.expect("just moved");
+            let view = &self.holds.views[key];
+            let ((until, _), generation) = (view.inflight.expect("just moved"), view.generation);
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(HOLD.get_hash())
                 .arg(1)
                 .arg(&name)
                 .arg(until)
-                .arg(self.hold_spaces.ttl_ms(key.window));
+                .arg(self.hold_spaces.ttl_ms(key.window))
+                .arg(generation);
             batch.command(self.cluster, &name, cmd);
         }
         sent
@@ -353,12 +380,14 @@ impl<C: MonotonicClock> RedisStore<C> {
                 continue;
             };
             let text = redis::from_redis_value::<String>(reply.clone()).ok();
-            match text.as_deref().map(|t| (t, t.parse::<i64>().ok())) {
-                Some((_, Some(stored))) => view.learn(Some(stored), sent),
+            match text.as_deref().map(|t| (t, parse_hold(t))) {
+                Some((_, (Some(stored), generation))) => view.learn(Some(stored), generation, sent),
                 // Released (`lua/release_hold.lua`) after this raise was made: not held.
-                Some((t, None)) if t.starts_with('r') => view.learn(None, sent),
+                Some((t, (None, generation))) if t.starts_with('r') => {
+                    view.learn(None, generation, sent)
+                }
                 _ => {
-                    view.learn(Some(raised), sent);
+                    view.learn(Some(raised), view.generation, sent);
                     refused.get_or_insert_with(|| {
                         StoreError::Protocol(format!("hold raise refused: {reply:?}"))
                     });
@@ -380,7 +409,7 @@ mod tests {
         let interval = Duration::from_millis(50);
         let mut view = HoldView::default();
         assert!(!view.fresh(clock.now(), interval), "never read");
-        view.learn(Some(7), clock.now());
+        view.learn(Some(7), 0, clock.now());
         assert!(view.fresh(clock.now(), interval));
         clock.advance(interval - Duration::from_nanos(1));
         assert!(view.fresh(clock.now(), interval));
