@@ -22,7 +22,8 @@ if #KEYS ~= 1 or wanted == nil or wanted ~= math.floor(wanted) or wanted < 0 or 
     or not string.match(known, '^%d+$') then
   return redis.error_reply('hold: bad arguments')
 end
--- GET answers false (not nil) for a missing key.
+-- GET answers false (not nil) for a missing key. (The value formats are read the same way in
+-- hold.lua and release_hold.lua: a script cannot include another.)
 local current = redis.call('GET', key)
 local held, generation = nil, 0
 if current then

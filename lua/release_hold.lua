@@ -16,7 +16,8 @@ local key, known = KEYS[1], ARGV[1]
 if #KEYS ~= 1 or (known ~= '' and not string.match(known, '^%d+$')) then
   return redis.error_reply('release_hold: bad arguments')
 end
--- GET answers false (not nil) for a missing key.
+-- GET answers false (not nil) for a missing key. (The value formats are read the same way in
+-- hold.lua and release_hold.lua: a script cannot include another.)
 local current = redis.call('GET', key)
 local held, held_text, generation = nil, nil, 0
 if current then

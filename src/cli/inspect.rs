@@ -34,12 +34,8 @@ pub fn inspect(
     json: bool,
     bounds: InputBounds,
 ) -> anyhow::Result<ExitCode> {
-    let fields = match KeyFields::parse(fields.iter().map(String::as_str)) {
-        Ok(fields) => fields,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(ExitCode::from(2));
-        }
+    let Some(fields) = key_fields(fields) else {
+        return Ok(ExitCode::from(2));
     };
     let Some(rules) = load_rules(rules_path) else {
         return Ok(ExitCode::from(1));
@@ -121,12 +117,8 @@ pub fn hold_release(
     fields: &[String],
     reason: &str,
 ) -> anyhow::Result<ExitCode> {
-    let fields = match KeyFields::parse(fields.iter().map(String::as_str)) {
-        Ok(fields) => fields,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(ExitCode::from(2));
-        }
+    let Some(fields) = key_fields(fields) else {
+        return Ok(ExitCode::from(2));
     };
     let config = config
         .map(|path| Config::load(path).with_context(|| format!("{}", path.display())))
@@ -205,6 +197,13 @@ pub fn released_line(release: &HoldRelease) -> String {
             release.key.get()
         ),
     }
+}
+
+/// The `FIELD=VALUE` arguments, or `None` after saying what is wrong (exit 2).
+fn key_fields(args: &[String]) -> Option<KeyFields> {
+    KeyFields::parse(args.iter().map(String::as_str))
+        .map_err(|e| eprintln!("error: {e}"))
+        .ok()
 }
 
 fn open_redis(url: &str, ca: Option<PathBuf>, bounds: &InputBounds) -> Option<AnyStore> {

@@ -151,23 +151,7 @@ async fn get_counter(
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    with_worker(&lookups, "counter", move |worker| {
-        let fields = match fields(query) {
-            Ok(fields) => fields,
-            Err(e) => return error(status_of(&e), e.code(), e),
-        };
-        let mut engine = worker.lock_engine();
-        match engine.inspect(&id, &fields, now_ms()) {
-            Ok(Ok(view)) => json(serde_json::to_string(&view).unwrap_or_default()),
-            Ok(Err(_)) => error(
-                StatusCode::NOT_FOUND,
-                "not_a_counter",
-                format!("{id:?} is a rule: GET /v1/rules/{id}"),
-            ),
-            Err(e) => error(status_of(&e), e.code(), e),
-        }
-    })
-    .await
+    lookup(lookups, "counter", id, query).await
 }
 
 async fn get_rule(
@@ -175,20 +159,39 @@ async fn get_rule(
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    with_worker(&lookups, "rule", move |worker| {
+    lookup(lookups, "rule", id, query).await
+}
+
+/// A counter's window (`endpoint` "counter") or a rule's hold and counters ("rule") for the key
+/// the query gives.
+async fn lookup(
+    lookups: Lookups,
+    endpoint: &'static str,
+    id: String,
+    query: Option<String>,
+) -> Response {
+    with_worker(&lookups, endpoint, move |worker| {
         let fields = match fields(query) {
             Ok(fields) => fields,
             Err(e) => return error(status_of(&e), e.code(), e),
         };
         let mut engine = worker.lock_engine();
-        match engine.inspect(&id, &fields, now_ms()) {
-            Ok(Err(view)) => json(serde_json::to_string(&view).unwrap_or_default()),
-            Ok(Ok(_)) => error(
+        let found = engine.inspect(&id, &fields, now_ms());
+        drop(engine);
+        match (found, endpoint) {
+            (Ok(Ok(view)), "counter") => json(serde_json::to_string(&view).unwrap_or_default()),
+            (Ok(Err(view)), "rule") => json(serde_json::to_string(&view).unwrap_or_default()),
+            (Ok(Ok(_)), _) => error(
                 StatusCode::NOT_FOUND,
                 "not_a_rule",
                 format!("{id:?} is a counter: GET /v1/counters/{id}"),
             ),
-            Err(e) => error(status_of(&e), e.code(), e),
+            (Ok(Err(_)), _) => error(
+                StatusCode::NOT_FOUND,
+                "not_a_counter",
+                format!("{id:?} is a rule: GET /v1/rules/{id}"),
+            ),
+            (Err(e), _) => error(status_of(&e), e.code(), e),
         }
     })
     .await
