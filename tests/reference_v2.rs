@@ -465,7 +465,8 @@ fn from_truth(t: Option<bool>) -> V {
     t.map_or(V::Unknown, |b| V::J(Value::Bool(b)))
 }
 
-/// Strict equality (numbers by value; the generated numbers are exact in binary).
+/// Strict equality (numbers by value; the generated numbers are exact in binary); arrays and
+/// objects deeply (elements in order, members in any order, numbers by value, strict types).
 fn equal(a: &V, b: &V) -> Option<bool> {
     if *a == V::Unknown || *b == V::Unknown {
         return None;
@@ -478,11 +479,24 @@ fn equal(a: &V, b: &V) -> Option<bool> {
         | (_, V::J(Value::Number(_)))
         | (V::Computed(_), _)
         | (_, V::Computed(_)) => false,
-        (V::J(Value::Array(_) | Value::Object(_)), _)
-        | (_, V::J(Value::Array(_) | Value::Object(_))) => false,
-        (V::J(x), V::J(y)) => x == y,
+        (V::J(x), V::J(y)) => deep_equal(x, y),
         _ => false,
     })
+}
+
+fn deep_equal(x: &Value, y: &Value) -> bool {
+    match (x, y) {
+        (Value::Number(p), Value::Number(q)) => p.as_f64() == q.as_f64(),
+        (Value::Array(p), Value::Array(q)) => {
+            p.len() == q.len() && p.iter().zip(q).all(|(a, b)| deep_equal(a, b))
+        }
+        (Value::Object(p), Value::Object(q)) => {
+            p.len() == q.len()
+                && p.iter()
+                    .all(|(k, a)| q.get(k).is_some_and(|b| deep_equal(a, b)))
+        }
+        _ => x == y,
+    }
 }
 
 struct Eval<'a> {
@@ -988,6 +1002,29 @@ fn reference_micro_units() {
     assert_eq!(micros("2.5e-6"), 2);
     assert_eq!(micros("-3"), -3_000_000);
     assert_eq!(micros("1e12"), 1_000_000_000_000_000_000);
+}
+
+/// Found by the Redis run below: `val == val` on an array is true (deep equality), in the
+/// reference as in the engine.
+#[test]
+fn an_array_equals_itself_in_the_reference_as_in_the_engine() {
+    let rules = [RuleParams {
+        action: "block",
+        shadow: false,
+        matcher: Some(Expr::Cmp(
+            "==",
+            Box::new(Expr::Field("val")),
+            Box::new(Expr::Field("val")),
+        )),
+        when: None,
+        hold: None,
+    }];
+    let input = build_input(&[
+        (0, 0, r#"{"val":[1]}"#.to_owned()),
+        (10, 0, r#"{"val":{"a":[1,{"b":null}]}}"#.to_owned()),
+        (10, 0, r#"{"val":null}"#.to_owned()),
+    ]);
+    check(&[], &rules, &input, MemoryStore::new()).unwrap();
 }
 
 #[test]
