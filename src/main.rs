@@ -289,8 +289,9 @@ enum HoldCommand {
         /// (brokers, decisions topic, SASL/TLS properties), its redis.url where the hold is.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Write the audit record at these brokers instead of --config's.
-        #[arg(long, value_name = "BROKERS", required_unless_present = "config")]
+        /// Write the audit record at these brokers instead of --config's (default: --config's,
+        /// else VIGIL_KAFKA_BROKERS; with none, the record is printed only).
+        #[arg(long, value_name = "BROKERS")]
         brokers: Option<String>,
         /// The decisions topic, with --brokers.
         #[arg(long, default_value = "decisions", requires = "brokers")]

@@ -486,7 +486,7 @@ fn hold_release_ends_the_hold_in_redis_and_writes_an_audit_record() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // A reason is required; the brokers (or --config) too, for the audit record.
+    // A reason is required.
     let out = vigil(&[
         "hold",
         "release",
@@ -500,6 +500,8 @@ fn hold_release_ends_the_hold_in_redis_and_writes_an_audit_record() {
         "user_id=7",
     ]);
     assert_eq!(out.status.code(), Some(2));
+    // Without a decisions topic (no --brokers, --config or VIGIL_KAFKA_BROKERS) the release is
+    // made and its audit record printed only, said so.
     let out = vigil(&[
         "hold",
         "release",
@@ -510,9 +512,17 @@ fn hold_release_ends_the_hold_in_redis_and_writes_an_audit_record() {
         "--reason",
         "t",
         "brute-force",
-        "user_id=7",
+        "user_id=8",
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(0));
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (printed["key"].clone(), printed["released_until"].clone()),
+        (json!({"user_id": 8}), Value::Null)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains(
+        "warning: no decisions topic given (--config, --brokers or VIGIL_KAFKA_BROKERS): the audit record above was not written to Kafka"
+    ));
     let out = vigil(&[
         "hold",
         "release",

@@ -130,16 +130,24 @@ pub fn hold_release(
         eprintln!("error: hold release needs the Redis the workers count in: --redis URL, or --config with redis.url");
         return Ok(ExitCode::from(2));
     };
+    // Where the audit record goes: --brokers, else --config's Kafka section, else the workers'
+    // VIGIL_KAFKA_* environment; with none of them it is printed only (and said so).
     let kafka = match (brokers, &config) {
-        (Some((brokers, topic)), _) => KafkaConfig {
+        (Some((brokers, topic)), _) => Some(KafkaConfig {
             decisions_topic: topic,
             ..KafkaConfig::for_brokers(&brokers)
-        },
-        (None, Some(config)) => config.kafka.clone(),
-        (None, None) => {
-            eprintln!("error: hold release writes an audit record to the decisions topic: give --config (the workers' file) or --brokers");
-            return Ok(ExitCode::from(2));
+        }),
+        (None, Some(config)) => Some(config.kafka.clone()),
+        (None, None) if std::env::var_os("VIGIL_KAFKA_BROKERS").is_some() => {
+            match Config::parse("the environment", "", std::env::vars()) {
+                Ok(config) => Some(config.kafka),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            }
         }
+        (None, None) => None,
     };
     let Some(rules) = load_rules(rules_path) else {
         return Ok(ExitCode::from(1));
@@ -162,6 +170,13 @@ pub fn hold_release(
         .context("writing the release to Redis")?;
     let record = release.record();
     println!("{record}");
+    let Some(kafka) = kafka else {
+        eprintln!("{}", released_line(&release));
+        eprintln!(
+            "warning: no decisions topic given (--config, --brokers or VIGIL_KAFKA_BROKERS): the audit record above was not written to Kafka"
+        );
+        return Ok(ExitCode::SUCCESS);
+    };
     match vigil::sink::audit::write_audit_record(
         &kafka,
         release.key.get().as_bytes(),
