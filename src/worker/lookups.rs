@@ -251,13 +251,6 @@ async fn delete_hold(
         );
     }
     drop(worker);
-    if body.len() > MAX_BODY {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            "the body is over 4 KiB",
-        );
-    }
     let reason = match serde_json::from_slice::<ReleaseBody>(&body) {
         Ok(body) if !body.reason.trim().is_empty() => body.reason,
         _ => {
