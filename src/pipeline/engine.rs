@@ -105,8 +105,8 @@ pub struct Engine<S> {
     outcomes: Vec<Outcome>,
     /// Per active `last` counter: the value its outcome's time belongs to, for this event.
     last_values: Vec<Option<LastValue>>,
-    /// Whether an active counter is a `last` one (`last_values` is used).
-    has_last: bool,
+    /// The active positions of the `last` counters: the entries of `last_values` in use.
+    last_positions: Vec<usize>,
     counts: EvalCounts,
     /// Per active rule, since the last [`Engine::take_rule_counts`].
     rule_counts: Vec<RuleCounts>,
@@ -159,7 +159,7 @@ impl<S: CounterStore> Engine<S> {
             keys: Vec::new(),
             outcomes: Vec::new(),
             last_values: Vec::new(),
-            has_last: false,
+            last_positions: Vec::new(),
             counts: EvalCounts::default(),
             rule_counts: Vec::new(),
             counter_counts: Vec::new(),
@@ -320,9 +320,14 @@ impl<S: CounterStore> Engine<S> {
         self.keys = vec![Vec::with_capacity(64); self.windows.len()];
         self.outcomes = vec![Outcome::Unread; self.windows.len()];
         self.last_values = vec![None; self.windows.len()];
-        self.has_last = rules
+        self.last_positions = rules
             .active_counters()
-            .any(|index| rules.counter(index).aggregate() == crate::window::Aggregate::Last);
+            .enumerate()
+            .filter(|&(_, index)| {
+                rules.counter(index).aggregate() == crate::window::Aggregate::Last
+            })
+            .map(|(position, _)| position)
+            .collect();
         self.counter_counts = vec![CounterCounts::default(); self.windows.len()];
         self.rule_counts = vec![RuleCounts::default(); rules.active().len()];
         self.memo = rules.scope_memo();
@@ -434,6 +439,9 @@ impl<S: CounterStore> Engine<S> {
     pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
         let mut key = Vec::new();
         self.memo.reset();
+        for &position in &self.last_positions {
+            self.last_values[position] = None;
+        }
         for position in 0..self.rules.active_len() {
             let wanted = match self.rules.plan(position, event, &mut key, &mut self.memo) {
                 Plan::Observe(_) => true,
@@ -518,6 +526,9 @@ impl<S: CounterStore> Engine<S> {
         }
         self.store.set_origin(Some(origin));
         self.memo.reset();
+        for &position in &self.last_positions {
+            self.last_values[position] = None;
+        }
         for position in 0..self.rules.active_len() {
             self.outcomes[position] = self.count(position, event, behind)?;
         }
@@ -537,9 +548,6 @@ impl<S: CounterStore> Engine<S> {
         event: &Event<'_>,
         behind: bool,
     ) -> Result<Outcome, StoreError> {
-        if self.has_last {
-            self.last_values[position] = None;
-        }
         Ok(
             match self
                 .rules

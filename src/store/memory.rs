@@ -209,8 +209,82 @@ pub struct MemoryStore {
     sweep_interval_floor: usize,
 }
 
-/// The windows of one key, by window id (two inline: most keys feed one or two counters).
-type KeyWindows = SmallVec<[(u32, WindowState); 2]>;
+/// The windows of one key: their ids packed apart from their states, so finding a window
+/// touches one cache line (the ids, inline in the table's slot) and then only the state found,
+/// however many counters share the key (an account's key feeds five of the shipped counters).
+/// Two states inline (most keys feed one or two counters); a spilled list grows one at a time.
+#[derive(Debug, Default)]
+struct KeyWindows {
+    ids: SmallVec<[u32; 4]>,
+    states: SmallVec<[WindowState; 2]>,
+}
+
+impl KeyWindows {
+    #[inline]
+    fn position(&self, window: u32) -> Option<usize> {
+        self.ids.iter().position(|&id| id == window)
+    }
+
+    #[inline]
+    fn get(&self, window: u32) -> Option<&WindowState> {
+        self.position(window).map(|i| &self.states[i])
+    }
+
+    #[inline]
+    fn get_mut(&mut self, window: u32) -> Option<&mut WindowState> {
+        self.position(window).map(|i| &mut self.states[i])
+    }
+
+    fn push(&mut self, window: u32, state: WindowState) {
+        if self.ids.len() == self.ids.inline_size() || self.ids.spilled() {
+            self.ids.reserve_exact(1);
+        }
+        if self.states.len() == self.states.inline_size() || self.states.spilled() {
+            self.states.reserve_exact(1);
+        }
+        self.ids.push(window);
+        self.states.push(state);
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(u32, &WindowState) -> bool) {
+        let mut i = 0;
+        while i < self.ids.len() {
+            if keep(self.ids[i], &self.states[i]) {
+                i += 1;
+            } else {
+                self.ids.remove(i);
+                self.states.remove(i);
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, &WindowState)> {
+        self.ids.iter().copied().zip(self.states.iter())
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Bytes the lists take on the heap once spilled (not their states' own heap).
+    fn heap_bytes(&self) -> usize {
+        let ids = if self.ids.spilled() {
+            self.ids.capacity() * size_of::<u32>()
+        } else {
+            0
+        };
+        let states = if self.states.spilled() {
+            self.states.capacity() * size_of::<WindowState>()
+        } else {
+            0
+        };
+        ids + states
+    }
+}
 
 #[derive(Debug)]
 struct KeyEntry {
@@ -222,17 +296,13 @@ struct KeyEntry {
 impl KeyEntry {
     /// Estimated bytes this entry and its key own outside the table's slot.
     fn bytes(&self, key: &KeyBytes) -> usize {
-        let windows_heap = if self.windows.spilled() {
-            self.windows.capacity() * size_of::<(u32, WindowState)>()
-        } else {
-            0
-        };
         let states: usize = self
             .windows
+            .states
             .iter()
-            .map(|(_, state)| state.heap_bytes())
+            .map(|state| state.heap_bytes())
             .sum();
-        key.heap_bytes() + windows_heap + states
+        key.heap_bytes() + self.windows.heap_bytes() + states
     }
 }
 
@@ -361,8 +431,8 @@ impl MemoryStore {
         let (mut pairs, mut bytes) = (0, 0);
         self.states.retain(|key, entry| {
             if let Some(horizon) = horizon {
-                entry.windows.retain(|(window, state)| {
-                    let spec = windows.spec(*window);
+                entry.windows.retain(|window, state| {
+                    let spec = windows.spec(window);
                     state
                         .head()
                         .is_none_or(|head| !spec.can_drop(head, horizon))
@@ -435,14 +505,14 @@ impl MemoryStore {
                 self.pairs -= entry.windows.len();
                 self.bytes = self.bytes.saturating_sub(entry.bytes(key));
                 self.evicted_keys += entry.windows.len() as u64;
-                for (window, state) in &entry.windows {
+                for (window, state) in entry.windows.iter() {
                     let Some(head) = state.head() else { continue };
-                    let spec = self.windows.spec(*window);
+                    let spec = self.windows.spec(window);
                     // Seen by events whose window still reaches `head`: before bucket head + k.
                     let until = head
                         .saturating_add(spec.buckets)
                         .saturating_mul(spec.bucket_ms);
-                    let fingerprint = self.fingerprint(*window, key.as_slice());
+                    let fingerprint = self.fingerprint(window, key.as_slice());
                     self.dropped_windows.record(fingerprint, until);
                 }
             }
@@ -507,15 +577,15 @@ impl MemoryStore {
                 let key = KeyBytes::new(key);
                 let entry = KeyEntry {
                     weight: 0,
-                    windows: KeyWindows::new(),
+                    windows: KeyWindows::default(),
                 };
                 self.bytes += entry.bytes(&key);
                 self.states.entry(key).or_insert(entry)
             }
         };
         entry.weight = entry.weight.saturating_add(1);
-        let applied = match entry.windows.iter_mut().find(|(w, _)| *w == window.0) {
-            Some((_, state)) => {
+        let applied = match entry.windows.get_mut(window.0) {
+            Some(state) => {
                 let before = state.heap_bytes();
                 let applied = count(state, &spec, bucket);
                 self.bytes = (self.bytes + state.heap_bytes()).saturating_sub(before);
@@ -524,17 +594,10 @@ impl MemoryStore {
             None => {
                 let mut state = WindowState::new(spec.aggregate);
                 let applied = count(&mut state, &spec, bucket);
-                let heap = |w: &KeyWindows| {
-                    if w.spilled() {
-                        w.capacity() * size_of::<(u32, WindowState)>()
-                    } else {
-                        0
-                    }
-                };
-                let before = heap(&entry.windows);
+                let before = entry.windows.heap_bytes();
                 self.bytes += state.heap_bytes();
-                entry.windows.push((window.0, state));
-                self.bytes += heap(&entry.windows) - before;
+                entry.windows.push(window.0, state);
+                self.bytes += entry.windows.heap_bytes() - before;
                 self.pairs += 1;
                 self.inserts_since_sweep += 1;
                 applied
@@ -605,9 +668,9 @@ impl CounterStore for MemoryStore {
         let state = self
             .states
             .get(&BytesRef(key))
-            .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
+            .and_then(|entry| entry.windows.get(window.0));
         let (applied, value) = match state {
-            Some((_, state)) => state.read_last(&spec, spec.bucket_of(ts_ms)),
+            Some(state) => state.read_last(&spec, spec.bucket_of(ts_ms)),
             None => (Applied::Empty, None),
         };
         Ok((
@@ -624,9 +687,9 @@ impl CounterStore for MemoryStore {
         let state = self
             .states
             .get(&BytesRef(key))
-            .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0));
+            .and_then(|entry| entry.windows.get(window.0));
         let applied = match state {
-            Some((_, state)) => state.read(&spec, spec.bucket_of(ts_ms)),
+            Some(state) => state.read(&spec, spec.bucket_of(ts_ms)),
             None => Applied::never_counted(spec.aggregate),
         };
         Ok(Observed {
@@ -654,11 +717,8 @@ impl CounterStore for MemoryStore {
         let state = self
             .states
             .get(&BytesRef(key))
-            .and_then(|entry| entry.windows.iter().find(|(w, _)| *w == window.0))
-            .map_or_else(
-                || WindowState::new(spec.aggregate),
-                |(_, state)| state.clone(),
-            );
+            .and_then(|entry| entry.windows.get(window.0))
+            .map_or_else(|| WindowState::new(spec.aggregate), |state| state.clone());
         Ok(Inspected {
             state,
             offsets: Vec::new(),
