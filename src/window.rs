@@ -311,7 +311,7 @@ impl WindowState {
                 s.buckets.heap_bytes()
             }
             WindowState::Last(l) => match &l.best {
-                Some((_, LastValue::Str(s))) => s.len(),
+                Some((_, LastValue::Str(s))) if s.is_heap_allocated() => s.capacity(),
                 _ => 0,
             },
             WindowState::Distinct(d) => {

@@ -107,6 +107,8 @@ pub struct Engine<S> {
     last_values: Vec<Option<LastValue>>,
     /// The active positions of the `last` counters: the entries of `last_values` in use.
     last_positions: Vec<usize>,
+    /// Per active counter, its plan for the current event.
+    plans: Vec<Plan>,
     counts: EvalCounts,
     /// Per active rule, since the last [`Engine::take_rule_counts`].
     rule_counts: Vec<RuleCounts>,
@@ -160,6 +162,7 @@ impl<S: CounterStore> Engine<S> {
             outcomes: Vec::new(),
             last_values: Vec::new(),
             last_positions: Vec::new(),
+            plans: Vec::new(),
             counts: EvalCounts::default(),
             rule_counts: Vec::new(),
             counter_counts: Vec::new(),
@@ -525,12 +528,22 @@ impl<S: CounterStore> Engine<S> {
             self.counts.behind_watermark += 1;
         }
         self.store.set_origin(Some(origin));
-        self.memo.reset();
         for &position in &self.last_positions {
             self.last_values[position] = None;
         }
-        for position in 0..self.rules.active_len() {
-            self.outcomes[position] = self.count(position, event, behind)?;
+        // Every counter's plan and key first, so the store can start fetching the event's
+        // keys together; then the counting, in file order.
+        plan_event(
+            &self.rules,
+            &self.store,
+            event,
+            &mut self.keys,
+            &mut self.plans,
+            &mut self.memo,
+        );
+        let active = self.rules.active_len();
+        for position in 0..active {
+            self.outcomes[position] = self.count(position, event, behind, self.plans[position])?;
         }
         let decision = self.judge(event)?;
         if !decision.is_empty() {
@@ -539,7 +552,8 @@ impl<S: CounterStore> Engine<S> {
         Ok(decision)
     }
 
-    /// Counts `event` into the active counter at `position` if it feeds it; its outcome for the
+    /// Counts `event` into the active counter at `position` as `plan` (its plan for the event)
+    /// says; its outcome for the
     /// event (counted, late, or left to be read on first reference).
     #[inline]
     fn count(
@@ -547,101 +561,97 @@ impl<S: CounterStore> Engine<S> {
         position: usize,
         event: &Event<'_>,
         behind: bool,
+        plan: Plan,
     ) -> Result<Outcome, StoreError> {
-        Ok(
-            match self
-                .rules
-                .plan(position, event, &mut self.keys[position], &mut self.memo)
-            {
-                Plan::NoMatch => {
-                    if behind {
-                        Outcome::Unknown
-                    } else {
-                        Outcome::Unread
-                    }
-                }
-                Plan::Skip(reason) => {
-                    *match reason {
-                        SkipReason::Dimension => &mut self.counts.skipped_dimension,
-                        SkipReason::SumField => &mut self.counts.skipped_sum_field,
-                        SkipReason::SumRange => &mut self.counts.skipped_sum_range,
-                        SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
-                        SkipReason::LastField | SkipReason::ValueTooLong => {
-                            &mut self.counts.skipped_last_field
-                        }
-                    } += 1;
-                    self.counter_counts[position].skipped[reason.index()] += 1;
-                    // A skipped event did not feed the counter: a rule reads it (if its key
-                    // can be formed).
-                    if behind || reason == SkipReason::Dimension {
-                        Outcome::Unknown
-                    } else {
-                        Outcome::Unread
-                    }
-                }
-                Plan::Observe(_) if behind => {
-                    self.counts.late += 1;
-                    self.counter_counts[position].late += 1;
+        Ok(match plan {
+            Plan::NoMatch => {
+                if behind {
                     Outcome::Unknown
+                } else {
+                    Outcome::Unread
                 }
-                Plan::Observe(delta) => {
-                    let observed = match delta {
-                        Delta::Last => {
-                            // Planned only for a field it keeps.
-                            let Some(value) = self.rules.last_value(position, event) else {
-                                return Ok(Outcome::Unknown);
-                            };
-                            let (observed, previous) = self.store.apply_last(
-                                self.windows[position],
-                                &self.keys[position],
-                                event.ts,
-                                value,
-                            )?;
-                            self.last_values[position] = previous;
-                            observed
-                        }
-                        delta => self.store.apply(
+            }
+            Plan::Skip(reason) => {
+                *match reason {
+                    SkipReason::Dimension => &mut self.counts.skipped_dimension,
+                    SkipReason::SumField => &mut self.counts.skipped_sum_field,
+                    SkipReason::SumRange => &mut self.counts.skipped_sum_range,
+                    SkipReason::DistinctField => &mut self.counts.skipped_distinct_field,
+                    SkipReason::LastField | SkipReason::ValueTooLong => {
+                        &mut self.counts.skipped_last_field
+                    }
+                } += 1;
+                self.counter_counts[position].skipped[reason.index()] += 1;
+                // A skipped event did not feed the counter: a rule reads it (if its key
+                // can be formed).
+                if behind || reason == SkipReason::Dimension {
+                    Outcome::Unknown
+                } else {
+                    Outcome::Unread
+                }
+            }
+            Plan::Observe(_) if behind => {
+                self.counts.late += 1;
+                self.counter_counts[position].late += 1;
+                Outcome::Unknown
+            }
+            Plan::Observe(delta) => {
+                let observed = match delta {
+                    Delta::Last => {
+                        // Planned only for a field it keeps.
+                        let Some(value) = self.rules.last_value(position, event) else {
+                            return Ok(Outcome::Unknown);
+                        };
+                        let (observed, previous) = self.store.apply_last(
                             self.windows[position],
                             &self.keys[position],
                             event.ts,
-                            delta,
-                        )?,
-                    };
-                    match observed.applied {
-                        // Counted into a window that held nothing before it.
-                        Applied::Empty => {
-                            self.counter_counts[position].counted += 1;
-                            Outcome::Unknown
+                            value,
+                        )?;
+                        self.last_values[position] = previous;
+                        observed
+                    }
+                    delta => self.store.apply(
+                        self.windows[position],
+                        &self.keys[position],
+                        event.ts,
+                        delta,
+                    )?,
+                };
+                match observed.applied {
+                    // Counted into a window that held nothing before it.
+                    Applied::Empty => {
+                        self.counter_counts[position].counted += 1;
+                        Outcome::Unknown
+                    }
+                    Applied::Late => {
+                        self.counts.late += 1;
+                        self.counter_counts[position].late += 1;
+                        Outcome::Unknown
+                    }
+                    Applied::Counted(value) => {
+                        self.counter_counts[position].counted += 1;
+                        Outcome::Known {
+                            value,
+                            degraded: observed.degraded,
+                            dropped: observed.state_dropped,
+                            counted: true,
                         }
-                        Applied::Late => {
-                            self.counts.late += 1;
-                            self.counter_counts[position].late += 1;
-                            Outcome::Unknown
-                        }
-                        Applied::Counted(value) => {
-                            self.counter_counts[position].counted += 1;
-                            Outcome::Known {
-                                value,
-                                degraded: observed.degraded,
-                                dropped: observed.state_dropped,
-                                counted: true,
-                            }
-                        }
-                        Applied::Capped(value) => {
-                            self.counter_counts[position].counted += 1;
-                            self.counts.capped += 1;
-                            self.counter_counts[position].capped += 1;
-                            Outcome::Known {
-                                value,
-                                degraded: observed.degraded,
-                                dropped: observed.state_dropped,
-                                counted: true,
-                            }
+                    }
+                    Applied::Capped(value) => {
+                        self.counter_counts[position].counted += 1;
+                        self.counts.capped += 1;
+                        self.counter_counts[position].capped += 1;
+                        Outcome::Known {
+                            value,
+                            degraded: observed.degraded,
+                            dropped: observed.state_dropped,
+                            counted: true,
                         }
                     }
                 }
-            },
-        )
+            }
+        })
     }
 
     /// Judges `event` (DESIGN's order within one event): every rule that does not call
@@ -776,6 +786,28 @@ impl<S: CounterStore> Engine<S> {
             return Err(e);
         }
         Ok(decision)
+    }
+}
+
+/// Every active counter's plan and key for `event` (its `match` results in `memo`), asking
+/// `store` to start fetching the keys it will count: the misses of an event's several keys then
+/// overlap instead of following one another.
+fn plan_event<S: CounterStore>(
+    rules: &RuleSet,
+    store: &S,
+    event: &Event<'_>,
+    keys: &mut [Vec<u8>],
+    plans: &mut Vec<Plan>,
+    memo: &mut ScopeMemo,
+) {
+    memo.reset();
+    plans.clear();
+    for (position, key) in keys.iter_mut().enumerate().take(rules.active_len()) {
+        let plan = rules.plan(position, event, key, memo);
+        if let Plan::Observe(_) = plan {
+            store.fetch_ahead(key);
+        }
+        plans.push(plan);
     }
 }
 

@@ -81,6 +81,9 @@ impl CounterStore for AnyStore {
     fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
         delegate!(self, s => s.prefetch_holds(keys))
     }
+    fn fetch_ahead(&self, key: &[u8]) {
+        delegate!(self, s => s.fetch_ahead(key))
+    }
     fn set_origin(&mut self, origin: Option<InputPosition>) {
         delegate!(self, s => s.set_origin(origin))
     }

@@ -255,6 +255,12 @@ pub trait CounterStore {
     /// not counted again.
     fn set_origin(&mut self, _origin: Option<InputPosition>) {}
 
+    /// `key` is about to be counted or read: a store that keeps it in memory may start fetching
+    /// it, so the misses of an event's several keys overlap instead of following one another.
+    /// A hint only: nothing observable changes.
+    #[inline]
+    fn fetch_ahead(&self, _key: &[u8]) {}
+
     /// Whether other processes count into the same keys now (other workers of the group own
     /// partitions). A store keeping views of a shared store then reads a view another writer
     /// touched again once it is a flush interval old, so a value lacks about one flush interval

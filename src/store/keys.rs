@@ -89,22 +89,6 @@ impl Hash for KeyBytes {
     }
 }
 
-/// Borrowed form of [`KeyBytes`] for lookups without allocating.
-#[derive(PartialEq, Eq)]
-pub(crate) struct BytesRef<'a>(pub(crate) &'a [u8]);
-
-impl Hash for BytesRef<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write(self.0)
-    }
-}
-
-impl Equivalent<KeyBytes> for BytesRef<'_> {
-    fn equivalent(&self, stored: &KeyBytes) -> bool {
-        self.0 == stored.as_slice()
-    }
-}
-
 /// Appends `bytes` as lowercase hex: how digests appear in Redis key names.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

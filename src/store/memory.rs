@@ -7,7 +7,8 @@ use super::counter_store::{
     CounterStore, HoldSpace, HoldSpaces, Inspected, Observed, StateStats, StoreError, WindowId,
     Windows,
 };
-use super::keys::{BytesRef, KeyBytes, KeyRef, StoredKey};
+use super::key_table::KeyTable;
+use super::keys::{KeyBytes, KeyRef, StoredKey};
 use crate::window::{Applied, Delta, LastValue, WindowSpec, WindowState};
 
 /// Fewest new keys between two sweeps, so small workloads never pay for one.
@@ -172,7 +173,8 @@ impl Dropped {
 #[derive(Debug)]
 pub struct MemoryStore {
     windows: Windows,
-    states: HashMap<KeyBytes, KeyEntry, foldhash::fast::RandomState>,
+    /// Every key's windows: a table whose slots can be prefetched ([`CounterStore::prefetch`]).
+    states: KeyTable<KeyEntry>,
     /// (window, key) pairs held: what `live_keys` reports.
     pairs: usize,
     /// Estimated bytes of `states` and `holds` (entries, keys on the heap, windows).
@@ -326,7 +328,7 @@ impl MemoryStore {
     pub fn with_sweep_interval(floor: usize) -> MemoryStore {
         MemoryStore {
             windows: Windows::default(),
-            states: HashMap::default(),
+            states: KeyTable::default(),
             pairs: 0,
             bytes: 0,
             max_keys: DEFAULT_MAX_KEYS,
@@ -376,8 +378,7 @@ impl MemoryStore {
     fn state_bytes(&self) -> usize {
         // The key table by its full capacity (`capacity()` shrinks as removals leave tombstones;
         // the allocation does not) at hashbrown's 7/8 load.
-        self.table_full.max(self.states.capacity()) * (size_of::<(KeyBytes, KeyEntry)>() + 1) * 8
-            / 7
+        self.table_full.max(self.states.capacity()) * KeyTable::<KeyEntry>::SLOT_BYTES * 8 / 7
             + self.holds.capacity() * (size_of::<(StoredKey, i64)>() + 1)
             + self.dropped_windows.bytes()
             + self.dropped_holds.bytes()
@@ -396,7 +397,7 @@ impl MemoryStore {
         let full = self.table_full.max(self.states.capacity());
         let len = self.states.len();
         let doubles = len >= self.states.capacity() && len > full / 2;
-        let growth = full.max(4) * (size_of::<(KeyBytes, KeyEntry)>() + 1) * 8 / 7;
+        let growth = full.max(4) * KeyTable::<KeyEntry>::SLOT_BYTES * 8 / 7;
         if doubles && self.state_bytes() + growth > self.max_bytes {
             len - full / 2 + 1
         } else {
@@ -501,7 +502,7 @@ impl MemoryStore {
             .map(|&(_, _, key)| KeyBytes::new(key))
             .collect();
         for key in &victims {
-            if let Some(entry) = self.states.remove(key) {
+            if let Some(entry) = self.states.remove(key.as_slice()) {
                 self.pairs -= entry.windows.len();
                 self.bytes = self.bytes.saturating_sub(entry.bytes(key));
                 self.evicted_keys += entry.windows.len() as u64;
@@ -564,7 +565,7 @@ impl MemoryStore {
     ) -> Result<(bool, R), StoreError> {
         let spec = self.windows.spec(window.0);
         let bucket = spec.bucket_of(ts_ms);
-        let entry = match self.states.get_mut(&BytesRef(key)) {
+        let entry = match self.states.get_mut(key) {
             Some(entry) => entry,
             None => {
                 // (Any growth of the last insert shows now, before tombstones hide it.)
@@ -580,7 +581,7 @@ impl MemoryStore {
                     windows: KeyWindows::default(),
                 };
                 self.bytes += entry.bytes(&key);
-                self.states.entry(key).or_insert(entry)
+                self.states.insert_new(key, entry)
             }
         };
         entry.weight = entry.weight.saturating_add(1);
@@ -619,6 +620,11 @@ impl MemoryStore {
 impl CounterStore for MemoryStore {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
         self.windows.open(name, spec)
+    }
+
+    #[inline]
+    fn fetch_ahead(&self, key: &[u8]) {
+        self.states.prefetch(key);
     }
 
     fn apply(
@@ -667,7 +673,7 @@ impl CounterStore for MemoryStore {
         let spec = self.windows.spec(window.0);
         let state = self
             .states
-            .get(&BytesRef(key))
+            .get(key)
             .and_then(|entry| entry.windows.get(window.0));
         let (applied, value) = match state {
             Some(state) => state.read_last(&spec, spec.bucket_of(ts_ms)),
@@ -686,7 +692,7 @@ impl CounterStore for MemoryStore {
         let spec = self.windows.spec(window.0);
         let state = self
             .states
-            .get(&BytesRef(key))
+            .get(key)
             .and_then(|entry| entry.windows.get(window.0));
         let applied = match state {
             Some(state) => state.read(&spec, spec.bucket_of(ts_ms)),
@@ -716,7 +722,7 @@ impl CounterStore for MemoryStore {
         let spec = self.windows.spec(window.0);
         let state = self
             .states
-            .get(&BytesRef(key))
+            .get(key)
             .and_then(|entry| entry.windows.get(window.0))
             .map_or_else(|| WindowState::new(spec.aggregate), |state| state.clone());
         Ok(Inspected {
@@ -952,7 +958,7 @@ mod tests {
         // see what was dropped (bucket 0 is seen until bucket 3 600), and exact after.
         let evicted = (0..10_000u64)
             .map(|i| i.to_le_bytes())
-            .find(|k| !s.states.contains_key(&BytesRef(k)))
+            .find(|k| !s.states.contains_key(k))
             .unwrap();
         let now = s.read(w, &evicted, 10_000).unwrap();
         assert_eq!(
@@ -983,10 +989,7 @@ mod tests {
         }
         assert!(s.live_keys() <= 120);
         for i in 0..100u64 {
-            assert!(
-                s.states.contains_key(&BytesRef(&i.to_be_bytes())),
-                "key {i}"
-            );
+            assert!(s.states.contains_key(&i.to_be_bytes()), "key {i}");
         }
     }
 

@@ -15,6 +15,7 @@ pub mod board;
 mod codec;
 mod counter_store;
 pub mod journal;
+mod key_table;
 mod keys;
 mod link;
 pub mod memory;
