@@ -36,7 +36,8 @@
 //!
 //! - [`store`]: the [`store::CounterStore`] interface (named windows, opaque keys — it does not know
 //!   rules; `counter_store.rs`), the in-process [`store::MemoryStore`] (drops a key only once the
-//!   watermark passed it; one entry per key holds every counter's window over it; bounded), and
+//!   watermark passed it; one entry per key holds every counter's window over it; bounded; its
+//!   `key_table` lets the engine prefetch an event's keys before counting them), and
 //!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views,
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,

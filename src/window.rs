@@ -177,6 +177,8 @@ pub struct LastState {
 
 // A `last` state inline costs the other windows nothing.
 const _: () = assert!(size_of::<LastState>() <= size_of::<BucketSeries>());
+// Nor does the kept sum: a window state is one cache line.
+const _: () = assert!(size_of::<WindowState>() <= 64);
 
 impl WindowState {
     pub fn new(aggregate: Aggregate) -> WindowState {
@@ -322,7 +324,7 @@ impl WindowState {
 
     pub fn head(&self) -> Option<i64> {
         match self {
-            WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => s.head,
+            WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => s.head(),
             WindowState::Distinct(d) => d.head,
             WindowState::Last(l) => l.head,
         }
@@ -411,6 +413,8 @@ impl WindowState {
         }
         let oldest = head.max(bucket) - spec.buckets + 1;
         match self {
+            // At or before the head every live bucket is in the window: the kept sum.
+            WindowState::Series(s) if bucket <= head => Applied::Counted(s.value()),
             WindowState::Series(s) => Applied::Counted(
                 s.buckets
                     .0
@@ -508,30 +512,111 @@ impl<V: Accumulate> Buckets<V> {
     fn position(&self, bucket: i64) -> Option<usize> {
         self.0.iter().rposition(|&(b, _)| b == bucket)
     }
+
+    fn value_at(&self, bucket: i64) -> Option<V> {
+        self.position(bucket).map(|i| self.0[i].1)
+    }
 }
 
 /// Non-empty buckets of a count or sum window (or each bucket's extreme, for max and min).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct BucketSeries {
-    head: Option<i64>,
+    /// The largest bucket counted so far; [`NO_HEAD`] before the first event (buckets are never
+    /// negative: event times are). A sentinel, not an `Option`, so the sum below fits in the
+    /// same 64 bytes a window state took without it.
+    head: i64,
     buckets: Buckets<i64>,
+    /// Count and sum windows: the sum of the live buckets while every one is non-negative (the
+    /// saturating fold oldest-first then equals it, so a hot key's value costs one read instead
+    /// of a pass over up to `k` buckets); [`NOT_KEPT`] once a negative amount or an overflow
+    /// leaves the fold the only exact answer.
+    total: i64,
+}
+
+/// [`BucketSeries::head`] before the first event.
+const NO_HEAD: i64 = i64::MIN;
+
+/// [`BucketSeries::total`] when the sum is not kept.
+const NOT_KEPT: i64 = -1;
+
+impl Default for BucketSeries {
+    fn default() -> BucketSeries {
+        BucketSeries {
+            head: NO_HEAD,
+            buckets: Buckets::default(),
+            total: 0,
+        }
+    }
+}
+
+/// Equal when they hold the same buckets: the sum is derived from them.
+impl PartialEq for BucketSeries {
+    fn eq(&self, other: &BucketSeries) -> bool {
+        self.head == other.head && self.buckets == other.buckets
+    }
 }
 
 impl BucketSeries {
     /// A series of `buckets`, all live for `head`.
     fn from_live(head: i64, buckets: Buckets<i64>) -> BucketSeries {
+        let total = buckets
+            .0
+            .iter()
+            .try_fold(
+                0i64,
+                |total, &(_, v)| {
+                    if v < 0 {
+                        None
+                    } else {
+                        total.checked_add(v)
+                    }
+                },
+            )
+            .unwrap_or(NOT_KEPT);
         BucketSeries {
-            head: Some(head),
+            head,
             buckets,
+            total,
         }
     }
 
+    fn head(&self) -> Option<i64> {
+        (self.head != NO_HEAD).then_some(self.head)
+    }
+
+    /// [`advance_head`] on this series' head.
+    fn advance(&mut self, spec: &WindowSpec, bucket: i64) -> Option<i64> {
+        let mut head = self.head();
+        let advanced = advance_head(&mut head, spec, bucket)?;
+        self.head = advanced;
+        Some(advanced)
+    }
+
     fn add(&mut self, spec: &WindowSpec, bucket: i64, amount: i64) -> Applied {
-        let Some(head) = advance_head(&mut self.head, spec, bucket) else {
+        let Some(head) = self.advance(spec, bucket) else {
             return Applied::Late;
         };
+        let before = self.buckets.value_at(bucket).unwrap_or(0);
         self.buckets.add(bucket, amount);
-        self.buckets.drop_before(head - spec.buckets + 1, |_| {});
+        if self.total != NOT_KEPT {
+            self.total = if amount < 0 {
+                NOT_KEPT
+            } else {
+                // What the bucket gained (its value saturates): never negative here.
+                let gained = self.buckets.value_at(bucket).unwrap_or(0) - before;
+                self.total.checked_add(gained).unwrap_or(NOT_KEPT)
+            };
+        }
+        let total = &mut self.total;
+        self.buckets
+            .drop_before(head - spec.buckets + 1, |dropped| {
+                if *total != NOT_KEPT {
+                    *total -= dropped;
+                }
+            });
+        if self.buckets.0.is_empty() {
+            self.total = 0;
+        }
         Applied::Counted(self.value())
     }
 
@@ -544,7 +629,7 @@ impl BucketSeries {
         amount: i64,
         keep: fn(i64, i64) -> i64,
     ) -> Applied {
-        let Some(head) = advance_head(&mut self.head, spec, bucket) else {
+        let Some(head) = self.advance(spec, bucket) else {
             return Applied::Late;
         };
         match self.buckets.0.iter().rposition(|&(b, _)| b <= bucket) {
@@ -561,6 +646,9 @@ impl BucketSeries {
     /// Sum over the live buckets, oldest first: one fixed order, so the result does not depend
     /// on how the buckets were filled.
     fn value(&self) -> i64 {
+        if self.total != NOT_KEPT {
+            return self.total;
+        }
         self.buckets
             .0
             .iter()
@@ -825,6 +913,46 @@ mod tests {
         if let WindowState::Series(series) = &w {
             let buckets: Vec<_> = series.buckets().collect();
             assert_eq!(buckets, [(4, 4), (5, 9), (6, 16), (7, 1)]);
+        }
+    }
+
+    #[test]
+    fn the_kept_sum_equals_the_saturating_fold_whatever_the_amounts() {
+        // Pseudo-random amounts, mostly small and positive, sometimes negative or near the
+        // limits, with out-of-order buckets and reads before and after the head: the value
+        // counted or read is always the fold over the live buckets, oldest first.
+        let s = spec(Aggregate::Sum, 10, 5);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200 {
+            let mut w = WindowState::new(Aggregate::Sum);
+            let mut head = 0i64;
+            for _ in 0..60 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let amount = match x % 16 {
+                    0 => -((x >> 8) as i64 % 1000),
+                    1 => i64::MAX - (x >> 40) as i64,
+                    _ => (x >> 8) as i64 % 1000,
+                };
+                let bucket = (head + (x >> 4) as i64 % 4 - 2).max(0);
+                let fold = |w: &WindowState, from: i64| match w {
+                    WindowState::Series(series) => series
+                        .buckets()
+                        .filter(|&(b, _)| b >= from)
+                        .fold(0i64, |a, (_, v)| a.saturating_add(v)),
+                    _ => unreachable!(),
+                };
+                if let Applied::Counted(value) = w.apply(&s, bucket, Delta::Sum(amount)) {
+                    head = head.max(bucket);
+                    assert_eq!(value, fold(&w, i64::MIN));
+                }
+                for at in [head - 1, head, head + 2] {
+                    if let Applied::Counted(read) = w.read(&s, at) {
+                        assert_eq!(read, fold(&w, head.max(at) - s.buckets + 1), "read at {at}");
+                    }
+                }
+            }
         }
     }
 

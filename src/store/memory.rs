@@ -391,12 +391,13 @@ impl MemoryStore {
 
     /// How many keys to evict before inserting one so that the key table does not outgrow the
     /// bound (its allocation is never given back). A table without room left (`capacity()`
-    /// counts removals' tombstones as used) doubles unless at most half full, when it is
-    /// rehashed in place instead: so, if doubling would pass the bound, down to half.
+    /// counts removals' tombstones as used) doubles unless at most half full with the key being
+    /// inserted, when it is rehashed in place instead: so, if doubling would pass the bound,
+    /// down to below half.
     fn keys_to_make_room(&self) -> usize {
         let full = self.table_full.max(self.states.capacity());
         let len = self.states.len();
-        let doubles = len >= self.states.capacity() && len > full / 2;
+        let doubles = len >= self.states.capacity() && len >= full / 2;
         let growth = full.max(4) * KeyTable::<KeyEntry>::SLOT_BYTES * 8 / 7;
         if doubles && self.state_bytes() + growth > self.max_bytes {
             len - full / 2 + 1
@@ -996,22 +997,26 @@ mod tests {
     #[test]
     fn state_stays_within_its_byte_bound() {
         let max = 2 << 20;
-        let mut s = MemoryStore::new().with_max_state_bytes(max);
-        let w = s.open_window("w", COUNT_1S_X10);
-        let mut key = vec![b'k'; 300];
-        for i in 0..100_000u64 {
-            key[..8].copy_from_slice(&i.to_le_bytes());
-            s.apply(w, &key, 5, Delta::Count).unwrap();
-            // Within the bound but for what the last eviction allocated to remember its drops.
-            assert!(
-                s.state_bytes() <= max + max / 4,
-                "{} bytes at {i}",
-                s.state_bytes()
-            );
+        // Several runs: the key table's hash and the eviction order are random per store, and a
+        // table doubling the bound did not foresee showed in about one run in twenty.
+        for run in 0..24 {
+            let mut s = MemoryStore::new().with_max_state_bytes(max);
+            let w = s.open_window("w", COUNT_1S_X10);
+            let mut key = vec![b'k'; 300];
+            for i in 0..100_000u64 {
+                key[..8].copy_from_slice(&i.to_le_bytes());
+                s.apply(w, &key, 5, Delta::Count).unwrap();
+                // Within the bound but for what the last eviction allocated to remember its drops.
+                assert!(
+                    s.state_bytes() <= max + max / 4,
+                    "run {run}: {} bytes at {i}",
+                    s.state_bytes()
+                );
+            }
+            let stats = s.state_stats();
+            assert!(stats.bytes <= 2 * max, "{stats:?}");
+            assert!(stats.evicted_keys > 90_000, "{stats:?}");
         }
-        let stats = s.state_stats();
-        assert!(stats.bytes <= 2 * max, "{stats:?}");
-        assert!(stats.evicted_keys > 90_000, "{stats:?}");
     }
 
     #[test]

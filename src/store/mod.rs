@@ -1,7 +1,8 @@
 //! Counter stores: where sliding-window state lives (see [RELIABILITY.md](RELIABILITY.md)). A store knows named windows and
 //! opaque keys, never rules: the pipeline maps each rule to a window and each event to a key.
 //!
-//! - `memory`: the in-process store. `redis`: the Redis store (merged views, write-behind,
+//! - `memory`: the in-process store, over `key_table` (its keys, in slots an event's keys can be
+//!   prefetched from before they are counted). `redis`: the Redis store (merged views, write-behind,
 //!   exactly-once offsets, circuit breaker, data-loss detection). `link`: its connections (single
 //!   server or cluster, timeouts, retries). `codec`: windows as Redis holds them and as flushes
 //!   write them. `scripts`: the Lua script and the calls to it. `journal`: the decision journal
