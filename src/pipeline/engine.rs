@@ -535,7 +535,7 @@ impl<S: CounterStore> Engine<S> {
         // keys together; then the counting, in file order.
         plan_event(
             &self.rules,
-            &self.store,
+            (!behind).then_some(&self.store),
             event,
             &mut self.keys,
             &mut self.plans,
@@ -790,11 +790,11 @@ impl<S: CounterStore> Engine<S> {
 }
 
 /// Every active counter's plan and key for `event` (its `match` results in `memo`), asking
-/// `store` to start fetching the keys it will count: the misses of an event's several keys then
-/// overlap instead of following one another.
+/// `store` (unless the event is late for every counter) to start fetching the keys it will
+/// count: the misses of an event's several keys then overlap instead of following one another.
 fn plan_event<S: CounterStore>(
     rules: &RuleSet,
-    store: &S,
+    store: Option<&S>,
     event: &Event<'_>,
     keys: &mut [Vec<u8>],
     plans: &mut Vec<Plan>,
@@ -804,7 +804,7 @@ fn plan_event<S: CounterStore>(
     plans.clear();
     for (position, key) in keys.iter_mut().enumerate().take(rules.active_len()) {
         let plan = rules.plan(position, event, key, memo);
-        if let Plan::Observe(_) = plan {
+        if let (Plan::Observe(_), Some(store)) = (plan, store) {
             store.fetch_ahead(key);
         }
         plans.push(plan);

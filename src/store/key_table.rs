@@ -249,7 +249,17 @@ impl<V> KeyTable<V> {
 
     /// Keys it holds before growing (hashbrown's meaning: tombstones take room until a rehash).
     pub(super) fn capacity(&self) -> usize {
-        full_capacity(self.slots.len()) - self.deleted.min(full_capacity(self.slots.len()))
+        self.full_capacity() - self.deleted.min(self.full_capacity())
+    }
+
+    /// Keys its slots hold at most, tombstones or not (7/8 of them).
+    pub(super) fn full_capacity(&self) -> usize {
+        full_capacity(self.slots.len())
+    }
+
+    /// What its slots and tags take: the allocation, whatever they hold.
+    pub(super) fn allocated_bytes(&self) -> usize {
+        self.slots.len() * Self::SLOT_BYTES
     }
 }
 

@@ -173,7 +173,7 @@ impl Dropped {
 #[derive(Debug)]
 pub struct MemoryStore {
     windows: Windows,
-    /// Every key's windows: a table whose slots can be prefetched ([`CounterStore::prefetch`]).
+    /// Every key's windows: a table whose slots can be prefetched ([`CounterStore::fetch_ahead`]).
     states: KeyTable<KeyEntry>,
     /// (window, key) pairs held: what `live_keys` reports.
     pairs: usize,
@@ -200,8 +200,6 @@ pub struct MemoryStore {
     released_holds: hashbrown::HashSet<StoredKey, foldhash::fast::RandomState>,
     horizon: Option<i64>,
     inserts_since_sweep: usize,
-    /// The key table's capacity when it last had no tombstones: what its allocation holds.
-    table_full: usize,
     /// What keys owned after the last sweep: over the byte bound, the next sweep waits for a
     /// 256th of the bound more (so sweeping stays amortised O(1) per byte counted).
     bytes_after_sweep: usize,
@@ -343,7 +341,6 @@ impl MemoryStore {
             released_holds: Default::default(),
             horizon: None,
             inserts_since_sweep: 0,
-            table_full: 0,
             bytes_after_sweep: 0,
             sweep_after: floor,
             sweep_interval_floor: floor,
@@ -372,13 +369,11 @@ impl MemoryStore {
         self
     }
 
-    /// The state's estimated bytes: the tables' slots by capacity (hashbrown: one control byte
-    /// per slot; it grows by doubling), what entries own on the heap, and the records of dropped
-    /// state.
+    /// The state's estimated bytes: the key table's allocation (its slots, whatever they hold;
+    /// it grows by doubling), the holds table's slots by capacity (hashbrown: one control byte
+    /// per slot), what entries own on the heap, and the records of dropped state.
     fn state_bytes(&self) -> usize {
-        // The key table by its full capacity (`capacity()` shrinks as removals leave tombstones;
-        // the allocation does not) at hashbrown's 7/8 load.
-        self.table_full.max(self.states.capacity()) * KeyTable::<KeyEntry>::SLOT_BYTES * 8 / 7
+        self.states.allocated_bytes()
             + self.holds.capacity() * (size_of::<(StoredKey, i64)>() + 1)
             + self.dropped_windows.bytes()
             + self.dropped_holds.bytes()
@@ -395,10 +390,14 @@ impl MemoryStore {
     /// inserted, when it is rehashed in place instead: so, if doubling would pass the bound,
     /// down to below half.
     fn keys_to_make_room(&self) -> usize {
-        let full = self.table_full.max(self.states.capacity());
+        let full = self.states.full_capacity();
         let len = self.states.len();
         let doubles = len >= self.states.capacity() && len >= full / 2;
-        let growth = full.max(4) * KeyTable::<KeyEntry>::SLOT_BYTES * 8 / 7;
+        // Doubling adds as many slots as the table has (a first table: four).
+        let growth = self
+            .states
+            .allocated_bytes()
+            .max(4 * KeyTable::<KeyEntry>::SLOT_BYTES);
         if doubles && self.state_bytes() + growth > self.max_bytes {
             len - full / 2 + 1
         } else {
@@ -569,8 +568,6 @@ impl MemoryStore {
         let entry = match self.states.get_mut(key) {
             Some(entry) => entry,
             None => {
-                // (Any growth of the last insert shows now, before tombstones hide it.)
-                self.table_full = self.table_full.max(self.states.capacity());
                 let room = self.keys_to_make_room();
                 if room > 0 {
                     // Room in the table as it is, the lightest keys going first.
