@@ -596,17 +596,18 @@ impl BucketSeries {
         let Some(head) = self.advance(spec, bucket) else {
             return Applied::Late;
         };
-        let before = self.buckets.value_at(bucket).unwrap_or(0);
+        // The kept sum grows by what the bucket gains (its value saturates, so not always
+        // `amount`); a negative amount ends keeping it.
+        let kept_before = (self.total != NOT_KEPT && amount >= 0)
+            .then(|| self.buckets.value_at(bucket).unwrap_or(0));
         self.buckets.add(bucket, amount);
-        if self.total != NOT_KEPT {
-            self.total = if amount < 0 {
-                NOT_KEPT
-            } else {
-                // What the bucket gained (its value saturates): never negative here.
+        self.total = match kept_before {
+            Some(before) => {
                 let gained = self.buckets.value_at(bucket).unwrap_or(0) - before;
                 self.total.checked_add(gained).unwrap_or(NOT_KEPT)
-            };
-        }
+            }
+            None => NOT_KEPT,
+        };
         let total = &mut self.total;
         self.buckets
             .drop_before(head - spec.buckets + 1, |dropped| {
@@ -614,9 +615,6 @@ impl BucketSeries {
                     *total -= dropped;
                 }
             });
-        if self.buckets.0.is_empty() {
-            self.total = 0;
-        }
         Applied::Counted(self.value())
     }
 

@@ -442,9 +442,6 @@ impl<S: CounterStore> Engine<S> {
     pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
         let mut key = Vec::new();
         self.memo.reset();
-        for &position in &self.last_positions {
-            self.last_values[position] = None;
-        }
         for position in 0..self.rules.active_len() {
             let wanted = match self.rules.plan(position, event, &mut key, &mut self.memo) {
                 Plan::Observe(_) => true,
@@ -553,8 +550,7 @@ impl<S: CounterStore> Engine<S> {
     }
 
     /// Counts `event` into the active counter at `position` as `plan` (its plan for the event)
-    /// says; its outcome for the
-    /// event (counted, late, or left to be read on first reference).
+    /// says; its outcome for the event (counted, late, or left to be read on first reference).
     #[inline]
     fn count(
         &mut self,
