@@ -650,12 +650,12 @@ impl<S: CounterStore> Engine<S> {
         })
     }
 
-    /// Judges `event` (DESIGN's order within one event): every rule that does not call
-    /// `score()`, in file order, against the holds as they stood before this event; rollouts;
-    /// suppression below the highest priority of a firing enforce-mode `final` rule; the score;
-    /// the rules that call `score()`, likewise; then the holds of the hits fired by their
-    /// condition — none when an enforce-mode allow hit allows the event. Counters the event
-    /// did not feed are read on first reference.
+    /// Judges `event` in the order within one event that docs/rules.md gives: every rule that
+    /// does not call `score()`, in file order, against the holds as they stood before this
+    /// event; rollouts; suppression below the highest priority of a firing enforce-mode `final`
+    /// rule; the score; the rules that call `score()`, likewise; then the holds of the hits fired
+    /// by their condition — none when an enforce-mode allow hit allows the event. Counters the
+    /// event did not feed are read on first reference.
     fn judge(&mut self, event: &Event<'_>) -> Result<Decision, StoreError> {
         let mut decision = Decision::default();
         // Active position of each hit, in step with `decision.hits`.
