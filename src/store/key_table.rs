@@ -5,8 +5,8 @@
 //! memory at once instead of one miss after another. A lookup usually ends at that first slot.
 //!
 //! Growth follows hashbrown's rules (7/8 load counting tombstones, rehash in place when at most
-//! half full, else double), so the store's byte accounting reads [`KeyTable::capacity`] as it
-//! read hashbrown's.
+//! half full, else double): the store foresees a doubling from [`KeyTable::capacity`] and
+//! [`KeyTable::full_capacity`] and counts the table by [`KeyTable::allocated_bytes`].
 
 use std::hash::BuildHasher;
 
