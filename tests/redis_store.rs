@@ -1077,3 +1077,135 @@ fn a_released_hold_stays_released_whatever_raises_were_on_their_way() {
     // Releasing a key nobody holds says so.
     assert_eq!(a.release_hold(space_a, b"u-8").unwrap(), None);
 }
+
+/// Two workers that both believe they own one partition (the old owner stalled past its session
+/// timeout and came back still counting, a zombie) count its events into one Redis, each at its
+/// own pace, flushing, batching, counting ahead and dropping its views at random points: every
+/// event is counted once. Each observation carries its lane and offset, and the script skips an
+/// offset at or below the one the key recorded, whichever writer recorded it.
+#[test]
+fn two_owners_of_one_partition_count_each_of_its_events_once() {
+    use rand::{Rng, SeedableRng};
+    use vigil::store::Planned;
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let at = 1_000_000;
+    let kinds = [
+        (Aggregate::Count, "count"),
+        (Aggregate::Sum, "sum"),
+        (Aggregate::Distinct, "distinct"),
+    ];
+    let keys: [&[u8]; 3] = [b"ip-1", b"ip-2", b"user-3"];
+    for seed in 0..24u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let lane = 7;
+        let events: Vec<(usize, i64)> = (0..80)
+            .map(|_| (rng.random_range(0..keys.len()), rng.random_range(1..5)))
+            .collect();
+        let delta = |aggregate: Aggregate, amount: i64| match aggregate {
+            Aggregate::Count => Delta::Count,
+            Aggregate::Sum => Delta::Sum(amount * 1_000_000),
+            _ => Delta::Distinct(amount as u128),
+        };
+        struct Owner {
+            store: RedisStore,
+            windows: Vec<vigil::store::WindowId>,
+            next: usize,
+            stop: usize,
+        }
+        let open = |stop: usize| {
+            let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+            let windows = kinds
+                .iter()
+                .map(|(aggregate, name)| {
+                    store.open_window(
+                        &format!("owners-{seed}-{name}"),
+                        WindowSpec::new(1_000, 600, *aggregate),
+                    )
+                })
+                .collect();
+            Owner {
+                store,
+                windows,
+                next: 0,
+                stop,
+            }
+        };
+        // The zombie stops somewhere; the new owner reads the partition from its start (nothing
+        // was committed) to its end.
+        let mut owners = [open(rng.random_range(10..events.len())), open(events.len())];
+        while owners.iter().any(|o| o.next < o.stop) {
+            let owner = &mut owners[rng.random_range(0..2)];
+            match rng.random_range(0..10) {
+                0 => owner.store.flush().unwrap(),
+                1 => owner.store.forget_cached(),
+                2 => owner.store.set_shared(rng.random_bool(0.5)),
+                _ if owner.next < owner.stop => {
+                    // A batch of a few events, counted ahead where the store chooses to.
+                    let end = (owner.next + rng.random_range(1..6)).min(owner.stop);
+                    let batch = &events[owner.next..end];
+                    let planned: Vec<Planned> = (owner.next..end)
+                        .zip(batch)
+                        .flat_map(|(offset, &(key, amount))| {
+                            kinds.iter().zip(&owner.windows).map(
+                                move |((aggregate, _), &window)| Planned {
+                                    window,
+                                    key: keys[key].to_vec(),
+                                    ts_ms: at + offset as i64,
+                                    delta: delta(*aggregate, amount),
+                                    origin: InputPosition {
+                                        lane,
+                                        offset: offset as i64,
+                                    },
+                                    follows_message_key: false,
+                                },
+                            )
+                        })
+                        .collect();
+                    owner.store.begin_batch();
+                    owner.store.count_ahead(&planned).unwrap();
+                    for p in &planned {
+                        owner.store.set_origin(Some(p.origin));
+                        let applied = owner
+                            .store
+                            .apply(p.window, &p.key, p.ts_ms, p.delta)
+                            .unwrap();
+                        assert!(!matches!(applied.applied, Applied::Late), "{seed}");
+                    }
+                    owner.store.end_batch();
+                    owner.next = end;
+                    owner.store.tick().unwrap();
+                }
+                _ => owner.store.tick().unwrap(),
+            }
+        }
+        for owner in &mut owners {
+            owner.store.flush().unwrap();
+        }
+        let mut reader = open(0);
+        for (k, key) in keys.iter().enumerate() {
+            let mine: Vec<i64> = events
+                .iter()
+                .filter(|(e, _)| *e == k)
+                .map(|&(_, amount)| amount)
+                .collect();
+            let distinct = mine.iter().collect::<std::collections::BTreeSet<_>>().len();
+            let expected = [
+                mine.len() as i64,
+                mine.iter().sum::<i64>() * 1_000_000,
+                distinct as i64,
+            ];
+            for (w, want) in expected.iter().enumerate() {
+                let window = reader.windows[w];
+                let got = reader.store.read(window, key, at + 100).unwrap().applied;
+                assert_eq!(
+                    got,
+                    Applied::Counted(*want),
+                    "seed {seed}, key {}, {}",
+                    String::from_utf8_lossy(key),
+                    kinds[w].1
+                );
+            }
+        }
+    }
+}
