@@ -106,14 +106,16 @@ pub struct RedisConfig {
     pub allow_eviction: bool,
 }
 
-/// The in-process store, used when `redis.url` is absent.
+/// The in-process store, used when `redis.url` is absent; and the byte bound of a Redis worker's
+/// local state.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryConfig {
     /// Most estimated bytes of in-process state (windows, keys, holds): `"1GiB"`, `"512MiB"` or
     /// a number of bytes. Beyond, the keys with the fewest events are evicted first (ties in a
     /// random order), and a value over a key that lost part of its window is a lower bound that
-    /// each rule judges by its `on_store_error`.
+    /// each rule judges by its `on_store_error`. With Redis: half for the read cache, half for
+    /// the windows Redis has not acknowledged (beyond, the partitions pause).
     #[serde(deserialize_with = "byte_size")]
     pub max_state_bytes: usize,
     /// Most (counter, key) windows kept, and most holds, whatever their bytes; evicted alike.
@@ -510,8 +512,11 @@ impl Config {
 
     /// The Redis store settings of this config.
     pub fn redis_store(&self) -> crate::store::RedisStoreConfig {
-        self.redis
-            .store_config(self.input.time_bounds().max_lateness_ms)
+        let mut config = self
+            .redis
+            .store_config(self.input.time_bounds().max_lateness_ms);
+        config.max_state_bytes = self.memory.max_state_bytes;
+        config
     }
 
     /// What `vigil run` opens: this config's store and, with Redis, the journal of its consumer
@@ -564,6 +569,9 @@ impl RedisConfig {
             max_local_keys: self.max_local_keys,
             cache_capacity: self.cache_capacity,
             cache_time_to_idle: self.cache_time_to_idle,
+            // `memory.max_state_bytes` bounds every command's local state; the callers that read
+            // it set it (`Config::redis_store`, `StoreSetup::open`).
+            max_state_bytes: MemoryConfig::default().max_state_bytes,
             tls_ca_file: self.tls_ca_file.clone(),
             max_lateness: max_lateness_ms,
             allow_eviction: self.allow_eviction,

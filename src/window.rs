@@ -49,6 +49,16 @@ pub enum LastValue {
     Str(compact_str::CompactString),
 }
 
+impl LastValue {
+    /// Bytes this value owns on the heap (a string too long to keep inline).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            LastValue::Str(s) if s.is_heap_allocated() => s.capacity(),
+            _ => 0,
+        }
+    }
+}
+
 /// The shape of one sliding window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowSpec {
@@ -312,10 +322,7 @@ impl WindowState {
             WindowState::Series(s) | WindowState::Max(s) | WindowState::Min(s) => {
                 s.buckets.heap_bytes()
             }
-            WindowState::Last(l) => match &l.best {
-                Some((_, LastValue::Str(s))) if s.is_heap_allocated() => s.capacity(),
-                _ => 0,
-            },
+            WindowState::Last(l) => l.best.as_ref().map_or(0, |(_, value)| value.heap_bytes()),
             WindowState::Distinct(d) => {
                 size_of::<DistinctSet>() + d.latest.heap_bytes() + d.per_bucket.heap_bytes()
             }

@@ -1209,3 +1209,96 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
         }
     }
 }
+
+/// A worker's local state with Redis stays within its byte bound (`memory.max_state_bytes`):
+/// clean windows are a read cache charged by their bytes (a key of a large distinct window
+/// weighs what it holds, not one slot), and the windows Redis has not acknowledged (while it is
+/// away) have the caller wait once they take the other half. Nothing counted is lost.
+#[test]
+fn a_redis_stores_local_state_stays_within_its_byte_bound() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualMonotonic::new());
+    let bound = 4 << 20;
+    let config = RedisStoreConfig {
+        max_state_bytes: bound,
+        response_timeout: Duration::from_millis(200),
+        ..RedisStoreConfig::default()
+    };
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Distinct);
+    let mut store =
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), Arc::clone(&clock)).unwrap();
+    let window = store.open_window("bytes", spec);
+    let at = 1_000_000;
+    let values = 200u128;
+    let count = |store: &mut RedisStore<Arc<ManualMonotonic>>, key: u32| {
+        for value in 0..values {
+            store
+                .apply(window, &key.to_be_bytes(), at, Delta::Distinct(value))
+                .unwrap();
+        }
+    };
+    // 2 000 keys of 200 distinct values each: several times the bound, counted and flushed.
+    for key in 0..2_000u32 {
+        count(&mut store, key);
+        if key % 50 == 49 {
+            store.flush().unwrap();
+        }
+    }
+    store.flush().unwrap();
+    // The store measures its bytes as it ticks, at most every 100 ms.
+    clock.advance(Duration::from_secs(1));
+    store.tick().unwrap();
+    let stats = store.state_stats();
+    assert!(
+        stats.bytes > bound / 4 && stats.bytes <= bound / 2 + bound / 10,
+        "clean windows take about half the bound: {} of {bound}",
+        stats.bytes
+    );
+    assert!(store.live_keys() < 1_000, "{}", store.live_keys());
+    for key in [0u32, 999, 1_999] {
+        assert_eq!(
+            store.read(window, &key.to_be_bytes(), at).unwrap().applied,
+            Applied::Counted(values as i64),
+            "read again from Redis"
+        );
+    }
+
+    // Redis stops answering: the windows counted meanwhile wait in this process, until they take
+    // half the bound; then the store asks its caller to wait (far below `max_local_keys`).
+    redis.pause();
+    let mut key = 10_000u32;
+    while !store.saturated() {
+        count(&mut store, key);
+        key += 1;
+        clock.advance(Duration::from_secs(1));
+        store.tick().unwrap();
+        assert!(
+            key < 12_000,
+            "never saturated: {}",
+            store.state_stats().bytes
+        );
+    }
+    let waiting = key - 10_000;
+    assert!(
+        (50..1_000).contains(&waiting),
+        "{waiting} windows of 200 values fill half of {bound} bytes"
+    );
+    assert!(store.state_stats().bytes <= bound + bound / 10);
+    redis.resume();
+    store.flush().unwrap();
+    clock.advance(Duration::from_secs(1));
+    store.tick().unwrap();
+    assert!(!store.saturated());
+    let mut fresh = RedisStore::connect(&redis.url(), config).unwrap();
+    let window = fresh.open_window("bytes", spec);
+    for key in (0..2_000u32).chain(10_000..key) {
+        assert_eq!(
+            fresh.read(window, &key.to_be_bytes(), at).unwrap().applied,
+            Applied::Counted(values as i64),
+            "key {key}"
+        );
+    }
+}

@@ -12,7 +12,8 @@ pub struct StoreSetup {
     pub redis: RedisConfig,
     /// The in-process store's bound on (counter, key) windows and holds.
     pub max_keys: usize,
-    /// The in-process store's bound on the state's estimated bytes.
+    /// The bound on the local state's estimated bytes (in process; with Redis, its views and
+    /// unacknowledged deltas).
     pub max_state_bytes: usize,
     /// The input's lateness bound in ms: how long Redis keeps a key past its window.
     pub max_lateness_ms: Option<i64>,
@@ -55,7 +56,8 @@ impl StoreSetup {
         let Some(url) = &self.redis.url else {
             return Ok((AnyStore::Memory(self.memory_store()), None));
         };
-        let config = self.redis.store_config(self.max_lateness_ms);
+        let mut config = self.redis.store_config(self.max_lateness_ms);
+        config.max_state_bytes = self.max_state_bytes;
         let store = RedisStore::connect(url, config.clone())?;
         let journal = match &self.journal_namespace {
             Some(namespace) => Some(JournalWriter::connect(url, &config, namespace)?),

@@ -241,8 +241,8 @@ pub struct Metrics {
     pub rules_loaded_seconds: Gauge,
     /// (rule, key) windows held in this process.
     pub live_keys: Gauge,
-    /// Estimated bytes of the in-process store's state (0 with Redis, whose local state is
-    /// bounded by `redis.cache_capacity` and `redis.max_local_keys`).
+    /// Estimated bytes of the local state (`memory.max_state_bytes`): the in-process store's, or
+    /// with Redis its views (read cache, unacknowledged windows) and hold views.
     pub state_bytes: Gauge,
     /// In-process state evicted at `memory.max_keys`, by kind (`window`: a (counter, key)
     /// window; `hold`).
@@ -291,7 +291,8 @@ pub struct Metrics {
     /// Journal writes not made, by code (`fenced`: another worker took the partition over, the
     /// batch was dropped; `unavailable`: Redis did not answer, the records went out unjournaled).
     pub journal_errors: Family<CodeLabels, Counter>,
-    /// 1 while the local state waiting for Redis is at `redis.max_local_keys` (partitions paused).
+    /// 1 while the local state waiting for Redis is at `redis.max_local_keys` or at half of
+    /// `memory.max_state_bytes` (partitions paused).
     pub store_saturated: Gauge,
 }
 
@@ -467,7 +468,7 @@ impl Metrics {
         );
         registry.register(
             "store_state_bytes",
-            "Estimated bytes of the in-process store's state",
+            "Estimated bytes of local counter state (in process, or the Redis store's views)",
             self.state_bytes.clone(),
         );
         registry.register(

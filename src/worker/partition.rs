@@ -322,7 +322,7 @@ impl Worker {
             }
             self.metrics.store_saturated.set(1);
             if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
-                tracing::warn!("local counter state is full while Redis is unavailable (redis.max_local_keys): partitions wait");
+                tracing::warn!("local counter state is full while Redis is unavailable (redis.max_local_keys or half of memory.max_state_bytes): partitions wait");
                 logged = Some(Instant::now());
             }
             if self.shutdown.wait(Duration::from_millis(50)) || stop.load(Ordering::Acquire) {

@@ -33,6 +33,13 @@ pub struct RedisStoreConfig {
     pub cache_capacity: u64,
     /// A clean window not used for this long is dropped from the local cache.
     pub cache_time_to_idle: Duration,
+    /// Most estimated bytes of local state: half for clean windows (the read cache, which also
+    /// keeps at most `cache_capacity` of them: a window is charged at least its share), half for
+    /// windows with deltas Redis has not acknowledged (beyond, [`CounterStore::saturated`] asks
+    /// the caller to wait, as at `max_local_keys`).
+    ///
+    /// [`CounterStore::saturated`]: crate::store::CounterStore::saturated
+    pub max_state_bytes: usize,
     /// PEM file of the CA that signed the server's certificate, for `rediss://` servers whose
     /// certificate is not in the system trust store.
     pub tls_ca_file: Option<std::path::PathBuf>,
@@ -58,6 +65,7 @@ impl Default for RedisStoreConfig {
             max_local_keys: 1_000_000,
             cache_capacity: 1_000_000,
             cache_time_to_idle: Duration::from_secs(600),
+            max_state_bytes: 1 << 30,
             tls_ca_file: None,
             max_lateness: Some(3_600_000),
             allow_eviction: false,

@@ -51,7 +51,7 @@ mod holds;
 mod reader;
 mod view;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -59,9 +59,10 @@ pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 pub use early::{EarlyReader, EarlyReads};
 
 use super::counter_store::{
-    CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StoreError,
-    WindowId, Windows,
+    CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StateStats,
+    StoreError, WindowId, Windows,
 };
+use super::keys::StoredKey;
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
@@ -107,6 +108,29 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     early: Option<EarlyReader>,
     breaker: Breaker,
     clock: C,
+    /// Estimated bytes of the local state.
+    local_bytes: LocalBytes,
+}
+
+/// Estimated bytes of the local state, measured by a pass over it now and then
+/// (`RedisStore::measure_local_bytes`): keeping a byte count exact at every change would cost
+/// the counting path, and the windows with unacknowledged deltas only grow past a flush's worth
+/// while Redis is away.
+#[derive(Default)]
+struct LocalBytes {
+    /// Windows with deltas Redis has not acknowledged.
+    dirty: usize,
+    /// Clean windows and hold views.
+    clean: usize,
+    /// When (by the store's clock) the last pass was made.
+    measured: Option<Instant>,
+    /// Until the next pass: 50 times what the last one took, at least `MIN_EVERY` (the passes
+    /// cost at most 2 % of the time).
+    every: Duration,
+}
+
+impl LocalBytes {
+    const MIN_EVERY: Duration = Duration::from_millis(100);
 }
 
 /// The circuit breaker: open while Redis is unavailable (the store counts locally).
@@ -327,6 +351,43 @@ fn evicting_policy(replies: &[redis::Value]) -> Option<String> {
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
+    /// Measures the local state's bytes again, if the last pass is old enough (see
+    /// [`LocalBytes`]).
+    fn measure_local_bytes(&mut self) {
+        let now = self.clock.now();
+        let started = Instant::now();
+        if self
+            .local_bytes
+            .measured
+            .is_some_and(|at| now.duration_since(at) < self.local_bytes.every)
+        {
+            return;
+        }
+        let dirty = &self.views.dirty;
+        // The table's slots (an entry and a control byte each), then what each entry owns.
+        let table = dirty.capacity() * (size_of::<(StoredKey, view::Dirty)>() + 1);
+        let owned: usize = dirty
+            .iter()
+            .map(|(key, d)| view::dirty_heap_bytes(key, d))
+            .sum();
+        let holds = self.holds.views.capacity() * (size_of::<(StoredKey, holds::HoldView)>() + 1)
+            + self
+                .holds
+                .views
+                .keys()
+                .map(|key| key.key.heap_bytes())
+                .sum::<usize>();
+        self.local_bytes = LocalBytes {
+            dirty: table + owned,
+            clean: self.views.cache.bytes() + holds,
+            measured: Some(now),
+            every: started
+                .elapsed()
+                .saturating_mul(50)
+                .max(LocalBytes::MIN_EVERY),
+        };
+    }
+
     /// Connects to `url` with `clock` telling when hold views and TTL refreshes grow stale.
     pub fn connect_with_clock(
         url: &str,
@@ -380,7 +441,11 @@ impl<C: MonotonicClock> RedisStore<C> {
             counted: 0,
             durable: 0,
             pending: 0,
-            views: Views::new(config.cache_capacity, config.cache_time_to_idle),
+            views: Views::new(
+                config.cache_capacity,
+                (config.max_state_bytes / 2) as u64,
+                config.cache_time_to_idle,
+            ),
             holds: HoldViews::default(),
             flushing,
             reads,
@@ -391,6 +456,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             breaker: Breaker::default(),
             clock,
             config,
+            local_bytes: LocalBytes::default(),
         })
     }
 
@@ -560,11 +626,26 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     }
 
     fn tick(&mut self) -> Result<(), StoreError> {
+        self.measure_local_bytes();
         self.write_behind()
     }
 
     fn saturated(&self) -> bool {
         self.views.dirty.len() >= self.config.max_local_keys
+            || self.local_bytes.dirty >= self.config.max_state_bytes / 2
+    }
+
+    /// As last measured (at most `LocalBytes::every` ago, by `tick`): replay asks after every
+    /// event.
+    fn state_stats(&self) -> StateStats {
+        StateStats {
+            bytes: self
+                .local_bytes
+                .dirty
+                .saturating_add(self.local_bytes.clean),
+            evicted_keys: 0,
+            evicted_holds: 0,
+        }
     }
 
     fn forget_cached(&mut self) {

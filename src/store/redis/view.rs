@@ -34,12 +34,21 @@ pub(super) struct Views {
 }
 
 impl Views {
-    pub(super) fn new(capacity: u64, time_to_idle: Duration) -> Views {
+    /// Views whose clean windows take at most `cache_bytes` (estimated) and number at most
+    /// `capacity`.
+    pub(super) fn new(capacity: u64, cache_bytes: u64, time_to_idle: Duration) -> Views {
+        // Each window weighs its bytes, but at least its share of the bound: so the cache keeps
+        // at most `capacity` windows of any size and at most `cache_bytes` whatever their sizes.
+        let share = (cache_bytes / capacity.max(1)).clamp(1, u64::from(u32::MAX)) as u32;
         Views {
             dirty: HashMap::default(),
             cache: CleanViews {
                 cache: moka::sync::Cache::builder()
-                    .max_capacity(capacity)
+                    .max_capacity(cache_bytes.max(1))
+                    .weigher(move |key: &StoredKey, cached: &Arc<Cached>| {
+                        let bytes = u32::try_from(cached_bytes(key, cached)).unwrap_or(u32::MAX);
+                        bytes.max(share)
+                    })
                     .time_to_idle(time_to_idle)
                     .build_with_hasher(foldhash::fast::RandomState::default()),
                 loaded: HashMap::default(),
@@ -281,6 +290,20 @@ impl CleanViews {
         (self.loaded.len() + self.recent.len()) as u64 + self.cache.entry_count()
     }
 
+    /// Estimated bytes of the clean views: the cache's charge (each window at least its share)
+    /// and those beside it.
+    pub(super) fn bytes(&self) -> usize {
+        // Evictions the cache still owes, so that its charge is within its bound.
+        self.cache.run_pending_tasks();
+        let beside: usize = self
+            .loaded
+            .iter()
+            .chain(self.recent.iter())
+            .map(|(key, cached)| cached_bytes(key, cached))
+            .sum();
+        beside.saturating_add(usize::try_from(self.cache.weighted_size()).unwrap_or(usize::MAX))
+    }
+
     /// Moves the windows read for the last batch into the cache, but for those it made dirty.
     pub(super) fn settle(
         &mut self,
@@ -291,6 +314,39 @@ impl CleanViews {
                 self.cache.insert(key, cached);
             }
         }
+    }
+}
+
+/// Estimated bytes of a clean view of `key` (the entry, the key's and the window's heap).
+pub(super) fn cached_bytes(key: &StoredKey, cached: &Cached) -> usize {
+    size_of::<(StoredKey, Arc<Cached>)>()
+        + size_of::<Cached>()
+        + key.key.heap_bytes()
+        + cached.state.heap_bytes()
+        + offsets_heap_bytes(&cached.offsets)
+}
+
+/// Estimated heap bytes of a key with deltas Redis has not acknowledged (the key's and the
+/// window's, the observations kept for it).
+pub(super) fn dirty_heap_bytes(key: &StoredKey, dirty: &Dirty) -> usize {
+    key.key.heap_bytes()
+        + dirty.state.heap_bytes()
+        + offsets_heap_bytes(&dirty.offsets)
+        + (dirty.inflight.capacity() + dirty.pending.capacity()) * size_of::<Observation>()
+        + dirty
+            .inflight
+            .iter()
+            .chain(&dirty.pending)
+            .filter_map(|o| o.last.as_ref())
+            .map(|last| size_of::<(i64, LastValue)>() + last.1.heap_bytes())
+            .sum::<usize>()
+}
+
+fn offsets_heap_bytes(offsets: &Offsets) -> usize {
+    if offsets.spilled() {
+        offsets.capacity() * size_of::<(u64, i64)>()
+    } else {
+        0
     }
 }
 
@@ -906,7 +962,7 @@ mod tests {
     /// eviction after it cannot hide it); when none are out, nothing is kept.
     #[test]
     fn clean_views_record_changes_while_early_reads_are_out() {
-        let mut views = Views::new(1_000, Duration::from_secs(60));
+        let mut views = Views::new(1_000, 1 << 30, Duration::from_secs(60));
         let key = |name: &[u8]| StoredKey {
             window: 0,
             key: KeyBytes::new(name),
@@ -961,7 +1017,7 @@ mod tests {
     /// there. Whatever holds it, the newest view of a key is the one found.
     #[test]
     fn windows_a_flush_brought_back_reach_the_cache_only_if_not_counted_into_before_the_next() {
-        let mut views = Views::new(1_000, Duration::from_secs(60));
+        let mut views = Views::new(1_000, 1 << 30, Duration::from_secs(60));
         let key = |name: &[u8]| StoredKey {
             window: 0,
             key: KeyBytes::new(name),
