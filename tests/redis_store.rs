@@ -1302,3 +1302,114 @@ fn a_redis_stores_local_state_stays_within_its_byte_bound() {
         );
     }
 }
+
+/// While Redis is away, a hold this process never saw may still be running (another worker set
+/// it): "no view" is not taken for "not held". Each rule's `on_store_error` decides, as for a
+/// value counted then (`block` fires with reason `store_unavailable`; `local` judges on what it
+/// knows, and its hits are marked degraded), and a hold set meanwhile is marked degraded: its
+/// `held_until` is what this process knows, and the hold in force may run later (here an
+/// out-of-order event sets one that ends before the one another worker set). Redis keeps the
+/// later of the two once it is back.
+#[test]
+fn a_hold_unknown_while_redis_is_away_is_judged_by_the_rules_policy() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use vigil::clock::SystemClock;
+    use vigil::rules::Reason;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("box.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nid = 'box-local'\naction = 'block'\nwhen = 'amount > 100'\nhold = '30m'\nhold_key = ['u']\n\n\
+         [[rule]]\nid = 'box-block'\naction = 'review'\nwhen = 'amount > 100'\nhold = '30m'\nhold_key = ['u']\non_store_error = 'block'\n",
+    )
+    .unwrap();
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        response_timeout: Duration::from_millis(200),
+        ..RedisStoreConfig::default()
+    };
+    let engine = |config: &RedisStoreConfig| {
+        let store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        Engine::new(vigil::rule_files::load(&rules).unwrap(), store)
+            .with_time(TimeBounds::OFF, Arc::new(SystemClock))
+    };
+    let t0 = 1_700_000_000_000i64;
+    let hold = 30 * 60_000;
+    type Hits = Vec<(String, Option<Reason>, bool, Option<i64>)>;
+    let judge = |engine: &mut Engine<RedisStore>, ts: i64, amount: u32, offset: i64| -> Hits {
+        let line = format!(r#"{{"ts":{ts},"u":"victim","amount":{amount}}}"#);
+        let projection = engine.rules().projection().clone();
+        let event = vigil::event::decode(line.as_bytes(), &projection).unwrap();
+        let decision = engine
+            .evaluate(&event, InputPosition { lane: 0, offset })
+            .unwrap();
+        decision
+            .hits
+            .iter()
+            .map(|h| {
+                (
+                    engine.rules().rule(h.rule).id.clone(),
+                    h.reason,
+                    h.degraded,
+                    h.held_until,
+                )
+            })
+            .collect()
+    };
+    // Another worker put the victim in both penalty boxes.
+    let mut other = engine(&config);
+    assert_eq!(judge(&mut other, t0, 500, 0).len(), 2);
+    other.store_mut().flush().unwrap();
+
+    // With Redis up, a new worker sees the holds.
+    let mut up = engine(&config);
+    let held = |reason| {
+        vec![
+            ("box-local".to_owned(), Some(reason), false, Some(t0 + hold)),
+            ("box-block".to_owned(), Some(reason), false, Some(t0 + hold)),
+        ]
+    };
+    assert_eq!(judge(&mut up, t0 + 60_000, 1, 1), held(Reason::Held));
+    assert_eq!(
+        judge(&mut up, t0 - 10_000, 500, 2),
+        held(Reason::When),
+        "an earlier event extends nothing"
+    );
+
+    // With Redis frozen, a worker that never saw the holds cannot tell.
+    let mut away = engine(&config);
+    redis.pause();
+    assert_eq!(
+        judge(&mut away, t0 + 60_000, 1, 1),
+        vec![(
+            "box-block".to_owned(),
+            Some(Reason::StoreUnavailable),
+            true,
+            None
+        )],
+        "box-local judges on what it knows (not held) and does not fire; box-block fires"
+    );
+    assert_eq!(
+        judge(&mut away, t0 - 10_000, 500, 2),
+        vec![
+            (
+                "box-local".to_owned(),
+                Some(Reason::When),
+                true,
+                Some(t0 - 10_000 + hold)
+            ),
+            (
+                "box-block".to_owned(),
+                Some(Reason::When),
+                true,
+                Some(t0 - 10_000 + hold)
+            ),
+        ],
+        "holds set meanwhile say they may not be the hold in force"
+    );
+    redis.resume();
+    away.store_mut().flush().unwrap();
+    let mut after = engine(&config);
+    assert_eq!(judge(&mut after, t0 + 120_000, 1, 3), held(Reason::Held));
+}

@@ -886,22 +886,25 @@ mod tests {
 
     /// A hold dropped at the store's bound is not taken as "not held": each rule's
     /// `on_store_error` decides (`block` fires with reason `state_dropped`, `local` and `allow`
-    /// do not fire), and the judgement is counted.
+    /// do not fire), and the judgement is counted. Through `AnyStore`, as replay and the worker
+    /// run it (it once left the question to the trait's default, "never dropped").
     #[test]
     fn a_hold_dropped_at_the_bound_is_judged_by_the_rules_policy() {
         use crate::rules::Reason;
+        use crate::store::AnyStore;
         let rules = |policy: &str| {
             set(&format!(
                 "[[rule]]\nid='r'\naction='block'\nwhen='amount > 100'\nhold='1h'\nhold_key=['u']\non_store_error='{policy}'\n"
             ))
         };
         for (policy, fires) in [("block", true), ("local", false), ("allow", false)] {
-            let mut engine = Engine::new(rules(policy), MemoryStore::new().with_max_keys(16))
-                .with_time(TimeBounds::OFF, Arc::new(SystemClock));
+            let store = AnyStore::Memory(MemoryStore::new().with_max_keys(16));
+            let mut engine =
+                Engine::new(rules(policy), store).with_time(TimeBounds::OFF, Arc::new(SystemClock));
             let line = |u: &str, ts: i64, amount: u32| {
                 format!(r#"{{"ts":{ts},"u":"{u}","amount":{amount}}}"#)
             };
-            let judge = |engine: &mut Engine<MemoryStore>, text: String, offset: i64| {
+            let judge = |engine: &mut Engine<AnyStore>, text: String, offset: i64| {
                 let projection = engine.rules().projection().clone();
                 let event = crate::event::decode(text.as_bytes(), &projection).unwrap();
                 engine

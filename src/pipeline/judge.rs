@@ -330,6 +330,19 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                     }
                     hit.hit.held_until = Some(until);
                 }
+                _ if self.store.hold_unknown(space, key) => {
+                    // The shared store is away and this process never saw the hold: one may
+                    // be running, so the rule's policy decides, as for a value counted then.
+                    if !hit.fires {
+                        if let (true, reason) = judge_inexact(false, true, false, policy) {
+                            hit.fires = true;
+                            hit.hit.reason = reason;
+                        }
+                    }
+                    if hit.fires {
+                        hit.hit.degraded = true;
+                    }
+                }
                 _ if self.store.hold_dropped(space, key, self.event.ts) => {
                     // A hold that may still be running was dropped at the bound: "not held"
                     // is not known, so the rule's policy decides.
@@ -366,6 +379,11 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                 .held_until(space, key)?
                 .filter(|&until| self.event.ts < until)
         } else {
+            // A hold the store cannot see now may run later than this one: the hit says its
+            // `held_until` is what this process knows, not necessarily the hold in force.
+            if self.store.hold_unknown(space, key) {
+                hit.degraded = true;
+            }
             let until = self.event.ts.saturating_add(hold.ms);
             Some(self.store.extend_hold(space, key, until)?)
         };

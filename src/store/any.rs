@@ -64,6 +64,12 @@ impl CounterStore for AnyStore {
     fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
         delegate!(self, s => s.held_until(space, key))
     }
+    fn hold_dropped(&mut self, space: HoldSpace, key: &[u8], ts_ms: i64) -> bool {
+        delegate!(self, s => s.hold_dropped(space, key, ts_ms))
+    }
+    fn hold_unknown(&mut self, space: HoldSpace, key: &[u8]) -> bool {
+        delegate!(self, s => s.hold_unknown(space, key))
+    }
     fn extend_hold(
         &mut self,
         space: HoldSpace,

@@ -226,6 +226,13 @@ pub trait CounterStore {
         false
     }
 
+    /// Whether the store cannot tell now whether `key` is held in `space`: the shared store is
+    /// unavailable and this process knows nothing of the hold (another process, or this one
+    /// before it forgot the view, may have set one that is still running).
+    fn hold_unknown(&mut self, _space: HoldSpace, _key: &[u8]) -> bool {
+        false
+    }
+
     /// Raises the hold of `key` in `space` to `until_ms` unless it is already later, and returns
     /// the hold as it stands after.
     fn extend_hold(

@@ -62,7 +62,7 @@ use super::counter_store::{
     CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StateStats,
     StoreError, WindowId, Windows,
 };
-use super::keys::StoredKey;
+use super::keys::{KeyRef, StoredKey};
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
 use crate::clock::{MonotonicClock, SystemMonotonic};
 use crate::window::{Delta, WindowSpec};
@@ -554,6 +554,14 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     /// what this process set; while Redis is unavailable, what this process knows.
     fn held_until(&mut self, space: HoldSpace, key: &[u8]) -> Result<Option<i64>, StoreError> {
         self.hold(space, key)
+    }
+
+    fn hold_unknown(&mut self, space: HoldSpace, key: &[u8]) -> bool {
+        self.breaker.is_open()
+            && !self.holds.views.contains_key(&KeyRef {
+                window: space.0,
+                key,
+            })
     }
 
     /// Raised locally at once (so this process is exact), written behind with the next flush
