@@ -470,3 +470,31 @@ fn check_events_names_the_mistakes_a_sample_reveals() {
     );
     assert_eq!(String::from_utf8(out.stderr).unwrap(), "");
 }
+
+/// A rule that needs more distinct values than its counter records (`max_distinct`) can never
+/// fire: `check` says so, naming both, for a comparison its `when` cannot be true without (a v1
+/// limit that high is an error); a comparison in one branch of an `||` is not such a need.
+#[test]
+fn check_warns_about_a_rule_beyond_its_counters_max_distinct() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("distinct.toml");
+    fs::write(
+        &file,
+        "[[counter]]\nid = 'ips'\naggregate = 'distinct'\nfield = 'ip'\ndimensions = ['user_id']\nwindow = '1h'\nmax_distinct = 10\n\
+         [[rule]]\nid = 'more'\naction = 'block'\nwhen = '$ips > 10'\n\
+         [[rule]]\nid = 'exactly'\naction = 'alert'\nwhen = \"type == 'login' && $ips == 11\"\n\
+         [[rule]]\nid = 'reachable'\naction = 'alert'\nwhen = '$ips >= 10 || $ips > 99'\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let out = vigil(&["check", path]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        vec![
+            format!("warning: {path}:8:1: rule \"more\" can never fire: it needs more than 10 distinct values in counter \"ips\", which records at most 10 (raise its max_distinct)"),
+            format!("warning: {path}:12:1: rule \"exactly\" can never fire: it needs exactly 11 distinct values in counter \"ips\", which records at most 10 (raise its max_distinct)"),
+        ]
+    );
+}

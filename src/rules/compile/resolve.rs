@@ -124,6 +124,7 @@ pub(super) fn resolve(
     }
     warn_unread_counters(&built_counters, &built_rules, &mut warnings);
     warn_always_suppressed(&built_rules, &mut warnings);
+    warn_beyond_max_distinct(&built_counters, &built_rules, &mut warnings);
     Ok(CompiledSet {
         counters: built_counters,
         rules: built_rules,
@@ -547,6 +548,49 @@ fn warn_always_suppressed(rules: &[Rule], warnings: &mut Vec<Diagnostic>) {
                     rule.id, f.id, f.priority, rule.priority
                 ),
             });
+        }
+    }
+}
+
+/// A rule whose `when` cannot be true without a distinct counter above what it records
+/// (`max_distinct`) never fires. (A v1 limit that high is refused where the rule is read.)
+fn warn_beyond_max_distinct(counters: &[Counter], rules: &[Rule], warnings: &mut Vec<Diagnostic>) {
+    use crate::window::Aggregate;
+    for rule in rules.iter().filter(|r| r.enabled) {
+        // (counter, what the rule needs of it, the least value that gives it)
+        let mut needs: Vec<(usize, String, i64)> = Vec::new();
+        for conjunct in rule.when.iter().flat_map(|when| when.expr.conjuncts()) {
+            if let expr::Expr::CounterCmp {
+                cmp,
+                index,
+                floor,
+                ceil,
+            } = *conjunct
+            {
+                match cmp {
+                    expr::CounterCmp::Gt => {
+                        needs.push((index, format!("more than {floor}"), floor.saturating_add(1)))
+                    }
+                    expr::CounterCmp::Ge => needs.push((index, format!("at least {ceil}"), ceil)),
+                    expr::CounterCmp::Eq if floor == ceil => {
+                        needs.push((index, format!("exactly {floor}"), floor))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (index, need, least) in needs {
+            let counter = &counters[index];
+            let max = i64::from(counter.window.max_distinct);
+            if counter.aggregate() == Aggregate::Distinct && least > max {
+                warnings.push(Diagnostic {
+                    origin: rule.origin.clone(),
+                    message: format!(
+                        "rule {:?} can never fire: it needs {need} distinct values in counter {:?}, which records at most {max} (raise its max_distinct)",
+                        rule.id, counter.id
+                    ),
+                });
+            }
         }
     }
 }
