@@ -493,8 +493,8 @@ fn check_warns_about_a_rule_beyond_its_counters_max_distinct() {
     assert_eq!(
         stderr.lines().collect::<Vec<_>>(),
         vec![
-            format!("warning: {path}:8:1: rule \"more\" can never fire: it needs more than 10 distinct values in counter \"ips\", which records at most 10 (raise its max_distinct)"),
-            format!("warning: {path}:12:1: rule \"exactly\" can never fire: it needs exactly 11 distinct values in counter \"ips\", which records at most 10 (raise its max_distinct)"),
+            format!("warning: {path}:8:1: rule \"more\": its `when` can never be true: it needs more than 10 distinct values in counter \"ips\", which records at most 10 (raise its max_distinct)"),
+            format!("warning: {path}:12:1: rule \"exactly\": its `when` can never be true: it needs exactly 11 distinct values in counter \"ips\", which records at most 10 (raise its max_distinct)"),
         ]
     );
 }

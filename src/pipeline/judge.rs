@@ -375,9 +375,14 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
         allowed: bool,
     ) -> Result<(), StoreError> {
         hit.held_until = if allowed {
-            self.store
+            let held = self
+                .store
                 .held_until(space, key)?
-                .filter(|&until| self.event.ts < until)
+                .filter(|&until| self.event.ts < until);
+            if held.is_none() && self.store.hold_unknown(space, key) {
+                hit.degraded = true;
+            }
+            held
         } else {
             // A hold the store cannot see now may run later than this one: the hit says its
             // `held_until` is what this process knows, not necessarily the hold in force.

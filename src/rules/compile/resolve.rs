@@ -579,18 +579,21 @@ fn warn_beyond_max_distinct(counters: &[Counter], rules: &[Rule], warnings: &mut
                 }
             }
         }
-        for (index, need, least) in needs {
+        // One warning per rule: the first comparison out of reach.
+        let beyond = needs.into_iter().find(|&(index, _, least)| {
             let counter = &counters[index];
-            let max = i64::from(counter.window.max_distinct);
-            if counter.aggregate() == Aggregate::Distinct && least > max {
-                warnings.push(Diagnostic {
-                    origin: rule.origin.clone(),
-                    message: format!(
-                        "rule {:?} can never fire: it needs {need} distinct values in counter {:?}, which records at most {max} (raise its max_distinct)",
-                        rule.id, counter.id
-                    ),
-                });
-            }
+            counter.aggregate() == Aggregate::Distinct
+                && least > i64::from(counter.window.max_distinct)
+        });
+        if let Some((index, need, _)) = beyond {
+            let counter = &counters[index];
+            warnings.push(Diagnostic {
+                origin: rule.origin.clone(),
+                message: format!(
+                    "rule {:?}: its `when` can never be true: it needs {need} distinct values in counter {:?}, which records at most {} (raise its max_distinct)",
+                    rule.id, counter.id, counter.window.max_distinct
+                ),
+            });
         }
     }
 }

@@ -320,7 +320,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Moves every pending hold raise in flight, adding its script call to `batch`; prunes views
     /// that would be read again anyway.
     pub(super) fn send_holds(&mut self, batch: &mut Batch) -> Vec<StoredKey> {
-        if self.holds.views.len() > HOLD_VIEWS_KEPT {
+        // Not while Redis is away: the views are then all this process knows of its holds.
+        if self.holds.views.len() > HOLD_VIEWS_KEPT && !self.breaker.is_open() {
             let (now, interval) = (self.clock.now(), self.config.flush_interval);
             self.holds.views.retain(|_, v| {
                 v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval)

@@ -355,7 +355,6 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// [`LocalBytes`]).
     fn measure_local_bytes(&mut self) {
         let now = self.clock.now();
-        let started = Instant::now();
         if self
             .local_bytes
             .measured
@@ -363,14 +362,20 @@ impl<C: MonotonicClock> RedisStore<C> {
         {
             return;
         }
-        let dirty = &self.views.dirty;
-        // The table's slots (an entry and a control byte each), then what each entry owns.
-        let table = dirty.capacity() * (size_of::<(StoredKey, view::Dirty)>() + 1);
+        let started = Instant::now();
+        let dirty = &mut self.views.dirty;
+        // A table that held an outage's keys keeps its allocation once they are flushed: give
+        // most of it back, so that an empty table does not count against the next outage.
+        if dirty.capacity() > 4096 && dirty.len() < dirty.capacity() / 8 {
+            dirty.shrink_to(dirty.len() * 2);
+        }
+        // The entries in use (an entry and a control byte each), then what each owns.
+        let entries = dirty.len() * (size_of::<(StoredKey, view::Dirty)>() + 1);
         let owned: usize = dirty
             .iter()
             .map(|(key, d)| view::dirty_heap_bytes(key, d))
             .sum();
-        let holds = self.holds.views.capacity() * (size_of::<(StoredKey, holds::HoldView)>() + 1)
+        let holds = self.holds.views.len() * (size_of::<(StoredKey, holds::HoldView)>() + 1)
             + self
                 .holds
                 .views
@@ -378,7 +383,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 .map(|key| key.key.heap_bytes())
                 .sum::<usize>();
         self.local_bytes = LocalBytes {
-            dirty: table + owned,
+            dirty: entries + owned,
             clean: self.views.cache.bytes() + holds,
             measured: Some(now),
             every: started
@@ -634,8 +639,10 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     }
 
     fn tick(&mut self) -> Result<(), StoreError> {
+        let result = self.write_behind();
+        // After taking in what Redis acknowledged, so that a drained table stops saturating.
         self.measure_local_bytes();
-        self.write_behind()
+        result
     }
 
     fn saturated(&self) -> bool {
