@@ -590,7 +590,9 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
 }
 
 /// The highest offset per lane of the deltas (and, for a full write, of the whole view), as
-/// `o:<lane>` fields.
+/// `o:<lane>` fields — never below what the view knows Redis recorded for that lane: the deltas
+/// may be ones another writer of the lane applied first (sent again, and skipped), and a write
+/// must not take the key's record back.
 fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
     let mut offsets = if key.full {
         key.offsets.clone()
@@ -599,6 +601,11 @@ fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
     };
     for origin in key.deltas.iter().filter_map(|o| o.origin) {
         raise(&mut offsets, origin.lane, origin.offset);
+    }
+    for (lane, offset) in offsets.iter_mut() {
+        if let Some(recorded) = offset_of(key.offsets, *lane) {
+            *offset = (*offset).max(recorded);
+        }
     }
     for (lane, offset) in offsets {
         let mut field = Vec::with_capacity(24);

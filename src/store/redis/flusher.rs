@@ -733,7 +733,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
             _ => {}
         }
-        let mut dirty = self
+        let dirty = self
             .views
             .dirty
             .remove(&key)
@@ -772,17 +772,14 @@ impl<C: MonotonicClock> RedisStore<C> {
                 let base_head = state.head();
                 // What was counted meanwhile at or below an offset Redis recorded was applied
                 // by another writer of its lane (a zombie and the partition's new owner, a
-                // restart after an outage): judged, but not counted again — the view would
-                // hold it twice, and the next write computed from it would too.
-                let counted = dirty.pending.len();
-                dirty
-                    .pending
-                    .retain(|o| !codec::replayed(&offsets, o.origin));
-                let skipped = counted - dirty.pending.len();
-                self.pending -= skipped;
-                self.stats.skipped_applied += skipped as u64;
+                // restart after an outage): not counted into the view again — it would hold it
+                // twice, and the next write computed from it would too. It stays pending: the
+                // next flush sends it and the script skips it, so a failover that loses the
+                // other writer's write still finds it among the writes no replica confirmed.
                 for o in &dirty.pending {
-                    o.apply_to(&mut state, &spec);
+                    if !codec::replayed(&offsets, o.origin) {
+                        o.apply_to(&mut state, &spec);
+                    }
                 }
                 (state, Some(version), base_head, offsets)
             }

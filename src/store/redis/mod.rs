@@ -365,17 +365,17 @@ impl<C: MonotonicClock> RedisStore<C> {
         let started = Instant::now();
         let dirty = &mut self.views.dirty;
         // A table that held an outage's keys keeps its allocation once they are flushed: give
-        // most of it back, so that an empty table does not count against the next outage.
-        if dirty.capacity() > 4096 && dirty.len() < dirty.capacity() / 8 {
+        // most of it back, so that an emptied table does not stay counted against the bound.
+        if dirty.capacity() > 1024 && dirty.len() < dirty.capacity() / 4 {
             dirty.shrink_to(dirty.len() * 2);
         }
-        // The entries in use (an entry and a control byte each), then what each owns.
-        let entries = dirty.len() * (size_of::<(StoredKey, view::Dirty)>() + 1);
+        // The table's slots (an entry and a control byte each), then what each entry owns.
+        let entries = dirty.capacity() * (size_of::<(StoredKey, view::Dirty)>() + 1);
         let owned: usize = dirty
             .iter()
             .map(|(key, d)| view::dirty_heap_bytes(key, d))
             .sum();
-        let holds = self.holds.views.len() * (size_of::<(StoredKey, holds::HoldView)>() + 1)
+        let holds = self.holds.views.capacity() * (size_of::<(StoredKey, holds::HoldView)>() + 1)
             + self
                 .holds
                 .views
@@ -561,12 +561,18 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         self.hold(space, key)
     }
 
+    /// While Redis is away, "not held" is known only of a hold this process holds a view of
+    /// with an end (set here or read): another worker may have set one meanwhile on any other.
     fn hold_unknown(&mut self, space: HoldSpace, key: &[u8]) -> bool {
         self.breaker.is_open()
-            && !self.holds.views.contains_key(&KeyRef {
-                window: space.0,
-                key,
-            })
+            && self
+                .holds
+                .views
+                .get(&KeyRef {
+                    window: space.0,
+                    key,
+                })
+                .is_none_or(|view| view.until.is_none())
     }
 
     /// Raised locally at once (so this process is exact), written behind with the next flush
