@@ -185,6 +185,21 @@ fn judge_inexact(
 }
 
 impl Candidate {
+    /// A rule with a hold judged while whether its key is held is not known (`dropped`: the
+    /// hold may have been dropped at the bound; else the shared store is away): fired by its
+    /// policy if its condition did not fire it, and marked degraded if it fires.
+    fn on_unknown_hold(&mut self, policy: OnStoreError, dropped: bool) {
+        if !self.fires {
+            if let (true, reason) = judge_inexact(false, !dropped, dropped, policy) {
+                self.fires = true;
+                self.hit.reason = reason;
+            }
+        }
+        if self.fires {
+            self.hit.degraded = true;
+        }
+    }
+
     /// A v1-form rule whose counter did not count the event: it fires only if held.
     fn no(rule: usize, mode: Mode) -> Candidate {
         Candidate {
@@ -330,32 +345,14 @@ impl<'a: 'e, 'e, S: CounterStore> Judge<'a, 'e, S> {
                     }
                     hit.hit.held_until = Some(until);
                 }
-                _ if self.store.hold_unknown(space, key) => {
-                    // The shared store is away and this process never saw the hold: one may
-                    // be running, so the rule's policy decides, as for a value counted then.
-                    if !hit.fires {
-                        if let (true, reason) = judge_inexact(false, true, false, policy) {
-                            hit.fires = true;
-                            hit.hit.reason = reason;
-                        }
-                    }
-                    if hit.fires {
-                        hit.hit.degraded = true;
-                    }
-                }
+                // "Not held" is not known, so the rule's policy decides, as for a value counted
+                // then: the shared store is away and this process never saw the hold (another
+                // worker may have set one), or a hold that may still run was dropped at the
+                // in-process bound.
+                _ if self.store.hold_unknown(space, key) => hit.on_unknown_hold(policy, false),
                 _ if self.store.hold_dropped(space, key, self.event.ts) => {
-                    // A hold that may still be running was dropped at the bound: "not held"
-                    // is not known, so the rule's policy decides.
                     hit.on_dropped_state = true;
-                    if !hit.fires {
-                        if let (true, reason) = judge_inexact(false, false, true, policy) {
-                            hit.fires = true;
-                            hit.hit.reason = reason;
-                        }
-                    }
-                    if hit.fires {
-                        hit.hit.degraded = true;
-                    }
+                    hit.on_unknown_hold(policy, true);
                 }
                 _ => {}
             }

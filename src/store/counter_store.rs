@@ -227,8 +227,8 @@ pub trait CounterStore {
     }
 
     /// Whether the store cannot tell now whether `key` is held in `space`: the shared store is
-    /// unavailable and this process knows nothing of the hold (another process, or this one
-    /// before it forgot the view, may have set one that is still running).
+    /// unavailable and this process knows of no hold on the key (another process may have set
+    /// one that is still running).
     fn hold_unknown(&mut self, _space: HoldSpace, _key: &[u8]) -> bool {
         false
     }
