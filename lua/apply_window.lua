@@ -7,9 +7,14 @@
 -- changes anything, or it runs to the end. (Redis does not undo a script's writes when it fails
 -- half way, and a caller that retries such a failure would apply the first half twice.)
 --
--- KEYS[n]  the n-th key's hash: vg:<counter>:<digest>
+-- KEYS[n]  the n-th window's hash: vg:<counter>:<digest>, or vg:g:<digest> shared by the counters
+--          over the same dimensions (each window a section of it; a key may then come several
+--          times, once per section)
 -- ARGV     for each key in order, a header of eight values followed by its deltas and its writes:
---            aggregate: "c" (count), "s" (sum), "d" (distinct), "x" (max), "n" (min) or "l" (last)
+--            aggregate: "c" (count), "s" (sum), "d" (distinct), "x" (max), "n" (min) or "l" (last),
+--            followed by the section's field prefix in a shared hash (at most 16 bytes; none
+--            when the hash is the window's own): every field named below is then that prefix
+--            followed by the name, and the script reads and deletes no other field
 --            k, the number of buckets in the window
 --            the most distinct values the window records (distinct: 1..=1000000; "0" otherwise):
 --            a new value that would exceed it, once the window has slid, is not recorded, so no
@@ -44,7 +49,8 @@
 -- "<slot>" (digits only) the count, sum, max or min of the live bucket whose index mod k is slot;
 -- "d<digest>" a distinct value's latest bucket, also as its slot; "l" a last window's event with
 -- the greatest time, as "<bucket>:<time>:<tag><text>"; "o:<partition>" the highest
--- offset applied from that partition. Live buckets are head-k+1 ..= head, so a slot names exactly
+-- offset applied from that partition. In a shared hash, every write sets the key's TTL to its
+-- own only if that is longer than the TTL the key has (another section may need a longer one). Live buckets are head-k+1 ..= head, so a slot names exactly
 -- one of them. A delta whose offset is at or below its partition's recorded one was applied
 -- before (replay after a crash, or a flush sent again after its reply was lost) and is skipped;
 -- a delta whose bucket is at or below head - k is late and refused.
@@ -140,6 +146,9 @@ local function limbs_text(v)
   return format('%.0f', hi) .. format('%09.0f', lo)
 end
 
+-- Where each key's header starts in ARGV (filled by `invalid`).
+local first_of = {}
+
 -- Every argument of every key, before anything is written; nil if they are well formed.
 local function invalid()
   local at = 1
@@ -148,8 +157,11 @@ local function invalid()
   local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
   for key = 1, #KEYS do
     n = key
+    first_of[key] = at
     if at + 7 > #ARGV then return bad('header cut short') end
-    local kind, k, cap, ttl, stride, expected = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
+    local kind, k, cap, ttl, stride, expected = sub(ARGV[at], 1, 1), ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
+    local prefix = sub(ARGV[at], 2)
+    if #prefix > 16 then return bad('section prefix too long') end
     if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
     if not is_number(k) or tonumber(k) < 1 then return bad('bad bucket count') end
     if not is_number(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
@@ -181,8 +193,8 @@ local function invalid()
       if (refresh ~= '0' and refresh ~= '1') or not is_number(sets) then return bad('bad writes') end
       sets = tonumber(sets)
       if sets < 4 or sets % 2 ~= 0 or deltas_end + 2 + sets > writes_end then return bad('bad writes') end
-      if ARGV[deltas_end + 3] ~= 'v' or not is_int(ARGV[deltas_end + 4]) then return bad('bad writes') end
-      if ARGV[deltas_end + 5] ~= 'h' or not is_int(ARGV[deltas_end + 6]) then return bad('bad writes') end
+      if ARGV[deltas_end + 3] ~= prefix .. 'v' or not is_int(ARGV[deltas_end + 4]) then return bad('bad writes') end
+      if ARGV[deltas_end + 5] ~= prefix .. 'h' or not is_int(ARGV[deltas_end + 6]) then return bad('bad writes') end
     end
     at = writes_end + 1
   end
@@ -209,18 +221,25 @@ local function unslot(slot, head, k)
   return head - ((head - slot) % k)
 end
 
-local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writes_last)
+-- Sets the key's TTL: in a shared hash (`shared`) only if that makes it longer.
+local function expire(key, ttl, shared)
+  if shared and call('PTTL', key) >= ttl then return end
+  call('PEXPIRE', key, ttl)
+end
+
+local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, last, writes_last)
   local has_writes = writes_last > last
   local before = expected == '<'
+  local shared = prefix ~= ''
   if expected ~= '' and not before then
-    local version = tonumber(call('HGET', key, 'v')) or 0
+    local version = tonumber(call('HGET', key, prefix .. 'v')) or 0
     if version == tonumber(expected) and has_writes then
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
       local sets_end = w + 1 + tonumber(ARGV[w + 1])
       write('HSET', key, ARGV, w + 2, sets_end)
       write('HDEL', key, ARGV, sets_end + 1, writes_last)
-      if ARGV[w] == '1' then call('PEXPIRE', key, ttl) end
+      if ARGV[w] == '1' then expire(key, ttl, shared) end
       -- The entries start with "v", the next version, "h", the head.
       return {ARGV[w + 5], '0', '0', ARGV[w + 3], '='}
     end
@@ -233,6 +252,18 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   if last < first and has_writes then return {'!'} end
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = call('HGETALL', key)
+  if shared then
+    -- This section's fields only, by their names within it.
+    local all, n = flat, #prefix
+    flat = {}
+    for j = 1, #all, 2 do
+      local field = all[j]
+      if sub(field, 1, n) == prefix then
+        flat[#flat + 1] = sub(field, n + 1)
+        flat[#flat + 1] = all[j + 1]
+      end
+    end
+  end
   local stored = {}
   for j = 1, #flat, 2 do stored[flat[j]] = flat[j + 1] end
   local head = tonumber(stored['h'])
@@ -425,7 +456,7 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
   -- unless a bucket that is live now took over the slot.
   local sets, setting = {}, {}
   local function set(field, value)
-    sets[#sets + 1] = field
+    sets[#sets + 1] = prefix .. field
     sets[#sets + 1] = value
     setting[field] = true
   end
@@ -453,24 +484,32 @@ local function apply(key, kind, k, cap, ttl, stride, expected, first, last, writ
         elseif byte(field, 1) == 100 then -- 'd'
           bucket = unslot(tonumber(value), stored_head, k)
         end
-        if bucket ~= nil and bucket < oldest_live then dead[#dead + 1] = field end
+        if bucket ~= nil and bucket < oldest_live then dead[#dead + 1] = prefix .. field end
       end
     end
   end
   write('HSET', key, sets, 1, #sets)
   write('HDEL', key, dead, 1, #dead)
-  call('PEXPIRE', key, ttl)
+  expire(key, ttl, shared)
   return out
 end
 
 local problem = invalid()
 if problem then return redis.error_reply(problem) end
+-- A shared hash's writes read its TTL: a server that refuses PTTL (an ACL without it) refuses
+-- it here, before the first write, not half way through the call.
+for n = 1, #KEYS do
+  if #ARGV[first_of[n]] > 1 then
+    call('PTTL', KEYS[n])
+    break
+  end
+end
 local replies = {}
 local at = 1
 for n = 1, #KEYS do
   local deltas_end = at + 7 + tonumber(ARGV[at + 6])
   local writes_end = deltas_end + tonumber(ARGV[at + 7])
-  replies[n] = apply(KEYS[n], ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
+  replies[n] = apply(KEYS[n], sub(ARGV[at], 1, 1), sub(ARGV[at], 2), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
                      tonumber(ARGV[at + 4]), ARGV[at + 5], at + 8, deltas_end, writes_end)
   at = writes_end + 1
 end

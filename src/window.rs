@@ -74,6 +74,10 @@ pub struct WindowSpec {
     /// of the window's identity, so a counter whose dimensions or field change starts afresh
     /// instead of mixing two meanings in one window.
     pub identity: u64,
+    /// Where a Redis store may keep the window: counters with the same non-zero group (the same
+    /// dimensions, so the same keys) may share one hash per key, each in its own section (0: a
+    /// hash of its own). Distinct windows, whose hashes grow with their values, take 0.
+    pub group: u64,
 }
 
 /// Values a distinct window records per key unless the counter says otherwise.
@@ -87,6 +91,7 @@ impl WindowSpec {
             aggregate,
             max_distinct: DEFAULT_MAX_DISTINCT,
             identity: 0,
+            group: 0,
         }
     }
 

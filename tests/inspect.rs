@@ -738,10 +738,13 @@ fn a_running_worker_serves_lookups_and_releases_a_hold_only_with_the_admin_token
         (counter["key"].clone(), counter["value"].clone()),
         (json!({"user_id": "u-42"}), json!(4))
     );
-    assert!(counter["redis_key"]
-        .as_str()
-        .unwrap()
-        .starts_with("vg:fails-user-10m:"));
+    // A count over the account: a section of the hash the account's counters share.
+    assert!(counter["redis_key"].as_str().unwrap().starts_with("vg:g:"));
+    assert_eq!(
+        counter["redis_field_prefix"].as_str().map(str::len),
+        Some(9),
+        "{counter}"
+    );
     let (status, body) = request(
         &worker,
         "GET",

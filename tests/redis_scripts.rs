@@ -1145,3 +1145,103 @@ fn script_keeps_a_last_windows_latest_event() {
         .unwrap();
     assert!(!exists);
 }
+
+/// Counters over the same dimensions share one hash per key, each window a section of it whose
+/// fields carry the section's prefix (`c` then the prefix in the header's first value): each
+/// section counts, slides and answers on its own fields only, its writes are taken at its own
+/// version, and a section never shortens the TTL another one set.
+#[test]
+fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let key = "vg:g:t";
+    let (a, b) = ("aaaaaaaa.", "bbbbbbbb.");
+    let section = |conn: &mut redis::Connection,
+                   prefix: &str,
+                   ttl: i64,
+                   version: &str,
+                   deltas: &[&str],
+                   writes: &[&str]|
+     -> Result<Vec<String>, redis::RedisError> {
+        let script = script();
+        let mut inv = script.key(key);
+        inv.arg(format!("c{prefix}"))
+            .arg(3)
+            .arg(0)
+            .arg(ttl)
+            .arg(2)
+            .arg(version)
+            .arg(deltas.len())
+            .arg(writes.len());
+        for arg in deltas.iter().chain(writes) {
+            inv.arg(*arg);
+        }
+        let mut replies: Vec<Reply> = inv.invoke(conn)?;
+        Ok(replies
+            .pop()
+            .unwrap()
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect())
+    };
+    let window = |out: &[String]| -> BTreeMap<String, String> {
+        out[5..]
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect()
+    };
+    let out = section(
+        &mut conn,
+        a,
+        600_000,
+        "",
+        &["5", "1", "6", "1", "6", "1"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        window(&out),
+        BTreeMap::from([("b5".into(), "1".into()), ("b6".into(), "2".into())])
+    );
+    // The second section sees none of the first one's buckets.
+    let out = section(&mut conn, b, 60_000, "", &["6", "1"], &[]).unwrap();
+    assert_eq!(window(&out), BTreeMap::from([("b6".into(), "1".into())]));
+    let b_version = out[3].clone();
+    let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+    assert!(
+        fields.keys().all(|f| f.starts_with(a) || f.starts_with(b)),
+        "{fields:?}"
+    );
+    assert_eq!(fields[&format!("{a}h")], "6");
+    assert_eq!(fields[&format!("{b}0")], "1", "bucket 6 in slot 0 of b");
+    let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+    assert!(ttl > 60_000, "b's shorter TTL left a's: {ttl}");
+    // The first section slides past its buckets 5 and 6: only its own slots go.
+    let out = section(&mut conn, a, 600_000, "", &["9", "1"], &[]).unwrap();
+    assert_eq!(window(&out), BTreeMap::from([("b9".into(), "1".into())]));
+    let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+    assert!(
+        !fields.contains_key(&format!("{a}2")),
+        "a's bucket 5 slid out"
+    );
+    assert_eq!(fields[&format!("{b}0")], "1", "b's bucket 6 stays");
+    // The second section's writes at its version: taken, the first section's fields untouched.
+    let next = (b_version.parse::<u64>().unwrap() + 1).to_string();
+    let (v, h, slot1) = (format!("{b}v"), format!("{b}h"), format!("{b}1"));
+    let writes = ["1", "6", &v, &next, &h, "7", &slot1, "4"];
+    let out = section(&mut conn, b, 60_000, &b_version, &["7", "1"], &writes).unwrap();
+    assert_eq!(out[4], "=", "{out:?}");
+    let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+    assert_eq!(fields[&slot1], "4");
+    assert_eq!(fields[&format!("{a}0")], "1", "a's bucket 9 in slot 0");
+    let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+    assert!(ttl > 60_000, "{ttl}");
+    // Writes naming fields outside the section, or a prefix past 16 bytes, are refused whole.
+    let stray = ["1", "4", "v", "1", "h", "7"];
+    let error = section(&mut conn, b, 60_000, &next, &[], &stray).unwrap_err();
+    assert!(error.to_string().contains("bad writes"), "{error}");
+    let error = section(&mut conn, &"p".repeat(17), 60_000, "", &["7", "1"], &[]).unwrap_err();
+    assert!(error.to_string().contains("prefix too long"), "{error}");
+    let after: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+    assert_eq!(after, fields);
+}

@@ -489,6 +489,79 @@ fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
     );
 }
 
+/// While Redis does not answer, the journal costs the partitions one wait (the call that found
+/// the outage), then fails at once while probes nobody waits for look for Redis; a lane assigned
+/// meanwhile goes unjournaled (never "fenced": its batches still go out) until it is claimed.
+#[test]
+fn a_journal_outage_costs_one_wait_and_a_lane_assigned_during_it_still_runs() {
+    use std::time::{Duration, Instant};
+    use vigil::store::journal::JournalBatch;
+    use vigil::store::{JournalError, JournalWriter};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        connect_timeout: Duration::from_millis(100),
+        response_timeout: Duration::from_millis(200),
+        probe_interval: Duration::from_millis(20),
+        ..RedisStoreConfig::default()
+    };
+    let deadline = (config.connect_timeout + config.response_timeout) * 2;
+    let mut journal = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    journal.claim(1).unwrap();
+    let batch = |covered: i64| JournalBatch {
+        covered: Some(covered),
+        mark: None,
+        records: vec![(covered, b"r".to_vec())],
+    };
+    journal.write(1, &batch(1)).unwrap();
+    redis.pause();
+    assert!(matches!(
+        journal.write(1, &batch(2)),
+        Err(JournalError::Store(_))
+    ));
+    // Forty more batches (probes going out meanwhile) take less than one more wait in all.
+    let started = Instant::now();
+    for covered in 3..43 {
+        assert!(matches!(
+            journal.write(1, &batch(covered)),
+            Err(JournalError::Store(_))
+        ));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        started.elapsed() < deadline,
+        "{:?} for forty calls",
+        started.elapsed()
+    );
+    // A lane assigned now is not claimed; its batches are not fenced.
+    assert!(journal.claim(2).is_err());
+    assert!(matches!(
+        journal.write(2, &batch(1)),
+        Err(JournalError::Store(_))
+    ));
+    redis.resume();
+    let back = Instant::now();
+    let mut covered = 43;
+    while journal.write(1, &batch(covered)).is_err() {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "the journal never came back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        covered += 1;
+    }
+    assert!(matches!(
+        journal.write(2, &batch(2)),
+        Err(JournalError::Store(_))
+    ));
+    journal.claim(2).unwrap();
+    journal.write(2, &batch(3)).unwrap();
+    let other = JournalWriter::connect(&redis.url(), &config, "group")
+        .unwrap()
+        .claim(1)
+        .unwrap();
+    assert_eq!(other.covered, Some(covered));
+}
+
 /// A hold set by one process is seen by another through Redis within one flush interval, and
 /// by a process started later (a hold survives a restart); its key holds no event bytes.
 #[test]
@@ -1418,4 +1491,106 @@ fn a_hold_unknown_while_redis_is_away_is_judged_by_the_rules_policy() {
     away.store_mut().flush().unwrap();
     let mut after = engine(&config);
     assert_eq!(judge(&mut after, t0 + 120_000, 1, 3), held(Reason::Held));
+}
+
+/// Counters over the same dimensions (one `WindowSpec::group`) keep each key in one Redis hash,
+/// each counter's window a section of it: one read brings every section a batch needs, each
+/// section counts exactly what its counter counted, and a counter outside the group keeps its
+/// own hashes.
+#[test]
+fn counters_over_the_same_dimensions_share_one_hash_per_key_and_one_read() {
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let grouped = |aggregate| WindowSpec {
+        group: 42,
+        identity: 7,
+        ..WindowSpec::new(1_000, 60, aggregate)
+    };
+    let open = |store: &mut RedisStore| {
+        (
+            store.open_window("fails", grouped(Aggregate::Count)),
+            store.open_window("amount", grouped(Aggregate::Sum)),
+            store.open_window("largest", grouped(Aggregate::Max)),
+            store.open_window("alone", WindowSpec::new(1_000, 60, Aggregate::Count)),
+        )
+    };
+    let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let (count, sum, max, alone) = open(&mut store);
+    let at = 1_000_000i64;
+    let mut want: std::collections::BTreeMap<String, (i64, i64, i64, i64)> = Default::default();
+    for i in 0..300i64 {
+        let key = format!("u{}", i % 20);
+        let ts = at + i * 100;
+        store
+            .apply(count, key.as_bytes(), ts, Delta::Count)
+            .unwrap();
+        store
+            .apply(sum, key.as_bytes(), ts, Delta::Sum(i * 1_000_000))
+            .unwrap();
+        store
+            .apply(max, key.as_bytes(), ts, Delta::Extreme((i % 7) * 1_000_000))
+            .unwrap();
+        let entry = want.entry(key.clone()).or_default();
+        if i % 3 == 0 {
+            store
+                .apply(alone, key.as_bytes(), ts, Delta::Count)
+                .unwrap();
+            entry.3 += 1;
+        }
+        entry.0 += 1;
+        entry.1 += i * 1_000_000;
+        entry.2 = entry.2.max((i % 7) * 1_000_000);
+    }
+    store.flush().unwrap();
+    let mut conn = redis.connection();
+    let keys = support::counter_keys(&mut conn);
+    assert_eq!(
+        (
+            keys.iter().filter(|k| k.starts_with("vg:g:")).count(),
+            keys.iter().filter(|k| k.starts_with("vg:alone:")).count(),
+            keys.len()
+        ),
+        (20, 20, 40),
+        "{keys:?}"
+    );
+    let totals = redis_totals(&mut conn);
+    assert_eq!(
+        totals.len(),
+        20 * 3 + 20,
+        "a section per grouped counter and key"
+    );
+
+    // A fresh process: one read per hash brings the three grouped windows of a key.
+    let mut fresh = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let (count, sum, max, alone) = open(&mut fresh);
+    let wanted: Vec<(vigil::store::WindowId, Vec<u8>)> = want
+        .keys()
+        .flat_map(|k| [count, sum, max, alone].map(|w| (w, k.as_bytes().to_vec())))
+        .collect();
+    fresh.prefetch(&wanted).unwrap();
+    assert_eq!(fresh.stats().loads, 40, "{:?}", fresh.stats());
+    let last = at + 299 * 100;
+    for (key, (n, total, largest, others)) in &want {
+        let value = |store: &mut RedisStore, window| {
+            store.read(window, key.as_bytes(), last).unwrap().applied
+        };
+        assert_eq!(value(&mut fresh, count), Applied::Counted(*n), "{key}");
+        assert_eq!(value(&mut fresh, sum), Applied::Counted(*total), "{key}");
+        assert_eq!(value(&mut fresh, max), Applied::Counted(*largest), "{key}");
+        assert_eq!(value(&mut fresh, alone), Applied::Counted(*others), "{key}");
+    }
+    assert_eq!(fresh.stats().loads, 40, "nothing read twice");
+    // Counting on from the fresh process: its writes land in their sections only.
+    for key in want.keys() {
+        fresh
+            .apply(count, key.as_bytes(), last, Delta::Count)
+            .unwrap();
+    }
+    fresh.flush().unwrap();
+    let after = redis_totals(&mut conn);
+    let changed = totals
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .count();
+    assert_eq!((after.len(), changed), (totals.len(), 20));
 }

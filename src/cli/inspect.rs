@@ -322,7 +322,10 @@ fn write_counter(out: &mut impl Write, c: &CounterView, indent: &str) -> io::Res
         )?;
     }
     if let Some(name) = &c.redis_key {
-        writeln!(out, "{indent}redis    {name}")?;
+        match &c.redis_field_prefix {
+            Some(prefix) => writeln!(out, "{indent}redis    {name} (fields {prefix}*)")?,
+            None => writeln!(out, "{indent}redis    {name}")?,
+        }
         match c.ttl_ms {
             Some(ttl) => writeln!(out, "{indent}ttl      {}", duration(ttl))?,
             None => writeln!(out, "{indent}ttl      none (not in Redis)")?,

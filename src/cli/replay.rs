@@ -204,7 +204,7 @@ fn run_replay<S: CounterStore>(
 fn report_redis(store: &RedisStore) {
     let s = store.stats();
     eprintln!(
-        "redis: {} script calls ({} flushes, {} key loads), {} retries, {} refused late",
+        "redis: {} script calls ({} flushes, {} hash loads), {} retries, {} refused late",
         s.script_calls, s.flushes, s.loads, s.retries, s.refused_late
     );
     if s.skipped_applied > 0 {

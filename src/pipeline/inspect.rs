@@ -251,6 +251,10 @@ pub struct CounterView {
     pub ttl_ms: Option<i64>,
     /// The key's name in Redis (`null`: in process).
     pub redis_key: Option<String>,
+    /// The prefix of this counter's fields in that hash, when counters over the same dimensions
+    /// share it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_field_prefix: Option<String>,
     /// This process counted into the key and has not written it to Redis yet.
     pub unflushed: bool,
 }
@@ -471,6 +475,7 @@ impl<S: CounterStore> Engine<S> {
                 .collect(),
             ttl_ms: inspected.ttl_ms,
             redis_key: inspected.location,
+            redis_field_prefix: inspected.field_prefix,
             unflushed: inspected.unflushed,
         })
     }

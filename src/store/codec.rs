@@ -259,6 +259,36 @@ pub(super) fn parse_reply(
 /// A key's window from its raw hash (HGETALL): fields by slot relative to the head `h`,
 /// distinct values as `d<digest>`; `v` the version (an empty hash: version 0, nothing counted).
 pub(super) fn decode_hash(spec: &WindowSpec, flat: &[Vec<u8>]) -> Result<Stored, StoreError> {
+    decode_section(spec, b"", flat)
+}
+
+/// A window from its raw hash (HGETALL), as [`decode_hash`], reading only the fields of the
+/// section `prefix` (empty: every field: the hash is the window's own).
+pub(super) fn decode_section(
+    spec: &WindowSpec,
+    prefix: &[u8],
+    flat: &[Vec<u8>],
+) -> Result<Stored, StoreError> {
+    let section: Vec<Vec<u8>>;
+    let flat = if prefix.is_empty() {
+        flat
+    } else {
+        if flat.len() % 2 != 0 {
+            return Err(StoreError::Protocol(
+                "stored window: odd field count".into(),
+            ));
+        }
+        section = flat
+            .chunks_exact(2)
+            .filter_map(|pair| {
+                pair[0]
+                    .strip_prefix(prefix)
+                    .map(|field| [field.to_vec(), pair[1].clone()])
+            })
+            .flatten()
+            .collect();
+        &section
+    };
     if flat.is_empty() {
         return Ok(Stored {
             state: WindowState::new(spec.aggregate),
@@ -364,6 +394,8 @@ const MAX_WRITE_DELETES: i64 = 64;
 /// What a flush sends for one key.
 pub(super) struct KeyFlush<'a> {
     pub(super) spec: &'a WindowSpec,
+    /// The window's section of a shared hash: the prefix of its fields (empty: its own hash).
+    pub(super) prefix: &'a [u8],
     pub(super) ttl_ms: i64,
     /// The Redis version the view is based on (0: Redis held nothing); `None` if unknown.
     pub(super) version: Option<u64>,
@@ -392,14 +424,18 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
     // With every delta tagged, the script skips those it applied before (stride 4).
     let tagged = deltas.iter().all(|o| o.origin.is_some());
     call.key(name.as_bytes());
-    call.arg(match key.spec.aggregate {
-        Aggregate::Count => b"c",
-        Aggregate::Sum => b"s",
-        Aggregate::Distinct => b"d",
-        Aggregate::Max => b"x",
-        Aggregate::Min => b"n",
-        Aggregate::Last => b"l",
-    });
+    // The aggregate's letter, then the section's field prefix (none for a hash of its own).
+    call.field(
+        match key.spec.aggregate {
+            Aggregate::Count => b"c",
+            Aggregate::Sum => b"s",
+            Aggregate::Distinct => b"d",
+            Aggregate::Max => b"x",
+            Aggregate::Min => b"n",
+            Aggregate::Last => b"l",
+        },
+        key.prefix,
+    );
     call.int(key.spec.buckets);
     // The script records at most this many distinct values per key, as the view does.
     call.int(if key.spec.aggregate == Aggregate::Distinct {
@@ -479,7 +515,7 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
 /// here (a distinct window whose head moved: the values that slid out are not kept): the script
 /// merges the deltas instead.
 fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
-    let (spec, state, deltas) = (key.spec, key.state, key.deltas);
+    let (spec, state, deltas, prefix) = (key.spec, key.state, key.deltas, key.prefix);
     let Some(head) = state.head() else {
         return false;
     };
@@ -490,18 +526,18 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     call.arg(if key.refresh || key.full { b"1" } else { b"0" });
     let sets_count = call.placeholder();
     let sets_start = call.args();
-    call.arg(b"v");
+    call.field(prefix, b"v");
     call.int(if version == 0 {
         fresh_version()
     } else {
         version + 1
     } as i64);
-    call.arg(b"h");
+    call.field(prefix, b"h");
     call.int(head);
     match state {
         WindowState::Last(_) => {
             if let Some((ts, value)) = state.last_best() {
-                call.arg(b"l");
+                call.field(prefix, b"l");
                 call.arg(&last_field(spec.bucket_of(ts), ts, value));
             }
             add_offsets(call, key);
@@ -529,7 +565,7 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
             };
             touched.retain(|(b, _)| *b >= oldest_live);
             for &(bucket, value) in &touched {
-                call.int(bucket.rem_euclid(k));
+                call.field_int(prefix, bucket.rem_euclid(k));
                 call.int(value);
             }
             add_offsets(call, key);
@@ -541,7 +577,7 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
                 for bucket in (base - k + 1)..=base.min(head - k) {
                     let slot = bucket.rem_euclid(k);
                     if !touched.iter().any(|&(b, _)| b.rem_euclid(k) == slot) {
-                        call.int(slot);
+                        call.field_int(prefix, slot);
                     }
                 }
             }
@@ -579,7 +615,7 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
                 let mut field = [0u8; 17];
                 field[0] = b'd';
                 field[1..].copy_from_slice(&value.to_le_bytes());
-                call.arg(&field);
+                call.field(prefix, &field);
                 call.int(latest.rem_euclid(k));
             }
             add_offsets(call, key);
@@ -611,7 +647,7 @@ fn add_offsets(call: &mut ScriptCall, key: &KeyFlush<'_>) {
         let mut field = Vec::with_capacity(24);
         field.extend_from_slice(b"o:");
         field.extend_from_slice(itoa::Buffer::new().format(lane).as_bytes());
-        call.arg(&field);
+        call.field(key.prefix, &field);
         call.int(offset);
     }
 }
@@ -639,6 +675,7 @@ pub fn decode_untrusted(resp: &[u8]) -> usize {
     if let Ok(fields) = flat(value) {
         for spec in &specs {
             decoded += usize::from(decode_hash(spec, &fields).is_ok());
+            decoded += usize::from(decode_section(spec, b"0a1b2c3d.", &fields).is_ok());
         }
     }
     decoded

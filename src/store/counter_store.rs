@@ -137,6 +137,9 @@ pub struct Inspected {
     pub ttl_ms: Option<i64>,
     /// Where the key lives in the backing service (`None`: in process).
     pub location: Option<String>,
+    /// The prefix of the window's fields there, when the key is shared by several counters'
+    /// windows (`None`: every field is this window's).
+    pub field_prefix: Option<String>,
     /// This process counted into the key and has not written it to the backing service yet.
     pub unflushed: bool,
 }

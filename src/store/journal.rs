@@ -28,7 +28,7 @@
 //! While Redis is unavailable the journal is skipped (records still go out, counted locally and
 //! marked degraded): an event re-read after a crash in that time is judged again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -158,9 +158,13 @@ pub struct JournalWriter {
     cluster: bool,
     namespace: Vec<u8>,
     lanes: HashMap<u64, Lane>,
+    /// Lanes assigned while Redis did not answer: their journals were not claimed, so their
+    /// batches go out unjournaled until the lane is assigned again (claiming later could fence
+    /// a worker the lane moved to meanwhile).
+    unclaimed: HashSet<u64>,
     deadline: Duration,
-    /// Since when Redis has not answered the journal; calls are skipped until `probe_interval`
-    /// has passed.
+    /// Since when Redis has not answered the journal: calls fail at once, and a probe (a PING
+    /// nobody waits for) is sent every `probe_interval` until one comes back answered.
     outage: Option<Instant>,
     probe_interval: Duration,
 }
@@ -197,6 +201,7 @@ impl JournalWriter {
             cluster,
             namespace: namespace.as_bytes().to_vec(),
             lanes: HashMap::new(),
+            unclaimed: HashSet::new(),
             deadline: (config.connect_timeout + config.response_timeout) * 2,
             outage: None,
             probe_interval: config.probe_interval,
@@ -216,12 +221,10 @@ impl JournalWriter {
 
     /// Runs one script call on the journal thread, waiting at most `deadline`.
     fn call(&mut self, key: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
-        if let Some(since) = self.outage {
-            if since.elapsed() < self.probe_interval {
-                return Err(StoreError::Unavailable(
-                    "Redis did not answer the journal lately".into(),
-                ));
-            }
+        if self.outage.is_some() && !self.probe(key) {
+            return Err(StoreError::Unavailable(
+                "Redis did not answer the journal lately".into(),
+            ));
         }
         if let Some(outstanding) = self.outstanding {
             loop {
@@ -283,6 +286,50 @@ impl JournalWriter {
         }
     }
 
+    /// During an outage: whether Redis answers again (a call or probe sent earlier came back
+    /// answered). Otherwise sends a probe if one is due, without waiting for it: an outage makes
+    /// no batch wait beyond the first call that found it (a frozen Redis would otherwise hold
+    /// every partition for a full deadline each `probe_interval`).
+    fn probe(&mut self, key: &str) -> bool {
+        if let Some(outstanding) = self.outstanding {
+            loop {
+                match self.done.try_recv() {
+                    Ok(done) if done.id == outstanding => {
+                        self.outstanding = None;
+                        if done.result.is_ok() {
+                            self.outage = None;
+                            return true;
+                        }
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(_) => return false,
+                }
+            }
+        }
+        if self
+            .outage
+            .is_some_and(|since| since.elapsed() >= self.probe_interval)
+        {
+            self.outage = Some(Instant::now());
+            self.next_id += 1;
+            let mut batch = Batch::default();
+            batch.command(self.cluster, key, redis::cmd("PING"));
+            if let Some(jobs) = &self.jobs {
+                if jobs
+                    .send(Job {
+                        id: self.next_id,
+                        batch,
+                    })
+                    .is_ok()
+                {
+                    self.outstanding = Some(self.next_id);
+                }
+            }
+        }
+        false
+    }
+
     fn script(&self, key: &str, op: &str, token: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(JOURNAL.get_hash())
@@ -299,7 +346,15 @@ impl JournalWriter {
         let key = self.key(lane);
         let mut token = String::new();
         push_hex(&mut token, &rand::random::<[u8; 12]>());
-        let reply = self.call(&key, self.script(&key, "claim", &token))?;
+        let reply = match self.call(&key, self.script(&key, "claim", &token)) {
+            Ok(reply) => reply,
+            Err(e) => {
+                self.lanes.remove(&lane);
+                self.unclaimed.insert(lane);
+                return Err(e);
+            }
+        };
+        self.unclaimed.remove(&lane);
         let flat: Vec<Vec<u8>> = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("journal: {e}")))?;
         let journal = Journal::parse(&flat);
@@ -316,6 +371,11 @@ impl JournalWriter {
 
     /// Records a batch of `lane`, if this worker still owns it.
     pub fn write(&mut self, lane: u64, batch: &JournalBatch) -> Result<(), JournalError> {
+        if self.unclaimed.contains(&lane) {
+            return Err(JournalError::Store(StoreError::Unavailable(
+                "the partition's journal could not be claimed when it was assigned".into(),
+            )));
+        }
         let Some(state) = self.lanes.get(&lane) else {
             return Err(JournalError::Fenced);
         };
@@ -379,6 +439,7 @@ impl JournalWriter {
     /// Forgets a lane this worker no longer owns.
     pub fn release(&mut self, lane: u64) {
         self.lanes.remove(&lane);
+        self.unclaimed.remove(&lane);
     }
 }
 

@@ -728,6 +728,7 @@ impl CounterStore for MemoryStore {
             offsets: Vec::new(),
             ttl_ms: None,
             location: None,
+            field_prefix: None,
             unflushed: false,
         })
     }

@@ -65,6 +65,17 @@ impl ScriptCall {
         self.arg_ends.push(self.args.len());
     }
 
+    /// A hash field: `prefix` (the window's section of a shared hash, or empty) then `name`.
+    pub(super) fn field(&mut self, prefix: &[u8], name: &[u8]) {
+        self.args.extend_from_slice(prefix);
+        self.arg(name);
+    }
+
+    /// A hash field named by a number (a bucket's slot), after `prefix`.
+    pub(super) fn field_int(&mut self, prefix: &[u8], n: i64) {
+        self.field(prefix, itoa::Buffer::new().format(n).as_bytes());
+    }
+
     pub(super) fn int(&mut self, n: i64) {
         self.arg(itoa::Buffer::new().format(n).as_bytes());
     }

@@ -728,6 +728,7 @@ impl Worker {
                 return Err(Failure::Fenced);
             }
             Some(Err(e)) => {
+                tracing::warn!(error = %e, partition = batch.partition, "cannot journal the batch's decisions: they go out unjournaled");
                 self.metrics
                     .journal_errors
                     .get_or_create(&CodeLabels { code: e.code() })

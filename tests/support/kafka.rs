@@ -944,5 +944,17 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
+        // A failed test shows what its workers logged (their directory goes with the test).
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(300)..];
+            eprintln!(
+                "--- {} (last {} lines) ---\n{}",
+                self.log.display(),
+                tail.len(),
+                tail.join("\n")
+            );
+        }
     }
 }

@@ -679,13 +679,37 @@ pub fn assert_totals_equal(
 }
 
 /// Sum of every live count/sum bucket (sums in micro-units, exact) and the number of live distinct
-/// values, per Redis key.
+/// values, per Redis key — per section of a hash shared by counters over the same dimensions
+/// (`vg:g:<digest>`, fields `<8 hex digits>.<field>`), as `<key>#<prefix>`.
 pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usize)> {
-    counter_keys(conn)
+    type Fields = Vec<(Vec<u8>, String)>;
+    let mut sections: Vec<(String, Fields)> = Vec::new();
+    for key in counter_keys(conn) {
+        let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
+        if !key.starts_with("vg:g:") {
+            sections.push((key, fields));
+            continue;
+        }
+        let mut by_prefix: BTreeMap<String, Fields> = BTreeMap::new();
+        for (field, value) in fields {
+            assert!(
+                field.len() > 9 && field[8] == b'.',
+                "{key}: field {:?} is in no section",
+                String::from_utf8_lossy(&field)
+            );
+            let prefix = String::from_utf8_lossy(&field[..9]).into_owned();
+            by_prefix
+                .entry(prefix)
+                .or_default()
+                .push((field[9..].to_vec(), value));
+        }
+        for (prefix, fields) in by_prefix {
+            sections.push((format!("{key}#{prefix}"), fields));
+        }
+    }
+    sections
         .into_iter()
-        .map(|key| {
-            let fields: Vec<(Vec<u8>, String)> =
-                redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
+        .map(|(key, fields)| {
             // Bucket fields are slot numbers (digits only); distinct fields start with 'd'; a
             // last window's kept event is `l` = "<bucket>:<time>:<value>", its time counted here.
             let total: i128 = fields

@@ -201,6 +201,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 let unused = WindowState::new(spec.aggregate);
                 let flush = KeyFlush {
                     spec: &spec,
+                    prefix: self.section(key.window),
                     ttl_ms: ttl_ms(&spec, self.config.max_lateness),
                     version: None,
                     refresh: true,

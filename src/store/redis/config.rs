@@ -81,9 +81,10 @@ pub struct RedisStats {
     /// Script calls made (each serves up to 256 keys).
     pub script_calls: u64,
     pub flushes: u64,
-    /// Keys read from Redis on a local miss.
+    /// Hashes read from Redis on a local miss (one read serves every section of a hash the
+    /// counters over the same dimensions share).
     pub loads: u64,
-    /// Of those, keys read before their batch took the engine (see `early.rs`).
+    /// Windows read before their batch took the engine and taken in (see `early.rs`).
     pub early_loads: u64,
     /// Failed attempts that were retried.
     pub retries: u64,

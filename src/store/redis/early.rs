@@ -20,6 +20,7 @@ use redis::Value;
 
 use super::RedisStore;
 use crate::clock::MonotonicClock;
+use crate::store::codec;
 use crate::store::counter_store::{StoreError, WindowId};
 use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
 use crate::store::link::{Batch, Link};
@@ -27,6 +28,8 @@ use crate::store::link::{Batch, Link};
 /// Windows to read for a batch before it takes the engine.
 pub struct EarlyReads {
     keys: Vec<StoredKey>,
+    /// By key: its hash's read in `batch` (the windows of a shared hash share one).
+    reply_of: Vec<usize>,
     batch: Batch,
     /// The clean views' generation when planned: all of them dropped since voids the reads.
     generation: u64,
@@ -138,6 +141,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         let mut batch = Batch::default();
         let mut planned = Vec::with_capacity(wanted.len());
+        let mut names = Vec::with_capacity(wanted.len());
         for (window, key) in wanted {
             // A shared key's view read again stays with the prefetch, which reads it under the
             // engine, as late as it can. (Alone, `wanted_windows` left out every key with a view.)
@@ -149,10 +153,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             {
                 continue;
             }
-            let name = self.redis_key(window, key);
-            let mut cmd = redis::cmd("HGETALL");
-            cmd.arg(&name);
-            batch.command(self.cluster, &name, cmd);
+            names.push(self.redis_key(window, key));
             planned.push(StoredKey {
                 window: window.0,
                 key: KeyBytes::new(key),
@@ -161,9 +162,17 @@ impl<C: MonotonicClock> RedisStore<C> {
         if planned.is_empty() {
             return None;
         }
+        // One read per hash: the windows of a shared one are its sections.
+        let (names, reply_of) = super::view::unique_names(names.into_iter());
+        for name in &names {
+            let mut cmd = redis::cmd("HGETALL");
+            cmd.arg(name);
+            batch.command(self.cluster, name, cmd);
+        }
         let generation = self.views.cache.watch();
         Some(EarlyReads {
             keys: planned,
+            reply_of,
             batch,
             generation,
         })
@@ -178,9 +187,15 @@ impl<C: MonotonicClock> RedisStore<C> {
     ) -> usize {
         self.views.cache.unwatch();
         let replies = match replies {
-            Ok(replies) if replies.len() == reads.keys.len() => replies,
+            Ok(replies) if reads.reply_of.iter().all(|&at| at < replies.len()) => replies,
             _ => return 0,
         };
+        let fetched = replies.len();
+        // A reply that does not decode is left to the prefetch, which says why.
+        let replies: Vec<Option<Vec<Vec<u8>>>> = replies
+            .into_iter()
+            .map(|reply| codec::flat(reply).ok())
+            .collect();
         // As for any read: what a promoted replica lacks goes back into the views first (which
         // may drop them all: the generation, checked once after it, then tells).
         self.catch_up_failover();
@@ -188,7 +203,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             return 0;
         }
         let mut taken = 0;
-        for (key, reply) in reads.keys.into_iter().zip(replies) {
+        for (key, &at) in reads.keys.into_iter().zip(&reads.reply_of) {
             // Any view of the key now is as recent as the read (another batch read or counted
             // it meanwhile); one taken in from a flush or dropped since the plan may be more
             // recent.
@@ -199,13 +214,13 @@ impl<C: MonotonicClock> RedisStore<C> {
             if changed {
                 continue;
             }
-            // A reply that does not decode is left to the prefetch, which says why.
-            if self.take_in_read(key, reply).is_ok() {
+            let Some(hash) = &replies[at] else { continue };
+            if self.take_in_read(key, hash).is_ok() {
                 taken += 1;
             }
         }
         self.views.cache.early_taken = true;
-        self.stats.loads += taken as u64;
+        self.stats.loads += fetched as u64;
         self.stats.early_loads += taken as u64;
         taken
     }

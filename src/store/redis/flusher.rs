@@ -279,6 +279,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 let spec = self.windows.spec(key.window);
                 let flush = KeyFlush {
                     spec: &spec,
+                    prefix: self.section(key.window),
                     ttl_ms: ttl_ms(&spec, self.config.max_lateness),
                     version: dirty.version,
                     refresh: dirty.refresh_sent,

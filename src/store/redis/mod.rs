@@ -78,6 +78,8 @@ use view::Views;
 pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     config: RedisStoreConfig,
     windows: Windows,
+    /// By window: where its keys live in Redis.
+    layouts: Vec<view::Layout>,
     hold_spaces: HoldSpaces,
     /// Cluster mode: script calls hold keys of one slot only.
     cluster: bool,
@@ -436,6 +438,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         epochs.last_check = Instant::now();
         Ok(RedisStore {
             windows: Windows::default(),
+            layouts: Vec::new(),
             hold_spaces: HoldSpaces::default(),
             cluster,
             stats: RedisStats {
@@ -515,7 +518,12 @@ impl<C: MonotonicClock> RedisStore<C> {
 
 impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     fn open_window(&mut self, name: &str, spec: WindowSpec) -> WindowId {
-        self.windows.open(name, spec)
+        let window = self.windows.open(name, spec);
+        if window.0 as usize == self.layouts.len() {
+            let layout = view::Layout::of(name, &spec, &self.layouts);
+            self.layouts.push(layout);
+        }
+        window
     }
 
     fn apply(

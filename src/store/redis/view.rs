@@ -530,11 +530,103 @@ pub(super) fn refresh_due(
         || refreshed.is_none_or(|at| now.saturating_duration_since(at) >= window)
 }
 
+/// The distinct names of `names` in order of first appearance, and for each name given the
+/// position of its distinct one: windows in one shared hash are read with one `HGETALL`.
+pub(super) fn unique_names(names: impl Iterator<Item = String>) -> (Vec<String>, Vec<usize>) {
+    let mut unique: Vec<String> = Vec::new();
+    let mut positions: HashMap<String, usize, foldhash::fast::RandomState> = HashMap::default();
+    let reply_of = names
+        .map(|name| match positions.get(&name) {
+            Some(&at) => at,
+            None => {
+                positions.insert(name.clone(), unique.len());
+                unique.push(name);
+                unique.len() - 1
+            }
+        })
+        .collect();
+    (unique, reply_of)
+}
+
+/// Where a window's keys live in Redis: each in a hash of its own, or as a section of a hash
+/// shared by the windows of one group (`WindowSpec::group`: counters over the same dimensions),
+/// one per key. Sharing makes one read serve every counter of a key an event touches (an
+/// account's count, last country and last amount: one `HGETALL` instead of three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    Own,
+    /// Fields named `<prefix><field>`; the prefix, 8 hex digits and a dot, is a digest of the
+    /// counter's name and window shape, so every worker derives the same one.
+    Shared {
+        group: u64,
+        prefix: [u8; 9],
+    },
+}
+
+impl Layout {
+    /// The layout of a window opened as `name` with `spec`, after the windows of `opened`: its
+    /// group's, unless its section's prefix is one another window of the group already has (two
+    /// counters whose digests collide: the second keeps hashes of its own).
+    pub(super) fn of(name: &str, spec: &WindowSpec, opened: &[Layout]) -> Layout {
+        if spec.group == 0 {
+            return Layout::Own;
+        }
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"section\0");
+        hasher.update(name.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(&spec.bucket_ms.to_le_bytes());
+        hasher.update(&spec.buckets.to_le_bytes());
+        hasher.update(spec.aggregate.as_str().as_bytes());
+        hasher.update(&spec.identity.to_le_bytes());
+        let mut hex = String::with_capacity(8);
+        crate::store::keys::push_hex(&mut hex, &hasher.finalize().as_bytes()[..4]);
+        let mut prefix = [b'.'; 9];
+        prefix[..8].copy_from_slice(hex.as_bytes());
+        let layout = Layout::Shared {
+            group: spec.group,
+            prefix,
+        };
+        if opened.contains(&layout) {
+            tracing::warn!(
+                counter = name,
+                "this counter's section digest collides with another counter's over the same \
+                 dimensions: it keeps Redis hashes of its own"
+            );
+            return Layout::Own;
+        }
+        layout
+    }
+
+    /// The prefix of the window's fields in its hash (empty: the hash is its own).
+    pub(super) fn prefix(&self) -> &[u8] {
+        match self {
+            Layout::Own => b"",
+            Layout::Shared { prefix, .. } => prefix,
+        }
+    }
+}
+
 impl<C: MonotonicClock> RedisStore<C> {
+    /// The prefix of `window`'s fields in its keys' hashes (empty: each key's hash is its own).
+    pub(super) fn section(&self, window: u32) -> &[u8] {
+        self.layouts
+            .get(window as usize)
+            .map_or(b"", Layout::prefix)
+    }
+
     /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
     /// covers the window's shape, what it counts and the key, so user bytes never reach Redis raw
-    /// and a counter whose window, dimensions or field change starts on fresh counters.
+    /// and a counter whose window, dimensions or field change starts on fresh counters; for a
+    /// window in a shared hash, `vg:g:<digest>` of its group and the key (the section's prefix
+    /// then tells the window's fields apart).
     pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
+        if let Some(Layout::Shared { group, .. }) = self.layouts.get(window.0 as usize) {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(&group.to_le_bytes());
+            hasher.update(key);
+            return key_name("vg:", "g", &hasher.finalize());
+        }
         let spec = self.windows.spec(window.0);
         let name = self.windows.name(window.0);
         let mut hasher = blake3::Hasher::new();
@@ -565,7 +657,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let (Some(hash), Some(ttl)) = (replies.next(), replies.next()) else {
             return Err(StoreError::Protocol("inspection: missing replies".into()));
         };
-        let stored = codec::decode_hash(&spec, &codec::flat(hash)?)?;
+        let stored = codec::decode_section(&spec, self.section(window.0), &codec::flat(hash)?)?;
         let ttl_ms = redis::from_redis_value::<i64>(ttl)
             .ok()
             .filter(|&ms| ms >= 0);
@@ -586,6 +678,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             offsets: offsets.into_vec(),
             ttl_ms,
             location: Some(name),
+            field_prefix: Some(self.section(window.0))
+                .filter(|p| !p.is_empty())
+                .map(|p| String::from_utf8_lossy(p).into_owned()),
             unflushed,
         })
     }
@@ -877,41 +972,45 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// master on a cluster) and caches them. A plain read needs no script: every field a hash
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
-        let names: Vec<String> = keys
-            .iter()
-            .map(|&(window, key)| self.redis_key(window, key))
-            .collect();
+        let (names, reply_of) = unique_names(
+            keys.iter()
+                .map(|&(window, key)| self.redis_key(window, key)),
+        );
         let replies = self.read_each("HGETALL", &names)?;
         if self.views.cache.overfull() {
             self.views.cache.settle(&self.views.dirty);
         }
         self.stats.loads += replies.len() as u64;
+        let replies = replies
+            .into_iter()
+            .map(codec::flat)
+            .collect::<Result<Vec<_>, _>>()?;
         let mut states = Vec::with_capacity(keys.len());
-        for (&(window, key), reply) in keys.iter().zip(replies) {
+        for (&(window, key), &reply) in keys.iter().zip(&reply_of) {
             states.push(self.take_in_read(
                 StoredKey {
                     window: window.0,
                     key: KeyBytes::new(key),
                 },
-                reply,
+                &replies[reply],
             )?);
         }
         Ok(states)
     }
 
-    /// Takes in a window Redis returned for `key` (an `HGETALL` reply) as its clean view, and
-    /// what its recorded offsets tell of its counter's locality.
+    /// Takes in a window Redis returned for `key` (its hash's fields, as `HGETALL` gives them)
+    /// as its clean view, and what its recorded offsets tell of its counter's locality.
     pub(super) fn take_in_read(
         &mut self,
         key: StoredKey,
-        reply: redis::Value,
+        hash: &[Vec<u8>],
     ) -> Result<Arc<Cached>, StoreError> {
         let spec = self.windows.spec(key.window);
         let Stored {
             state,
             version,
             offsets,
-        } = codec::decode_hash(&spec, &codec::flat(reply)?)?;
+        } = codec::decode_section(&spec, self.section(key.window), hash)?;
         self.views
             .learn(key.window, &offsets, || several_observations(&spec, &state));
         let cached = Arc::new(Cached {

@@ -5,7 +5,7 @@ use toml_edit::{Item, Table};
 use super::super::fields::{boolean, mark, read_id, string};
 use super::super::positions::{item_offset, key_offset, Report};
 use super::drafts::{read_scope, CounterDraft, DraftScope, TableCx};
-use super::window::{window_identity, window_key, window_spec, WindowKeys};
+use super::window::{window_group, window_identity, window_key, window_spec, WindowKeys};
 use crate::event::quote_prefix as q;
 use crate::rules::model::{Counter, Scope};
 use crate::window::{Aggregate, WindowSpec, DEFAULT_MAX_DISTINCT};
@@ -151,6 +151,7 @@ fn build_counter(
     let field = keys.w.field.map(|(p, _)| p);
     let tuple = keys.w.tuple.map_or_else(Vec::new, |(t, _)| t);
     window.identity = window_identity(&dimensions, field.as_ref(), &tuple);
+    window.group = window_group(&dimensions, window.aggregate);
     let counter = Counter {
         id,
         description: keys.description,

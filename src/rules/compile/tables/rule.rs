@@ -9,7 +9,9 @@ use super::super::fields::{
 };
 use super::super::positions::{item_offset, key_offset, Report};
 use super::drafts::{read_scope, CounterDraft, DraftScope, ExprSite, KeyDraft, RuleDraft, TableCx};
-use super::window::{window_identity, window_key, window_spec, WindowKeys, MAX_WINDOW_MS};
+use super::window::{
+    window_group, window_identity, window_key, window_spec, WindowKeys, MAX_WINDOW_MS,
+};
 use crate::event::{quote_prefix as q, shorten, Decimal};
 use crate::rules::model::{Action, Counter, FileLocation, Mode, OnStoreError, Scope};
 use crate::window::{Aggregate, WindowSpec};
@@ -336,6 +338,7 @@ fn build_rule(
         let tuple = keys.w.tuple.map_or_else(Vec::new, |(t, _)| t);
         let mut window = spec?;
         window.identity = window_identity(&dimensions, field.as_ref(), &tuple);
+        window.group = window_group(&dimensions, window.aggregate);
         let counter = Counter {
             id: id.clone(),
             description: None,

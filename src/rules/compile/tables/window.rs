@@ -121,6 +121,23 @@ pub(crate) fn window_identity(
     u64::from_le_bytes(first).max(1)
 }
 
+/// Which counters may share a Redis hash per key (see `WindowSpec::group`): a digest of the
+/// dimensions alone, for every aggregate but `distinct`.
+pub(crate) fn window_group(dimensions: &[KeyDraft], aggregate: Aggregate) -> u64 {
+    if aggregate == Aggregate::Distinct {
+        return 0;
+    }
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"group\0");
+    for entry in dimensions {
+        hasher.update(entry.text().as_bytes());
+        hasher.update(b"\0");
+    }
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(first).max(1)
+}
+
 /// Cross-key checks of the window keys; the spec if they hold.
 pub(crate) fn window_spec(
     w: &WindowKeys<'_>,
