@@ -7,7 +7,7 @@
 -- changes anything, or it runs to the end. (Redis does not undo a script's writes when it fails
 -- half way, and a caller that retries such a failure would apply the first half twice.)
 --
--- KEYS[n]  the n-th window's hash: vg:<counter>:<digest>, or vg:g:<digest> shared by the counters
+-- KEYS[n]  the n-th window's hash: vg:<counter>:<digest>, or vg:_:<digest> shared by the counters
 --          over the same dimensions (each window a section of it; a key may then come several
 --          times, once per section)
 -- ARGV     for each key in order, a header of eight values followed by its deltas and its writes:
@@ -50,7 +50,10 @@
 -- "d<digest>" a distinct value's latest bucket, also as its slot; "l" a last window's event with
 -- the greatest time, as "<bucket>:<time>:<tag><text>"; "o:<partition>" the highest
 -- offset applied from that partition. In a shared hash, every write sets the key's TTL to its
--- own only if that is longer than the TTL the key has (another section may need a longer one). Live buckets are head-k+1 ..= head, so a slot names exactly
+-- own only if that is longer than the TTL the key has (another section may need a longer one),
+-- and "e" is when the section would have expired on its own (server time in ms): a section past
+-- it is deleted by the next write of any section that reads the hash (a merge, or a write that
+-- refreshes the TTL), as its own hash would have expired. Live buckets are head-k+1 ..= head, so a slot names exactly
 -- one of them. A delta whose offset is at or below its partition's recorded one was applied
 -- before (replay after a crash, or a flush sent again after its reply was lost) and is skipped;
 -- a delta whose bucket is at or below head - k is late and refused.
@@ -162,6 +165,7 @@ local function invalid()
     local kind, k, cap, ttl, stride, expected = sub(ARGV[at], 1, 1), ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
     local prefix = sub(ARGV[at], 2)
     if #prefix > 16 then return bad('section prefix too long') end
+    if #prefix > 0 and match(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
     if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
     if not is_number(k) or tonumber(k) < 1 then return bad('bad bucket count') end
     if not is_number(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
@@ -221,10 +225,50 @@ local function unslot(slot, head, k)
   return head - ((head - slot) % k)
 end
 
--- Sets the key's TTL: in a shared hash (`shared`) only if that makes it longer.
-local function expire(key, ttl, shared)
-  if shared and call('PTTL', key) >= ttl then return end
-  call('PEXPIRE', key, ttl)
+-- The server's time in milliseconds, read once per call.
+local now
+local function now_ms()
+  if now == nil then
+    local t = call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
+
+-- Sets the key's TTL. In a shared hash (`shared`) only if that makes it longer (another section
+-- may need the longer one; GT leaves a key without a TTL as it is: such a key gets one), and the
+-- section records when it would have expired on its own (`<prefix>e`): see `prune`.
+local function expire(key, ttl, shared, prefix)
+  if not shared then
+    call('PEXPIRE', key, ttl)
+    return
+  end
+  if call('PEXPIRE', key, ttl, 'GT') == 0 and call('PTTL', key) == -1 then
+    call('PEXPIRE', key, ttl)
+  end
+  call('HSET', key, prefix .. 'e', format('%.0f', now_ms() + ttl))
+end
+
+-- Of a shared hash's fields `all` (HGETALL), deletes those of every section whose own expiry
+-- passed — a counter removed or reshaped, which its siblings' writes would otherwise keep alive
+-- (and its offsets with it) — as its own hash would have expired. Returns whether `own`'s did.
+local function prune(key, all, own)
+  local stale, any = {}, false
+  for j = 1, #all, 2 do
+    local section = match(all[j], '^([^.]+%.)e$')
+    if section ~= nil and (tonumber(all[j + 1]) or 0) < now_ms() then
+      stale[section] = true
+      any = true
+    end
+  end
+  if not any then return false end
+  local dead = {}
+  for j = 1, #all, 2 do
+    local section = match(all[j], '^([^.]+%.)')
+    if section ~= nil and stale[section] then dead[#dead + 1] = all[j] end
+  end
+  write('HDEL', key, dead, 1, #dead)
+  return stale[own] == true
 end
 
 local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, last, writes_last)
@@ -239,7 +283,11 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
       local sets_end = w + 1 + tonumber(ARGV[w + 1])
       write('HSET', key, ARGV, w + 2, sets_end)
       write('HDEL', key, ARGV, sets_end + 1, writes_last)
-      if ARGV[w] == '1' then expire(key, ttl, shared) end
+      if ARGV[w] == '1' then
+        expire(key, ttl, shared, prefix)
+        -- At most once per window of the key: drop its siblings' expired sections.
+        if shared then prune(key, call('HGETALL', key), prefix) end
+      end
       -- The entries start with "v", the next version, "h", the head.
       return {ARGV[w + 5], '0', '0', ARGV[w + 3], '='}
     end
@@ -253,9 +301,10 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = call('HGETALL', key)
   if shared then
-    -- This section's fields only, by their names within it.
+    -- This section's fields only, by their names within it (none if it expired).
     local all, n = flat, #prefix
     flat = {}
+    if prune(key, all, prefix) then all = {} end
     for j = 1, #all, 2 do
       local field = all[j]
       if sub(field, 1, n) == prefix then
@@ -490,7 +539,7 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
   end
   write('HSET', key, sets, 1, #sets)
   write('HDEL', key, dead, 1, #dead)
-  expire(key, ttl, shared)
+  expire(key, ttl, shared, prefix)
   return out
 end
 

@@ -38,7 +38,8 @@
 //!   rules; `counter_store.rs`), the in-process [`store::MemoryStore`] (drops a key only once the
 //!   watermark passed it; one entry per key holds every counter's window over it; bounded; its
 //!   `key_table` lets the engine prefetch an event's keys before counting them), and
-//!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views,
+//!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views and
+//!   where keys live (counters over the same dimensions share one hash per key),
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
 //!   `ahead` a batch's observations on keys other workers count too, applied in Redis before

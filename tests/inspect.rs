@@ -739,7 +739,7 @@ fn a_running_worker_serves_lookups_and_releases_a_hold_only_with_the_admin_token
         (json!({"user_id": "u-42"}), json!(4))
     );
     // A count over the account: a section of the hash the account's counters share.
-    assert!(counter["redis_key"].as_str().unwrap().starts_with("vg:g:"));
+    assert!(counter["redis_key"].as_str().unwrap().starts_with("vg:_:"));
     assert_eq!(
         counter["redis_field_prefix"].as_str().map(str::len),
         Some(9),

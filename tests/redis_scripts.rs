@@ -1154,7 +1154,7 @@ fn script_keeps_a_last_windows_latest_event() {
 fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let key = "vg:g:t";
+    let key = "vg:_:t";
     let (a, b) = ("aaaaaaaa.", "bbbbbbbb.");
     let section = |conn: &mut redis::Connection,
                    prefix: &str,
@@ -1244,4 +1244,45 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
     assert!(error.to_string().contains("prefix too long"), "{error}");
     let after: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
     assert_eq!(after, fields);
+    let error = section(&mut conn, "p:", 60_000, "", &["7", "1"], &[]).unwrap_err();
+    assert!(error.to_string().contains("bad section prefix"), "{error}");
+
+    // Each section records when it would have expired on its own; a section past that (a
+    // counter removed from the rules, which its siblings' writes would keep alive) goes with the
+    // next write of another section that reads the hash.
+    let now_ms = |conn: &mut redis::Connection| -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+        s * 1000 + us / 1000
+    };
+    let expires: i64 = redis::cmd("HGET")
+        .arg(key)
+        .arg(format!("{b}e"))
+        .query(&mut conn)
+        .unwrap();
+    let now = now_ms(&mut conn);
+    assert!(
+        expires > now + 50_000 && expires <= now + 60_000,
+        "{expires} vs {now}"
+    );
+    let gone = "cccccccc.";
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg(format!("{gone}e"))
+        .arg(now - 1)
+        .arg(format!("{gone}h"))
+        .arg("9")
+        .arg(format!("{gone}0"))
+        .arg("5")
+        .arg(format!("{gone}o:1"))
+        .arg("77")
+        .query(&mut conn)
+        .unwrap();
+    let out = section(&mut conn, a, 600_000, "", &["10", "1"], &[]).unwrap();
+    assert_eq!(
+        window(&out),
+        BTreeMap::from([("b9".into(), "1".into()), ("b10".into(), "1".into())])
+    );
+    let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+    assert!(!fields.keys().any(|f| f.starts_with(gone)), "{fields:?}");
+    assert_eq!(fields[&slot1], "4", "b's live section stays");
 }

@@ -242,14 +242,14 @@ fn hostile_dimension_values_cannot_steer_redis_keys() {
         .unwrap();
         let mut conn = redis.connection();
         // A count over (user_id, ip): a section of the hash the counters over them share.
-        let keys: Vec<String> = redis::cmd("KEYS").arg("vg:g:*").query(&mut conn).unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("vg:_:*").query(&mut conn).unwrap();
         (keys, summary.bad_lines)
     };
     let (keys, bad) = keys_after(&with_hostile);
     assert_eq!(bad, 1);
     assert_eq!(keys.len(), distinct + 1, "{keys:?}");
     for key in &keys {
-        let digest = key.strip_prefix("vg:g:").unwrap();
+        let digest = key.strip_prefix("vg:_:").unwrap();
         assert_eq!(digest.len(), 32, "{key}");
         assert!(
             digest

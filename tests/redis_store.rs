@@ -1546,7 +1546,7 @@ fn counters_over_the_same_dimensions_share_one_hash_per_key_and_one_read() {
     let keys = support::counter_keys(&mut conn);
     assert_eq!(
         (
-            keys.iter().filter(|k| k.starts_with("vg:g:")).count(),
+            keys.iter().filter(|k| k.starts_with("vg:_:")).count(),
             keys.iter().filter(|k| k.starts_with("vg:alone:")).count(),
             keys.len()
         ),

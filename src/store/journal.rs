@@ -158,9 +158,8 @@ pub struct JournalWriter {
     cluster: bool,
     namespace: Vec<u8>,
     lanes: HashMap<u64, Lane>,
-    /// Lanes assigned while Redis did not answer: their journals were not claimed, so their
-    /// batches go out unjournaled until the lane is assigned again (claiming later could fence
-    /// a worker the lane moved to meanwhile).
+    /// Lanes whose claim failed (Redis did not answer): their batches go out unjournaled until a
+    /// claim succeeds (the partition loop tries again before each batch).
     unclaimed: HashSet<u64>,
     deadline: Duration,
     /// Since when Redis has not answered the journal: calls fail at once, and a probe (a PING
@@ -252,7 +251,9 @@ impl JournalWriter {
             .expect("the journal thread runs until drop");
         jobs.send(Job { id, batch })
             .map_err(|_| StoreError::Unavailable("the journal thread stopped".into()))?;
-        let deadline = Instant::now() + self.deadline;
+        let sent = Instant::now();
+        let mut deadline = sent + self.deadline;
+        let mut waited_again = false;
         let result = loop {
             match self
                 .done
@@ -260,6 +261,19 @@ impl JournalWriter {
             {
                 Ok(done) if done.id == id => break done.result,
                 Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout)
+                    if !waited_again && stalled(sent.elapsed(), self.deadline) =>
+                {
+                    // This process did not run for most of the wait (stopped, paused, starved),
+                    // so Redis was not given the time: the reply may be on its way, and it may
+                    // say another worker took the partition over meanwhile. Going on unjournaled
+                    // would deliver a zombie's records and flush its counts (the stalled-worker
+                    // fault test caught that: a next owner then judged those events on windows
+                    // already holding them). So wait once more.
+                    waited_again = true;
+                    // Twice the deadline: the journal thread may reconnect and try again.
+                    deadline = Instant::now() + self.deadline * 2;
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.outstanding = Some(id);
                     break Err(StoreError::Unavailable(format!(
@@ -443,9 +457,28 @@ impl JournalWriter {
     }
 }
 
+/// Whether a wait of `waited` for a reply due within `deadline` overran it by more than
+/// scheduling can explain: the process was not running (SIGSTOP, a paused VM, swapping) for much
+/// of it.
+fn stalled(waited: Duration, deadline: Duration) -> bool {
+    waited >= deadline + (deadline / 2).max(Duration::from_millis(500))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_far_past_its_deadline_is_a_stall_not_a_slow_redis() {
+        let deadline = Duration::from_secs(3);
+        assert!(!stalled(deadline, deadline));
+        assert!(!stalled(deadline + Duration::from_millis(300), deadline));
+        assert!(stalled(Duration::from_secs(10), deadline));
+        // Short deadlines still leave half a second for scheduling.
+        let short = Duration::from_millis(100);
+        assert!(!stalled(Duration::from_millis(400), short));
+        assert!(stalled(Duration::from_millis(700), short));
+    }
 
     #[test]
     fn a_journal_says_what_each_covered_offset_produced() {

@@ -141,8 +141,11 @@ impl Worker {
         let loaded = self
             .with_journal(|journal| journal.claim(lane))
             .unwrap_or_else(|| Ok(Journal::default()));
-        let journal = loaded.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, partition = key.1, "cannot read the decision journal: events re-read after a crash are judged again");
+        // Not claimed (Redis did not answer): batches go out unjournaled, and each new batch
+        // tries the claim again, so the lane is fenced against a zombie once Redis answers.
+        let mut claimed = loaded.is_ok();
+        let mut journal = loaded.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, partition = key.1, "cannot read the decision journal: events re-read after a crash are judged again, and batches go out unjournaled until Redis answers");
             Journal::default()
         });
         if let Some(covered) = journal.covered {
@@ -183,6 +186,13 @@ impl Worker {
                         )
                     }
                     None => {}
+                }
+            }
+            if !claimed {
+                if let Some(Ok(loaded)) = self.with_journal(|journal| journal.claim(lane)) {
+                    tracing::info!(partition = key.1, "decision journal claimed");
+                    journal = loaded;
+                    claimed = true;
                 }
             }
             self.process(key, &batch, stop, progress, &journal);

@@ -680,13 +680,13 @@ pub fn assert_totals_equal(
 
 /// Sum of every live count/sum bucket (sums in micro-units, exact) and the number of live distinct
 /// values, per Redis key — per section of a hash shared by counters over the same dimensions
-/// (`vg:g:<digest>`, fields `<8 hex digits>.<field>`), as `<key>#<prefix>`.
+/// (`vg:_:<digest>`, fields `<8 hex digits>.<field>`), as `<key>#<prefix>`.
 pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usize)> {
     type Fields = Vec<(Vec<u8>, String)>;
     let mut sections: Vec<(String, Fields)> = Vec::new();
     for key in counter_keys(conn) {
         let fields: Vec<(Vec<u8>, String)> = redis::cmd("HGETALL").arg(&key).query(conn).unwrap();
-        if !key.starts_with("vg:g:") {
+        if !key.starts_with("vg:_:") {
             sections.push((key, fields));
             continue;
         }

@@ -190,7 +190,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             Ok(replies) if reads.reply_of.iter().all(|&at| at < replies.len()) => replies,
             _ => return 0,
         };
-        let fetched = replies.len();
+        let mut used = vec![false; replies.len()];
         // A reply that does not decode is left to the prefetch, which says why.
         let replies: Vec<Option<Vec<Vec<u8>>>> = replies
             .into_iter()
@@ -217,10 +217,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             let Some(hash) = &replies[at] else { continue };
             if self.take_in_read(key, hash).is_ok() {
                 taken += 1;
+                used[at] = true;
             }
         }
         self.views.cache.early_taken = true;
-        self.stats.loads += fetched as u64;
+        // Hashes whose windows were all left out are read again by the prefetch: counted there.
+        self.stats.loads += used.iter().filter(|&&u| u).count() as u64;
         self.stats.early_loads += taken as u64;
         taken
     }

@@ -2,9 +2,12 @@
 //! process's deltas since; deltas written behind by a flusher thread in batched script calls
 //! (`lua/apply_window.lua`, up to 256 keys per call; one hash slot per call on a Redis Cluster).
 //!
+//! Layout: a window's keys are hashes of their own, or (counters over the same dimensions, but
+//! `distinct` ones) sections of one hash per key the counters share, so one read serves them all
+//! (`view::Layout`).
+//!
 //! Exactness: a single process sees exactly what the in-memory store sees. Counts are integers;
-//! sums are added in counting order in IEEE doubles (by this process, or by the script in Lua's
-//! doubles, in the same order) and stored as the shortest text that reads back bit-for-bit;
+//! sums are exact 64-bit integers of micro-units (the script adds them in two exact limbs);
 //! distinct values keep their latest bucket. When a flush is acknowledged, the key's state becomes
 //! the window the script returned (which also holds other workers' deltas) plus the deltas
 //! counted since the flush was sent.

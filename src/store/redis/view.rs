@@ -618,14 +618,15 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
     /// covers the window's shape, what it counts and the key, so user bytes never reach Redis raw
     /// and a counter whose window, dimensions or field change starts on fresh counters; for a
-    /// window in a shared hash, `vg:g:<digest>` of its group and the key (the section's prefix
-    /// then tells the window's fields apart).
+    /// window in a shared hash, `vg:_:<digest>` of its group and the key (the section's prefix
+    /// then tells the window's fields apart; no counter id starts with `_`, so no counter's keys
+    /// share that name space).
     pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
         if let Some(Layout::Shared { group, .. }) = self.layouts.get(window.0 as usize) {
             let mut hasher = blake3::Hasher::new();
             hasher.update(&group.to_le_bytes());
             hasher.update(key);
-            return key_name("vg:", "g", &hasher.finalize());
+            return key_name("vg:", "_", &hasher.finalize());
         }
         let spec = self.windows.spec(window.0);
         let name = self.windows.name(window.0);
