@@ -12,9 +12,10 @@
 --          times, once per section)
 -- ARGV     for each key in order, a header of eight values followed by its deltas and its writes:
 --            aggregate: "c" (count), "s" (sum), "d" (distinct), "x" (max), "n" (min) or "l" (last),
---            followed by the section's field prefix in a shared hash (at most 16 bytes; none
---            when the hash is the window's own): every field named below is then that prefix
---            followed by the name, and the script reads and deletes no other field
+--            followed by the section's field prefix in a shared hash (at most 16 bytes, ending
+--            in its only "."; none when the hash is the window's own): every field named below
+--            is then that prefix followed by the name, and the script reads and deletes no other
+--            field but those of sections past their expiry ("e", below)
 --            k, the number of buckets in the window
 --            the most distinct values the window records (distinct: 1..=1000000; "0" otherwise):
 --            a new value that would exceed it, once the window has slid, is not recorded, so no
@@ -53,8 +54,8 @@
 -- own only if that is longer than the TTL the key has (another section may need a longer one),
 -- and "e" is when the section would have expired on its own (server time in ms): a section past
 -- it is deleted by the next write of any section that reads the hash (a merge, or a write that
--- refreshes the TTL), as its own hash would have expired. Live buckets are head-k+1 ..= head, so a slot names exactly
--- one of them. A delta whose offset is at or below its partition's recorded one was applied
+-- refreshes the TTL of a section written before), as its own hash would have expired. Live
+-- buckets are head-k+1 ..= head, so a slot names exactly one of them. A delta whose offset is at or below its partition's recorded one was applied
 -- before (replay after a crash, or a flush sent again after its reply was lost) and is skipped;
 -- a delta whose bucket is at or below head - k is late and refused.
 --
@@ -149,9 +150,6 @@ local function limbs_text(v)
   return format('%.0f', hi) .. format('%09.0f', lo)
 end
 
--- Where each key's header starts in ARGV (filled by `invalid`).
-local first_of = {}
-
 -- Every argument of every key, before anything is written; nil if they are well formed.
 local function invalid()
   local at = 1
@@ -160,7 +158,6 @@ local function invalid()
   local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
   for key = 1, #KEYS do
     n = key
-    first_of[key] = at
     if at + 7 > #ARGV then return bad('header cut short') end
     local kind, k, cap, ttl, stride, expected = sub(ARGV[at], 1, 1), ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
     local prefix = sub(ARGV[at], 2)
@@ -236,17 +233,21 @@ local function now_ms()
 end
 
 -- Sets the key's TTL. In a shared hash (`shared`) only if that makes it longer (another section
--- may need the longer one; GT leaves a key without a TTL as it is: such a key gets one), and the
--- section records when it would have expired on its own (`<prefix>e`): see `prune`.
-local function expire(key, ttl, shared, prefix)
+-- may need the longer one): GT, and NX for a key without a TTL yet (GT leaves such a key as it
+-- is); `existed` tells which is likely, to try it first (one call then, most of the time).
+local function expire(key, ttl, shared, existed)
   if not shared then
     call('PEXPIRE', key, ttl)
-    return
+  elseif existed then
+    if call('PEXPIRE', key, ttl, 'GT') == 0 then call('PEXPIRE', key, ttl, 'NX') end
+  elseif call('PEXPIRE', key, ttl, 'NX') == 0 then
+    call('PEXPIRE', key, ttl, 'GT')
   end
-  if call('PEXPIRE', key, ttl, 'GT') == 0 and call('PTTL', key) == -1 then
-    call('PEXPIRE', key, ttl)
-  end
-  call('HSET', key, prefix .. 'e', format('%.0f', now_ms() + ttl))
+end
+
+-- The "e" field of a section written with a TTL of `ttl`: when it would have expired on its own.
+local function expiry(ttl)
+  return format('%.0f', now_ms() + ttl)
 end
 
 -- Of a shared hash's fields `all` (HGETALL), deletes those of every section whose own expiry
@@ -255,10 +256,14 @@ end
 local function prune(key, all, own)
   local stale, any = {}, false
   for j = 1, #all, 2 do
-    local section = match(all[j], '^([^.]+%.)e$')
-    if section ~= nil and (tonumber(all[j + 1]) or 0) < now_ms() then
-      stale[section] = true
-      any = true
+    local field = all[j]
+    -- Only a field ending in "e" can be a section's expiry (checked first: it is cheaper).
+    if byte(field, -1) == 101 then
+      local section = match(field, '^([^.]+%.)e$')
+      if section ~= nil and (tonumber(all[j + 1]) or 0) < now_ms() then
+        stale[section] = true
+        any = true
+      end
     end
   end
   if not any then return false end
@@ -276,17 +281,41 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
   local before = expected == '<'
   local shared = prefix ~= ''
   if expected ~= '' and not before then
-    local version = tonumber(call('HGET', key, prefix .. 'v')) or 0
+    local version
+    if shared then
+      -- A section past its own expiry is gone, as its own hash would be: deleted first, so the
+      -- caller is answered as for an expired key (and never told its writes landed on it).
+      local got = call('HMGET', key, prefix .. 'v', prefix .. 'e')
+      version = tonumber(got[1]) or 0
+      local expires = tonumber(got[2])
+      if version ~= 0 and expires ~= nil and expires < now_ms() then
+        prune(key, call('HGETALL', key), prefix)
+        version = 0
+      end
+    else
+      version = tonumber(call('HGET', key, 'v')) or 0
+    end
     if version == tonumber(expected) and has_writes then
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
       local sets_end = w + 1 + tonumber(ARGV[w + 1])
-      write('HSET', key, ARGV, w + 2, sets_end)
+      local refresh = ARGV[w] == '1'
+      if shared and refresh then
+        -- The section's expiry goes with its writes (one HSET).
+        local sets = {}
+        for j = w + 2, sets_end do sets[#sets + 1] = ARGV[j] end
+        sets[#sets + 1] = prefix .. 'e'
+        sets[#sets + 1] = expiry(ttl)
+        write('HSET', key, sets, 1, #sets)
+      else
+        write('HSET', key, ARGV, w + 2, sets_end)
+      end
       write('HDEL', key, ARGV, sets_end + 1, writes_last)
-      if ARGV[w] == '1' then
-        expire(key, ttl, shared, prefix)
-        -- At most once per window of the key: drop its siblings' expired sections.
-        if shared then prune(key, call('HGETALL', key), prefix) end
+      if refresh then
+        expire(key, ttl, shared, version ~= 0)
+        -- At most once per window of a key this caller wrote before: drop its siblings'
+        -- expired sections.
+        if shared and version ~= 0 then prune(key, call('HGETALL', key), prefix) end
       end
       -- The entries start with "v", the next version, "h", the head.
       return {ARGV[w + 5], '0', '0', ARGV[w + 3], '='}
@@ -300,6 +329,7 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
   if last < first and has_writes then return {'!'} end
   -- Decode the whole hash once into absolute buckets; apply; encode back what changed.
   local flat = call('HGETALL', key)
+  local existed = #flat > 0
   if shared then
     -- This section's fields only, by their names within it (none if it expired).
     local all, n = flat, #prefix
@@ -522,6 +552,7 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
     if bucket >= oldest_live then set('d' .. digest, format('%.0f', bucket % k)) end
   end
   if last_touched then set('l', format('%.0f', last_kept[1]) .. ':' .. last_kept[3]) end
+  if shared then set('e', expiry(ttl)) end
   local dead = {}
   if stored_head ~= nil and head > stored_head then
     for j = 1, #flat, 2 do
@@ -539,20 +570,12 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
   end
   write('HSET', key, sets, 1, #sets)
   write('HDEL', key, dead, 1, #dead)
-  expire(key, ttl, shared, prefix)
+  expire(key, ttl, shared, existed)
   return out
 end
 
 local problem = invalid()
 if problem then return redis.error_reply(problem) end
--- A shared hash's writes read its TTL: a server that refuses PTTL (an ACL without it) refuses
--- it here, before the first write, not half way through the call.
-for n = 1, #KEYS do
-  if #ARGV[first_of[n]] > 1 then
-    call('PTTL', KEYS[n])
-    break
-  end
-end
 local replies = {}
 local at = 1
 for n = 1, #KEYS do

@@ -1285,4 +1285,26 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
     let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
     assert!(!fields.keys().any(|f| f.starts_with(gone)), "{fields:?}");
     assert_eq!(fields[&slot1], "4", "b's live section stays");
+
+    // A section past its own expiry is gone for its own writer too, as an expired key would be:
+    // writes at the version it knew are answered "?" (its view is written again in full), not
+    // taken onto the lapsed section.
+    let version: String = redis::cmd("HGET")
+        .arg(key)
+        .arg(format!("{b}v"))
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg(format!("{b}e"))
+        .arg(now_ms(&mut conn) - 1)
+        .query(&mut conn)
+        .unwrap();
+    let next = (version.parse::<u64>().unwrap() + 1).to_string();
+    let writes = ["0", "6", &v, &next, &h, "8", &slot1, "5"];
+    let out = section(&mut conn, b, 60_000, &version, &["8", "1"], &writes).unwrap();
+    assert_eq!(out, ["?"]);
+    let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
+    assert!(!fields.keys().any(|f| f.starts_with(b)), "{fields:?}");
+    assert!(fields.keys().any(|f| f.starts_with(a)), "{fields:?}");
 }

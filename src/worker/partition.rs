@@ -172,6 +172,17 @@ impl Worker {
                     Err(_) => break,
                 }
             }
+            if !claimed {
+                if let Some(Ok(loaded)) = self.with_journal(|journal| journal.claim(lane)) {
+                    tracing::info!(
+                        partition = key.1,
+                        covered = ?loaded.covered,
+                        "decision journal claimed"
+                    );
+                    journal = loaded;
+                    claimed = true;
+                }
+            }
             if !resumed {
                 // The watermark continues where it was just before the first offset read.
                 resumed = true;
@@ -186,13 +197,6 @@ impl Worker {
                         )
                     }
                     None => {}
-                }
-            }
-            if !claimed {
-                if let Some(Ok(loaded)) = self.with_journal(|journal| journal.claim(lane)) {
-                    tracing::info!(partition = key.1, "decision journal claimed");
-                    journal = loaded;
-                    claimed = true;
                 }
             }
             self.process(key, &batch, stop, progress, &journal);
