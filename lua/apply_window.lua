@@ -234,11 +234,20 @@ end
 
 -- Sets the key's TTL. In a shared hash (`shared`) only if that makes it longer (another section
 -- may need the longer one): GT, and NX for a key without a TTL yet (GT leaves such a key as it
--- is); `existed` tells which is likely, to try it first (one call then, most of the time).
+-- is); `existed` tells which is likely, to try it first (one call then, most of the time), as
+-- does a section of the same key this call wrote before (`timed`).
+local timed = {}
 local function expire(key, ttl, shared, existed)
   if not shared then
     call('PEXPIRE', key, ttl)
-  elseif existed then
+    return
+  end
+  -- Another section of the key gave it a TTL earlier in this call (the time stands still while
+  -- a script runs): nothing to do unless this one is longer, and then GT takes it.
+  local before = timed[key]
+  if before ~= nil and before >= ttl then return end
+  timed[key] = ttl
+  if before ~= nil or existed then
     if call('PEXPIRE', key, ttl, 'GT') == 0 then call('PEXPIRE', key, ttl, 'NX') end
   elseif call('PEXPIRE', key, ttl, 'NX') == 0 then
     call('PEXPIRE', key, ttl, 'GT')
