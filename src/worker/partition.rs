@@ -29,6 +29,11 @@ use crate::telemetry::{
 
 /// Messages a partition loop takes per engine lock.
 const MAX_BATCH: usize = 1024;
+/// Messages judged per step while other workers count into the same keys: a step's
+/// observations on shared keys are counted ahead, in Redis before the step is journaled, so a
+/// worker stalled and fenced mid-step leaves at most this many events counted ahead for the
+/// partition's next owner to judge against (RELIABILITY.md, "keys counted ahead").
+const MAX_SHARED_STEP: usize = 256;
 /// Batches waiting per partition loop; the consumer loop waits when it is full.
 const QUEUE_DEPTH: usize = 8;
 
@@ -246,16 +251,27 @@ impl Worker {
         let mut backoff = Duration::from_millis(50);
         while start < batch.len() {
             let began = Instant::now();
+            let shared = self
+                .alignment
+                .others_active(Instant::now(), super::alignment::wall_ms());
+            let end = if shared {
+                (start + MAX_SHARED_STEP).min(batch.len())
+            } else {
+                batch.len()
+            };
             let outcome = self.process_some(
                 key,
-                &batch.messages[start..],
-                &batch.polled_at[start..],
+                &batch.messages[start..end],
+                &batch.polled_at[start..end],
                 progress,
                 journal,
             );
             *working += began.elapsed();
             match outcome {
-                Ok(()) => return,
+                Ok(()) => {
+                    start = end;
+                    backoff = Duration::from_millis(50);
+                }
                 Err((_, Failure::Fenced)) => {
                     stop.store(true, Ordering::Release);
                     return;
