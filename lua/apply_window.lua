@@ -83,21 +83,13 @@
 -- ARGV and calls these once or more per argument.
 local ARGV, KEYS = ARGV, KEYS
 local tonumber, tostring, type, pairs, unpack = tonumber, tostring, type, pairs, unpack
-local byte, sub, match, format = string.byte, string.sub, string.match, string.format
+local byte, sub, match, find, format = string.byte, string.sub, string.match, string.find, string.format
 local call = redis.call
 
 -- The longest TTL accepted: ten years, far below what PEXPIRE can hold.
 local MAX_TTL = 315360000000
 
--- An integer written in at most 15 digits: Lua's doubles hold it exactly. For the values written
--- into the hash as they come ("v", "h"): their text must be what the caller decodes.
-local function is_int(s)
-  return type(s) == 'string' and #s <= 16 and match(s, '^%-?%d+$') ~= nil
-end
-
--- An integer as tonumber reads it, within what a double holds exactly. Cheaper than is_int (no
--- pattern), for the values the script only computes with: a call checks one per argument, so
--- this check is a large part of the script's time.
+-- An integer as tonumber reads it, within what a double holds exactly.
 local LIMIT = 2 ^ 53
 local function is_number(s)
   local n = tonumber(s)
@@ -150,56 +142,89 @@ local function limbs_text(v)
   return format('%.0f', hi) .. format('%09.0f', lo)
 end
 
--- Every argument of every key, before anything is written; nil if they are well formed.
+-- Each key's header, read once by `invalid` (numbers as numbers): the script runs on these.
+local kinds, prefixes, buckets_of, caps, ttls, strides, expecteds = {}, {}, {}, {}, {}, {}, {}
+local firsts, lasts, writes_lasts = {}, {}, {}
+
+-- A whole number a double holds exactly, from tonumber (nil if it was not a number).
+local function whole(n)
+  return n ~= nil and n % 1 == 0 and n < LIMIT and n > -LIMIT
+end
+
+-- Digits with an optional sign, at most 16 bytes (Lua's doubles hold it exactly): for the values
+-- written into the hash as they come ("v", "h"), whose text must be what the caller decodes.
+local function int_text(s)
+  return #s <= 16 and find(s, '^%-?%d+$') ~= nil
+end
+
+-- Every argument of every key, before anything is written; nil if they are well formed. Each
+-- value is converted once (the conversions are most of what this costs) and the headers kept.
 local function invalid()
   local at = 1
   local n = 0
+  local count = #ARGV
   -- Not a closure per key: building one for each key costs more than its checks.
   local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
   for key = 1, #KEYS do
     n = key
-    if at + 7 > #ARGV then return bad('header cut short') end
-    local kind, k, cap, ttl, stride, expected = sub(ARGV[at], 1, 1), ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4], ARGV[at + 5]
-    local prefix = sub(ARGV[at], 2)
-    if #prefix > 16 then return bad('section prefix too long') end
-    if #prefix > 0 and match(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
+    if at + 7 > count then return bad('header cut short') end
+    local head = ARGV[at]
+    local kind, prefix = sub(head, 1, 1), ''
+    if #head > 1 then
+      prefix = sub(head, 2)
+      if #prefix > 16 then return bad('section prefix too long') end
+      if find(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
+    end
     if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
-    if not is_number(k) or tonumber(k) < 1 then return bad('bad bucket count') end
-    if not is_number(cap) or tonumber(cap) < 0 or tonumber(cap) > 1000000 or (kind == 'd') ~= (tonumber(cap) > 0) then
+    local k, cap, ttl = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+    local stride, expected = ARGV[at + 4], ARGV[at + 5]
+    if not whole(k) or k < 1 then return bad('bad bucket count') end
+    if not whole(cap) or cap < 0 or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
       return bad('bad distinct bound')
     end
-    if not is_number(ttl) or tonumber(ttl) < 1 or tonumber(ttl) > MAX_TTL then return bad('bad TTL') end
-    if stride ~= '2' and stride ~= '4' then return bad('bad stride') end
-    if expected ~= '' and expected ~= '<' and not is_number(expected) then return bad('bad version') end
-    if not is_number(ARGV[at + 6]) or not is_number(ARGV[at + 7]) then return bad('bad counts') end
+    if not whole(ttl) or ttl < 1 or ttl > MAX_TTL then return bad('bad TTL') end
+    if stride == '2' then stride = 2 elseif stride == '4' then stride = 4 else return bad('bad stride') end
+    if expected ~= '' and expected ~= '<' and not whole(tonumber(expected)) then return bad('bad version') end
     local deltas, writes = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
-    stride = tonumber(stride)
+    if not whole(deltas) or not whole(writes) then return bad('bad counts') end
     if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
     local first = at + 8
     local deltas_end = first + deltas - 1
     local writes_end = deltas_end + writes
-    if writes_end > #ARGV then return bad('arguments cut short') end
+    if writes_end > count then return bad('arguments cut short') end
     for i = first, deltas_end, stride do
       local value = ARGV[i + 1]
-      if not is_number(ARGV[i]) then return bad('bad bucket') end
-      if kind == 'c' and not is_number(value) then return bad('bad increment') end
-      if (kind == 's' or kind == 'x' or kind == 'n') and not is_amount(value) then return bad('bad amount') end
-      if kind == 'd' and #value ~= 16 then return bad('bad digest') end
-      if kind == 'l' and (#value > 300 or not is_number(match(value, '^(%-?%d+):[snb]'))) then return bad('bad last value') end
-      if stride == 4 and (ARGV[i + 2] == '' or not is_number(ARGV[i + 3])) then return bad('bad position') end
+      if not whole(tonumber(ARGV[i])) then return bad('bad bucket') end
+      if kind == 'c' then
+        if not whole(tonumber(value)) then return bad('bad increment') end
+      elseif kind == 'd' then
+        if #value ~= 16 then return bad('bad digest') end
+      elseif kind == 'l' then
+        if #value > 300 or not is_number(match(value, '^(%-?%d+):[snb]')) then return bad('bad last value') end
+      elseif not is_amount(value) then
+        return bad('bad amount')
+      end
+      if stride == 4 and (ARGV[i + 2] == '' or not whole(tonumber(ARGV[i + 3]))) then return bad('bad position') end
     end
-    if writes > 0 and expected == '<' then return bad('writes with "<"') end
     if writes > 0 then
-      local refresh, sets = ARGV[deltas_end + 1], ARGV[deltas_end + 2]
-      if (refresh ~= '0' and refresh ~= '1') or not is_number(sets) then return bad('bad writes') end
-      sets = tonumber(sets)
+      if expected == '<' then return bad('writes with "<"') end
+      local refresh, sets = ARGV[deltas_end + 1], tonumber(ARGV[deltas_end + 2])
+      if (refresh ~= '0' and refresh ~= '1') or not whole(sets) then return bad('bad writes') end
       if sets < 4 or sets % 2 ~= 0 or deltas_end + 2 + sets > writes_end then return bad('bad writes') end
-      if ARGV[deltas_end + 3] ~= prefix .. 'v' or not is_int(ARGV[deltas_end + 4]) then return bad('bad writes') end
-      if ARGV[deltas_end + 5] ~= prefix .. 'h' or not is_int(ARGV[deltas_end + 6]) then return bad('bad writes') end
+      -- "v" and "h" first, in the section (compared without building the names when alone).
+      local v, h = ARGV[deltas_end + 3], ARGV[deltas_end + 5]
+      if prefix == '' then
+        if v ~= 'v' or h ~= 'h' then return bad('bad writes') end
+      elseif v ~= prefix .. 'v' or h ~= prefix .. 'h' then
+        return bad('bad writes')
+      end
+      if not int_text(ARGV[deltas_end + 4]) or not int_text(ARGV[deltas_end + 6]) then return bad('bad writes') end
     end
+    kinds[key], prefixes[key], buckets_of[key], caps[key], ttls[key] = kind, prefix, k, cap, ttl
+    strides[key], expecteds[key], firsts[key], lasts[key], writes_lasts[key] = stride, expected, first, deltas_end, writes_end
     at = writes_end + 1
   end
-  if at ~= #ARGV + 1 then return 'apply_window: arguments left over' end
+  if at ~= count + 1 then return 'apply_window: arguments left over' end
   return nil
 end
 
@@ -586,12 +611,8 @@ end
 local problem = invalid()
 if problem then return redis.error_reply(problem) end
 local replies = {}
-local at = 1
 for n = 1, #KEYS do
-  local deltas_end = at + 7 + tonumber(ARGV[at + 6])
-  local writes_end = deltas_end + tonumber(ARGV[at + 7])
-  replies[n] = apply(KEYS[n], sub(ARGV[at], 1, 1), sub(ARGV[at], 2), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
-                     tonumber(ARGV[at + 4]), ARGV[at + 5], at + 8, deltas_end, writes_end)
-  at = writes_end + 1
+  replies[n] = apply(KEYS[n], kinds[n], prefixes[n], buckets_of[n], caps[n], ttls[n], strides[n], expecteds[n],
+                     firsts[n], lasts[n], writes_lasts[n])
 end
 return replies

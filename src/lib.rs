@@ -43,7 +43,8 @@
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
 //!   `ahead` a batch's observations on keys other workers count too, applied in Redis before
-//!   the batch is judged, `early` the windows a batch lacks, read before it takes the engine,
+//!   the batch is judged, `early` the windows a batch lacks, read before it takes the engine
+//!   (in replay: while the batch before it is judged),
 //!   `config` its settings and stats) over `link` (connections: one server, Sentinel, cluster;
 //!   retries, replica confirmations), `codec` (windows as Redis holds them), `scripts` (`lua/`),
 //!   `keys` (key identities and names). [`store::JournalWriter`]: each partition's decision

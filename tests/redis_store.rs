@@ -36,6 +36,8 @@ fn redis_replay_decides_exactly_like_the_memory_store() {
         stats.refused_late, 0,
         "a single writer never has deltas refused"
     );
+    // Each batch's new windows were read while the batch before it was counted.
+    assert!(stats.early_loads > 10_000, "{stats:?}");
 }
 
 #[test]

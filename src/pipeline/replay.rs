@@ -249,16 +249,26 @@ pub fn replay<S: CounterStore>(
     let mut touched = Vec::new();
     let mut touched_holds = Vec::new();
     let mut record = Vec::with_capacity(1024);
+    // The next batch of lines, read before this one is judged so that the store can read its
+    // windows meanwhile (not live: a live line is judged as soon as it comes).
+    let mut ahead = Vec::new();
+    let mut ahead_ends = Vec::new();
+    let mut have_ahead = false;
     skip_byte_order_mark(&mut input)?;
     loop {
         wait_while_saturated(engine.store_mut())?;
-        read_batch(
-            &mut input,
-            &mut batch,
-            &mut ends,
-            options.max_event_bytes,
-            if options.live { 1 } else { REPLAY_BATCH },
-        )?;
+        if std::mem::take(&mut have_ahead) {
+            std::mem::swap(&mut batch, &mut ahead);
+            std::mem::swap(&mut ends, &mut ahead_ends);
+        } else {
+            read_batch(
+                &mut input,
+                &mut batch,
+                &mut ends,
+                options.max_event_bytes,
+                if options.live { 1 } else { REPLAY_BATCH },
+            )?;
+        }
         if ends.is_empty() {
             break;
         }
@@ -267,6 +277,17 @@ pub fn replay<S: CounterStore>(
         let events = decode_batch(engine, &batch, &ends);
         if engine.store().prefetches() {
             prefetch(engine, &events, &mut touched, &mut touched_holds)?;
+            if !options.live {
+                read_batch(
+                    &mut input,
+                    &mut ahead,
+                    &mut ahead_ends,
+                    options.max_event_bytes,
+                    REPLAY_BATCH,
+                )?;
+                have_ahead = true;
+                read_ahead(engine, &ahead, &ahead_ends, &mut touched);
+            }
         }
         for (line, event) in (first_line..).zip(&events) {
             let event = match event {
@@ -411,6 +432,24 @@ fn prefetch<S: CounterStore>(
         engine.touched_holds(event, touched_holds);
     }
     engine.store_mut().prefetch_holds(touched_holds)
+}
+
+/// Tells the store which windows the next batch's lines will touch (decoded here for that
+/// only: they are decoded again, and admitted, when their turn comes).
+fn read_ahead<S: CounterStore>(
+    engine: &mut Engine<S>,
+    batch: &[u8],
+    ends: &LineEnds,
+    touched: &mut Vec<(WindowId, Vec<u8>)>,
+) {
+    if ends.is_empty() {
+        return;
+    }
+    touched.clear();
+    for event in decode_batch(engine, batch, ends).iter().flatten().flatten() {
+        engine.touched_keys(event, touched);
+    }
+    engine.store_mut().read_ahead(touched);
 }
 
 /// Says on stderr, at most every ten seconds, that the store started evicting keys at its bound

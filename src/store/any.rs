@@ -108,6 +108,9 @@ impl CounterStore for AnyStore {
     fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
         delegate!(self, s => s.prefetch(keys))
     }
+    fn read_ahead(&mut self, keys: &[(WindowId, Vec<u8>)]) {
+        delegate!(self, s => s.read_ahead(keys))
+    }
     fn flush(&mut self) -> Result<(), StoreError> {
         delegate!(self, s => s.flush())
     }

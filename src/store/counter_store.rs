@@ -303,6 +303,11 @@ pub trait CounterStore {
         Ok(())
     }
 
+    /// The windows of `keys` are the next batch's, wanted after the one being counted: a store
+    /// that reads them may start now, so that the read overlaps the counting (the next
+    /// `prefetch` takes in what came back). A hint only: nothing observable changes.
+    fn read_ahead(&mut self, _keys: &[(WindowId, Vec<u8>)]) {}
+
     /// Makes every applied observation durable in the backing service (no-op in memory).
     fn flush(&mut self) -> Result<(), StoreError>;
 

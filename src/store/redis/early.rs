@@ -64,6 +64,12 @@ impl EarlyReader {
     /// The replies, one per key, or why there are none: the batch's prefetch then reads the
     /// keys itself (and deals with Redis being away).
     pub fn read(&self, reads: &mut EarlyReads) -> Result<Vec<Value>, StoreError> {
+        self.start(reads)?.wait()
+    }
+
+    /// Sends the read of `reads` and returns at once: the caller counts something else
+    /// meanwhile and waits for the replies when it needs them.
+    pub fn start(&self, reads: &mut EarlyReads) -> Result<PendingRead, StoreError> {
         let (reply, replies) = mpsc::sync_channel(1);
         let job = Job {
             batch: std::mem::take(&mut reads.batch),
@@ -73,7 +79,23 @@ impl EarlyReader {
         self.jobs
             .send(job)
             .map_err(|_| StoreError::Unavailable("the early reader stopped".into()))?;
-        match replies.recv_timeout(self.deadline) {
+        Ok(PendingRead {
+            replies,
+            deadline: self.deadline,
+        })
+    }
+}
+
+/// An early read on its way ([`EarlyReader::start`]).
+pub struct PendingRead {
+    replies: mpsc::Receiver<Result<Vec<Value>, StoreError>>,
+    deadline: Duration,
+}
+
+impl PendingRead {
+    /// The replies, waited for at most the reader's deadline from now.
+    pub fn wait(self) -> Result<Vec<Value>, StoreError> {
+        match self.replies.recv_timeout(self.deadline) {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable(format!(
                 "no early read reply within {:?}",
@@ -135,6 +157,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             return None;
         }
         self.views.cache.settle(&self.views.dirty);
+        self.plan_reads(keys)
+    }
+
+    /// The reads [`RedisStore::plan_early_reads`] plans, leaving the windows read for the batch
+    /// being counted where they are.
+    fn plan_reads(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Option<EarlyReads> {
         let wanted = self.wanted_windows(keys);
         if wanted.is_empty() {
             return None;
@@ -225,5 +253,42 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.stats.loads += used.iter().filter(|&&u| u).count() as u64;
         self.stats.early_loads += taken as u64;
         taken
+    }
+}
+
+impl<C: MonotonicClock> RedisStore<C> {
+    /// Starts reading the windows the next batch will want while this one is counted (replay:
+    /// its next batch of lines is known before this one is judged). The next prefetch takes in
+    /// what came back, under the same rules as a partition loop's early reads.
+    pub(super) fn start_read_ahead(&mut self, keys: &[(WindowId, Vec<u8>)]) {
+        self.finish_read_ahead();
+        if self.breaker.is_open() {
+            return;
+        }
+        let Some(mut reads) = self.plan_reads(keys) else {
+            return;
+        };
+        let started = match self.early_reader() {
+            Some(reader) => reader.start(&mut reads),
+            None => Err(StoreError::Unavailable("no early reader".into())),
+        };
+        match started {
+            Ok(pending) => self.read_ahead = Some((reads, pending)),
+            // Nothing read: the prefetch reads it all, as without a read ahead.
+            Err(e) => {
+                self.take_early_reads(reads, Err(e));
+            }
+        }
+    }
+
+    /// Takes in the read started by [`RedisStore::start_read_ahead`], if one is out (waiting for
+    /// it): before the windows read for the last batch go to the cache.
+    pub(super) fn finish_read_ahead(&mut self) {
+        let Some((reads, pending)) = self.read_ahead.take() else {
+            return;
+        };
+        let replies = pending.wait();
+        self.views.cache.settle(&self.views.dirty);
+        self.take_early_reads(reads, replies);
     }
 }

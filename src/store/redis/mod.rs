@@ -39,7 +39,8 @@
 //!
 //! Files, by role: `config` (tuning and stats), `view` (the merged per-key view and counting on
 //! it), `holds` (hold views), `epochs` (data-loss detection), `reader` (the reader thread),
-//! `early` (reads a partition loop makes before its batch takes the engine), `ahead` (counting
+//! `early` (reads a partition loop makes before its batch takes the engine, and replay while
+//! the batch before is judged), `ahead` (counting
 //! ahead on keys other workers count too), `failover` (writes no replica confirmed),
 //! `flusher` (the flusher thread: batching, sending, completing, durable marks). This file holds
 //! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
@@ -59,7 +60,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
-pub use early::{EarlyReader, EarlyReads};
+pub use early::{EarlyReader, EarlyReads, PendingRead};
 
 use super::counter_store::{
     CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StateStats,
@@ -111,6 +112,8 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     target: Target,
     /// Reads a partition loop makes before its batch takes the engine (opened when first asked).
     early: Option<EarlyReader>,
+    /// The next batch's windows, being read while this one is counted (replay).
+    read_ahead: Option<(EarlyReads, PendingRead)>,
     breaker: Breaker,
     clock: C,
     /// Estimated bytes of the local state.
@@ -464,6 +467,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             unconfirmed: failover::Unconfirmed::default(),
             target,
             early: None,
+            read_ahead: None,
             breaker: Breaker::default(),
             clock,
             config,
@@ -634,6 +638,10 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     fn prefetch(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
         self.prefetch_windows(keys);
         Ok(())
+    }
+
+    fn read_ahead(&mut self, keys: &[(WindowId, Vec<u8>)]) {
+        self.start_read_ahead(keys);
     }
 
     /// Waits for the flush in flight, then sends everything still pending and waits for it: on

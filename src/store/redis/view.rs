@@ -914,6 +914,9 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// One pipeline reading every key of the batch that is neither dirty nor cached. A failure
     /// opens the breaker: the keys are then counted locally.
     pub(super) fn prefetch_windows(&mut self, keys: &[(WindowId, Vec<u8>)]) {
+        // The windows read ahead for this batch first (a read ahead is taken in or given up
+        // even while Redis is away: it watches the clean views until then).
+        self.finish_read_ahead();
         if self.breaker.is_open() {
             return;
         }
@@ -944,6 +947,13 @@ impl<C: MonotonicClock> RedisStore<C> {
                 window: window.0,
                 key,
             };
+            // Each key once: the lookups below (the cache's above all) cost more than this.
+            if !seen.insert(KeyRef {
+                window: window.0,
+                key,
+            }) {
+                continue;
+            }
             if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
@@ -956,13 +966,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                     .get(&lookup)
                     .is_some_and(|cached| !self.views.shared_key(window.0, &cached.offsets)),
             };
-            if fresh {
-                continue;
-            }
-            if seen.insert(KeyRef {
-                window: window.0,
-                key,
-            }) {
+            if !fresh {
                 wanted.push((*window, key));
             }
         }
