@@ -40,6 +40,51 @@ fn redis_replay_decides_exactly_like_the_memory_store() {
     assert!(stats.early_loads > 10_000, "{stats:?}");
 }
 
+/// Replay reads its next batch of lines before judging the one it holds (so that the store can
+/// read that batch's windows meanwhile). Input that fails while the next batch is read still
+/// gets the decisions of every line before it, then the error.
+#[test]
+fn an_input_error_while_reading_ahead_comes_after_the_decisions_before_it() {
+    use std::io::{BufRead, BufReader, Read};
+    /// `data`, then an I/O error.
+    struct FailsAfter(std::io::Cursor<Vec<u8>>);
+    impl Read for FailsAfter {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match self.0.read(buf)? {
+                0 => Err(std::io::Error::other("the disk went away")),
+                n => Ok(n),
+            }
+        }
+    }
+    let redis = RedisServer::start();
+    let input = workload(3_000);
+    // The first 1 500 lines: one whole batch of 1 024 and part of the next.
+    let lines: Vec<&[u8]> = input.split_inclusive(|&b| b == b'\n').collect();
+    let head = lines[..1_500].concat();
+    let first_batch = lines[..1_024].concat();
+    let (expected, _) = replay_with(MemoryStore::new(), &first_batch);
+    let rules = vigil::rule_files::load(std::path::Path::new(RULES)).unwrap();
+    let store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let mut engine = Engine::new(rules, store);
+    let mut out = Vec::new();
+    let reader: Box<dyn BufRead> = Box::new(BufReader::new(FailsAfter(std::io::Cursor::new(head))));
+    let result = replay(
+        &mut engine,
+        reader,
+        &mut out,
+        std::io::sink(),
+        ReplayOptions::default(),
+    );
+    let error = result.expect_err("the input failed");
+    assert!(error.to_string().contains("the disk went away"), "{error}");
+    assert!(expected.len() > 100, "the first batch decides something");
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(expected).unwrap(),
+        "every decision of the first batch, before the error"
+    );
+}
+
 #[test]
 fn a_tiny_read_cache_evicts_and_reloads_without_changing_a_decision() {
     let redis = RedisServer::start();

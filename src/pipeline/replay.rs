@@ -254,6 +254,8 @@ pub fn replay<S: CounterStore>(
     let mut ahead = Vec::new();
     let mut ahead_ends = Vec::new();
     let mut have_ahead = false;
+    // Reading the next batch failed: said once this batch's decisions are out, as before.
+    let mut ahead_failed = None;
     skip_byte_order_mark(&mut input)?;
     loop {
         wait_while_saturated(engine.store_mut())?;
@@ -278,15 +280,19 @@ pub fn replay<S: CounterStore>(
         if engine.store().prefetches() {
             prefetch(engine, &events, &mut touched, &mut touched_holds)?;
             if !options.live {
-                read_batch(
+                match read_batch(
                     &mut input,
                     &mut ahead,
                     &mut ahead_ends,
                     options.max_event_bytes,
                     REPLAY_BATCH,
-                )?;
-                have_ahead = true;
-                read_ahead(engine, &ahead, &ahead_ends, &mut touched);
+                ) {
+                    Ok(()) => {
+                        have_ahead = true;
+                        read_ahead(engine, &ahead, &ahead_ends, &mut touched);
+                    }
+                    Err(e) => ahead_failed = Some(e),
+                }
             }
         }
         for (line, event) in (first_line..).zip(&events) {
@@ -343,6 +349,10 @@ pub fn replay<S: CounterStore>(
         )?;
         if options.live {
             output.flush()?;
+        }
+        if let Some(e) = ahead_failed.take() {
+            output.flush()?;
+            return Err(e.into());
         }
     }
     output.flush()?;

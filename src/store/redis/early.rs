@@ -213,10 +213,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         reads: EarlyReads,
         replies: Result<Vec<Value>, StoreError>,
     ) -> usize {
-        self.views.cache.unwatch();
         let replies = match replies {
             Ok(replies) if reads.reply_of.iter().all(|&at| at < replies.len()) => replies,
-            _ => return 0,
+            _ => {
+                self.views.cache.unwatch();
+                return 0;
+            }
         };
         let mut used = vec![false; replies.len()];
         // A reply that does not decode is left to the prefetch, which says why.
@@ -228,17 +230,23 @@ impl<C: MonotonicClock> RedisStore<C> {
         // may drop them all: the generation, checked once after it, then tells).
         self.catch_up_failover();
         if self.views.cache.generation() != reads.generation {
+            self.views.cache.unwatch();
             return 0;
         }
         let mut taken = 0;
+        self.views.cache.release();
         for (key, &at) in reads.keys.into_iter().zip(&reads.reply_of) {
-            // Any view of the key now is as recent as the read (another batch read or counted
-            // it meanwhile); one taken in from a flush or dropped since the plan may be more
-            // recent.
+            // Another read out may still record (and overflow `touched`, voiding every read).
+            if self.views.cache.generation() != reads.generation {
+                break;
+            }
+            // The key had no view when the read was planned. Any view of it now is as recent
+            // as the read (another batch read or counted it meanwhile), and one taken in from a
+            // flush or dropped since may be more recent: the clean views record every view
+            // they take in while reads are out (no cache lookup, which is what costs here).
             let changed = self.views.dirty.contains_key(&key)
                 || self.views.ahead.contains_key(&key)
-                || self.views.cache.touched(&key)
-                || self.views.cache.contains_key(&key);
+                || self.views.cache.touched(&key);
             if changed {
                 continue;
             }
@@ -248,6 +256,8 @@ impl<C: MonotonicClock> RedisStore<C> {
                 used[at] = true;
             }
         }
+        // Only now: what the views recorded since the plan is forgotten once no read is out.
+        self.views.cache.forget_if_unwatched();
         self.views.cache.early_taken = true;
         // Hashes whose windows were all left out are read again by the prefetch: counted there.
         self.stats.loads += used.iter().filter(|&&u| u).count() as u64;
@@ -278,6 +288,17 @@ impl<C: MonotonicClock> RedisStore<C> {
             Err(e) => {
                 self.take_early_reads(reads, Err(e));
             }
+        }
+    }
+
+    /// Gives up the read started by [`RedisStore::start_read_ahead`], if one is out: Redis
+    /// became unavailable, and replay does not prefetch again until it answers.
+    pub(super) fn give_up_read_ahead(&mut self) {
+        if let Some((reads, _)) = self.read_ahead.take() {
+            self.take_early_reads(
+                reads,
+                Err(StoreError::Unavailable("Redis became unavailable".into())),
+            );
         }
     }
 

@@ -831,8 +831,10 @@ impl<C: MonotonicClock> RedisStore<C> {
             .expect("in flight keys stay dirty");
         if dirty.full && dirty.inflight.is_empty() && dirty.pending.is_empty() {
             // A view written again in full found the key re-created by someone else: theirs
-            // stands, ours is read again when needed.
+            // stands, ours is read again when needed (and an early read planned before is not
+            // taken in: it may be older than theirs).
             self.views.dirty.remove(key);
+            self.views.cache.invalidate(key);
             return;
         }
         // Another writer moved the key on: send the deltas to be merged, and learn its window

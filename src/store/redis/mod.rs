@@ -501,6 +501,7 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Redis failed: open the breaker (count locally) if it is not open yet.
     fn fail(&mut self, error: &StoreError, during: &str) {
+        self.give_up_read_ahead();
         if self.breaker.outage.is_none() {
             self.stats.outages += 1;
             tracing::warn!(error = %error, during, "Redis unavailable: counting locally until it answers again");

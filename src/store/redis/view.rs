@@ -133,7 +133,7 @@ pub(super) struct CleanViews {
     /// through moka; the others go to `cache` then ([`CleanViews::age`]).
     recent: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Early reads out (see `early.rs`): while there are some, `touched` records every key
-    /// whose clean view was replaced or dropped.
+    /// whose clean view was taken in, replaced or dropped.
     watchers: u32,
     touched: hashbrown::HashSet<StoredKey, foldhash::fast::RandomState>,
     /// Grows when every clean view is dropped at once (or `touched` would grow too large): the
@@ -216,7 +216,18 @@ impl CleanViews {
     /// An early read is back (or given up); whether something voided it is `generation`'s to
     /// tell.
     pub(super) fn unwatch(&mut self) {
+        self.release();
+        self.forget_if_unwatched();
+    }
+
+    /// An early read being taken in stops watching, but what was recorded stays until
+    /// [`CleanViews::forget_if_unwatched`]: its own take-ins are then not recorded (nor can they
+    /// void it half way) unless another read is out.
+    pub(super) fn release(&mut self) {
         self.watchers = self.watchers.saturating_sub(1);
+    }
+
+    pub(super) fn forget_if_unwatched(&mut self) {
         if self.watchers == 0 {
             self.touched.clear();
         }
@@ -233,6 +244,7 @@ impl CleanViews {
 
     /// A window read for the batch being counted.
     pub(super) fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        self.record(&key);
         self.recent.remove(&key);
         self.loaded.insert(key, cached);
     }
@@ -914,8 +926,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// One pipeline reading every key of the batch that is neither dirty nor cached. A failure
     /// opens the breaker: the keys are then counted locally.
     pub(super) fn prefetch_windows(&mut self, keys: &[(WindowId, Vec<u8>)]) {
-        // The windows read ahead for this batch first (a read ahead is taken in or given up
-        // even while Redis is away: it watches the clean views until then).
+        // The windows read ahead for this batch first (given up instead when Redis became
+        // unavailable meanwhile: `fail`).
         self.finish_read_ahead();
         if self.breaker.is_open() {
             return;
@@ -1090,8 +1102,8 @@ mod tests {
         views.cache.load(key(b"read"), cached());
         assert!(views.cache.touched(&key(b"flushed")) && views.cache.touched(&key(b"dropped")));
         assert!(
-            !views.cache.touched(&key(b"read")),
-            "another read is no newer than the views it may replace"
+            views.cache.touched(&key(b"read")),
+            "a view read since is recorded too: taking in an early read then needs no cache lookup"
         );
         views.cache.unwatch();
         assert_eq!(
