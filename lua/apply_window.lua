@@ -89,10 +89,9 @@ local call = redis.call
 -- The longest TTL accepted: ten years, far below what PEXPIRE can hold.
 local MAX_TTL = 315360000000
 
--- An integer as tonumber reads it, within what a double holds exactly.
+-- A whole number a double holds exactly, from tonumber (nil if it was not a number).
 local LIMIT = 2 ^ 53
-local function is_number(s)
-  local n = tonumber(s)
+local function whole(n)
   return n ~= nil and n % 1 == 0 and n < LIMIT and n > -LIMIT
 end
 
@@ -146,11 +145,6 @@ end
 local kinds, prefixes, buckets_of, caps, ttls, strides, expecteds = {}, {}, {}, {}, {}, {}, {}
 local firsts, lasts, writes_lasts = {}, {}, {}
 
--- A whole number a double holds exactly, from tonumber (nil if it was not a number).
-local function whole(n)
-  return n ~= nil and n % 1 == 0 and n < LIMIT and n > -LIMIT
-end
-
 -- Digits with an optional sign, at most 16 bytes (Lua's doubles hold it exactly): for the values
 -- written into the hash as they come ("v", "h"), whose text must be what the caller decodes.
 local function int_text(s)
@@ -200,7 +194,7 @@ local function invalid()
       elseif kind == 'd' then
         if #value ~= 16 then return bad('bad digest') end
       elseif kind == 'l' then
-        if #value > 300 or not is_number(match(value, '^(%-?%d+):[snb]')) then return bad('bad last value') end
+        if #value > 300 or not whole(tonumber(match(value, '^(%-?%d+):[snb]'))) then return bad('bad last value') end
       elseif not is_amount(value) then
         return bad('bad amount')
       end
