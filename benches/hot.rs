@@ -8,7 +8,7 @@ use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
-use vigil::event::decode;
+use vigil::event::{decode, decode_by_parser};
 use vigil::harness::workload::{generate, WorkloadSpec};
 use vigil::pipeline::Engine;
 use vigil::rules::{EventSource, RuleSet};
@@ -45,6 +45,15 @@ fn decode_events(c: &mut Criterion) {
         b.iter(|| {
             for line in &lines {
                 black_box(decode(line, rules.projection()).expect("a workload line decodes"));
+            }
+        })
+    });
+    group.bench_function("shipped rules' projection, parser only", |b| {
+        b.iter(|| {
+            for line in &lines {
+                black_box(
+                    decode_by_parser(line, rules.projection()).expect("a workload line decodes"),
+                );
             }
         })
     });

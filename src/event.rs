@@ -2,8 +2,10 @@
 //!
 //! Decoding is driven by a [`Projection`], the set of field paths the compiled rules use. Only those
 //! values are materialised (strings borrowed from the input where they carry no escapes); every other
-//! part of the document is skipped by the parser without being built. This keeps decoding at a few
-//! hundred nanoseconds per event instead of building a whole `serde_json::Value` tree.
+//! part of the document is skipped without being built. A scanner of its own (`fast`) takes the
+//! usual line in one pass; whatever it does not handle (escapes, a duplicate key, any error) goes
+//! through `serde_json`, which decides and explains. This keeps decoding at a few hundred
+//! nanoseconds per event instead of building a whole `serde_json::Value` tree.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -12,6 +14,8 @@ use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, Ma
 use serde_json::value::RawValue;
 
 pub use crate::decimal::Decimal;
+
+mod fast;
 
 /// Slot of the event's `ts` field in every projection.
 pub const TS_SLOT: usize = 0;
@@ -263,15 +267,46 @@ enum TimeSlot {
 struct Node {
     slot: Option<usize>,
     children: Vec<(String, Node)>,
+    /// Per child, its name's [`name_tag`]: an event's key is compared with a projected name only
+    /// when their tags agree (every key of every event is looked up here).
+    tags: Vec<u64>,
 }
 
 impl Node {
+    #[inline]
     fn child(&self, name: &str) -> Option<&Node> {
-        self.children
+        let tag = name_tag(name);
+        self.tags
             .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, c)| c)
+            .zip(&self.children)
+            .find(|(t, (n, _))| **t == tag && n == name)
+            .map(|(_, (_, c))| c)
     }
+}
+
+/// A word from a name's length and a few of its bytes, read whole (bytes stored one by one and
+/// read back as a word would stall on every key): equal names have equal tags, and the names of
+/// an event almost never share one.
+#[inline]
+fn name_tag(name: &str) -> u64 {
+    let b = name.as_bytes();
+    let n = b.len();
+    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let half = |at: usize| {
+        u64::from(u32::from_le_bytes(
+            b[at..at + 4].try_into().expect("4 bytes"),
+        ))
+    };
+    let bytes = if n >= 8 {
+        word(0) ^ word(n - 8).rotate_left(29)
+    } else if n >= 4 {
+        half(0) | half(n - 4) << 32
+    } else if n > 0 {
+        u64::from(b[0]) | u64::from(b[n / 2]) << 8 | u64::from(b[n - 1]) << 16
+    } else {
+        0
+    };
+    bytes ^ (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 impl Default for Projection {
@@ -301,6 +336,7 @@ impl Projection {
                 Some(pos) => pos,
                 None => {
                     node.children.push((seg.to_owned(), Node::default()));
+                    node.tags.push(name_tag(seg));
                     node.children.len() - 1
                 }
             };
@@ -377,6 +413,25 @@ pub fn decode_at<'a>(
     projection: &Projection,
     record_time: Option<i64>,
 ) -> Result<Event<'a>, BadEvent> {
+    decode_line(input, projection, record_time, true)
+}
+
+/// [`decode`] through `serde_json` alone, without the scanner that takes the usual line first:
+/// for the benchmark that shows what the scanner saves and the test that holds the two equal.
+#[doc(hidden)]
+pub fn decode_by_parser<'a>(
+    input: &'a [u8],
+    projection: &Projection,
+) -> Result<Event<'a>, BadEvent> {
+    decode_line(input, projection, None, false)
+}
+
+fn decode_line<'a>(
+    input: &'a [u8],
+    projection: &Projection,
+    record_time: Option<i64>,
+    scan_first: bool,
+) -> Result<Event<'a>, BadEvent> {
     // JSON text is UTF-8 (RFC 8259). The parser checks only the strings it materialises, so
     // check the whole line once.
     let text = std::str::from_utf8(input).map_err(|e| {
@@ -385,16 +440,9 @@ pub fn decode_at<'a>(
     // One slot past the projection's: the text of a numeric `event_id` (see `ValueSeed`).
     let mut fields = Vec::with_capacity(projection.slot_count() + 1);
     fields.resize_with(projection.slot_count() + 1, || FieldValue::Missing);
-    let mut de = serde_json::Deserializer::from_str(text);
-    let top = de
-        .deserialize_any(TopVisitor {
-            node: &projection.root,
-            out: &mut fields,
-        })
-        .map_err(bad_json)?;
-    de.end().map_err(bad_json)?;
-    if let Some(kind) = top {
-        return Err(BadEvent::NotAnObject(kind));
+    if !(scan_first && fast::decode(text, &projection.root, &mut fields)) {
+        fields.fill(FieldValue::Missing);
+        decode_with_parser(text, projection, &mut fields)?;
     }
     let ts = match &projection.time {
         TimeSlot::Field(slot) => event_time(&fields[*slot])?,
@@ -408,6 +456,27 @@ pub fn decode_at<'a>(
         TimeSlot::Record => record_time_ms(record_time)?,
     };
     Ok(Event { ts, fields })
+}
+
+/// The projected values of `text` through `serde_json`: what decides every line the scanner in
+/// [`fast`] gives up on, with the parser's own explanation when the line is refused.
+fn decode_with_parser<'a>(
+    text: &'a str,
+    projection: &Projection,
+    fields: &mut [FieldValue<'a>],
+) -> Result<(), BadEvent> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let top = de
+        .deserialize_any(TopVisitor {
+            node: &projection.root,
+            out: fields,
+        })
+        .map_err(bad_json)?;
+    de.end().map_err(bad_json)?;
+    match top {
+        Some(kind) => Err(BadEvent::NotAnObject(kind)),
+        None => Ok(()),
+    }
 }
 
 /// What the parser refused: a duplicate key (raised by the visitors below), or invalid JSON.
@@ -429,28 +498,37 @@ fn duplicate_key<E: de::Error>(key: &str) -> E {
 
 /// The keys of one object seen so far: scanned while few, hashed past that (an object of a
 /// hundred thousand keys costs no more than linear time).
-#[derive(Default)]
-struct SeenKeys<'de> {
+struct SeenKeys<K> {
     /// Inline: most events' objects have a few keys, and an allocation per object would cost
     /// more than the check.
-    few: smallvec::SmallVec<[Cow<'de, str>; 16]>,
+    few: smallvec::SmallVec<[K; 16]>,
     /// A bit per key of `few`, from its length and end bytes: a key whose bit is clear is new
     /// without a single comparison (the usual case).
     sketch: u64,
-    many: Option<hashbrown::HashSet<Cow<'de, str>, foldhash::fast::RandomState>>,
+    many: Option<hashbrown::HashSet<K, foldhash::fast::RandomState>>,
 }
 
-impl<'de> SeenKeys<'de> {
+impl<K> Default for SeenKeys<K> {
+    fn default() -> Self {
+        SeenKeys {
+            few: smallvec::SmallVec::new(),
+            sketch: 0,
+            many: None,
+        }
+    }
+}
+
+impl<K: AsRef<str> + Eq + std::hash::Hash> SeenKeys<K> {
     const FEW: usize = 16;
 
     /// Records `key`; false if the object named it already. Inlined into the object visitor (it
     /// runs for every key of every event); objects of many keys take the cold path.
     #[inline]
-    fn insert(&mut self, key: Cow<'de, str>) -> bool {
+    fn insert(&mut self, key: K) -> bool {
         if let Some(many) = &mut self.many {
             return many.insert(key);
         }
-        let bytes = key.as_bytes();
+        let bytes = key.as_ref().as_bytes();
         let mix = bytes.len() as u32 * 7
             + u32::from(bytes.first().copied().unwrap_or(0)) * 3
             + u32::from(bytes.last().copied().unwrap_or(0));
@@ -470,7 +548,7 @@ impl<'de> SeenKeys<'de> {
     /// An object of more keys than fit inline: from now on, a hash set.
     #[cold]
     #[inline(never)]
-    fn spill(&mut self, key: Cow<'de, str>) {
+    fn spill(&mut self, key: K) {
         let mut many: hashbrown::HashSet<_, _> = self.few.drain(..).collect();
         many.insert(key);
         self.many = Some(many);
@@ -488,7 +566,7 @@ fn duplicate_key_in(text: &str) -> Option<Cow<'_, str>> {
     struct Frame<'a> {
         key_next: bool,
         first: Option<Cow<'a, str>>,
-        rest: Option<Box<SeenKeys<'a>>>,
+        rest: Option<Box<SeenKeys<Cow<'a, str>>>>,
     }
     impl<'a> Frame<'a> {
         fn insert(&mut self, key: Cow<'a, str>) -> bool {
@@ -1274,5 +1352,212 @@ mod tests {
         let mut a_bc = enc(Scalar::Str("a"));
         a_bc.extend(enc(Scalar::Str("bc")));
         assert_ne!(ab_c, a_bc);
+    }
+
+    /// The scanner that takes the usual line first decides exactly what the parser decides, on
+    /// every line: the same fields when both accept, the same refusal (the parser's) otherwise.
+    mod scanner_and_parser_agree {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn projection() -> Projection {
+            let mut p = Projection::new();
+            for path in [
+                "user_id",
+                "amount",
+                "device.id",
+                "geo",
+                "geo.country",
+                "tags",
+                "obj",
+            ] {
+                p.slot(&FieldPath::parse(path).unwrap());
+            }
+            p
+        }
+
+        fn scalar() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "0",
+                    "-0",
+                    "1",
+                    "-12.50",
+                    "1e3",
+                    "1E+3",
+                    "2.5e-3",
+                    "01",
+                    "1.",
+                    ".5",
+                    "-",
+                    "1e",
+                    "+1",
+                    "1e999999999",
+                    "123456789012345678901234567890.123",
+                    "1700000000000",
+                    "true",
+                    "false",
+                    "null",
+                    "tru",
+                    "nul",
+                    "\"\"",
+                    "\"u-1\"",
+                    "\"a\\\"b\"",
+                    "\"\\u00e9\"",
+                    "\"\\ud800\"",
+                    "\"\u{e9}t\u{e9}\"",
+                    "\"tab\there\"",
+                    "\"2023-06-01T00:00:00Z\"",
+                    "\"x\\q\"",
+                ])
+                .prop_map(str::to_owned),
+                "[a-z0-9-]{0,8}".prop_map(|s| format!("\"{s}\"")),
+                (0u64..2_000_000_000_000).prop_map(|n| n.to_string()),
+            ]
+        }
+
+        fn key() -> impl Strategy<Value = String> {
+            prop::sample::select(vec![
+                "ts",
+                "event_id",
+                "user_id",
+                "amount",
+                "device",
+                "id",
+                "geo",
+                "country",
+                "tags",
+                "obj",
+                "x",
+                "",
+                "us\\u0065r_id",
+                "t\\s",
+            ])
+            .prop_map(|k| format!("\"{k}\""))
+        }
+
+        fn value() -> impl Strategy<Value = String> {
+            scalar().prop_recursive(4, 32, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4)
+                        .prop_map(|v| format!("[{}]", v.join(","))),
+                    prop::collection::vec((key(), inner), 0..4).prop_map(|v| {
+                        let entries: Vec<_> = v.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+                        format!("{{{}}}", entries.join(","))
+                    }),
+                ]
+            })
+        }
+
+        /// An event-like object, then a few bytes replaced, inserted or dropped.
+        fn line() -> impl Strategy<Value = Vec<u8>> {
+            let entries = prop::collection::vec(
+                (key(), value(), prop::sample::select(vec!["", " ", "\n\t"])),
+                0..8,
+            );
+            let edits = prop::collection::vec(
+                (
+                    any::<prop::sample::Index>(),
+                    0u8..3,
+                    prop::sample::select(b"{}[]\":,\\ 0e-.ntf\x01\x7f".to_vec()),
+                ),
+                0..3,
+            );
+            (
+                entries,
+                prop::sample::select(vec!["", " ", "\r\n"]),
+                edits,
+                any::<u8>(),
+            )
+                .prop_map(|(entries, pad, edits, dice)| {
+                    // Most lines keep their time and half keep their bytes as built.
+                    let (with_ts, edits) =
+                        (dice % 8 != 0, if dice < 128 { edits } else { Vec::new() });
+                    let mut parts: Vec<String> = entries
+                        .iter()
+                        .map(|(k, v, ws)| format!("{ws}{k}{ws}:{ws}{v}{ws}"))
+                        .collect();
+                    if with_ts {
+                        parts.insert(0, "\"ts\":1700000000000".into());
+                    }
+                    let mut bytes = format!("{pad}{{{}}}{pad}", parts.join(",")).into_bytes();
+                    for (at, how, byte) in edits {
+                        let i = at.index(bytes.len() + 1);
+                        match how {
+                            0 if i < bytes.len() => bytes[i] = byte,
+                            1 => bytes.insert(i, byte),
+                            _ if i < bytes.len() => {
+                                bytes.remove(i);
+                            }
+                            _ => {}
+                        }
+                    }
+                    bytes
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 4000, failure_persistence: None, ..ProptestConfig::default() })]
+            #[test]
+            fn on_any_line(line in line()) {
+                let p = projection();
+                prop_assert_eq!(decode(&line, &p), decode_by_parser(&line, &p), "{}", String::from_utf8_lossy(&line));
+            }
+        }
+
+        /// The lines above reach every outcome: the scanner's, the parser's accepting what the
+        /// scanner left, and refusals.
+        #[test]
+        fn the_generated_lines_reach_every_outcome() {
+            use proptest::strategy::ValueTree;
+            let p = projection();
+            let mut runner = proptest::test_runner::TestRunner::deterministic();
+            let (mut scanned, mut parsed, mut refused) = (0, 0, 0);
+            for _ in 0..2000 {
+                let line = line().new_tree(&mut runner).unwrap().current();
+                let mut fields = vec![FieldValue::Missing; p.slot_count() + 1];
+                let text = std::str::from_utf8(&line).unwrap_or("");
+                match (fast::decode(text, &p.root, &mut fields), decode(&line, &p)) {
+                    (true, _) => scanned += 1,
+                    (false, Ok(_)) => parsed += 1,
+                    (false, Err(_)) => refused += 1,
+                }
+            }
+            assert!(
+                scanned > 200 && parsed > 50 && refused > 200,
+                "{scanned} {parsed} {refused}"
+            );
+        }
+
+        /// The scanner is not a no-op that hands everything to the parser: the usual shapes,
+        /// nested and projected at several levels, are its own.
+        #[test]
+        fn the_usual_line_is_the_scanners() {
+            let p = projection();
+            for line in [
+                r#"{"event_id":"e-1","ts":1700000000000,"user_id":"u-7","ip":"10.0.0.1","device":{"id":"d-1","os":"ios"},"geo":{"country":"FR","city_id":3},"amount":12.50,"tags":["a",1,[2]],"obj":{"k":[{"n":null}]}}"#,
+                " {\"ts\" : 1 ,\n\"event_id\":17,\"device\":{}} \n",
+                r#"{"ts":1,"device":"flat","geo":null}"#,
+            ] {
+                let mut fields = vec![FieldValue::Missing; p.slot_count() + 1];
+                assert!(fast::decode(line, &p.root, &mut fields), "{line}");
+                assert_eq!(
+                    decode(line.as_bytes(), &p),
+                    decode_by_parser(line.as_bytes(), &p)
+                );
+            }
+            // What it leaves to the parser: escapes, a key named twice, a parent-only path over
+            // a number, bad syntax.
+            for line in [
+                r#"{"ts":1,"user_id":"a\"b"}"#,
+                r#"{"ts":1,"x":1,"x":2}"#,
+                r#"{"ts":1,"device":1e999}"#,
+                r#"{"ts":01}"#,
+                r#"{"ts":1,}"#,
+            ] {
+                let mut fields = vec![FieldValue::Missing; p.slot_count() + 1];
+                assert!(!fast::decode(line, &p.root, &mut fields), "{line}");
+            }
+        }
     }
 }

@@ -5,7 +5,8 @@
 //! Pure core (no I/O; no tokio, redis, rdkafka or moka — tested in microseconds):
 //!
 //! - [`event`]: JSON bytes → [`event::Event`], decoding only the fields the rules use
-//!   (a [`event::Projection`]), with JSON-typed scalars and canonical keys; the event-time bounds
+//!   (a [`event::Projection`]; a one-pass scanner for the usual line, `serde_json` for the
+//!   rest), with JSON-typed scalars and canonical keys; the event-time bounds
 //!   ([`event::TimeBounds`]: future skew, watermark).
 //! - [`decimal`]: exact decimals — numbers compared by the value their text writes, micro-unit
 //!   sums, the shortest exact text.
