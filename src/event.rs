@@ -1369,6 +1369,8 @@ mod tests {
                 "geo",
                 "geo.country",
                 "tags",
+                "a.b.c",
+                "a.long_projected_name",
                 "obj",
             ] {
                 p.slot(&FieldPath::parse(path).unwrap());
@@ -1378,7 +1380,7 @@ mod tests {
 
         fn scalar() -> impl Strategy<Value = String> {
             prop_oneof![
-                prop::sample::select(vec![
+                1 => prop::sample::select(vec![
                     "0",
                     "-0",
                     "1",
@@ -1411,8 +1413,9 @@ mod tests {
                     "\"x\\q\"",
                 ])
                 .prop_map(str::to_owned),
-                "[a-z0-9-]{0,8}".prop_map(|s| format!("\"{s}\"")),
-                (0u64..2_000_000_000_000).prop_map(|n| n.to_string()),
+                // Mostly plain values, so that larger structures are often valid as a whole.
+                3 => "[a-z0-9-]{0,8}".prop_map(|s| format!("\"{s}\"")),
+                3 => (0u64..2_000_000_000_000).prop_map(|n| n.to_string()),
             ]
         }
 
@@ -1431,18 +1434,43 @@ mod tests {
                 "x",
                 "",
                 "us\\u0065r_id",
+                "a",
+                "b",
+                "c",
+                "long_projected_name",
+                "long_projected_namf",
                 "t\\s",
             ])
             .prop_map(|k| format!("\"{k}\""))
         }
 
         fn value() -> impl Strategy<Value = String> {
-            scalar().prop_recursive(4, 32, 4, |inner| {
+            // Whitespace inside nested values too; now and then an object of more keys than
+            // the duplicate check keeps inline.
+            let ws = || prop::sample::select(vec!["", "", " ", "\r\n "]);
+            scalar().prop_recursive(4, 64, 20, move |inner| {
                 prop_oneof![
-                    prop::collection::vec(inner.clone(), 0..4)
-                        .prop_map(|v| format!("[{}]", v.join(","))),
-                    prop::collection::vec((key(), inner), 0..4).prop_map(|v| {
-                        let entries: Vec<_> = v.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+                    4 => prop::collection::vec((inner.clone(), ws()), 0..4).prop_map(|v| {
+                        let items: Vec<_> =
+                            v.iter().map(|(v, ws)| format!("{ws}{v}{ws}")).collect();
+                        format!("[{}]", items.join(","))
+                    }),
+                    4 => prop::collection::vec((key(), inner.clone(), ws()), 0..4).prop_map(|v| {
+                        let entries: Vec<_> = v
+                            .iter()
+                            .map(|(k, v, ws)| format!("{ws}{k}{ws}:{ws}{v}"))
+                            .collect();
+                        format!("{{{}}}", entries.join(","))
+                    }),
+                    1 => (prop::collection::vec(inner, 17..20), any::<bool>()).prop_map(|(v, twice)| {
+                        let mut entries: Vec<_> = v
+                            .iter()
+                            .enumerate()
+                            .map(|(i, v)| format!("\"k{i}\":{v}"))
+                            .collect();
+                        if twice {
+                            entries.push(format!("\"k3\":{}", v[0]));
+                        }
                         format!("{{{}}}", entries.join(","))
                     }),
                 ]
@@ -1541,11 +1569,35 @@ mod tests {
             ] {
                 let mut fields = vec![FieldValue::Missing; p.slot_count() + 1];
                 assert!(fast::decode(line, &p.root, &mut fields), "{line}");
-                assert_eq!(
-                    decode(line.as_bytes(), &p),
-                    decode_by_parser(line.as_bytes(), &p)
+                let (scanned, parsed) = (
+                    decode(line.as_bytes(), &p).unwrap(),
+                    decode_by_parser(line.as_bytes(), &p).unwrap(),
                 );
+                assert_eq!(scanned, parsed);
+                // Equal text is not enough: a string must stay borrowed from the line, as the
+                // parser's path keeps it.
+                for (a, b) in scanned.fields.iter().zip(&parsed.fields) {
+                    if let (FieldValue::Str(a), FieldValue::Str(b)) = (a, b) {
+                        assert!(matches!((a, b), (Cow::Borrowed(_), Cow::Borrowed(_))));
+                    }
+                }
             }
+            // Nested past the scanner's depth bound (the parser's path takes it, and agrees).
+            let deep = format!(
+                "{{\"ts\":1,\"user_id\":\"u\",\"x\":{}1{}}}",
+                "[".repeat(70),
+                "]".repeat(70)
+            );
+            let mut fields = vec![FieldValue::Missing; p.slot_count() + 1];
+            assert!(!fast::decode(&deep, &p.root, &mut fields));
+            assert_eq!(
+                decode(deep.as_bytes(), &p).unwrap(),
+                decode_by_parser(deep.as_bytes(), &p).unwrap()
+            );
+            let shallow = deep
+                .replace(&"[".repeat(20), "")
+                .replace(&"]".repeat(20), "");
+            assert!(fast::decode(&shallow, &p.root, &mut fields));
             // What it leaves to the parser: escapes, a key named twice, a parent-only path over
             // a number, bad syntax.
             for line in [

@@ -13,7 +13,8 @@ use std::borrow::Cow;
 
 use super::{interpret, FieldValue, Node, Number, SeenKeys, EVENT_ID_SLOT};
 
-/// Deeper than this, the parser decodes the line (its own recursion limit is 128).
+/// Deeper than this, the parser decodes the line (it takes any depth in values it skips and
+/// refuses past 128 levels of projected objects).
 const MAX_DEPTH: u32 = 64;
 
 /// Fills `out` with the projected values of the JSON object `text`; false if this scanner gave up

