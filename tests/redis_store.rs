@@ -679,6 +679,92 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
     assert!(ttl > 3_000_000, "TTL at least the hold: {ttl}");
 }
 
+/// Replay reads the next batch's holds while it judges this one. A read is taken in only for a
+/// view that learned nothing from Redis since it was sent, so it never takes a hold back to an
+/// older state: a raise acknowledged meanwhile stays, a release meanwhile stays released.
+#[test]
+fn holds_read_ahead_never_take_a_hold_back_to_an_older_state() {
+    use vigil::store::HoldSpace;
+    use vigil::window::{Aggregate, WindowSpec};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    let clock = std::sync::Arc::new(ManualMonotonic::new());
+    let connect = || {
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
+            .unwrap()
+    };
+    let (mut other, mut store) = (connect(), connect());
+    let (theirs, space) = (
+        other.open_holds("ato", 3_600_000),
+        store.open_holds("ato", 3_600_000),
+    );
+    let window = store.open_window("w", WindowSpec::new(1_000, 60, Aggregate::Count));
+    let keys = |names: &[&[u8]]| -> Vec<(HoldSpace, Vec<u8>)> {
+        names.iter().map(|n| (space, n.to_vec())).collect()
+    };
+    // The hold reads' reader answers in order: once a read sent after the hold reads is back,
+    // they have run in Redis and their replies wait to be taken in (nothing waits for them).
+    let settle = |store: &mut RedisStore<_>, name: &[u8]| {
+        let mut reads = store
+            .plan_early_reads(&[(window, name.to_vec())])
+            .expect("an unread window");
+        store.early_hold_reader().unwrap().read(&mut reads).unwrap();
+    };
+    let until = 1_700_000_600_000;
+
+    // Another worker holds `theirs-1` and `theirs-2`; read ahead, both are taken in.
+    other.extend_hold(theirs, b"theirs-1", until).unwrap();
+    other.extend_hold(theirs, b"theirs-2", until).unwrap();
+    other.flush().unwrap();
+    store.read_holds_ahead(&keys(&[b"theirs-1", b"theirs-2", b"free"]));
+    settle(&mut store, b"z");
+    store
+        .prefetch_holds(&keys(&[b"theirs-1", b"theirs-2", b"free"]))
+        .unwrap();
+    assert_eq!(store.stats().early_hold_loads, 3);
+    assert_eq!(store.held_until(space, b"theirs-1").unwrap(), Some(until));
+    assert_eq!(store.held_until(space, b"free").unwrap(), None);
+
+    // This store raises `mine` (its view read first), a flush interval passes, the next
+    // batch's reads go out and find nothing in Redis yet; then the raise is flushed and
+    // acknowledged. The read is older than the acknowledgement: not taken in.
+    store.extend_hold(space, b"mine", until).unwrap();
+    clock.advance(config.flush_interval * 2);
+    store.read_holds_ahead(&keys(&[b"mine", b"theirs-2"]));
+    settle(&mut store, b"a");
+    store.flush().unwrap();
+    store
+        .prefetch_holds(&keys(&[b"mine", b"theirs-2"]))
+        .unwrap();
+    assert_eq!(store.held_until(space, b"mine").unwrap(), Some(until));
+    assert_eq!(store.stats().early_hold_loads, 4, "`theirs-2` is taken in");
+
+    // Support releases `theirs-1` and `theirs-3` (a key this store never read) after the next
+    // batch's reads went out (they saw both held).
+    other.extend_hold(theirs, b"theirs-3", until).unwrap();
+    other.flush().unwrap();
+    clock.advance(config.flush_interval * 2);
+    store.read_holds_ahead(&keys(&[b"theirs-1", b"theirs-3"]));
+    settle(&mut store, b"b");
+    assert_eq!(store.release_hold(space, b"theirs-1").unwrap(), Some(until));
+    assert_eq!(store.release_hold(space, b"theirs-3").unwrap(), Some(until));
+    store
+        .prefetch_holds(&keys(&[b"theirs-1", b"theirs-3"]))
+        .unwrap();
+    assert_eq!(store.held_until(space, b"theirs-1").unwrap(), None);
+    assert_eq!(store.held_until(space, b"theirs-3").unwrap(), None);
+    assert_eq!(store.stats().early_hold_loads, 4);
+
+    // A read whose batch starts over a flush interval later is taken in but read again.
+    other.extend_hold(theirs, b"late", until).unwrap();
+    store.read_holds_ahead(&keys(&[b"late"]));
+    settle(&mut store, b"c");
+    other.flush().unwrap();
+    clock.advance(config.flush_interval * 2);
+    store.prefetch_holds(&keys(&[b"late"])).unwrap();
+    assert_eq!(store.held_until(space, b"late").unwrap(), Some(until));
+}
+
 /// A batch reads its holds once, before it is judged, as it reads its windows: a view fresh
 /// then stays so for the whole batch (a batch that runs longer than a flush interval does not
 /// pay a round trip per event), and the next batch reads again what went stale.

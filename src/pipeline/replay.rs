@@ -254,6 +254,9 @@ pub fn replay<S: CounterStore>(
     let mut ahead = Vec::new();
     let mut ahead_ends = Vec::new();
     let mut have_ahead = false;
+    // The next batch's holds: read half way through this one, so that the reads are still
+    // within a flush interval (fresh) when the next batch starts.
+    let mut ahead_holds = Vec::new();
     // Reading the next batch failed: said once this batch's decisions are out, as before.
     let mut ahead_failed = None;
     skip_byte_order_mark(&mut input)?;
@@ -289,13 +292,18 @@ pub fn replay<S: CounterStore>(
                 ) {
                     Ok(()) => {
                         have_ahead = true;
-                        read_ahead(engine, &ahead, &ahead_ends, &mut touched);
+                        read_ahead(engine, &ahead, &ahead_ends, &mut touched, &mut ahead_holds);
                     }
                     Err(e) => ahead_failed = Some(e),
                 }
             }
         }
+        let read_holds_at = first_line + events.len() as u64 / 2;
         for (line, event) in (first_line..).zip(&events) {
+            if line == read_holds_at && !ahead_holds.is_empty() {
+                engine.store_mut().read_holds_ahead(&ahead_holds);
+                ahead_holds.clear();
+            }
             let event = match event {
                 None => continue,
                 Some(Ok(event)) => event,
@@ -451,13 +459,17 @@ fn read_ahead<S: CounterStore>(
     batch: &[u8],
     ends: &LineEnds,
     touched: &mut Vec<(WindowId, Vec<u8>)>,
+    touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
 ) {
+    touched.clear();
+    touched_holds.clear();
     if ends.is_empty() {
         return;
     }
-    touched.clear();
-    for event in decode_batch(engine, batch, ends).iter().flatten().flatten() {
+    let events = decode_batch(engine, batch, ends);
+    for event in events.iter().flatten().flatten() {
         engine.touched_keys(event, touched);
+        engine.touched_holds(event, touched_holds);
     }
     engine.store_mut().read_ahead(touched);
 }

@@ -111,6 +111,9 @@ impl CounterStore for AnyStore {
     fn read_ahead(&mut self, keys: &[(WindowId, Vec<u8>)]) {
         delegate!(self, s => s.read_ahead(keys))
     }
+    fn read_holds_ahead(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
+        delegate!(self, s => s.read_holds_ahead(keys))
+    }
     fn flush(&mut self) -> Result<(), StoreError> {
         delegate!(self, s => s.flush())
     }

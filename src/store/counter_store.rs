@@ -308,6 +308,10 @@ pub trait CounterStore {
     /// `prefetch` takes in what came back). A hint only: nothing observable changes.
     fn read_ahead(&mut self, _keys: &[(WindowId, Vec<u8>)]) {}
 
+    /// The holds of `keys` are the next batch's: a store that reads holds may start reading them
+    /// now (the next `prefetch_holds` takes in what came back). A hint only, as `read_ahead`.
+    fn read_holds_ahead(&mut self, _keys: &[(HoldSpace, Vec<u8>)]) {}
+
     /// Makes every applied observation durable in the backing service (no-op in memory).
     fn flush(&mut self) -> Result<(), StoreError>;
 

@@ -86,6 +86,8 @@ pub struct RedisStats {
     pub loads: u64,
     /// Windows read before their batch took the engine and taken in (see `early.rs`).
     pub early_loads: u64,
+    /// Holds read while the batch before theirs was judged and taken in (see `holds.rs`).
+    pub early_hold_loads: u64,
     /// Failed attempts that were retried.
     pub retries: u64,
     /// Deltas the script refused as late (another worker had moved the key's head on).

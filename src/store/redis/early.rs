@@ -55,6 +55,8 @@ struct Job {
 #[derive(Clone)]
 pub struct EarlyReader {
     jobs: mpsc::Sender<Job>,
+    /// Jobs sent and not answered yet.
+    outstanding: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The longest a read is waited for (as the store waits for its own reads).
     deadline: Duration,
     attempts: u32,
@@ -70,12 +72,19 @@ impl EarlyReader {
     /// Sends the read of `reads` and returns at once: the caller counts something else
     /// meanwhile and waits for the replies when it needs them.
     pub fn start(&self, reads: &mut EarlyReads) -> Result<PendingRead, StoreError> {
+        self.send(std::mem::take(&mut reads.batch))
+    }
+
+    /// Sends `batch` (reads only) and returns at once.
+    pub(super) fn send(&self, batch: Batch) -> Result<PendingRead, StoreError> {
         let (reply, replies) = mpsc::sync_channel(1);
         let job = Job {
-            batch: std::mem::take(&mut reads.batch),
+            batch,
             attempts: self.attempts,
             reply,
         };
+        self.outstanding
+            .fetch_add(1, std::sync::atomic::Ordering::Acquire);
         self.jobs
             .send(job)
             .map_err(|_| StoreError::Unavailable("the early reader stopped".into()))?;
@@ -86,6 +95,13 @@ impl EarlyReader {
     }
 }
 
+impl EarlyReader {
+    /// Whether every job sent was answered.
+    pub(super) fn idle(&self) -> bool {
+        self.outstanding.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+}
+
 /// An early read on its way ([`EarlyReader::start`]).
 pub struct PendingRead {
     replies: mpsc::Receiver<Result<Vec<Value>, StoreError>>,
@@ -93,6 +109,11 @@ pub struct PendingRead {
 }
 
 impl PendingRead {
+    /// The replies if they are back already, without waiting (`None`: not yet).
+    pub(super) fn ready(&self) -> Option<Result<Vec<Value>, StoreError>> {
+        self.replies.try_recv().ok()
+    }
+
     /// The replies, waited for at most the reader's deadline from now.
     pub fn wait(self) -> Result<Vec<Value>, StoreError> {
         match self.replies.recv_timeout(self.deadline) {
@@ -107,10 +128,15 @@ impl PendingRead {
 
 /// The early reader's thread: one job at a time on its own connection. A job whose caller
 /// stopped waiting is still answered into its dropped channel.
-fn early_reader(mut link: Link, jobs: mpsc::Receiver<Job>) {
+fn early_reader(
+    mut link: Link,
+    jobs: mpsc::Receiver<Job>,
+    outstanding: &std::sync::atomic::AtomicUsize,
+) {
     for job in jobs {
         let (result, _) = link.query(&job.batch, job.attempts);
         let _ = job.reply.send(result);
+        outstanding.fetch_sub(1, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -122,32 +148,53 @@ impl<C: MonotonicClock> RedisStore<C> {
             return None;
         }
         if self.early.is_none() {
-            let timeouts = super::side_timeouts(&self.config);
-            let link = match Link::open(self.target.clone(), timeouts, self.config.retry_backoff) {
-                Ok(link) => link,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot open the early reader's connection");
-                    return None;
-                }
-            };
-            let (jobs, receiver) = mpsc::channel();
-            let spawned = std::thread::Builder::new()
-                .name("vigil-early".into())
-                .spawn(move || early_reader(link, receiver));
-            if let Err(e) = spawned {
-                tracing::debug!(error = %e, "cannot start the early reader");
-                return None;
-            }
-            let deadline = self
-                .read_deadline()
-                .saturating_mul(self.config.attempts.clamp(1, 2));
-            self.early = Some(EarlyReader {
-                jobs,
-                deadline,
-                attempts: self.config.attempts,
-            });
+            self.early = self.open_early_reader("vigil-early", false);
         }
         self.early.clone()
+    }
+
+    /// The reader of holds sent ahead: a connection of its own, so that a batch's few hold
+    /// reads never wait behind the next batch's many window reads, with large pipelines (nothing
+    /// waits for it: a read not back in time is left, see `holds.rs`).
+    pub fn early_hold_reader(&mut self) -> Option<EarlyReader> {
+        if self.breaker.is_open() {
+            return None;
+        }
+        if self.early_holds.is_none() {
+            self.early_holds = self.open_early_reader("vigil-early-holds", true);
+        }
+        self.early_holds.clone()
+    }
+
+    fn open_early_reader(&mut self, thread: &str, read_pipelines: bool) -> Option<EarlyReader> {
+        let timeouts = super::side_timeouts(&self.config);
+        let link = match Link::open(self.target.clone(), timeouts, self.config.retry_backoff) {
+            Ok(link) if read_pipelines => link.with_read_pipelines(),
+            Ok(link) => link,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot open the early reader's connection");
+                return None;
+            }
+        };
+        let (jobs, receiver) = mpsc::channel();
+        let outstanding = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let answered = std::sync::Arc::clone(&outstanding);
+        let spawned = std::thread::Builder::new()
+            .name(thread.into())
+            .spawn(move || early_reader(link, receiver, &answered));
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "cannot start the early reader");
+            return None;
+        }
+        let deadline = self
+            .read_deadline()
+            .saturating_mul(self.config.attempts.clamp(1, 2));
+        Some(EarlyReader {
+            jobs,
+            outstanding,
+            deadline,
+            attempts: self.config.attempts,
+        })
     }
 
     /// The windows of `keys` the batch's prefetch would read now, to read before the batch takes
@@ -294,6 +341,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Gives up the read started by [`RedisStore::start_read_ahead`], if one is out: Redis
     /// became unavailable, and replay does not prefetch again until it answers.
     pub(super) fn give_up_read_ahead(&mut self) {
+        self.holds.void_reads_ahead();
         if let Some((reads, _)) = self.read_ahead.take() {
             self.take_early_reads(
                 reads,

@@ -150,6 +150,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Every hold this process knows is raised again (a hold raise is idempotent: the later
     /// time stands).
     pub(super) fn raise_holds_again(&mut self) {
+        // What was read before may be what Redis lost, or the old master's.
+        self.holds.void_reads_ahead();
         let index = self.counted + 1;
         for view in self.holds.views.values_mut() {
             if let (Some(until), None, None) = (view.until, view.pending, view.inflight) {

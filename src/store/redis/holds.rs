@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use hashbrown::HashMap;
 use redis::Value;
 
+use super::early::PendingRead;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::counter_store::{HoldSpace, StoreError};
@@ -20,6 +21,8 @@ use crate::store::scripts::{HOLD, RELEASE_HOLD_SOURCE};
 pub(super) struct HoldView {
     /// Until when the key is held (`None`: not held, as far as this process knows).
     pub(super) until: Option<i64>,
+    /// What Redis told last (`until` without this process's raises since).
+    stored: Option<i64>,
     /// When Redis last told the hold (`None`: never). Older than a flush interval, it is read again.
     read_at: Option<Instant>,
     /// A raise not sent yet, with the counted index it was made at.
@@ -29,6 +32,9 @@ pub(super) struct HoldView {
     /// How many times support released the hold, as Redis told last: raises carry it, and
     /// Redis refuses those made before a release they had not seen.
     generation: u64,
+    /// [`HoldViews::epoch`] when Redis last told this view something: a read sent ahead before
+    /// that is older than what the view knows, and is not taken in.
+    changed: u64,
 }
 
 impl HoldView {
@@ -48,8 +54,23 @@ impl HoldView {
             .into_iter()
             .chain(self.inflight)
             .map(|(until, _)| until);
+        self.stored = stored;
         self.until = stored.into_iter().chain(raises).max();
         self.read_at = Some(at);
+    }
+
+    /// What a flush's reply told (`stored` at `generation`), Redis having run the raise at some
+    /// time after `sent`. A view read after `sent` may know a later state than the reply; holds
+    /// only rise within a generation and a release starts the next, so the later state is the
+    /// higher generation, else the later time — kept, and as fresh as that read.
+    fn learn_acknowledged(&mut self, stored: Option<i64>, generation: u64, sent: Instant) {
+        match self.read_at {
+            Some(read) if read > sent => {
+                let (generation, stored) = (self.generation, self.stored).max((generation, stored));
+                self.learn(stored, generation, read);
+            }
+            _ => self.learn(stored, generation, sent),
+        }
     }
 }
 
@@ -62,6 +83,15 @@ fn parse_hold(text: &str) -> (Option<i64>, u64) {
     match text.split_once(':') {
         Some((until, generation)) => (until.parse().ok(), generation.parse().unwrap_or(0)),
         None => (text.parse().ok(), 0),
+    }
+}
+
+/// A hold's GET reply: until when it holds and its generation (nothing or anything unreadable:
+/// not held).
+fn stored_hold(reply: Value) -> (Option<i64>, u64) {
+    match redis::from_redis_value::<Option<String>>(reply) {
+        Ok(Some(text)) => parse_hold(&text),
+        _ => (None, 0),
     }
 }
 
@@ -83,6 +113,43 @@ pub(super) struct HoldViews {
     /// stays fresh for the batch, as its windows do, rather than costing a round trip per
     /// event once the batch runs longer than a flush interval.
     pub(super) prefetched_at: Option<Instant>,
+    /// Counts what Redis told the views (reads, acknowledged raises): each view records the
+    /// count when it last learned, so a read sent ahead knows which views learned since.
+    epoch: u64,
+    /// The latest `changed` of any view dropped: a read sent ahead before it is not taken in
+    /// for a key that has no view (it may have been that one).
+    dropped_changed: u64,
+    /// Reads sent ahead at an epoch below this are not taken in at all: a release, a discarded
+    /// batch, a failover or lost data since.
+    void_below: u64,
+    /// The holds of the next batch, read while this one is judged.
+    ahead: Option<HoldReadsAhead>,
+}
+
+/// Hold reads sent ahead of the batch that needs them (replay knows its next batch's holds
+/// while it judges this one): taken in by its prefetch for each key whose view learned nothing
+/// from Redis since they were sent, so a read never takes a view back to an older state.
+pub(super) struct HoldReadsAhead {
+    keys: Vec<StoredKey>,
+    /// [`HoldViews::epoch`] when sent.
+    epoch: u64,
+    sent: Instant,
+    pending: PendingRead,
+}
+
+impl HoldViews {
+    /// The next epoch, for a view that just learned from Redis.
+    fn next_epoch(&mut self) -> u64 {
+        self.epoch += 1;
+        self.epoch
+    }
+
+    /// No read sent ahead until now is taken in.
+    pub(super) fn void_reads_ahead(&mut self) {
+        self.epoch += 1;
+        self.void_below = self.epoch;
+        self.ahead = None;
+    }
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
@@ -197,12 +264,16 @@ impl<C: MonotonicClock> RedisStore<C> {
             })
             .ok_or_else(|| StoreError::Protocol("release_hold: unexpected reply".into()))?;
         let at = self.clock.now();
+        // A hold read sent before the release would bring the hold back.
+        self.holds.void_reads_ahead();
+        let epoch = self.holds.next_epoch();
         if let Some(view) = self.holds.views.get_mut(&lookup) {
             if view.pending.take().is_some() {
                 self.holds.pending -= 1;
             }
             view.inflight = None;
             view.learn(None, generation, at);
+            view.changed = epoch;
         }
         Ok(released)
     }
@@ -211,8 +282,10 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn prefetch_hold_views(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
         self.holds.prefetched_at = None;
         if self.breaker.is_open() {
+            self.holds.ahead = None;
             return;
         }
+        self.finish_hold_reads_ahead();
         let (now, interval) = (self.clock.now(), self.config.flush_interval);
         self.holds.prefetched_at = Some(now);
         let mut wanted: Vec<(HoldSpace, &[u8])> = Vec::new();
@@ -245,6 +318,7 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Hold views are read again (another worker may have raised them meanwhile).
     pub(super) fn forget_hold_reads(&mut self) {
+        self.holds.void_reads_ahead();
         for view in self.holds.views.values_mut() {
             view.read_at = None;
         }
@@ -253,6 +327,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Each view the discarded batch raised goes back to what it was before (before the flush in
     /// flight is taken in: a restored view still carries that flush's raise).
     pub(super) fn restore_holds_before_batch(&mut self) {
+        self.holds.void_reads_ahead();
         for (key, before) in self.holds.batch.take().unwrap_or_default() {
             match before {
                 Some(view) => self.holds.views.insert(key, view),
@@ -283,10 +358,8 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
         };
         for (&(space, key), reply) in keys.iter().zip(replies) {
-            let (stored, generation) = match redis::from_redis_value::<Option<String>>(reply) {
-                Ok(Some(text)) => parse_hold(&text),
-                _ => (None, 0),
-            };
+            let (stored, generation) = stored_hold(reply);
+            let epoch = self.holds.next_epoch();
             let view = self
                 .holds
                 .views
@@ -296,7 +369,99 @@ impl<C: MonotonicClock> RedisStore<C> {
                 })
                 .or_default();
             view.learn(stored, generation, at);
+            view.changed = epoch;
         }
+    }
+
+    /// Sends, on the early reader's connection, the reads of the holds of `keys` this process
+    /// has not read within the last flush interval: the next batch's, while this one is judged.
+    /// Its prefetch takes them in ([`RedisStore::finish_hold_reads_ahead`]).
+    pub(super) fn start_hold_reads_ahead(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
+        self.holds.ahead = None;
+        if self.breaker.is_open() {
+            return;
+        }
+        let (now, interval) = (self.clock.now(), self.config.flush_interval);
+        let mut wanted: Vec<StoredKey> = Vec::new();
+        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
+            Default::default();
+        for (space, key) in keys {
+            let lookup = KeyRef {
+                window: space.0,
+                key,
+            };
+            let fresh = self
+                .holds
+                .views
+                .get(&lookup)
+                .is_some_and(|v| v.fresh(now, interval));
+            if !fresh && seen.insert(lookup) {
+                wanted.push(StoredKey {
+                    window: space.0,
+                    key: KeyBytes::new(key),
+                });
+            }
+        }
+        if wanted.is_empty() {
+            return;
+        }
+        let mut batch = Batch::default();
+        for key in &wanted {
+            let name = self.redis_hold_key(HoldSpace(key.window), key.key.as_slice());
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(&name);
+            batch.command(self.cluster, &name, cmd);
+        }
+        // One read out at a time: a reader stuck on a silent connection is not sent more.
+        let Some(reader) = self.early_hold_reader().filter(|r| r.idle()) else {
+            return;
+        };
+        // Sent now: whatever the reply tells is at least as recent as this instant.
+        let sent = self.clock.now();
+        if let Ok(pending) = reader.send(batch) {
+            self.holds.ahead = Some(HoldReadsAhead {
+                keys: wanted,
+                epoch: self.holds.epoch,
+                sent,
+                pending,
+            });
+        }
+    }
+
+    /// Takes in the hold reads sent ahead, if they are back (never waiting: the prefetch reads
+    /// what is not): each for a key whose view learned nothing from Redis since they were sent
+    /// (and that was not dropped since), as if read when sent.
+    fn finish_hold_reads_ahead(&mut self) {
+        let Some(ahead) = self.holds.ahead.take() else {
+            return;
+        };
+        let replies = match ahead.pending.ready() {
+            Some(Ok(replies)) if replies.len() == ahead.keys.len() => replies,
+            _ => return,
+        };
+        // As for any read: a failover these replies may come from is followed first (which
+        // voids them).
+        self.catch_up_failover();
+        if ahead.epoch < self.holds.void_below {
+            return;
+        }
+        let mut taken = 0u64;
+        for (key, reply) in ahead.keys.into_iter().zip(replies) {
+            let known = match self.holds.views.get(&key) {
+                Some(view) => view.changed > ahead.epoch,
+                None => self.holds.dropped_changed > ahead.epoch,
+            };
+            if known {
+                continue;
+            }
+            let (stored, generation) = stored_hold(reply);
+            let epoch = self.holds.next_epoch();
+            let view = self.holds.views.entry(key).or_default();
+            view.learn(stored, generation, ahead.sent);
+            view.changed = epoch;
+            taken += 1;
+        }
+        self.stats.early_hold_loads += taken;
     }
 
     /// The raises of `holds` did not happen (or are not known to have): they go again.
@@ -322,10 +487,20 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn send_holds(&mut self, batch: &mut Batch) -> Vec<StoredKey> {
         // Not while Redis is away: the views are then all this process knows of its holds.
         if self.holds.views.len() > HOLD_VIEWS_KEPT && !self.breaker.is_open() {
-            let (now, interval) = (self.clock.now(), self.config.flush_interval);
+            // Fresh as the batch being judged sees them (`hold`): a view its prefetch read
+            // stays for the whole batch, rather than being read again, key by key, by every
+            // event after a flush that runs once the batch is a flush interval old.
+            let now = self.holds.prefetched_at.unwrap_or_else(|| self.clock.now());
+            let interval = self.config.flush_interval;
+            let mut dropped_changed = self.holds.dropped_changed;
             self.holds.views.retain(|_, v| {
-                v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval)
+                let keep = v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval);
+                if !keep {
+                    dropped_changed = dropped_changed.max(v.changed);
+                }
+                keep
             });
+            self.holds.dropped_changed = dropped_changed;
         }
         if self.holds.pending == 0 {
             return Vec::new();
@@ -374,21 +549,25 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         let mut refused = None;
         for (key, reply) in holds.iter().zip(replies) {
+            let epoch = self.holds.next_epoch();
             let Some(view) = self.holds.views.get_mut(key) else {
                 continue;
             };
+            view.changed = epoch;
             let Some((raised, _)) = view.inflight.take() else {
                 continue;
             };
             let text = redis::from_redis_value::<String>(reply.clone()).ok();
             match text.as_deref().map(|t| (t, parse_hold(t))) {
-                Some((_, (Some(stored), generation))) => view.learn(Some(stored), generation, sent),
+                Some((_, (Some(stored), generation))) => {
+                    view.learn_acknowledged(Some(stored), generation, sent)
+                }
                 // Released (`lua/release_hold.lua`) after this raise was made: not held.
                 Some((t, (None, generation))) if t.starts_with('r') => {
-                    view.learn(None, generation, sent)
+                    view.learn_acknowledged(None, generation, sent)
                 }
                 _ => {
-                    view.learn(Some(raised), view.generation, sent);
+                    view.learn_acknowledged(Some(raised), view.generation, sent);
                     refused.get_or_insert_with(|| {
                         StoreError::Protocol(format!("hold raise refused: {reply:?}"))
                     });

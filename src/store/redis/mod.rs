@@ -112,6 +112,8 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     target: Target,
     /// Reads a partition loop makes before its batch takes the engine (opened when first asked).
     early: Option<EarlyReader>,
+    /// Its own for holds read ahead (`holds.rs`).
+    early_holds: Option<EarlyReader>,
     /// The next batch's windows, being read while this one is counted (replay).
     read_ahead: Option<(EarlyReads, PendingRead)>,
     breaker: Breaker,
@@ -467,6 +469,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             unconfirmed: failover::Unconfirmed::default(),
             target,
             early: None,
+            early_holds: None,
             read_ahead: None,
             breaker: Breaker::default(),
             clock,
@@ -643,6 +646,10 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
 
     fn read_ahead(&mut self, keys: &[(WindowId, Vec<u8>)]) {
         self.start_read_ahead(keys);
+    }
+
+    fn read_holds_ahead(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
+        self.start_hold_reads_ahead(keys);
     }
 
     /// Waits for the flush in flight, then sends everything still pending and waits for it: on
