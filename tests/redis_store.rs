@@ -609,6 +609,75 @@ fn a_journal_outage_costs_one_wait_and_a_lane_assigned_during_it_still_runs() {
     assert_eq!(other.covered, Some(covered));
 }
 
+/// Reads go 256 keys per round trip, and a Redis that stops answering costs a reader one response
+/// timeout per attempt whatever their number: the replies are read one by one and the attempt
+/// ends at the first that does not come (read as a whole pipeline, each reply would wait its own
+/// timeout: 256 reads, 256 timeouts, while the reader can read nothing else).
+#[test]
+fn a_silent_redis_costs_a_large_read_one_timeout_per_attempt() {
+    use std::time::Duration;
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        attempts: 2,
+        connect_timeout: Duration::from_millis(500),
+        response_timeout: Duration::from_millis(200),
+        retry_backoff: Duration::from_millis(10),
+        ..RedisStoreConfig::default()
+    };
+    let spec = WindowSpec::new(60_000, 60, Aggregate::Count);
+    let at = 1_700_000_000_000;
+    let keys = |window| -> Vec<_> {
+        (0..1_000u32)
+            .map(|key| (window, key.to_be_bytes().to_vec()))
+            .collect()
+    };
+    // A thousand keys counted and flushed, then read by another process in one prefetch.
+    let mut store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+    let window = store.open_window("silent", spec);
+    store.prefetch(&keys(window)).unwrap();
+    for (_, key) in keys(window) {
+        store.apply(window, &key, at, Delta::Count).unwrap();
+    }
+    store.flush().unwrap();
+    let mut other = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+    let window = other.open_window("silent", spec);
+    other.prefetch(&keys(window)).unwrap();
+    assert_eq!((other.stats().loads, other.stats().retries), (1_000, 0));
+    assert_eq!(
+        other
+            .read(window, &999u32.to_be_bytes(), at)
+            .unwrap()
+            .applied,
+        Applied::Counted(1)
+    );
+    assert_eq!(other.stats().loads, 1_000, "read by the prefetch");
+
+    // A reader sends a thousand reads to a Redis that stopped answering: its own error comes
+    // back within the wait for it (two attempts of a connection and one reply each), not the
+    // wait's end.
+    let mut late = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+    let window = late.open_window("silent", spec);
+    let reader = late.early_reader().expect("Redis answers");
+    let mut reads = late.plan_early_reads(&keys(window)).unwrap();
+    assert_eq!(reads.len(), 1_000);
+    redis.pause();
+    let failed = reader.read(&mut reads).unwrap_err().to_string();
+    redis.resume();
+    assert!(
+        !failed.contains("no early read reply"),
+        "the reader was still waiting: {failed}"
+    );
+    // And it reads again as soon as Redis answers.
+    let mut again = late.plan_early_reads(&keys(window)).unwrap();
+    let replies = reader.read(&mut again);
+    assert_eq!(late.take_early_reads(again, replies), 1_000);
+    assert_eq!(
+        late.read(window, &0u32.to_be_bytes(), at).unwrap().applied,
+        Applied::Counted(1)
+    );
+}
+
 /// A hold set by one process is seen by another through Redis within one flush interval, and
 /// by a process started later (a hold survives a restart); its key holds no event bytes.
 #[test]

@@ -18,26 +18,52 @@ use redis::Value;
 use super::counter_store::StoreError;
 use super::scripts::{ScriptCall, SOURCES};
 
-/// Most calls sent in one pipeline (one round trip) while the connection holds. The replies of a
-/// pipeline cut by a lost connection are all lost (the calls ran, and are sent again and skipped
-/// by their recorded offsets), so a link that keeps dropping must still let whole pipelines
-/// through: after each attempt that got nothing through, the next one sends pipelines a quarter
-/// the size (16, 4, 1 calls), and an attempt that got some pipelines through is not counted as
-/// failed. A retried call answers with whole windows (its own first run moved the keys'
-/// versions), so a retry's replies are larger than the first try's. Measured with a proxy that
-/// drops every 100th reply read (`redis_faults`): 64 calls, fixed, failed a flush 3 times in a
-/// row in about one run in seven once the engine got faster (bigger flushes); 64 shrinking, 2 in
-/// 20; 16 shrinking, 0 in 20. `vigil bench --redis --users 1000`: 16 and 64 within the noise.
+/// Most script calls sent in one pipeline (one round trip) while the connection holds. The replies
+/// of a pipeline are read one by one and kept as they come ([`exchange`]); the calls whose
+/// replies a lost connection cut off ran or not, and are sent again (skipped by their recorded
+/// offsets), so a link that keeps dropping must still let calls through: after each attempt that
+/// got nothing through, the next one sends pipelines a quarter the size (16, 4, 1 calls), and an
+/// attempt that got some replies through is not counted as failed. A retried call answers with
+/// whole windows (its own first run moved the keys' versions), so a retry's replies are larger
+/// than the first try's. Measured with a proxy that drops every 100th reply read
+/// (`redis_faults`), when a cut pipeline lost all its replies: 64 calls, fixed, failed a flush 3
+/// times in a row in about one run in seven; 64 shrinking, 2 in 20; 16 shrinking, 0 in 20.
+/// `vigil bench --redis --users 1000`: 16 and 64 within the noise.
 const PIPELINE_CALLS: usize = 16;
 
-/// The same for a batch of plain commands (reads: a key each, where a script call carries up to
-/// 256) on a link opened with [`Link::with_read_pipelines`]: 16 per round trip made a batch's
-/// reads wait for Redis once per 16 keys, behind other connections' script calls each time
-/// (measured: a batch's ~430 hold reads took 30–50 ms). Shrinks as above after an attempt that
-/// got nothing through (256, 64, 16, 4, 1). Not for links anything waits on: redis-rs waits a
-/// response timeout per reply of a pipeline a silent host does not answer, so such a link may
-/// stay stuck for minutes.
+/// The same for a batch of plain commands (reads of a key each, where a script call carries up
+/// to 256 keys): 16 per round trip made a batch's reads wait for Redis once per 16 keys, behind
+/// other connections' script calls each time (measured: a batch's ~430 hold reads took
+/// 30–50 ms). Shrinks as above after an attempt that got nothing through (256, 64, 16, 4, 1).
+/// A silent host costs one response timeout per attempt whatever the size: [`exchange`] stops
+/// at the first reply that does not come.
 const PIPELINE_COMMANDS: usize = 256;
+
+/// Sends `pipe` (`len` commands) in one write and reads the replies one by one, handing each to
+/// `reply` with its position (a server error as `Err`). Stops at the first reply that does not
+/// come (a timeout, a reset) and returns that error: the connection is then in an unknown state
+/// and must be dropped; the replies before it were handed over. By hand, because redis-rs's
+/// `Pipeline::query` reads on after a failed reply, waiting a response timeout for each of the
+/// rest: a silent host would hold a 256-command pipeline for 256 timeouts.
+fn exchange(
+    conn: &mut redis::Connection,
+    pipe: &redis::Pipeline,
+    len: usize,
+    mut reply: impl FnMut(usize, redis::RedisResult<Value>),
+) -> redis::RedisResult<()> {
+    conn.send_packed_command(&pipe.get_packed_pipeline())?;
+    let mut index = 0;
+    while index < len {
+        match conn.recv_response()? {
+            // RESP3 push data may come between replies; it answers no command.
+            Value::Push { .. } => continue,
+            Value::ServerError(error) => reply(index, Err(error.into())),
+            value => reply(index, Ok(value)),
+        }
+        index += 1;
+    }
+    Ok(())
+}
 
 /// How long a connection attempt and a reply may take, and how long a batch marked `confirm`
 /// waits for a replica to acknowledge its writes.
@@ -586,7 +612,6 @@ impl ClusterConn {
             .filter(|(_, c)| !c.is_empty())
         {
             let mut pipe = redis::pipe();
-            pipe.ignore_errors();
             for &call in &calls {
                 pipe.add_command(batch.calls[call].cmd());
             }
@@ -599,18 +624,18 @@ impl ClusterConn {
                 }
                 _ => false,
             };
-            let replies: redis::RedisResult<Vec<redis::RedisResult<Value>>> =
-                self.master(master).and_then(|conn| pipe.query(conn));
-            let mut replies = match replies {
-                Ok(replies) => replies,
-                Err(e) => {
-                    // This master's calls stay pending; a new connection is opened next pass.
-                    self.masters[master].conn = None;
-                    first_error.get_or_insert(e);
-                    continue;
-                }
-            };
-            if confirm {
+            let len = calls.len() + usize::from(confirm);
+            let mut replies = Vec::with_capacity(len);
+            let exchanged = self
+                .master(master)
+                .and_then(|conn| exchange(conn, &pipe, len, |_, reply| replies.push(reply)));
+            if let Err(e) = exchanged {
+                // The calls left without a reply stay pending; a new connection is opened next
+                // pass.
+                self.masters[master].conn = None;
+                first_error.get_or_insert(e);
+            }
+            if confirm && replies.len() == len {
                 // Confirms this pipeline's writes and every earlier one on this master.
                 let wait = replies.pop().unwrap_or(Ok(Value::Nil));
                 if confirmed(&wait) {
@@ -739,8 +764,6 @@ pub(super) struct Link {
     /// One server: it took writes of a batch marked `confirm` that no replica has confirmed yet
     /// (kept across reconnects: a confirmation covers every earlier write on the server).
     unconfirmed: bool,
-    /// See [`Link::with_read_pipelines`].
-    read_pipelines: bool,
 }
 
 impl Link {
@@ -759,14 +782,7 @@ impl Link {
             timeouts,
             backoff,
             unconfirmed: false,
-            read_pipelines: false,
         })
-    }
-
-    /// Batches of plain commands go [`PIPELINE_COMMANDS`] per round trip.
-    pub(super) fn with_read_pipelines(mut self) -> Link {
-        self.read_pipelines = true;
-        self
     }
 
     /// How many failovers (promoted replicas) this store has seen, by any of its links: new
@@ -809,7 +825,7 @@ impl Link {
         let mut failed_attempts = 0;
         loop {
             let answered = results.iter().filter(|r| r.is_some()).count();
-            let reads = self.read_pipelines && batch.calls.iter().all(|c| matches!(c, Op::Cmd(_)));
+            let reads = batch.calls.iter().all(|c| matches!(c, Op::Cmd(_)));
             let (largest, steps) = match reads {
                 true => (PIPELINE_COMMANDS, 4),
                 false => (PIPELINE_CALLS, 3),
@@ -888,8 +904,7 @@ impl Link {
         // Each call's result is kept across attempts, so a call that ran is never sent again
         // because another failed (a NOSCRIPT after `SCRIPT FLUSH`, say). The calls go in
         // pipelines of at most `pipeline` calls: a connection lost in the middle of a long batch
-        // keeps the results of the pipelines before it (redis-rs waits a response timeout per
-        // reply of a pipeline a frozen server does not answer, which the callers' deadlines bound). The calls that met NOSCRIPT are sent
+        // keeps the replies read before it. The calls that met NOSCRIPT are sent
         // again at once, after loading the script once for all of them.
         let mut redone = 0;
         for _pass in 0..2 {
@@ -899,26 +914,20 @@ impl Link {
             let (mut error, mut reload) = (None, false);
             for chunk in waiting.chunks(pipeline) {
                 let mut pipe = redis::pipe();
-                pipe.ignore_errors();
                 for &i in chunk {
                     pipe.add_command(batch.calls[i].cmd());
                 }
-                let replies = match pipe.query::<Vec<redis::RedisResult<Value>>>(conn) {
-                    Ok(replies) => replies,
-                    Err(e) => {
-                        // A timeout, a reset: the connection is in an unknown state. Which calls
-                        // of this pipeline ran is unknown too; they are sent again on a new
-                        // connection (every call the store makes is idempotent).
-                        self.conn = None;
-                        return Err(e);
-                    }
-                };
-                for (&i, reply) in chunk.iter().zip(replies) {
-                    match reply {
-                        Ok(reply) => results[i] = Some(reply),
-                        Err(e) if is_noscript(&e) => reload = true,
-                        Err(e) => error = Some(e),
-                    }
+                let exchanged = exchange(conn, &pipe, chunk.len(), |at, reply| match reply {
+                    Ok(reply) => results[chunk[at]] = Some(reply),
+                    Err(e) if is_noscript(&e) => reload = true,
+                    Err(e) => error = Some(e),
+                });
+                if let Err(e) = exchanged {
+                    // A timeout, a reset: the connection is in an unknown state. Whether the
+                    // calls left without a reply ran is unknown too; they are sent again on a
+                    // new connection (every call the store makes is idempotent).
+                    self.conn = None;
+                    return Err(e);
                 }
             }
             if let Some(e) = error {

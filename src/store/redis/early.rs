@@ -148,28 +148,27 @@ impl<C: MonotonicClock> RedisStore<C> {
             return None;
         }
         if self.early.is_none() {
-            self.early = self.open_early_reader("vigil-early", false);
+            self.early = self.open_early_reader("vigil-early");
         }
         self.early.clone()
     }
 
     /// The reader of holds sent ahead: a connection of its own, so that a batch's few hold
-    /// reads never wait behind the next batch's many window reads, with large pipelines (nothing
-    /// waits for it: a read not back in time is left, see `holds.rs`).
+    /// reads never wait behind the next batch's many window reads (nothing waits for it: a read
+    /// not back in time is left, see `holds.rs`).
     pub fn early_hold_reader(&mut self) -> Option<EarlyReader> {
         if self.breaker.is_open() {
             return None;
         }
         if self.early_holds.is_none() {
-            self.early_holds = self.open_early_reader("vigil-early-holds", true);
+            self.early_holds = self.open_early_reader("vigil-early-holds");
         }
         self.early_holds.clone()
     }
 
-    fn open_early_reader(&mut self, thread: &str, read_pipelines: bool) -> Option<EarlyReader> {
+    fn open_early_reader(&mut self, thread: &str) -> Option<EarlyReader> {
         let timeouts = super::side_timeouts(&self.config);
         let link = match Link::open(self.target.clone(), timeouts, self.config.retry_backoff) {
-            Ok(link) if read_pipelines => link.with_read_pipelines(),
             Ok(link) => link,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot open the early reader's connection");

@@ -286,9 +286,23 @@ impl<C: MonotonicClock> RedisStore<C> {
             return;
         }
         self.finish_hold_reads_ahead();
-        let (now, interval) = (self.clock.now(), self.config.flush_interval);
+        let now = self.clock.now();
         self.holds.prefetched_at = Some(now);
-        let mut wanted: Vec<(HoldSpace, &[u8])> = Vec::new();
+        let wanted = self.hold_keys_to_read(keys, now);
+        if !wanted.is_empty() {
+            self.read_holds(&wanted);
+        }
+    }
+
+    /// The keys of `keys` whose hold views were not told within the last flush interval at
+    /// `now`, each once: what a batch must read.
+    fn hold_keys_to_read<'k>(
+        &self,
+        keys: &'k [(HoldSpace, Vec<u8>)],
+        now: Instant,
+    ) -> Vec<(HoldSpace, &'k [u8])> {
+        let interval = self.config.flush_interval;
+        let mut wanted = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
             Default::default();
         for (space, key) in keys {
@@ -296,24 +310,16 @@ impl<C: MonotonicClock> RedisStore<C> {
                 window: space.0,
                 key,
             };
-            if self
+            let fresh = self
                 .holds
                 .views
                 .get(&lookup)
-                .is_some_and(|v| v.fresh(now, interval))
-            {
-                continue;
-            }
-            if seen.insert(KeyRef {
-                window: space.0,
-                key,
-            }) {
-                wanted.push((*space, key));
+                .is_some_and(|v| v.fresh(now, interval));
+            if !fresh && seen.insert(lookup) {
+                wanted.push((*space, key.as_slice()));
             }
         }
-        if !wanted.is_empty() {
-            self.read_holds(&wanted);
-        }
+        wanted
     }
 
     /// Hold views are read again (another worker may have raised them meanwhile).
@@ -381,27 +387,14 @@ impl<C: MonotonicClock> RedisStore<C> {
         if self.breaker.is_open() {
             return;
         }
-        let (now, interval) = (self.clock.now(), self.config.flush_interval);
-        let mut wanted: Vec<StoredKey> = Vec::new();
-        let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
-            Default::default();
-        for (space, key) in keys {
-            let lookup = KeyRef {
+        let wanted: Vec<StoredKey> = self
+            .hold_keys_to_read(keys, self.clock.now())
+            .into_iter()
+            .map(|(space, key)| StoredKey {
                 window: space.0,
-                key,
-            };
-            let fresh = self
-                .holds
-                .views
-                .get(&lookup)
-                .is_some_and(|v| v.fresh(now, interval));
-            if !fresh && seen.insert(lookup) {
-                wanted.push(StoredKey {
-                    window: space.0,
-                    key: KeyBytes::new(key),
-                });
-            }
-        }
+                key: KeyBytes::new(key),
+            })
+            .collect();
         if wanted.is_empty() {
             return;
         }
