@@ -620,8 +620,8 @@ fn a_silent_redis_costs_a_large_read_one_timeout_per_attempt() {
     let redis = RedisServer::start();
     let config = RedisStoreConfig {
         attempts: 2,
-        connect_timeout: Duration::from_millis(500),
-        response_timeout: Duration::from_millis(200),
+        connect_timeout: Duration::from_millis(200),
+        response_timeout: Duration::from_millis(500),
         retry_backoff: Duration::from_millis(10),
         ..RedisStoreConfig::default()
     };
@@ -654,8 +654,10 @@ fn a_silent_redis_costs_a_large_read_one_timeout_per_attempt() {
     assert_eq!(other.stats().loads, 1_000, "read by the prefetch");
 
     // A reader sends a thousand reads to a Redis that stopped answering: its own error comes
-    // back within the wait for it (two attempts of a connection and one reply each), not the
-    // wait's end.
+    // back within the wait for it (2 × 700 ms), not the wait's end: the first attempt waits one
+    // reply (500 ms), the second a connection, whose setup waits up to the connect timeout for
+    // each of its two replies (2 × 200 ms). Read as whole pipelines, the first 16 of the 1 000
+    // replies alone would take 8 s.
     let mut late = RedisStore::connect(&redis.url(), config.clone()).unwrap();
     let window = late.open_window("silent", spec);
     let reader = late.early_reader().expect("Redis answers");

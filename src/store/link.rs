@@ -22,8 +22,8 @@ use super::scripts::{ScriptCall, SOURCES};
 /// of a pipeline are read one by one and kept as they come ([`exchange`]); the calls whose
 /// replies a lost connection cut off ran or not, and are sent again (skipped by their recorded
 /// offsets), so a link that keeps dropping must still let calls through: after each attempt that
-/// got nothing through, the next one sends pipelines a quarter the size (16, 4, 1 calls), and an
-/// attempt that got some replies through is not counted as failed. A retried call answers with
+/// got less than a pipeline through, the next one sends pipelines a quarter the size (16, 4, 1
+/// calls), and an attempt that got a pipeline's worth of replies through is not counted as failed. A retried call answers with
 /// whole windows (its own first run moved the keys' versions), so a retry's replies are larger
 /// than the first try's. Measured with a proxy that drops every 100th reply read
 /// (`redis_faults`), when a cut pipeline lost all its replies: 64 calls, fixed, failed a flush 3
@@ -34,7 +34,8 @@ const PIPELINE_CALLS: usize = 16;
 /// The same for a batch of plain commands (reads of a key each, where a script call carries up
 /// to 256 keys): 16 per round trip made a batch's reads wait for Redis once per 16 keys, behind
 /// other connections' script calls each time (measured: a batch's ~430 hold reads took
-/// 30–50 ms). Shrinks as above after an attempt that got nothing through (256, 64, 16, 4, 1).
+/// 30–50 ms). Shrinks as above after an attempt that got less than a pipeline through (256, 64,
+/// 16, 4, 1).
 /// A silent host costs one response timeout per attempt whatever the size: [`exchange`] stops
 /// at the first reply that does not come.
 const PIPELINE_COMMANDS: usize = 256;
@@ -841,10 +842,11 @@ impl Link {
                 }
                 Err(e) => e,
             };
-            if results.iter().filter(|r| r.is_some()).count() > answered {
-                // The connection answered part of the batch before it was lost: Redis is there.
-                // Only attempts that got nothing through count (each one that did answers at
-                // least one more call, so this ends).
+            if results.iter().filter(|r| r.is_some()).count() >= answered + pipeline {
+                // The connection answered a pipeline's worth of the batch before it was lost:
+                // Redis is there. Only attempts that got less through count (each one that did
+                // answers at least one more call, so this ends; a host that answers a few
+                // replies and then stalls still runs out of attempts).
                 failed_attempts = 0;
                 delay = self.backoff;
             }

@@ -26,8 +26,8 @@ struct ReadDone {
 }
 
 /// Runs reads on their own connection, so that the counting path can stop waiting for a Redis
-/// that stopped answering: a pipeline against a frozen server waits for each of its replies in
-/// turn (redis-rs), far longer than one response timeout.
+/// that stopped answering: a read's attempts (each a reconnection and a reply, with backoff
+/// between them) may take longer than the counting path should wait.
 fn reader(mut link: Link, jobs: mpsc::Receiver<ReadJob>, done: mpsc::Sender<ReadDone>) {
     for job in jobs {
         let (result, retries) = link.query(&job.batch, job.attempts);
