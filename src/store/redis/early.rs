@@ -93,9 +93,7 @@ impl EarlyReader {
             deadline: self.deadline,
         })
     }
-}
 
-impl EarlyReader {
     /// Whether every job sent was answered.
     pub(super) fn idle(&self) -> bool {
         self.outstanding.load(std::sync::atomic::Ordering::Acquire) == 0
@@ -213,7 +211,6 @@ impl<C: MonotonicClock> RedisStore<C> {
         if wanted.is_empty() {
             return None;
         }
-        let mut batch = Batch::default();
         let mut planned = Vec::with_capacity(wanted.len());
         let mut names = Vec::with_capacity(wanted.len());
         for (window, key) in wanted {
@@ -238,11 +235,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         // One read per hash: the windows of a shared one are its sections.
         let (names, reply_of) = super::view::unique_names(names.into_iter());
-        for name in &names {
-            let mut cmd = redis::cmd("HGETALL");
-            cmd.arg(name);
-            batch.command(self.cluster, name, cmd);
-        }
+        let batch = self.batch_of("HGETALL", &names);
         let generation = self.views.cache.watch();
         Some(EarlyReads {
             keys: planned,

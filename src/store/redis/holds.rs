@@ -144,6 +144,15 @@ impl HoldViews {
         self.epoch
     }
 
+    /// `key`'s view learns what a read of its hold (a GET's reply) told, as of `at`.
+    fn learn_read(&mut self, key: StoredKey, reply: Value, at: Instant) {
+        let (stored, generation) = stored_hold(reply);
+        let epoch = self.next_epoch();
+        let view = self.views.entry(key).or_default();
+        view.learn(stored, generation, at);
+        view.changed = epoch;
+    }
+
     /// No read sent ahead until now is taken in.
     pub(super) fn void_reads_ahead(&mut self) {
         self.epoch += 1;
@@ -364,18 +373,11 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
         };
         for (&(space, key), reply) in keys.iter().zip(replies) {
-            let (stored, generation) = stored_hold(reply);
-            let epoch = self.holds.next_epoch();
-            let view = self
-                .holds
-                .views
-                .entry(StoredKey {
-                    window: space.0,
-                    key: KeyBytes::new(key),
-                })
-                .or_default();
-            view.learn(stored, generation, at);
-            view.changed = epoch;
+            let key = StoredKey {
+                window: space.0,
+                key: KeyBytes::new(key),
+            };
+            self.holds.learn_read(key, reply, at);
         }
     }
 
@@ -398,13 +400,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         if wanted.is_empty() {
             return;
         }
-        let mut batch = Batch::default();
-        for key in &wanted {
-            let name = self.redis_hold_key(HoldSpace(key.window), key.key.as_slice());
-            let mut cmd = redis::cmd("GET");
-            cmd.arg(&name);
-            batch.command(self.cluster, &name, cmd);
-        }
+        let names: Vec<String> = wanted
+            .iter()
+            .map(|key| self.redis_hold_key(HoldSpace(key.window), key.key.as_slice()))
+            .collect();
+        let batch = self.batch_of("GET", &names);
         // One read out at a time: a reader stuck on a silent connection is not sent more.
         let Some(reader) = self.early_hold_reader().filter(|r| r.idle()) else {
             return;
@@ -447,11 +447,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             if known {
                 continue;
             }
-            let (stored, generation) = stored_hold(reply);
-            let epoch = self.holds.next_epoch();
-            let view = self.holds.views.entry(key).or_default();
-            view.learn(stored, generation, ahead.sent);
-            view.changed = epoch;
+            self.holds.learn_read(key, reply, ahead.sent);
             taken += 1;
         }
         self.stats.early_hold_loads += taken;

@@ -83,13 +83,18 @@ impl<C: MonotonicClock> RedisStore<C> {
         command: &str,
         names: &[String],
     ) -> Result<Vec<Value>, StoreError> {
+        self.run_batch(self.batch_of(command, names), command, names.len())
+    }
+
+    /// One `command` per key name, each on the key it names.
+    pub(super) fn batch_of(&self, command: &str, names: &[String]) -> Batch {
         let mut batch = Batch::default();
         for name in names {
             let mut cmd = redis::cmd(command);
             cmd.arg(name);
             batch.command(self.cluster, name, cmd);
         }
-        self.run_batch(batch, command, names.len())
+        batch
     }
 
     /// Commands, each on the key it names, pipelined on the reader thread: a reply per
