@@ -70,8 +70,9 @@
 --
 -- Returns one reply per key: {head, late, skipped, version, "<", field, value, …} for "<": the
 -- window (head "" if the key held nothing) and recorded offsets as they were before the deltas,
--- with the version after them; otherwise
--- {head, late, skipped, version, "="} when the caller's view is current,
+-- with the version after them; otherwise the new version alone (a string, not a table) when the
+-- caller's writes were taken as they are; {head, late, skipped, version, "="} when its deltas
+-- were merged and its view is current,
 -- else {head, late, skipped, version, "*", field, value, …} with the live window as "b<bucket>" →
 -- count/sum and "d<digest>" → latest bucket (absolute indices) and the recorded offsets
 -- "o:<partition>" → offset; {} for a key that holds nothing; {"!"} when the caller sent writes
@@ -141,9 +142,22 @@ local function limbs_text(v)
   return format('%.0f', hi) .. format('%09.0f', lo)
 end
 
+-- A section's field names, built once per call and prefix (each concatenation makes a string).
+local names = {}
+local function names_of(prefix)
+  local own = names[prefix]
+  if own == nil then
+    own = {v = prefix .. 'v', h = prefix .. 'h', e = prefix .. 'e'}
+    names[prefix] = own
+  end
+  return own
+end
+
 -- Each key's header, read once by `invalid` (numbers as numbers): the script runs on these.
-local kinds, prefixes, buckets_of, caps, ttls, strides, expecteds = {}, {}, {}, {}, {}, {}, {}
-local firsts, lasts, writes_lasts = {}, {}, {}
+-- The keys of one counter share their header's first five values, so a header checked once is
+-- kept by its first and fourth values (aggregate and TTL: `memo`) and taken again when the other
+-- three are the same strings.
+local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, memo = {}, {}, {}, {}, {}, {}, {}
 
 -- Digits with an optional sign, at most 16 bytes (Lua's doubles hold it exactly): for the values
 -- written into the hash as they come ("v", "h"), whose text must be what the caller decodes.
@@ -162,23 +176,41 @@ local function invalid()
   for key = 1, #KEYS do
     n = key
     if at + 7 > count then return bad('header cut short') end
-    local head = ARGV[at]
-    local kind, prefix = sub(head, 1, 1), ''
-    if #head > 1 then
-      prefix = sub(head, 2)
-      if #prefix > 16 then return bad('section prefix too long') end
-      if find(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
+    local head, k_text, cap_text, ttl_text, stride_text = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+    local by_ttl = memo[head]
+    if by_ttl == nil then
+      by_ttl = {}
+      memo[head] = by_ttl
     end
-    if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
-    local k, cap, ttl = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-    local stride, expected = ARGV[at + 4], ARGV[at + 5]
-    if not whole(k) or k < 1 then return bad('bad bucket count') end
-    if not whole(cap) or cap < 0 or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
-      return bad('bad distinct bound')
+    local header = by_ttl[ttl_text]
+    if header == nil or header.k_text ~= k_text or header.cap_text ~= cap_text or header.ttl_text ~= ttl_text
+        or header.stride_text ~= stride_text then
+      local kind, prefix = sub(head, 1, 1), ''
+      if #head > 1 then
+        prefix = sub(head, 2)
+        if #prefix > 16 then return bad('section prefix too long') end
+        if find(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
+      end
+      if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
+      local k, cap, ttl = tonumber(k_text), tonumber(cap_text), tonumber(ttl_text)
+      if not whole(k) or k < 1 then return bad('bad bucket count') end
+      if not whole(cap) or cap < 0 or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
+        return bad('bad distinct bound')
+      end
+      if not whole(ttl) or ttl < 1 or ttl > MAX_TTL then return bad('bad TTL') end
+      local stride
+      if stride_text == '2' then stride = 2 elseif stride_text == '4' then stride = 4 else return bad('bad stride') end
+      header = {kind = kind, prefix = prefix, k = k, cap = cap, ttl = ttl, stride = stride, names = names_of(prefix),
+                k_text = k_text, cap_text = cap_text, ttl_text = ttl_text, stride_text = stride_text}
+      by_ttl[ttl_text] = header
     end
-    if not whole(ttl) or ttl < 1 or ttl > MAX_TTL then return bad('bad TTL') end
-    if stride == '2' then stride = 2 elseif stride == '4' then stride = 4 else return bad('bad stride') end
-    if expected ~= '' and expected ~= '<' and not whole(tonumber(expected)) then return bad('bad version') end
+    local kind, prefix, stride = header.kind, header.prefix, header.stride
+    local expected = ARGV[at + 5]
+    local expected_number
+    if expected ~= '' and expected ~= '<' then
+      expected_number = tonumber(expected)
+      if not whole(expected_number) then return bad('bad version') end
+    end
     local deltas, writes = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
     if not whole(deltas) or not whole(writes) then return bad('bad counts') end
     if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
@@ -209,13 +241,13 @@ local function invalid()
       local v, h = ARGV[deltas_end + 3], ARGV[deltas_end + 5]
       if prefix == '' then
         if v ~= 'v' or h ~= 'h' then return bad('bad writes') end
-      elseif v ~= prefix .. 'v' or h ~= prefix .. 'h' then
+      elseif v ~= header.names.v or h ~= header.names.h then
         return bad('bad writes')
       end
       if not int_text(ARGV[deltas_end + 4]) or not int_text(ARGV[deltas_end + 6]) then return bad('bad writes') end
     end
-    kinds[key], prefixes[key], buckets_of[key], caps[key], ttls[key] = kind, prefix, k, cap, ttl
-    strides[key], expecteds[key], firsts[key], lasts[key], writes_lasts[key] = stride, expected, first, deltas_end, writes_end
+    headers[key], expecteds[key], expected_numbers[key] = header, expected, expected_number
+    firsts[key], lasts[key], writes_lasts[key] = first, deltas_end, writes_end
     at = writes_end + 1
   end
   if at ~= count + 1 then return 'apply_window: arguments left over' end
@@ -273,9 +305,16 @@ local function expire(key, ttl, shared, existed)
   end
 end
 
--- The "e" field of a section written with a TTL of `ttl`: when it would have expired on its own.
+-- The "e" field of a section written with a TTL of `ttl`: when it would have expired on its own
+-- (the time stands still while a script runs: one text per TTL).
+local expiries = {}
 local function expiry(ttl)
-  return format('%.0f', now_ms() + ttl)
+  local text = expiries[ttl]
+  if text == nil then
+    text = format('%.0f', now_ms() + ttl)
+    expiries[ttl] = text
+  end
+  return text
 end
 
 -- Of a shared hash's fields `all` (HGETALL), deletes those of every section whose own expiry
@@ -304,7 +343,8 @@ local function prune(key, all, own)
   return stale[own] == true
 end
 
-local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, last, writes_last)
+local function apply(key, header, expected, expected_number, first, last, writes_last)
+  local kind, prefix, k, cap, ttl, stride = header.kind, header.prefix, header.k, header.cap, header.ttl, header.stride
   local has_writes = writes_last > last
   local before = expected == '<'
   local shared = prefix ~= ''
@@ -313,42 +353,47 @@ local function apply(key, kind, prefix, k, cap, ttl, stride, expected, first, la
     if shared then
       -- A section past its own expiry is gone, as its own hash would be: deleted first, so the
       -- caller is answered as for an expired key (and never told its writes landed on it).
-      local got = call('HMGET', key, prefix .. 'v', prefix .. 'e')
-      version = tonumber(got[1]) or 0
-      local expires = tonumber(got[2])
-      if version ~= 0 and expires ~= nil and expires < now_ms() then
-        prune(key, call('HGETALL', key), prefix)
-        version = 0
+      local got = call('HMGET', key, header.names.v, header.names.e)
+      -- The same text is the same number (the conversion is most of what comparing costs).
+      version = got[1] == expected and expected_number or tonumber(got[1]) or 0
+      if version ~= 0 then
+        local expires = tonumber(got[2])
+        if expires ~= nil and expires < now_ms() then
+          prune(key, call('HGETALL', key), prefix)
+          version = 0
+        end
       end
     else
-      version = tonumber(call('HGET', key, 'v')) or 0
+      local got = call('HGET', key, 'v')
+      version = got == expected and expected_number or tonumber(got) or 0
     end
-    if version == tonumber(expected) and has_writes then
+    if version == expected_number and has_writes then
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
       local sets_end = w + 1 + tonumber(ARGV[w + 1])
       local refresh = ARGV[w] == '1'
-      if shared and refresh then
-        -- The section's expiry goes with its writes (one HSET).
-        local sets = {}
+      if shared and refresh and sets_end - w <= 1000 then
+        -- The section's expiry goes with its writes (one HSET; unpack() is safe for this many).
+        call('HSET', key, header.names.e, expiry(ttl), unpack(ARGV, w + 2, sets_end))
+      elseif shared and refresh then
+        local sets = {header.names.e, expiry(ttl)}
         for j = w + 2, sets_end do sets[#sets + 1] = ARGV[j] end
-        sets[#sets + 1] = prefix .. 'e'
-        sets[#sets + 1] = expiry(ttl)
         write('HSET', key, sets, 1, #sets)
       else
         write('HSET', key, ARGV, w + 2, sets_end)
       end
-      write('HDEL', key, ARGV, sets_end + 1, writes_last)
+      if writes_last > sets_end then write('HDEL', key, ARGV, sets_end + 1, writes_last) end
       if refresh then
         expire(key, ttl, shared, version ~= 0)
         -- At most once per window of a key this caller wrote before: drop its siblings'
         -- expired sections.
         if shared and version ~= 0 then prune(key, call('HGETALL', key), prefix) end
       end
-      -- The entries start with "v", the next version, "h", the head.
-      return {ARGV[w + 5], '0', '0', ARGV[w + 3], '='}
+      -- The entries start with "v" and the next version: the reply is that version alone (a
+      -- table per key costs more than the rest of this path).
+      return ARGV[w + 3]
     end
-    if version == 0 and tonumber(expected) ~= 0 then
+    if version == 0 and expected_number ~= 0 then
       return {'?'}
     end
   end
@@ -606,7 +651,6 @@ local problem = invalid()
 if problem then return redis.error_reply(problem) end
 local replies = {}
 for n = 1, #KEYS do
-  replies[n] = apply(KEYS[n], kinds[n], prefixes[n], buckets_of[n], caps[n], ttls[n], strides[n], expecteds[n],
-                     firsts[n], lasts[n], writes_lasts[n])
+  replies[n] = apply(KEYS[n], headers[n], expecteds[n], expected_numbers[n], firsts[n], lasts[n], writes_lasts[n])
 end
 return replies

@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use crate::window::{Aggregate, Applied, Delta, LastValue, WindowSpec, WindowState};
 
-/// One key's reply: its items (head, late, skipped, version, marker, field, value, …).
+/// One key's reply: its items (head, late, skipped, version, marker, field, value, …), or the
+/// version alone.
 pub(super) type KeyReply = Vec<Vec<u8>>;
 
-/// A script call's replies, one per key, from the raw reply.
+/// A script call's replies, one per key, from the raw reply (a key's reply that is a bare string,
+/// not a table, becomes a one-item reply).
 pub(super) fn key_replies(value: redis::Value) -> Result<Vec<KeyReply>, StoreError> {
     redis::from_redis_value(value)
         .map_err(|e| StoreError::Protocol(format!("apply_window reply: {e}")))
@@ -171,13 +173,6 @@ pub(super) fn parse_reply(
     if reply.is_empty() {
         return Ok((Reply::Empty, counts));
     }
-    if reply.len() == 1 {
-        match reply[0].as_slice() {
-            b"!" => return Ok((Reply::Stale, counts)),
-            b"?" => return Ok((Reply::Missing, counts)),
-            _ => {}
-        }
-    }
     let bad = |what: &str| StoreError::Protocol(format!("apply_window reply: {what}"));
     let number = |bytes: &[u8]| -> Result<i64, StoreError> {
         std::str::from_utf8(bytes)
@@ -185,6 +180,19 @@ pub(super) fn parse_reply(
             .and_then(|s| s.parse::<i64>().ok())
             .ok_or_else(|| bad("not an integer"))
     };
+    if reply.len() == 1 {
+        return match reply[0].as_slice() {
+            b"!" => Ok((Reply::Stale, counts)),
+            b"?" => Ok((Reply::Missing, counts)),
+            // The writes were taken as they are: the reply is the version they left alone (a
+            // bare string, read as a one-item reply).
+            version => {
+                let version =
+                    u64::try_from(number(version)?).map_err(|_| bad("a negative version"))?;
+                Ok((Reply::Current { version }, counts))
+            }
+        };
+    }
     if reply.len() < 5 || reply.len() % 2 == 0 {
         return Err(bad("wrong length"));
     }
