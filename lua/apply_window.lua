@@ -157,7 +157,7 @@ end
 -- The keys of one counter share their header's first five values, so a header checked once is
 -- kept by its first and fourth values (aggregate and TTL: `memo`) and taken again when the other
 -- three are the same strings.
-local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, memo = {}, {}, {}, {}, {}, {}, {}
+local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, sets_ends, memo = {}, {}, {}, {}, {}, {}, {}, {}
 
 -- Digits with an optional sign, at most 16 bytes (Lua's doubles hold it exactly): for the values
 -- written into the hash as they come ("v", "h"), whose text must be what the caller decodes.
@@ -197,7 +197,8 @@ local function invalid()
       if not whole(cap) or cap < 0 or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
         return bad('bad distinct bound')
       end
-      if not whole(ttl) or ttl < 1 or ttl > MAX_TTL then return bad('bad TTL') end
+      -- Digits as Redis reads them (PEXPIRE gets this text): no sign, exponent or leading zero.
+      if not whole(ttl) or ttl < 1 or ttl > MAX_TTL or find(ttl_text, '^[1-9]%d*$') == nil then return bad('bad TTL') end
       local stride
       if stride_text == '2' then stride = 2 elseif stride_text == '4' then stride = 4 else return bad('bad stride') end
       header = {kind = kind, prefix = prefix, k = k, cap = cap, ttl = ttl, stride = stride, names = names_of(prefix),
@@ -211,7 +212,9 @@ local function invalid()
       expected_number = tonumber(expected)
       if not whole(expected_number) then return bad('bad version') end
     end
-    local deltas, writes = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
+    -- No deltas (writes alone) is the usual case: "0" is taken without converting it.
+    local deltas_text = ARGV[at + 6]
+    local deltas, writes = deltas_text == '0' and 0 or tonumber(deltas_text), tonumber(ARGV[at + 7])
     if not whole(deltas) or not whole(writes) then return bad('bad counts') end
     if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
     local first = at + 8
@@ -245,6 +248,7 @@ local function invalid()
         return bad('bad writes')
       end
       if not int_text(ARGV[deltas_end + 4]) or not int_text(ARGV[deltas_end + 6]) then return bad('bad writes') end
+      sets_ends[key] = deltas_end + 2 + sets
     end
     headers[key], expecteds[key], expected_numbers[key] = header, expected, expected_number
     firsts[key], lasts[key], writes_lasts[key] = first, deltas_end, writes_end
@@ -286,11 +290,12 @@ end
 -- Sets the key's TTL. In a shared hash (`shared`) only if that makes it longer (another section
 -- may need the longer one): GT, and NX for a key without a TTL yet (GT leaves such a key as it
 -- is); `existed` tells which is likely, to try it first (one call then, most of the time), as
--- does a section of the same key this call wrote before (`timed`).
+-- does a section of the same key this call wrote before (`timed`). The TTL goes to Redis as the
+-- caller's text (`ttl_text`): a number would be formatted again on every call.
 local timed = {}
-local function expire(key, ttl, shared, existed)
+local function expire(key, ttl, ttl_text, shared, existed)
   if not shared then
-    call('PEXPIRE', key, ttl)
+    call('PEXPIRE', key, ttl_text)
     return
   end
   -- Another section of the key gave it a TTL earlier in this call (the time stands still while
@@ -299,9 +304,9 @@ local function expire(key, ttl, shared, existed)
   if before ~= nil and before >= ttl then return end
   timed[key] = ttl
   if before ~= nil or existed then
-    if call('PEXPIRE', key, ttl, 'GT') == 0 then call('PEXPIRE', key, ttl, 'NX') end
-  elseif call('PEXPIRE', key, ttl, 'NX') == 0 then
-    call('PEXPIRE', key, ttl, 'GT')
+    if call('PEXPIRE', key, ttl_text, 'GT') == 0 then call('PEXPIRE', key, ttl_text, 'NX') end
+  elseif call('PEXPIRE', key, ttl_text, 'NX') == 0 then
+    call('PEXPIRE', key, ttl_text, 'GT')
   end
 end
 
@@ -343,7 +348,7 @@ local function prune(key, all, own)
   return stale[own] == true
 end
 
-local function apply(key, header, expected, expected_number, first, last, writes_last)
+local function apply(key, header, expected, expected_number, first, last, sets_end, writes_last)
   local kind, prefix, k, cap, ttl, stride = header.kind, header.prefix, header.k, header.cap, header.ttl, header.stride
   local has_writes = writes_last > last
   local before = expected == '<'
@@ -370,10 +375,10 @@ local function apply(key, header, expected, expected_number, first, last, writes
     if version == expected_number and has_writes then
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
-      local sets_end = w + 1 + tonumber(ARGV[w + 1])
       local refresh = ARGV[w] == '1'
       if shared and refresh and sets_end - w <= 1000 then
-        -- The section's expiry goes with its writes (one HSET; unpack() is safe for this many).
+        -- The section's expiry goes with its writes (one HSET; unpack() is safe for this many,
+        -- and must come last: vigil never writes "e" itself, a caller that did would win).
         call('HSET', key, header.names.e, expiry(ttl), unpack(ARGV, w + 2, sets_end))
       elseif shared and refresh then
         local sets = {header.names.e, expiry(ttl)}
@@ -384,7 +389,7 @@ local function apply(key, header, expected, expected_number, first, last, writes
       end
       if writes_last > sets_end then write('HDEL', key, ARGV, sets_end + 1, writes_last) end
       if refresh then
-        expire(key, ttl, shared, version ~= 0)
+        expire(key, ttl, header.ttl_text, shared, version ~= 0)
         -- At most once per window of a key this caller wrote before: drop its siblings'
         -- expired sections.
         if shared and version ~= 0 then prune(key, call('HGETALL', key), prefix) end
@@ -643,7 +648,7 @@ local function apply(key, header, expected, expected_number, first, last, writes
   end
   write('HSET', key, sets, 1, #sets)
   write('HDEL', key, dead, 1, #dead)
-  expire(key, ttl, shared, existed)
+  expire(key, ttl, header.ttl_text, shared, existed)
   return out
 end
 
@@ -651,6 +656,7 @@ local problem = invalid()
 if problem then return redis.error_reply(problem) end
 local replies = {}
 for n = 1, #KEYS do
-  replies[n] = apply(KEYS[n], headers[n], expecteds[n], expected_numbers[n], firsts[n], lasts[n], writes_lasts[n])
+  replies[n] = apply(KEYS[n], headers[n], expecteds[n], expected_numbers[n], firsts[n], lasts[n], sets_ends[n],
+                     writes_lasts[n])
 end
 return replies
