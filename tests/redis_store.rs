@@ -1014,6 +1014,14 @@ fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() 
     assert!(store
         .plan_early_reads(&keys(&[b"mine", b"shared"]))
         .is_none());
+    // The batch's prefetch takes them as cached without looking again; views dropped in between
+    // are read when counted.
+    store.forget_cached();
+    let loads = store.stats().loads;
+    store.prefetch(&keys(&[b"mine", b"shared"])).unwrap();
+    assert_eq!(value(&mut store, b"mine"), Applied::Counted(2));
+    assert_eq!(value(&mut store, b"shared"), Applied::Counted(1));
+    assert_eq!(store.stats().loads, loads + 2);
 
     // Every view dropped while reads are out (Redis lost its data, a rebalance): none is taken.
     let mut reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();

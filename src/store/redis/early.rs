@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::view::CacheCheck;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec;
@@ -207,7 +208,10 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// The reads [`RedisStore::plan_early_reads`] plans, leaving the windows read for the batch
     /// being counted where they are.
     fn plan_reads(&mut self, keys: &[(WindowId, Vec<u8>)]) -> Option<EarlyReads> {
-        let wanted = self.wanted_windows(keys);
+        let mut cached = std::mem::take(&mut self.views.cached_at_plan);
+        cached.clear();
+        let wanted = self.wanted_windows(keys, CacheCheck::Record(&mut cached));
+        self.views.cached_at_plan = cached;
         if wanted.is_empty() {
             return None;
         }

@@ -3,6 +3,7 @@
 //! ([`Cached`]), how a replayed observation is judged, when a write refreshes the key's TTL; and
 //! the store's counting and reading on those views (a view it lacks is read from Redis).
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,19 @@ pub(super) struct Views {
     /// The lanes this process counted since its views were last forgotten: a key only they
     /// wrote changes in Redis only through this process.
     own_lanes: Vec<u64>,
+    /// Hashes of the keys the last plan of reads ahead found with a clean view (alone only): the
+    /// next prefetch does not look them up in the cache again (each lookup there is a few cache
+    /// misses). A view evicted or dropped in between is read when counted, as any view not
+    /// cached is.
+    pub(super) cached_at_plan: hashbrown::HashSet<u64, foldhash::fast::RandomState>,
+    pub(super) plan_hasher: foldhash::fast::RandomState,
+}
+
+/// How [`RedisStore::wanted_windows`] treats the cache: look every key up, and note the hashes of
+/// those with a clean view (`Record`), or take those noted as cached (`Trust`).
+pub(super) enum CacheCheck<'s> {
+    Record(&'s mut hashbrown::HashSet<u64, foldhash::fast::RandomState>),
+    Trust(&'s hashbrown::HashSet<u64, foldhash::fast::RandomState>),
 }
 
 impl Views {
@@ -62,6 +76,8 @@ impl Views {
             shared: false,
             locality: Vec::new(),
             own_lanes: Vec::new(),
+            cached_at_plan: Default::default(),
+            plan_hasher: Default::default(),
         }
     }
 
@@ -937,7 +953,10 @@ impl<C: MonotonicClock> RedisStore<C> {
         if !std::mem::take(&mut self.views.cache.early_taken) {
             self.views.cache.settle(&self.views.dirty);
         }
-        let wanted = self.wanted_windows(keys);
+        let mut cached = std::mem::take(&mut self.views.cached_at_plan);
+        let wanted = self.wanted_windows(keys, CacheCheck::Trust(&cached));
+        cached.clear();
+        self.views.cached_at_plan = cached;
         if !wanted.is_empty() {
             if let Err(e) = self.read(&wanted) {
                 self.fail(&e, "prefetching windows");
@@ -950,6 +969,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn wanted_windows<'k>(
         &self,
         keys: &'k [(WindowId, Vec<u8>)],
+        mut check: CacheCheck<'_>,
     ) -> Vec<(WindowId, &'k [u8])> {
         let mut wanted: Vec<(WindowId, &[u8])> = Vec::new();
         let mut seen: hashbrown::HashSet<KeyRef<'_>, foldhash::fast::RandomState> =
@@ -971,7 +991,21 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
             // Alone, any cached view will do (and `contains_key` costs less than a `get`).
             let fresh = match self.views.shared {
-                false => self.views.cache.contains_key(&lookup),
+                false => match &mut check {
+                    CacheCheck::Trust(cached)
+                        if cached.contains(&self.views.plan_hasher.hash_one(&lookup)) =>
+                    {
+                        true
+                    }
+                    CacheCheck::Trust(_) => self.views.cache.contains_key(&lookup),
+                    CacheCheck::Record(cached) => {
+                        let fresh = self.views.cache.contains_key(&lookup);
+                        if fresh {
+                            cached.insert(self.views.plan_hasher.hash_one(&lookup));
+                        }
+                        fresh
+                    }
+                },
                 true => self
                     .views
                     .cache
