@@ -567,38 +567,9 @@ fn the_script_checks_every_argument_before_its_first_write() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     let script = script();
-    // Two keys: the first well formed, the second with a bad TTL. Nothing may be written.
-    let mut inv = script.key("vg:t:first");
-    inv.arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("")
-        .arg(2)
-        .arg(0)
-        .arg(5)
-        .arg(1);
-    inv.key("vg:t:second")
-        .arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(0)
-        .arg(2)
-        .arg("")
-        .arg(2)
-        .arg(0)
-        .arg(5)
-        .arg(1);
-    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-    assert!(error.to_string().contains("key 2: bad TTL"), "{error}");
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg("vg:t:first")
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(exists, 0, "the first key was not written");
-    // A TTL goes to PEXPIRE as it came: only the digits Redis reads as an integer pass.
-    for ttl in ["6e4", "0x10", " 60000", "060000", "60000.0", "+60000"] {
+    // Two keys: the first well formed, the second with `ttl` and `bucket` as given. When the
+    // second is refused, nothing may be written.
+    let refused = |conn: &mut redis::Connection, ttl: &str, bucket: &str| -> String {
         let mut inv = script.key("vg:t:first");
         inv.arg("c")
             .arg(3)
@@ -619,48 +590,24 @@ fn the_script_checks_every_argument_before_its_first_write() {
             .arg("")
             .arg(2)
             .arg(0)
-            .arg(5)
-            .arg(1);
-        let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-        assert!(
-            error.to_string().contains("key 2: bad TTL"),
-            "{ttl:?}: {error}"
-        );
-    }
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg("vg:t:first")
-        .query(&mut conn)
-        .unwrap();
-    assert_eq!(exists, 0, "the first key was not written");
-    // Numbers the script computes with must be integers a double holds exactly.
-    for bucket in ["1.5", "x", "", "1e300", "nan", "inf", "9007199254740993"] {
-        let mut inv = script.key("vg:t:first");
-        inv.arg("c")
-            .arg(3)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
-            .arg("")
-            .arg(2)
-            .arg(0)
-            .arg(5)
-            .arg(1);
-        inv.key("vg:t:second")
-            .arg("c")
-            .arg(3)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
-            .arg("")
-            .arg(2)
-            .arg(0)
             .arg(bucket)
             .arg(1);
-        let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-        assert!(
-            error.to_string().contains("key 2: bad bucket"),
-            "{bucket:?}: {error}"
-        );
+        let error = inv.invoke::<Vec<Reply>>(conn).unwrap_err().to_string();
+        let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(conn).unwrap();
+        assert_eq!(exists, 0, "the first key was not written");
+        error
+    };
+    let error = refused(&mut conn, "0", "5");
+    assert!(error.contains("key 2: bad TTL"), "{error}");
+    // A TTL goes to PEXPIRE as it came: only the digits Redis reads as an integer pass.
+    for ttl in ["6e4", "0x10", " 60000", "060000", "60000.0", "+60000"] {
+        let error = refused(&mut conn, ttl, "5");
+        assert!(error.contains("key 2: bad TTL"), "{ttl:?}: {error}");
+    }
+    // Numbers the script computes with must be integers a double holds exactly.
+    for bucket in ["1.5", "x", "", "1e300", "nan", "inf", "9007199254740993"] {
+        let error = refused(&mut conn, "60000", bucket);
+        assert!(error.contains("key 2: bad bucket"), "{bucket:?}: {error}");
     }
     let mut inv = script.key("vg:t:first");
     inv.arg("c")

@@ -93,6 +93,7 @@ impl Views {
     pub(super) fn forget_cached(&mut self) {
         self.ahead.clear();
         self.cache.invalidate_all();
+        self.cached_at_plan.clear();
         self.own_lanes.clear();
     }
 
