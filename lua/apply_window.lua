@@ -183,8 +183,7 @@ local function invalid()
       memo[head] = by_ttl
     end
     local header = by_ttl[ttl_text]
-    if header == nil or header.k_text ~= k_text or header.cap_text ~= cap_text or header.ttl_text ~= ttl_text
-        or header.stride_text ~= stride_text then
+    if header == nil or header.k_text ~= k_text or header.cap_text ~= cap_text or header.stride_text ~= stride_text then
       local kind, prefix = sub(head, 1, 1), ''
       if #head > 1 then
         prefix = sub(head, 2)
@@ -564,7 +563,7 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
   local oldest_live = head - k + 1
   local version = tonumber(stored['v']) or 0
   -- A refused or skipped delta means the caller's view counted something Redis did not.
-  local current = expected ~= '' and tonumber(expected) == version and late == 0 and skipped == 0
+  local current = expected_number == version and late == 0 and skipped == 0
   if changed then version = next_version(version) end
   local version_text = format('%.0f', version)
   local out = {head_text, tostring(late), tostring(skipped), version_text, current and '=' or '*'}
