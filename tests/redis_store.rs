@@ -1807,3 +1807,32 @@ fn counters_over_the_same_dimensions_share_one_hash_per_key_and_one_read() {
         .count();
     assert_eq!((after.len(), changed), (totals.len(), 20));
 }
+
+/// A counter's Redis key name is a contract with the data already in Redis: a release that named
+/// keys differently would start every counter from nothing. The name is `vg:<counter>:` and the
+/// first 16 bytes (hex) of BLAKE3 over the window's shape, what it counts and the key.
+#[test]
+fn redis_key_names_stay_what_earlier_releases_wrote() {
+    let redis = RedisServer::start();
+    let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let spec = vigil::window::WindowSpec::new(60_000, 15, vigil::window::Aggregate::Count);
+    let window = store.open_window("login_failures", spec);
+    for value in [
+        "u-1",
+        "a key longer than one BLAKE3 block of sixty-four bytes, hashed whole",
+    ] {
+        let mut key = Vec::new();
+        vigil::event::Scalar::Str(value).encode_into(&mut key);
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&spec.bucket_ms.to_le_bytes());
+        hasher.update(&spec.buckets.to_le_bytes());
+        hasher.update(spec.aggregate.as_str().as_bytes());
+        hasher.update(&spec.identity.to_le_bytes());
+        hasher.update(&key);
+        let hex = hasher.finalize().to_hex();
+        assert_eq!(
+            store.redis_key(window, &key),
+            format!("vg:login_failures:{}", &hex[..32])
+        );
+    }
+}

@@ -257,12 +257,17 @@ pub fn replay<S: CounterStore>(
     // The next batch's holds: read half way through this one, so that the reads are still
     // within a flush interval (fresh) when the next batch starts.
     let mut ahead_holds = Vec::new();
+    // What the read ahead planned for the next batch (the windows and holds its events touch):
+    // its prefetch takes them instead of planning every event again.
+    let mut next_touched = Vec::new();
+    let mut next_holds = Vec::new();
     // Reading the next batch failed: said once this batch's decisions are out, as before.
     let mut ahead_failed = None;
     skip_byte_order_mark(&mut input)?;
     loop {
         wait_while_saturated(engine.store_mut())?;
-        if std::mem::take(&mut have_ahead) {
+        let planned_ahead = std::mem::take(&mut have_ahead);
+        if planned_ahead {
             std::mem::swap(&mut batch, &mut ahead);
             std::mem::swap(&mut ends, &mut ahead_ends);
         } else {
@@ -281,7 +286,13 @@ pub fn replay<S: CounterStore>(
         summary.lines += ends.len() as u64;
         let events = decode_batch(engine, &batch, &ends);
         if engine.store().prefetches() {
-            prefetch(engine, &events, &mut touched, &mut touched_holds)?;
+            if planned_ahead {
+                std::mem::swap(&mut touched, &mut next_touched);
+                std::mem::swap(&mut touched_holds, &mut next_holds);
+                prefetch_planned(engine, &touched, &touched_holds)?;
+            } else {
+                prefetch(engine, &events, &mut touched, &mut touched_holds)?;
+            }
             if !options.live {
                 match read_batch(
                     &mut input,
@@ -292,7 +303,14 @@ pub fn replay<S: CounterStore>(
                 ) {
                     Ok(()) => {
                         have_ahead = true;
-                        read_ahead(engine, &ahead, &ahead_ends, &mut touched, &mut ahead_holds);
+                        read_ahead(
+                            engine,
+                            &ahead,
+                            &ahead_ends,
+                            &mut next_touched,
+                            &mut next_holds,
+                        );
+                        ahead_holds.clone_from(&next_holds);
                     }
                     Err(e) => ahead_failed = Some(e),
                 }
@@ -441,14 +459,21 @@ fn prefetch<S: CounterStore>(
     touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
 ) -> Result<(), StoreError> {
     touched.clear();
-    for event in events.iter().flatten().flatten() {
-        engine.touched_keys(event, touched);
-    }
-    engine.store_mut().prefetch(touched)?;
     touched_holds.clear();
     for event in events.iter().flatten().flatten() {
+        engine.touched_keys(event, touched);
         engine.touched_holds(event, touched_holds);
     }
+    prefetch_planned(engine, touched, touched_holds)
+}
+
+/// [`prefetch`] of what a batch's events touch, planned already.
+fn prefetch_planned<S: CounterStore>(
+    engine: &mut Engine<S>,
+    touched: &[(WindowId, Vec<u8>)],
+    touched_holds: &[(HoldSpace, Vec<u8>)],
+) -> Result<(), StoreError> {
+    engine.store_mut().prefetch(touched)?;
     engine.store_mut().prefetch_holds(touched_holds)
 }
 

@@ -92,9 +92,17 @@ impl Hash for KeyBytes {
 /// Appends `bytes` as lowercase hex: how digests appear in Redis key names.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for &byte in bytes {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 15)]));
+    // A run of ASCII digits at a time: pushing chars one by one costs more than the hashing
+    // that made them (a Redis key's name is built for every key read or flushed).
+    let mut text = [0u8; 64];
+    for chunk in bytes.chunks(text.len() / 2) {
+        for (pair, &byte) in text.chunks_exact_mut(2).zip(chunk) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 15)];
+        }
+        if let Ok(text) = std::str::from_utf8(&text[..chunk.len() * 2]) {
+            out.push_str(text);
+        }
     }
 }
 
@@ -106,4 +114,28 @@ pub(crate) fn key_name(prefix: &str, name: &str, digest: &blake3::Hash) -> Strin
     key_name.push(':');
     push_hex(&mut key_name, &digest.as_bytes()[..16]);
     key_name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_lowercase_two_digits_per_byte_at_any_length() {
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        let mut text = String::from("x:");
+        push_hex(&mut text, &bytes);
+        let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(text, format!("x:{expected}"));
+        let mut empty = String::new();
+        push_hex(&mut empty, &[]);
+        assert_eq!(empty, "");
+    }
+
+    #[test]
+    fn a_key_name_is_its_prefix_name_and_the_digest_s_first_sixteen_bytes() {
+        let digest = blake3::hash(b"card:4111");
+        let name = key_name("vg:", "fails", &digest);
+        assert_eq!(name, format!("vg:fails:{}", &digest.to_hex()[..32]));
+    }
 }

@@ -48,11 +48,11 @@ const PIPELINE_COMMANDS: usize = 256;
 /// rest: a silent host would hold a 256-command pipeline for 256 timeouts.
 fn exchange(
     conn: &mut redis::Connection,
-    pipe: &redis::Pipeline,
+    packed: &[u8],
     len: usize,
     mut reply: impl FnMut(usize, redis::RedisResult<Value>),
 ) -> redis::RedisResult<()> {
-    conn.send_packed_command(&pipe.get_packed_pipeline())?;
+    conn.send_packed_command(packed)?;
     let mut index = 0;
     while index < len {
         match conn.recv_response()? {
@@ -94,6 +94,12 @@ fn confirmed(reply: &redis::RedisResult<Value>) -> bool {
 pub(super) enum Op {
     Script(ScriptCall),
     Cmd(redis::Cmd),
+    /// A read of one key (`HGETALL`, `GET`): a batch's prefetch holds thousands, each a name
+    /// and nothing to build.
+    Read {
+        command: &'static str,
+        key: String,
+    },
 }
 
 impl Op {
@@ -101,6 +107,30 @@ impl Op {
         match self {
             Op::Script(call) => call.cmd(),
             Op::Cmd(cmd) => cmd.clone(),
+            Op::Read { command, key } => {
+                let mut cmd = redis::cmd(command);
+                cmd.arg(key);
+                cmd
+            }
+        }
+    }
+
+    /// Appends the call as Redis reads it off the wire: a script call straight from its flat
+    /// buffer, with no command built and encoded in between (a flush's thousands of arguments
+    /// were copied twice that way).
+    fn pack_into(&self, out: &mut Vec<u8>) {
+        match self {
+            Op::Script(call) => call.pack_into(out),
+            Op::Cmd(cmd) => cmd.write_packed_command(out),
+            Op::Read { command, key } => {
+                for (at, part) in [command.as_bytes(), key.as_bytes()].into_iter().enumerate() {
+                    out.extend_from_slice(if at == 0 { b"*2\r\n$" } else { b"$" });
+                    out.extend_from_slice(itoa::Buffer::new().format(part.len()).as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    out.extend_from_slice(part);
+                    out.extend_from_slice(b"\r\n");
+                }
+            }
         }
     }
 }
@@ -612,14 +642,14 @@ impl ClusterConn {
             .enumerate()
             .filter(|(_, c)| !c.is_empty())
         {
-            let mut pipe = redis::pipe();
+            let mut packed = Vec::new();
             for &call in &calls {
-                pipe.add_command(batch.calls[call].cmd());
+                batch.calls[call].pack_into(&mut packed);
             }
             // The replica's confirmation rides in the same round trip, after the writes.
             let confirm = match self.timeouts.replica_ack {
                 Some(timeout) if batch.confirm && self.masters[master].replicas > 0 => {
-                    pipe.add_command(wait_for_replica(timeout));
+                    wait_for_replica(timeout).write_packed_command(&mut packed);
                     self.masters[master].unconfirmed = true;
                     true
                 }
@@ -629,7 +659,7 @@ impl ClusterConn {
             let mut replies = Vec::with_capacity(len);
             let exchanged = self
                 .master(master)
-                .and_then(|conn| exchange(conn, &pipe, len, |_, reply| replies.push(reply)));
+                .and_then(|conn| exchange(conn, &packed, len, |_, reply| replies.push(reply)));
             if let Err(e) = exchanged {
                 // The calls left without a reply stay pending; a new connection is opened next
                 // pass.
@@ -749,6 +779,12 @@ impl Batch {
         self.slots.push(if cluster { slot(key) } else { 0 });
     }
 
+    /// Adds a read of `key` (a command whose one argument is the key).
+    pub(super) fn read(&mut self, cluster: bool, command: &'static str, key: String) {
+        self.slots.push(if cluster { slot(&key) } else { 0 });
+        self.calls.push(Op::Read { command, key });
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
@@ -826,7 +862,10 @@ impl Link {
         let mut failed_attempts = 0;
         loop {
             let answered = results.iter().filter(|r| r.is_some()).count();
-            let reads = batch.calls.iter().all(|c| matches!(c, Op::Cmd(_)));
+            let reads = batch
+                .calls
+                .iter()
+                .all(|c| matches!(c, Op::Cmd(_) | Op::Read { .. }));
             let (largest, steps) = match reads {
                 true => (PIPELINE_COMMANDS, 4),
                 false => (PIPELINE_CALLS, 3),
@@ -915,11 +954,11 @@ impl Link {
                 .collect();
             let (mut error, mut reload) = (None, false);
             for chunk in waiting.chunks(pipeline) {
-                let mut pipe = redis::pipe();
+                let mut packed = Vec::new();
                 for &i in chunk {
-                    pipe.add_command(batch.calls[i].cmd());
+                    batch.calls[i].pack_into(&mut packed);
                 }
-                let exchanged = exchange(conn, &pipe, chunk.len(), |at, reply| match reply {
+                let exchanged = exchange(conn, &packed, chunk.len(), |at, reply| match reply {
                     Ok(reply) => results[chunk[at]] = Some(reply),
                     Err(e) if is_noscript(&e) => reload = true,
                     Err(e) => error = Some(e),

@@ -97,8 +97,11 @@ impl ScriptCall {
 
     pub(super) fn fill(&mut self, placeholder: usize, count: usize) {
         let end = self.arg_ends[placeholder];
-        let text = format!("{count:0PLACEHOLDER$}");
-        self.args[end - PLACEHOLDER..end].copy_from_slice(text.as_bytes());
+        let mut text = itoa::Buffer::new();
+        let digits = text.format(count).as_bytes();
+        let field = &mut self.args[end - PLACEHOLDER..end];
+        field.fill(b'0');
+        field[PLACEHOLDER - digits.len()..].copy_from_slice(&digits);
     }
 
     /// Where the arguments end now, to `truncate` back to.
@@ -109,6 +112,39 @@ impl ScriptCall {
     pub(super) fn truncate(&mut self, (bytes, args): (usize, usize)) {
         self.args.truncate(bytes);
         self.arg_ends.truncate(args);
+    }
+
+    /// Appends the call in RESP, as `cmd()` would encode it.
+    pub(super) fn pack_into(&self, out: &mut Vec<u8>) {
+        fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+            out.push(b'$');
+            out.extend_from_slice(itoa::Buffer::new().format(bytes.len()).as_bytes());
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(bytes);
+            out.extend_from_slice(b"\r\n");
+        }
+        let keys = self.key_ends.len();
+        out.reserve(self.keys.len() + self.args.len() + 16 * (keys + self.arg_ends.len()) + 80);
+        out.push(b'*');
+        out.extend_from_slice(
+            itoa::Buffer::new()
+                .format(3 + keys + self.arg_ends.len())
+                .as_bytes(),
+        );
+        out.extend_from_slice(b"\r\n");
+        bulk(out, b"EVALSHA");
+        bulk(out, APPLY_WINDOW.get_hash().as_bytes());
+        bulk(out, itoa::Buffer::new().format(keys).as_bytes());
+        let mut start = 0;
+        for &end in &self.key_ends {
+            bulk(out, &self.keys[start..end]);
+            start = end;
+        }
+        let mut start = 0;
+        for &end in &self.arg_ends {
+            bulk(out, &self.args[start..end]);
+            start = end;
+        }
     }
 
     pub(super) fn cmd(&self) -> redis::Cmd {
@@ -155,5 +191,20 @@ mod tests {
         assert_eq!(args[1], APPLY_WINDOW.get_hash().as_bytes());
         let rest: Vec<&[u8]> = args[2..].iter().map(Vec::as_slice).collect();
         assert_eq!(rest, [&b"1"[..], b"vg:r:1", b"0000000002", b"-5", b"0.1"]);
+    }
+
+    #[test]
+    fn a_packed_call_is_the_command_redis_rs_would_send() {
+        let mut call = ScriptCall::default();
+        call.key(b"vg:r:1");
+        call.key(b"vg:_:2");
+        call.arg(b"");
+        call.arg(&[0, 13, 10, 255]);
+        call.int(i64::MIN);
+        call.arg(&[b'x'; 300]);
+        let mut packed = b"prefix".to_vec();
+        call.pack_into(&mut packed);
+        assert_eq!(packed[..6], *b"prefix");
+        assert_eq!(packed[6..], call.cmd().get_packed_command());
     }
 }

@@ -216,7 +216,6 @@ impl<C: MonotonicClock> RedisStore<C> {
             return None;
         }
         let mut planned = Vec::with_capacity(wanted.len());
-        let mut names = Vec::with_capacity(wanted.len());
         for (window, key) in wanted {
             // A shared key's view read again stays with the prefetch, which reads it under the
             // engine, as late as it can. (Alone, `wanted_windows` left out every key with a view.)
@@ -228,7 +227,6 @@ impl<C: MonotonicClock> RedisStore<C> {
             {
                 continue;
             }
-            names.push(self.redis_key(window, key));
             planned.push(StoredKey {
                 window: window.0,
                 key: KeyBytes::new(key),
@@ -238,8 +236,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             return None;
         }
         // One read per hash: the windows of a shared one are its sections.
-        let (names, reply_of) = super::view::unique_names(names.into_iter());
-        let batch = self.batch_of("HGETALL", &names);
+        let (names, reply_of) = self.unique_redis_keys(
+            planned
+                .iter()
+                .map(|key| (WindowId(key.window), key.key.as_slice())),
+        );
+        let batch = self.batch_of("HGETALL", names);
         let generation = self.views.cache.watch();
         Some(EarlyReads {
             keys: planned,

@@ -10,7 +10,7 @@ use hashbrown::HashMap;
 use redis::Value;
 
 use super::config::FlushSample;
-use super::view::{refresh_due, ttl_ms, Cached, Dirty};
+use super::view::{refresh_due, ttl_ms, Cached, Dirty, Layout};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
@@ -307,15 +307,27 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut groups: Vec<(u16, Vec<usize>, ScriptCall)> = Vec::new();
         let mut open: HashMap<u16, usize> = HashMap::new();
         let mut batch = Batch::default();
+        // The windows of a shared hash are sections of one key: named (hashed) once.
+        let mut shared_names: HashMap<(u64, &[u8]), String> = HashMap::new();
         for (index, key) in keys.iter().enumerate() {
             let stored = stored(key);
-            let name = self.redis_key(WindowId(stored.window), stored.key.as_slice());
-            let group_slot = if self.cluster { slot(&name) } else { 0 };
+            let own_name: String;
+            let window = WindowId(stored.window);
+            let name: &str = match self.layouts.get(window.0 as usize) {
+                Some(Layout::Shared { group, .. }) => shared_names
+                    .entry((*group, stored.key.as_slice()))
+                    .or_insert_with(|| self.redis_key(window, stored.key.as_slice())),
+                _ => {
+                    own_name = self.redis_key(window, stored.key.as_slice());
+                    &own_name
+                }
+            };
+            let group_slot = if self.cluster { slot(name) } else { 0 };
             let group = *open.entry(group_slot).or_insert_with(|| {
                 groups.push((group_slot, Vec::new(), ScriptCall::default()));
                 groups.len() - 1
             });
-            add(key, &mut groups[group].2, &name);
+            add(key, &mut groups[group].2, name);
             groups[group].1.push(index);
             if groups[group].1.len() == KEYS_PER_CALL {
                 open.remove(&group_slot);

@@ -365,7 +365,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             .map(|&(space, key)| self.redis_hold_key(space, key))
             .collect();
         let at = self.clock.now();
-        let replies = match self.read_each("GET", &names) {
+        let replies = match self.read_each("GET", names) {
             Ok(replies) => replies,
             Err(e) => {
                 self.fail(&e, "reading holds");
@@ -404,7 +404,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             .iter()
             .map(|key| self.redis_hold_key(HoldSpace(key.window), key.key.as_slice()))
             .collect();
-        let batch = self.batch_of("GET", &names);
+        let batch = self.batch_of("GET", names);
         // One read out at a time: a reader stuck on a silent connection is not sent more.
         let Some(reader) = self.early_hold_reader().filter(|r| r.idle()) else {
             return;

@@ -80,19 +80,19 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// cluster): a reply per name, in order.
     pub(super) fn read_each(
         &mut self,
-        command: &str,
-        names: &[String],
+        command: &'static str,
+        names: Vec<String>,
     ) -> Result<Vec<Value>, StoreError> {
-        self.run_batch(self.batch_of(command, names), command, names.len())
+        let count = names.len();
+        self.run_batch(self.batch_of(command, names), command, count)
     }
 
     /// One `command` per key name, each on the key it names.
-    pub(super) fn batch_of(&self, command: &str, names: &[String]) -> Batch {
+    pub(super) fn batch_of(&self, command: &'static str, names: Vec<String>) -> Batch {
         let mut batch = Batch::default();
+        batch.calls.reserve(names.len());
         for name in names {
-            let mut cmd = redis::cmd(command);
-            cmd.arg(name);
-            batch.command(self.cluster, name, cmd);
+            batch.read(self.cluster, command, name);
         }
         batch
     }

@@ -559,24 +559,6 @@ pub(super) fn refresh_due(
         || refreshed.is_none_or(|at| now.saturating_duration_since(at) >= window)
 }
 
-/// The distinct names of `names` in order of first appearance, and for each name given the
-/// position of its distinct one: windows in one shared hash are read with one `HGETALL`.
-pub(super) fn unique_names(names: impl Iterator<Item = String>) -> (Vec<String>, Vec<usize>) {
-    let mut unique: Vec<String> = Vec::new();
-    let mut positions: HashMap<String, usize, foldhash::fast::RandomState> = HashMap::default();
-    let reply_of = names
-        .map(|name| match positions.get(&name) {
-            Some(&at) => at,
-            None => {
-                positions.insert(name.clone(), unique.len());
-                unique.push(name);
-                unique.len() - 1
-            }
-        })
-        .collect();
-    (unique, reply_of)
-}
-
 /// Where a window's keys live in Redis: each in a hash of its own, or as a section of a hash
 /// shared by the windows of one group (`WindowSpec::group`: counters over the same dimensions),
 /// one per key. Sharing makes one read serve every counter of a key an event touches (an
@@ -644,6 +626,31 @@ impl<C: MonotonicClock> RedisStore<C> {
             .map_or(b"", Layout::prefix)
     }
 
+    /// The Redis keys of `keys`, each named once, and for each of `keys` the index of its own:
+    /// the windows of a shared hash are sections of one key, named (hashed) only for the first.
+    pub(super) fn unique_redis_keys<'k>(
+        &self,
+        keys: impl Iterator<Item = (WindowId, &'k [u8])>,
+    ) -> (Vec<String>, Vec<usize>) {
+        let mut unique: Vec<String> = Vec::new();
+        // By (shared, group or window, key): cheaper to look up than a name is to make.
+        let mut positions: HashMap<(bool, u64, &[u8]), usize, foldhash::fast::RandomState> =
+            HashMap::default();
+        let index_of = keys
+            .map(|(window, key)| {
+                let hash = match self.layouts.get(window.0 as usize) {
+                    Some(Layout::Shared { group, .. }) => (true, *group, key),
+                    _ => (false, u64::from(window.0), key),
+                };
+                *positions.entry(hash).or_insert_with(|| {
+                    unique.push(self.redis_key(window, key));
+                    unique.len() - 1
+                })
+            })
+            .collect();
+        (unique, index_of)
+    }
+
     /// The Redis key of (window, canonical key bytes): `vg:<name>:<digest>`, where the digest
     /// covers the window's shape, what it counts and the key, so user bytes never reach Redis raw
     /// and a counter whose window, dimensions or field change starts on fresh counters; for a
@@ -651,21 +658,23 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// then tells the window's fields apart; no counter id starts with `_`, so no counter's keys
     /// share that name space).
     pub fn redis_key(&self, window: WindowId, key: &[u8]) -> String {
+        // The digest's input in one buffer, hashed at once: the same digest as feeding its parts
+        // in turn, without a streaming hasher's bookkeeping per part (a name is built for every
+        // key read or flushed).
+        let mut input: smallvec::SmallVec<[u8; 128]> = smallvec::SmallVec::new();
         if let Some(Layout::Shared { group, .. }) = self.layouts.get(window.0 as usize) {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(&group.to_le_bytes());
-            hasher.update(key);
-            return key_name("vg:", "_", &hasher.finalize());
+            input.extend_from_slice(&group.to_le_bytes());
+            input.extend_from_slice(key);
+            return key_name("vg:", "_", &blake3::hash(&input));
         }
         let spec = self.windows.spec(window.0);
         let name = self.windows.name(window.0);
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&spec.bucket_ms.to_le_bytes());
-        hasher.update(&spec.buckets.to_le_bytes());
-        hasher.update(spec.aggregate.as_str().as_bytes());
-        hasher.update(&spec.identity.to_le_bytes());
-        hasher.update(key);
-        key_name("vg:", name, &hasher.finalize())
+        input.extend_from_slice(&spec.bucket_ms.to_le_bytes());
+        input.extend_from_slice(&spec.buckets.to_le_bytes());
+        input.extend_from_slice(spec.aggregate.as_str().as_bytes());
+        input.extend_from_slice(&spec.identity.to_le_bytes());
+        input.extend_from_slice(key);
+        key_name("vg:", name, &blake3::hash(&input))
     }
 
     /// What Redis holds for the key now (its window, recorded offsets, TTL), or this process's
@@ -1024,11 +1033,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// master on a cluster) and caches them. A plain read needs no script: every field a hash
     /// holds is live for its head, which the script maintains on every write.
     fn read(&mut self, keys: &[(WindowId, &[u8])]) -> Result<Vec<Arc<Cached>>, StoreError> {
-        let (names, reply_of) = unique_names(
-            keys.iter()
-                .map(|&(window, key)| self.redis_key(window, key)),
-        );
-        let replies = self.read_each("HGETALL", &names)?;
+        let (names, reply_of) = self.unique_redis_keys(keys.iter().copied());
+        let replies = self.read_each("HGETALL", names)?;
         if self.views.cache.overfull() {
             self.views.cache.settle(&self.views.dirty);
         }
