@@ -38,6 +38,10 @@ pub(super) struct Views {
     /// cached is.
     pub(super) cached_at_plan: hashbrown::HashSet<u64, foldhash::fast::RandomState>,
     pub(super) plan_hasher: foldhash::fast::RandomState,
+    /// By aggregate, the view of a key Redis holds nothing for: shared by every such key (most
+    /// keys a cold workload reads, a rule's counter of failures for an account that never
+    /// failed, say), which then costs the cache an entry but no window of its own.
+    empty: [Arc<Cached>; 6],
 }
 
 /// How [`RedisStore::wanted_windows`] treats the cache: look every key up, and note the hashes of
@@ -78,7 +82,30 @@ impl Views {
             own_lanes: Vec::new(),
             cached_at_plan: Default::default(),
             plan_hasher: Default::default(),
+            empty: [
+                Aggregate::Count,
+                Aggregate::Sum,
+                Aggregate::Distinct,
+                Aggregate::Max,
+                Aggregate::Min,
+                Aggregate::Last,
+            ]
+            .map(|aggregate| {
+                Arc::new(Cached {
+                    state: WindowState::new(aggregate),
+                    version: Some(0),
+                    refreshed: None,
+                    offsets: Offsets::new(),
+                })
+            }),
         }
+    }
+
+    /// The view of a key Redis holds nothing for, in a window of `aggregate`.
+    pub(super) fn empty_view(&self, aggregate: Aggregate) -> Arc<Cached> {
+        let view = &self.empty[aggregate as usize];
+        debug_assert!(view.state.head().is_none() && view.version == Some(0));
+        Arc::clone(view)
     }
 
     /// Notes that this process counts `lane`'s events.
@@ -1071,12 +1098,17 @@ impl<C: MonotonicClock> RedisStore<C> {
         } = codec::decode_section(&spec, self.section(key.window), hash)?;
         self.views
             .learn(key.window, &offsets, || several_observations(&spec, &state));
-        let cached = Arc::new(Cached {
-            state,
-            version: Some(version),
-            refreshed: None,
-            offsets,
-        });
+        let empty = version == 0 && offsets.is_empty() && state.head().is_none();
+        let cached = if empty && state == WindowState::new(spec.aggregate) {
+            self.views.empty_view(spec.aggregate)
+        } else {
+            Arc::new(Cached {
+                state,
+                version: Some(version),
+                refreshed: None,
+                offsets,
+            })
+        };
         self.views.cache.load(key, Arc::clone(&cached));
         Ok(cached)
     }
