@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::counter_store::StoreError;
-use super::scripts::{ScriptCall, SOURCES};
+use super::scripts::{push_array_header, push_bulk, ScriptCall, SOURCES};
 
 /// Most script calls sent in one pipeline (one round trip) while the connection holds. The replies
 /// of a pipeline are read one by one and kept as they come ([`exchange`]); the calls whose
@@ -123,13 +123,9 @@ impl Op {
             Op::Script(call) => call.pack_into(out),
             Op::Cmd(cmd) => cmd.write_packed_command(out),
             Op::Read { command, key } => {
-                for (at, part) in [command.as_bytes(), key.as_bytes()].into_iter().enumerate() {
-                    out.extend_from_slice(if at == 0 { b"*2\r\n$" } else { b"$" });
-                    out.extend_from_slice(itoa::Buffer::new().format(part.len()).as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                    out.extend_from_slice(part);
-                    out.extend_from_slice(b"\r\n");
-                }
+                push_array_header(out, 2);
+                push_bulk(out, command.as_bytes());
+                push_bulk(out, key.as_bytes());
             }
         }
     }
@@ -1047,9 +1043,32 @@ pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use redis::Value;
 
-    use super::{parse_slots, slot};
+    use super::{parse_slots, slot, wait_for_replica, Op};
+
+    #[test]
+    fn reads_and_commands_are_packed_as_redis_rs_would_send_them() {
+        let read = Op::Read {
+            command: "HGETALL",
+            key: "vg:_:0123456789abcdef0123456789abcdef".into(),
+        };
+        let mut expected = redis::cmd("HGETALL");
+        expected.arg("vg:_:0123456789abcdef0123456789abcdef");
+        let mut wait = wait_for_replica(Duration::from_millis(250)).get_packed_command();
+        let mut packed = Vec::new();
+        read.pack_into(&mut packed);
+        Op::Cmd(wait_for_replica(Duration::from_millis(250))).pack_into(&mut packed);
+        let mut both = expected.get_packed_command();
+        both.append(&mut wait);
+        assert_eq!(packed, both);
+        assert_eq!(
+            read.cmd().get_packed_command(),
+            expected.get_packed_command()
+        );
+    }
 
     #[test]
     fn slot_maps_name_masters_with_their_ids_and_replicas() {

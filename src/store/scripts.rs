@@ -116,33 +116,20 @@ impl ScriptCall {
 
     /// Appends the call in RESP, as `cmd()` would encode it.
     pub(super) fn pack_into(&self, out: &mut Vec<u8>) {
-        fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
-            out.push(b'$');
-            out.extend_from_slice(itoa::Buffer::new().format(bytes.len()).as_bytes());
-            out.extend_from_slice(b"\r\n");
-            out.extend_from_slice(bytes);
-            out.extend_from_slice(b"\r\n");
-        }
         let keys = self.key_ends.len();
         out.reserve(self.keys.len() + self.args.len() + 16 * (keys + self.arg_ends.len()) + 80);
-        out.push(b'*');
-        out.extend_from_slice(
-            itoa::Buffer::new()
-                .format(3 + keys + self.arg_ends.len())
-                .as_bytes(),
-        );
-        out.extend_from_slice(b"\r\n");
-        bulk(out, b"EVALSHA");
-        bulk(out, APPLY_WINDOW.get_hash().as_bytes());
-        bulk(out, itoa::Buffer::new().format(keys).as_bytes());
+        push_array_header(out, 3 + keys + self.arg_ends.len());
+        push_bulk(out, b"EVALSHA");
+        push_bulk(out, APPLY_WINDOW.get_hash().as_bytes());
+        push_bulk(out, itoa::Buffer::new().format(keys).as_bytes());
         let mut start = 0;
         for &end in &self.key_ends {
-            bulk(out, &self.keys[start..end]);
+            push_bulk(out, &self.keys[start..end]);
             start = end;
         }
         let mut start = 0;
         for &end in &self.arg_ends {
-            bulk(out, &self.args[start..end]);
+            push_bulk(out, &self.args[start..end]);
             start = end;
         }
     }
@@ -162,6 +149,22 @@ impl ScriptCall {
         }
         cmd
     }
+}
+
+/// RESP: the header of a command of `len` arguments.
+pub(super) fn push_array_header(out: &mut Vec<u8>, len: usize) {
+    out.push(b'*');
+    out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// RESP: one argument of a command.
+pub(super) fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(itoa::Buffer::new().format(bytes.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
