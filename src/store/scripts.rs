@@ -101,7 +101,7 @@ impl ScriptCall {
         let digits = text.format(count).as_bytes();
         let field = &mut self.args[end - PLACEHOLDER..end];
         field.fill(b'0');
-        field[PLACEHOLDER - digits.len()..].copy_from_slice(&digits);
+        field[PLACEHOLDER - digits.len()..].copy_from_slice(digits);
     }
 
     /// Where the arguments end now, to `truncate` back to.
