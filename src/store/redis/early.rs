@@ -34,6 +34,10 @@ pub struct EarlyReads {
     batch: Batch,
     /// The clean views' generation when planned: all of them dropped since voids the reads.
     generation: u64,
+    /// Hashes of the keys the plan found with a clean view (alone only), handed to the
+    /// prefetch that follows the take-in: carried here, not left in the store, because another
+    /// partition may plan and prefetch in between (a worker releases the engine while it reads).
+    cached_at_plan: hashbrown::HashSet<u64, foldhash::fast::RandomState>,
 }
 
 impl EarlyReads {
@@ -211,8 +215,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut cached = std::mem::take(&mut self.views.cached_at_plan);
         cached.clear();
         let wanted = self.wanted_windows(keys, CacheCheck::Record(&mut cached));
-        self.views.cached_at_plan = cached;
         if wanted.is_empty() {
+            // Nothing to read: the prefetch that follows finds the record in the store.
+            self.views.cached_at_plan = cached;
             return None;
         }
         let mut planned = Vec::with_capacity(wanted.len());
@@ -233,6 +238,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             });
         }
         if planned.is_empty() {
+            self.views.cached_at_plan = cached;
             return None;
         }
         // One read per hash: the windows of a shared one are its sections.
@@ -248,6 +254,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             reply_of,
             batch,
             generation,
+            cached_at_plan: cached,
         })
     }
 
@@ -258,6 +265,13 @@ impl<C: MonotonicClock> RedisStore<C> {
         reads: EarlyReads,
         replies: Result<Vec<Value>, StoreError>,
     ) -> usize {
+        // What the plan found cached stays true unless every view was dropped since: the
+        // prefetch after this take-in trusts it (alone), whether or not the reads came back.
+        if self.views.cache.generation() == reads.generation {
+            self.views.cached_at_plan = reads.cached_at_plan;
+        } else {
+            self.views.cached_at_plan.clear();
+        }
         let replies = match replies {
             Ok(replies) if reads.reply_of.iter().all(|&at| at < replies.len()) => replies,
             _ => {
@@ -275,6 +289,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         // may drop them all: the generation, checked once after it, then tells).
         self.catch_up_failover();
         if self.views.cache.generation() != reads.generation {
+            self.views.cached_at_plan.clear();
             self.views.cache.unwatch();
             return 0;
         }
@@ -300,6 +315,9 @@ impl<C: MonotonicClock> RedisStore<C> {
                 taken += 1;
                 used[at] = true;
             }
+        }
+        if self.views.cache.generation() != reads.generation {
+            self.views.cached_at_plan.clear();
         }
         // Only now: what the views recorded since the plan is forgotten once no read is out.
         self.views.cache.forget_if_unwatched();
