@@ -104,7 +104,7 @@ impl Views {
     /// The view of a key Redis holds nothing for, in a window of `aggregate`.
     pub(super) fn empty_view(&self, aggregate: Aggregate) -> Arc<Cached> {
         let view = &self.empty[aggregate as usize];
-        debug_assert!(view.state.head().is_none() && view.version == Some(0));
+        debug_assert!(view.state == WindowState::new(aggregate) && view.version == Some(0));
         Arc::clone(view)
     }
 
