@@ -262,16 +262,26 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// has no view, or the same view as when the read was planned. Returns how many were taken.
     pub fn take_early_reads(
         &mut self,
+        mut reads: EarlyReads,
+        replies: Result<Vec<Value>, StoreError>,
+    ) -> usize {
+        // What the plan found cached stays true unless every view was dropped since (checked
+        // once the take-in is over): the prefetch after it trusts it (alone), whether or not
+        // the reads came back.
+        let generation = reads.generation;
+        self.views.cached_at_plan = std::mem::take(&mut reads.cached_at_plan);
+        let taken = self.take_in_early_reads(reads, replies);
+        if self.views.cache.generation() != generation {
+            self.views.cached_at_plan.clear();
+        }
+        taken
+    }
+
+    fn take_in_early_reads(
+        &mut self,
         reads: EarlyReads,
         replies: Result<Vec<Value>, StoreError>,
     ) -> usize {
-        // What the plan found cached stays true unless every view was dropped since: the
-        // prefetch after this take-in trusts it (alone), whether or not the reads came back.
-        if self.views.cache.generation() == reads.generation {
-            self.views.cached_at_plan = reads.cached_at_plan;
-        } else {
-            self.views.cached_at_plan.clear();
-        }
         let replies = match replies {
             Ok(replies) if reads.reply_of.iter().all(|&at| at < replies.len()) => replies,
             _ => {
@@ -289,7 +299,6 @@ impl<C: MonotonicClock> RedisStore<C> {
         // may drop them all: the generation, checked once after it, then tells).
         self.catch_up_failover();
         if self.views.cache.generation() != reads.generation {
-            self.views.cached_at_plan.clear();
             self.views.cache.unwatch();
             return 0;
         }
@@ -315,9 +324,6 @@ impl<C: MonotonicClock> RedisStore<C> {
                 taken += 1;
                 used[at] = true;
             }
-        }
-        if self.views.cache.generation() != reads.generation {
-            self.views.cached_at_plan.clear();
         }
         // Only now: what the views recorded since the plan is forgotten once no read is out.
         self.views.cache.forget_if_unwatched();

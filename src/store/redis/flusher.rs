@@ -10,7 +10,7 @@ use hashbrown::HashMap;
 use redis::Value;
 
 use super::config::FlushSample;
-use super::view::{refresh_due, ttl_ms, Cached, Dirty, Layout};
+use super::view::{refresh_due, ttl_ms, Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
@@ -308,20 +308,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         let mut open: HashMap<u16, usize> = HashMap::new();
         let mut batch = Batch::default();
         // The windows of a shared hash are sections of one key: named (hashed) once.
-        let mut shared_names: HashMap<(u64, &[u8]), String> = HashMap::new();
-        for (index, key) in keys.iter().enumerate() {
+        let (names, name_of) = self.unique_redis_keys(keys.iter().map(|key| {
             let stored = stored(key);
-            let own_name: String;
-            let window = WindowId(stored.window);
-            let name: &str = match self.layouts.get(window.0 as usize) {
-                Some(Layout::Shared { group, .. }) => shared_names
-                    .entry((*group, stored.key.as_slice()))
-                    .or_insert_with(|| self.redis_key(window, stored.key.as_slice())),
-                _ => {
-                    own_name = self.redis_key(window, stored.key.as_slice());
-                    &own_name
-                }
-            };
+            (WindowId(stored.window), stored.key.as_slice())
+        }));
+        for ((index, key), &at) in keys.iter().enumerate().zip(&name_of) {
+            let name = names[at].as_str();
             let group_slot = if self.cluster { slot(name) } else { 0 };
             let group = *open.entry(group_slot).or_insert_with(|| {
                 groups.push((group_slot, Vec::new(), ScriptCall::default()));

@@ -1098,8 +1098,8 @@ impl<C: MonotonicClock> RedisStore<C> {
         } = codec::decode_section(&spec, self.section(key.window), hash)?;
         self.views
             .learn(key.window, &offsets, || several_observations(&spec, &state));
-        let empty = version == 0 && offsets.is_empty() && state.head().is_none();
-        let cached = if empty && state == WindowState::new(spec.aggregate) {
+        let empty = version == 0 && offsets.is_empty() && state == WindowState::new(spec.aggregate);
+        let cached = if empty {
             self.views.empty_view(spec.aggregate)
         } else {
             Arc::new(Cached {
