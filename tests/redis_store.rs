@@ -6,7 +6,7 @@ mod support;
 
 use std::process::Command;
 
-use support::store_replay::{replay_with, workload, RULES};
+use support::store_replay::{replay_rules, replay_with, workload, RULES};
 use support::{redis_totals, RedisServer};
 use vigil::clock::ManualMonotonic;
 use vigil::event::TimeBounds;
@@ -38,6 +38,64 @@ fn redis_replay_decides_exactly_like_the_memory_store() {
     );
     // Each batch's new windows were read while the batch before it was counted.
     assert!(stats.early_loads > 10_000, "{stats:?}");
+}
+
+/// With Redis, replay decodes each batch while the one before it is judged (to read its windows
+/// meanwhile) and admits its events only when their turn comes: bad lines, and events too far in
+/// the future, are reported at the same line numbers and leave the same counts as in process.
+#[test]
+fn lines_read_ahead_are_refused_and_reported_like_lines_judged_at_once() {
+    let redis = RedisServer::start();
+    let mut input = workload(5_000);
+    // In the third batch of 1 024 lines: a line from a broken clock, for a user seen before and
+    // after it (counted, it would raise that user's windows).
+    let user = "\"user_id\":\"";
+    let text = String::from_utf8(input.clone()).unwrap();
+    let at = text.match_indices('\n').nth(3_000).unwrap().0 + 1;
+    let someone = &text[at..];
+    let id_start = someone.find(user).unwrap() + user.len();
+    let id = &someone[id_start..id_start + someone[id_start..].find('"').unwrap()];
+    let future = format!(
+        "{{\"ts\":253402300799999,\"type\":\"login\",\"result\":\"fail\",\"user_id\":\"{id}\",\"ip\":\"10.0.0.1\"}}\n"
+    );
+    input.splice(at..at, future.into_bytes());
+    let rules = std::path::Path::new(RULES);
+    let (memory, memory_diagnostics, _) =
+        replay_rules(rules, MemoryStore::new(), &input, ReplayOptions::default());
+    let store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+    let (from_redis, redis_diagnostics, engine) =
+        replay_rules(rules, store, &input, ReplayOptions::default());
+    assert!(
+        engine.store().stats().early_loads > 0,
+        "batches were read ahead"
+    );
+    let memory_diagnostics = String::from_utf8(memory_diagnostics).unwrap();
+    assert!(
+        memory_diagnostics.contains("line 3002: bad event (future_ts)"),
+        "{memory_diagnostics}"
+    );
+    assert!(
+        memory_diagnostics.contains("bad event (invalid_json)"),
+        "and the workload's own bad lines: {memory_diagnostics}"
+    );
+    // The same lines, the same reasons (the wall clock each was judged against aside).
+    let lines = |diagnostics: &str| -> Vec<String> {
+        let cut = |line: &str| {
+            line.split(" of the wall clock (")
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        diagnostics.lines().map(cut).collect()
+    };
+    assert_eq!(
+        lines(&String::from_utf8(redis_diagnostics).unwrap()),
+        lines(&memory_diagnostics)
+    );
+    assert_eq!(
+        String::from_utf8(from_redis).unwrap(),
+        String::from_utf8(memory).unwrap()
+    );
 }
 
 /// Replay reads its next batch of lines before judging the one it holds (so that the store can

@@ -232,203 +232,309 @@ enum Rejected {
 }
 
 /// Replays JSON lines from `input`: one decision record per line to `output`, one line per bad
-/// input line to `diagnostics`. Streams in batches of lines: memory is bounded by the batch, the
-/// longest line and the live keys.
+/// input line to `diagnostics`. Streams in batches of lines: memory is bounded by two batches,
+/// the longest line and the live keys.
 pub fn replay<S: CounterStore>(
     engine: &mut Engine<S>,
     mut input: impl BufRead,
-    mut output: impl Write,
-    mut diagnostics: impl Write,
+    output: impl Write,
+    diagnostics: impl Write,
     options: ReplayOptions,
 ) -> Result<ReplaySummary, ReplayError> {
     let started = Instant::now();
-    let mut summary = ReplaySummary::default();
-    let mut evictions_said = None::<Instant>;
-    let mut batch = Vec::with_capacity(REPLAY_BATCH * 256);
-    let mut ends = Vec::with_capacity(REPLAY_BATCH);
-    let mut touched = Vec::new();
-    let mut touched_holds = Vec::new();
-    let mut record = Vec::with_capacity(1024);
-    // The next batch of lines, read before this one is judged so that the store can read its
-    // windows meanwhile (not live: a live line is judged as soon as it comes).
-    let mut ahead = Vec::new();
-    let mut ahead_ends = Vec::new();
-    let mut have_ahead = false;
-    // The next batch's holds: read half way through this one, so that the reads are still
-    // within a flush interval (fresh) when the next batch starts.
-    let mut ahead_holds = Vec::new();
-    // What the read ahead planned for the next batch (the windows and holds its events touch):
-    // its prefetch takes them instead of planning every event again.
-    let mut next_touched = Vec::new();
-    let mut next_holds = Vec::new();
-    // Reading the next batch failed: said once this batch's decisions are out, as before.
-    let mut ahead_failed = None;
     skip_byte_order_mark(&mut input)?;
-    loop {
-        wait_while_saturated(engine.store_mut())?;
-        let planned_ahead = std::mem::take(&mut have_ahead);
-        if planned_ahead {
-            std::mem::swap(&mut batch, &mut ahead);
-            std::mem::swap(&mut ends, &mut ahead_ends);
-        } else {
-            read_batch(
-                &mut input,
-                &mut batch,
-                &mut ends,
-                options.max_event_bytes,
-                if options.live { 1 } else { REPLAY_BATCH },
-            )?;
-        }
-        if ends.is_empty() {
+    let mut run = Run {
+        input,
+        output,
+        diagnostics,
+        options,
+        summary: ReplaySummary::default(),
+        evictions_said: None,
+        touched: Vec::new(),
+        touched_holds: Vec::new(),
+        record: Vec::with_capacity(1024),
+        planned_ahead: false,
+        next_touched: Vec::new(),
+        next_holds: Vec::new(),
+        ahead_holds: Vec::new(),
+    };
+    // Two buffers take turns: while one batch's lines are judged, the next batch is read into
+    // the other and decoded once, for the store's read ahead and for its own judging (decoded
+    // events borrow their buffer, hence the loop over both).
+    let mut first = LineBatch::default();
+    let mut second = LineBatch::default();
+    let mut lines = run.read(engine, &mut first)?;
+    while !lines.is_empty() {
+        let next = run.batch(engine, lines, &mut second)?;
+        if next.is_empty() {
             break;
         }
-        let first_line = summary.lines + 1;
-        summary.lines += ends.len() as u64;
-        let events = decode_batch(engine, &batch, &ends);
-        if engine.store().prefetches() {
-            if planned_ahead {
-                std::mem::swap(&mut touched, &mut next_touched);
-                std::mem::swap(&mut touched_holds, &mut next_holds);
-                prefetch_planned(engine, &touched, &touched_holds)?;
+        lines = run.batch(engine, next, &mut first)?;
+    }
+    run.finish(engine, started)
+}
+
+/// A batch of input lines: their bytes, and the end of each line in them (or the size of a line
+/// too large to keep).
+#[derive(Default)]
+struct LineBatch {
+    bytes: Vec<u8>,
+    ends: Vec<Result<usize, usize>>,
+}
+
+/// A batch's lines: none for a blank line, else its event (not yet admitted) or why it gave none.
+type Lines<'b> = Vec<Option<Result<Event<'b>, Rejected>>>;
+
+/// What a replay carries from one batch to the next.
+struct Run<I, O, D> {
+    input: I,
+    output: O,
+    diagnostics: D,
+    options: ReplayOptions,
+    summary: ReplaySummary,
+    evictions_said: Option<Instant>,
+    /// The windows and holds the batch being judged touches.
+    touched: Vec<(WindowId, Vec<u8>)>,
+    touched_holds: Vec<(HoldSpace, Vec<u8>)>,
+    record: Vec<u8>,
+    /// The batch about to be judged was read ahead: what its events touch was planned then, into
+    /// `next_touched` and `next_holds`, and its prefetch takes that instead of planning again.
+    planned_ahead: bool,
+    next_touched: Vec<(WindowId, Vec<u8>)>,
+    next_holds: Vec<(HoldSpace, Vec<u8>)>,
+    /// The next batch's holds: read half way through this one, so that the reads are still
+    /// within a flush interval (fresh) when the next batch starts.
+    ahead_holds: Vec<(HoldSpace, Vec<u8>)>,
+}
+
+impl<I: BufRead, O: Write, D: Write> Run<I, O, D> {
+    /// Reads the next batch into `into` and decodes it: a live input one line at a time, so that
+    /// each line is judged as soon as it comes. No lines: the input ended.
+    fn read<'n, S: CounterStore>(
+        &mut self,
+        engine: &Engine<S>,
+        into: &'n mut LineBatch,
+    ) -> Result<Lines<'n>, ReplayError> {
+        let max_lines = if self.options.live { 1 } else { REPLAY_BATCH };
+        if let Err(e) = read_batch(
+            &mut self.input,
+            into,
+            self.options.max_event_bytes,
+            max_lines,
+        ) {
+            // What was judged before stays delivered.
+            self.output.flush()?;
+            return Err(e.into());
+        }
+        Ok(decode_batch(engine, into))
+    }
+
+    /// Judges `lines` and returns the next batch's, read into `next`: before judging when the
+    /// store reads ahead (it loads their windows meanwhile), after judging otherwise.
+    fn batch<'n, S: CounterStore>(
+        &mut self,
+        engine: &mut Engine<S>,
+        lines: Lines<'_>,
+        next: &'n mut LineBatch,
+    ) -> Result<Lines<'n>, ReplayError> {
+        wait_while_saturated(engine.store_mut())?;
+        let first_line = self.summary.lines + 1;
+        self.summary.lines += lines.len() as u64;
+        let prefetches = engine.store().prefetches();
+        if prefetches {
+            if std::mem::take(&mut self.planned_ahead) {
+                std::mem::swap(&mut self.touched, &mut self.next_touched);
+                std::mem::swap(&mut self.touched_holds, &mut self.next_holds);
+                prefetch_planned(engine, &self.touched, &self.touched_holds)?;
             } else {
-                prefetch(engine, &events, &mut touched, &mut touched_holds)?;
-            }
-            if !options.live {
-                match read_batch(
-                    &mut input,
-                    &mut ahead,
-                    &mut ahead_ends,
-                    options.max_event_bytes,
-                    REPLAY_BATCH,
-                ) {
-                    Ok(()) => {
-                        have_ahead = true;
-                        read_ahead(
-                            engine,
-                            &ahead,
-                            &ahead_ends,
-                            &mut next_touched,
-                            &mut next_holds,
-                        );
-                        ahead_holds.clone_from(&next_holds);
-                    }
-                    Err(e) => ahead_failed = Some(e),
-                }
+                prefetch(engine, &lines, &mut self.touched, &mut self.touched_holds)?;
             }
         }
-        let read_holds_at = first_line + events.len() as u64 / 2;
-        for (line, event) in (first_line..).zip(&events) {
-            if line == read_holds_at && !ahead_holds.is_empty() {
-                engine.store_mut().read_holds_ahead(&ahead_holds);
-                ahead_holds.clear();
+        if !prefetches || self.options.live {
+            self.judge(engine, &lines, first_line)?;
+            return self.read(engine, next);
+        }
+        // Reading the next batch failed: said once this batch's decisions are out.
+        let read = read_batch(
+            &mut self.input,
+            next,
+            self.options.max_event_bytes,
+            REPLAY_BATCH,
+        );
+        let next_lines = match read {
+            Ok(()) => {
+                let next_lines = decode_batch(engine, next);
+                self.read_ahead(engine, &next_lines);
+                Ok(next_lines)
             }
-            let event = match event {
+            Err(e) => Err(e),
+        };
+        self.judge(engine, &lines, first_line)?;
+        match next_lines {
+            Ok(next_lines) => Ok(next_lines),
+            Err(e) => {
+                self.output.flush()?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Tells the store which windows the next batch's lines will touch, and keeps the plan for
+    /// that batch's prefetch.
+    fn read_ahead<S: CounterStore>(&mut self, engine: &mut Engine<S>, lines: &Lines<'_>) {
+        self.next_touched.clear();
+        self.next_holds.clear();
+        if lines.is_empty() {
+            return;
+        }
+        for event in lines.iter().flatten().flatten() {
+            engine.touched_keys(event, &mut self.next_touched);
+            engine.touched_holds(event, &mut self.next_holds);
+        }
+        engine.store_mut().read_ahead(&self.next_touched);
+        self.ahead_holds.clone_from(&self.next_holds);
+        self.planned_ahead = true;
+    }
+
+    /// Judges a batch's lines, the first of them line `first_line` of the input, and writes
+    /// their records and bad lines out.
+    fn judge<S: CounterStore>(
+        &mut self,
+        engine: &mut Engine<S>,
+        lines: &Lines<'_>,
+        first_line: u64,
+    ) -> Result<(), ReplayError> {
+        let read_holds_at = first_line + lines.len() as u64 / 2;
+        for (line, entry) in (first_line..).zip(lines) {
+            if line == read_holds_at && !self.ahead_holds.is_empty() {
+                engine.store_mut().read_holds_ahead(&self.ahead_holds);
+                self.ahead_holds.clear();
+            }
+            let event = match entry {
                 None => continue,
                 Some(Ok(event)) => event,
                 Some(Err(rejected)) => {
-                    summary.bad_lines += 1;
-                    match rejected {
-                        Rejected::Bad(bad) => report_bad_line(&mut diagnostics, line, bad)?,
-                        Rejected::TooLarge(size) => writeln!(
-                            diagnostics,
-                            "line {line}: bad event (too_large): line of {size} bytes is longer than max_event_bytes ({})",
-                            options.max_event_bytes
-                        )?,
-                    }
+                    self.bad_line(line, rejected)?;
                     continue;
                 }
             };
-            if options.until_ms.is_some_and(|until| event.ts > until) {
-                summary.after_until += 1;
-                continue;
-            }
-            let decision = engine.evaluate(
-                event,
-                InputPosition {
-                    lane: options.lane,
-                    offset: line as i64,
-                },
-            )?;
-            engine.store_mut().tick()?;
-            if !decision.is_empty() || options.emit_allow {
-                record.clear();
-                record::write_record(
-                    &mut record,
-                    engine.rules(),
-                    event,
-                    &decision,
-                    EventSource::Line(line),
-                );
-                record.push(b'\n');
-                output.write_all(&record)?;
+            // Admitted now rather than when decoded: a line read ahead is judged after the batch
+            // before it, against the clock as it is then.
+            match engine.admit(event) {
+                Ok(()) => self.evaluate(engine, event, line)?,
+                Err(bad) => self.bad_line(line, &Rejected::Bad(bad))?,
             }
         }
-        summary.peak_live_keys = summary.peak_live_keys.max(engine.store().live_keys());
-        summary.peak_state_bytes = summary
+        self.summary.peak_live_keys = self.summary.peak_live_keys.max(engine.store().live_keys());
+        self.summary.peak_state_bytes = self
+            .summary
             .peak_state_bytes
             .max(engine.store().state_stats().bytes);
         warn_on_evictions(
-            &mut diagnostics,
+            &mut self.diagnostics,
             engine.store().state_stats(),
-            &mut summary.state,
-            &mut evictions_said,
+            &mut self.summary.state,
+            &mut self.evictions_said,
         )?;
-        if options.live {
-            output.flush()?;
+        if self.options.live {
+            self.output.flush()?;
         }
-        if let Some(e) = ahead_failed.take() {
-            output.flush()?;
-            return Err(e.into());
+        Ok(())
+    }
+
+    /// Reports line `line` of the input as bad.
+    fn bad_line(&mut self, line: u64, rejected: &Rejected) -> io::Result<()> {
+        self.summary.bad_lines += 1;
+        match rejected {
+            Rejected::Bad(bad) => report_bad_line(&mut self.diagnostics, line, bad),
+            Rejected::TooLarge(size) => writeln!(
+                self.diagnostics,
+                "line {line}: bad event (too_large): line of {size} bytes is longer than max_event_bytes ({})",
+                self.options.max_event_bytes
+            ),
         }
     }
-    output.flush()?;
-    flush_within(engine.store_mut(), options.store_wait)?;
-    summary.counts = engine.counts();
-    summary.live_keys = engine.store().live_keys();
-    summary.peak_live_keys = summary.peak_live_keys.max(summary.live_keys);
-    summary.state = engine.store().state_stats();
-    summary.peak_state_bytes = summary.peak_state_bytes.max(summary.state.bytes);
-    summary.elapsed = started.elapsed();
-    Ok(summary)
+
+    /// Counts and judges one admitted event, line `line` of the input, and writes its record.
+    fn evaluate<S: CounterStore>(
+        &mut self,
+        engine: &mut Engine<S>,
+        event: &Event<'_>,
+        line: u64,
+    ) -> Result<(), ReplayError> {
+        if self.options.until_ms.is_some_and(|until| event.ts > until) {
+            self.summary.after_until += 1;
+            return Ok(());
+        }
+        let decision = engine.evaluate(
+            event,
+            InputPosition {
+                lane: self.options.lane,
+                offset: line as i64,
+            },
+        )?;
+        engine.store_mut().tick()?;
+        if !decision.is_empty() || self.options.emit_allow {
+            self.record.clear();
+            record::write_record(
+                &mut self.record,
+                engine.rules(),
+                event,
+                &decision,
+                EventSource::Line(line),
+            );
+            self.record.push(b'\n');
+            self.output.write_all(&self.record)?;
+        }
+        Ok(())
+    }
+
+    /// Writes out what is left, flushes the store, and sums up.
+    fn finish<S: CounterStore>(
+        mut self,
+        engine: &mut Engine<S>,
+        started: Instant,
+    ) -> Result<ReplaySummary, ReplayError> {
+        self.output.flush()?;
+        flush_within(engine.store_mut(), self.options.store_wait)?;
+        let mut summary = self.summary;
+        summary.counts = engine.counts();
+        summary.live_keys = engine.store().live_keys();
+        summary.peak_live_keys = summary.peak_live_keys.max(summary.live_keys);
+        summary.state = engine.store().state_stats();
+        summary.peak_state_bytes = summary.peak_state_bytes.max(summary.state.bytes);
+        summary.elapsed = started.elapsed();
+        Ok(summary)
+    }
 }
 
-/// The end of each line of a batch in its bytes, or the size of a line too large to keep.
-type LineEnds = Vec<Result<usize, usize>>;
-
-/// A batch's lines: none for a blank line, else its event or why it gave none.
-type Lines<'b> = Vec<Option<Result<Event<'b>, Rejected>>>;
-
-/// Reads the next batch of lines into `batch` (their ends into `ends`). A batch ends at
-/// `max_lines` lines or REPLAY_BATCH_BYTES bytes, whichever comes first: with lines of up to
-/// `max_event_bytes`, memory per batch stays bounded.
+/// Reads the next batch of lines into `batch`. A batch ends at `max_lines` lines or
+/// REPLAY_BATCH_BYTES bytes, whichever comes first: with lines of up to `max_event_bytes`,
+/// memory per batch stays bounded.
 fn read_batch(
     input: &mut impl BufRead,
-    batch: &mut Vec<u8>,
-    ends: &mut LineEnds,
+    batch: &mut LineBatch,
     max_event_bytes: usize,
     max_lines: usize,
 ) -> io::Result<()> {
-    batch.clear();
-    ends.clear();
-    while ends.len() < max_lines && batch.len() < REPLAY_BATCH_BYTES {
-        match read_line_bounded(input, batch, max_event_bytes)? {
+    batch.bytes.clear();
+    batch.ends.clear();
+    while batch.ends.len() < max_lines && batch.bytes.len() < REPLAY_BATCH_BYTES {
+        match read_line_bounded(input, &mut batch.bytes, max_event_bytes)? {
             LineRead::End => break,
-            LineRead::Line => ends.push(Ok(batch.len())),
-            LineRead::TooLarge(size) => ends.push(Err(size)),
+            LineRead::Line => batch.ends.push(Ok(batch.bytes.len())),
+            LineRead::TooLarge(size) => batch.ends.push(Err(size)),
         }
     }
     Ok(())
 }
 
-/// Decodes the batch's lines and refuses events too far in the future; blank lines give none.
-fn decode_batch<'b, S: CounterStore>(
-    engine: &Engine<S>,
-    batch: &'b [u8],
-    ends: &LineEnds,
-) -> Lines<'b> {
-    let mut events = Vec::with_capacity(ends.len());
+/// Decodes the batch's lines; blank lines give none. Admission (an event too far in the future)
+/// is judged later, with the clock of the moment.
+fn decode_batch<'b, S: CounterStore>(engine: &Engine<S>, batch: &'b LineBatch) -> Lines<'b> {
+    let mut events = Vec::with_capacity(batch.ends.len());
     let mut start = 0;
-    for end in ends {
+    for end in &batch.ends {
         let end = match end {
             Ok(end) => *end,
             Err(size) => {
@@ -436,16 +542,12 @@ fn decode_batch<'b, S: CounterStore>(
                 continue;
             }
         };
-        let text = trim_line(&batch[start..end]);
+        let text = trim_line(&batch.bytes[start..end]);
         start = end;
         events.push(if text.iter().all(u8::is_ascii_whitespace) {
             None
         } else {
-            Some(
-                decode(text, engine.rules().projection())
-                    .and_then(|event| engine.admit(&event).map(|()| event))
-                    .map_err(Rejected::Bad),
-            )
+            Some(decode(text, engine.rules().projection()).map_err(Rejected::Bad))
         });
     }
     events
@@ -475,28 +577,6 @@ fn prefetch_planned<S: CounterStore>(
 ) -> Result<(), StoreError> {
     engine.store_mut().prefetch(touched)?;
     engine.store_mut().prefetch_holds(touched_holds)
-}
-
-/// Tells the store which windows the next batch's lines will touch (decoded here for that
-/// only: they are decoded again, and admitted, when their turn comes).
-fn read_ahead<S: CounterStore>(
-    engine: &mut Engine<S>,
-    batch: &[u8],
-    ends: &LineEnds,
-    touched: &mut Vec<(WindowId, Vec<u8>)>,
-    touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
-) {
-    touched.clear();
-    touched_holds.clear();
-    if ends.is_empty() {
-        return;
-    }
-    let events = decode_batch(engine, batch, ends);
-    for event in events.iter().flatten().flatten() {
-        engine.touched_keys(event, touched);
-        engine.touched_holds(event, touched_holds);
-    }
-    engine.store_mut().read_ahead(touched);
 }
 
 /// Says on stderr, at most every ten seconds, that the store started evicting keys at its bound
