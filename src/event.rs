@@ -1415,6 +1415,17 @@ mod tests {
                 .prop_map(str::to_owned),
                 // Mostly plain values, so that larger structures are often valid as a whole.
                 3 => "[a-z0-9-]{0,8}".prop_map(|s| format!("\"{s}\"")),
+                // Longer strings (the scanner looks at eight bytes at a time), with what ends a
+                // string or sends it to the parser anywhere in them: escapes (the parser's), a
+                // raw control character or quote (refused), a multi-byte character.
+                1 => prop::collection::vec(
+                    prop::sample::select(vec![
+                        "a", "b", "c", "0", "9", "-", ".", " ", "\u{e9}", "\u{2603}", "\\\"",
+                        "\\\\", "\\n", "\t", "\u{1}", "\"",
+                    ]),
+                    0..20,
+                )
+                .prop_map(|pieces| format!("\"{}\"", pieces.concat())),
                 3 => (0u64..2_000_000_000_000).prop_map(|n| n.to_string()),
             ]
         }

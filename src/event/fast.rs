@@ -244,9 +244,26 @@ impl<'a> Scanner<'a> {
     /// an escape (the text would need unescaping) and on a control character (JSON refuses it).
     #[inline]
     fn string_body(&mut self) -> Option<&'a str> {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGHS: u64 = 0x8080_8080_8080_8080;
         let bytes = self.text.as_bytes();
         let start = self.pos;
         let mut at = start;
+        // Eight bytes at a time while eight remain: a word's bytes below `limit` get their high
+        // bit set — exactly for the lowest such byte (no borrow reaches below it), so the
+        // lowest bit of the three marks is the first quote, backslash or control character.
+        let below = |word: u64, limit: u64| word.wrapping_sub(ONES * limit) & !word & HIGHS;
+        while let Some(chunk) = bytes.get(at..at + 8) {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            let marks = below(word ^ (ONES * u64::from(b'"')), 1)
+                | below(word ^ (ONES * u64::from(b'\\')), 1)
+                | below(word, 0x20);
+            if marks != 0 {
+                at += (marks.trailing_zeros() / 8) as usize;
+                break;
+            }
+            at += 8;
+        }
         loop {
             match *bytes.get(at)? {
                 b'"' => break,

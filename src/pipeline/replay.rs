@@ -80,7 +80,7 @@ pub fn read_line_bounded(
         if buf.is_empty() {
             break;
         }
-        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+        let (take, done) = match memchr::memchr(b'\n', buf) {
             Some(i) => (i + 1, true),
             None => (buf.len(), false),
         };
