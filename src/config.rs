@@ -64,9 +64,14 @@ pub struct RedisConfig {
     pub url: Option<String>,
     /// PEM file of the CA that signed a `rediss://` server's certificate.
     pub tls_ca_file: Option<PathBuf>,
-    /// Pending deltas are written behind at least this often.
+    /// Pending deltas are written behind at least this often while other workers count into
+    /// the same keys.
     #[serde(deserialize_with = "duration")]
     pub flush_interval: Duration,
+    /// Pending deltas are written behind at least this often while no other worker counts (never
+    /// more often than `flush_interval`): fewer, larger writes.
+    #[serde(deserialize_with = "duration")]
+    pub exclusive_flush_interval: Duration,
     /// A flush starts as soon as this many observations are pending.
     pub max_pending: usize,
     /// Most clean windows kept in the local read cache.
@@ -365,18 +370,7 @@ impl Config {
         const DAY: Duration = Duration::from_secs(86_400);
         const MAX_WINDOW: Duration = Duration::from_secs(400 * 86_400);
         let within = |key: &'static str, value: Duration, min: Duration, max: Duration| {
-            if value < min || value > max {
-                return Err((
-                    key,
-                    format!(
-                        "{} is out of range: must be from {} to {}",
-                        humantime::format_duration(value),
-                        humantime::format_duration(min),
-                        humantime::format_duration(max)
-                    ),
-                ));
-            }
-            Ok(())
+            check_within(value, min, max).map_err(|message| (key, message))
         };
         let bounded = |key: &'static str, value: Option<Duration>, max: Duration| match value {
             Some(value) if value.is_zero() => Err((key, ZERO_BOUND.to_owned())),
@@ -394,11 +388,18 @@ impl Config {
             ms(1),
             DAY,
         )?;
+        let (shortest, longest) = FLUSH_INTERVALS;
         within(
             "redis.flush_interval",
             redis.flush_interval,
-            ms(1),
-            Duration::from_secs(60),
+            shortest,
+            longest,
+        )?;
+        within(
+            "redis.exclusive_flush_interval",
+            redis.exclusive_flush_interval,
+            shortest,
+            longest,
         )?;
         at_least(
             "redis.max_pending",
@@ -553,12 +554,30 @@ pub fn check_at_least(value: u64, min: u64, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The shortest and the longest write-behind interval accepted.
+pub const FLUSH_INTERVALS: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(60));
+
+/// `value` within `min..=max`, or why not (as every duration setting says it).
+pub fn check_within(value: Duration, min: Duration, max: Duration) -> Result<(), String> {
+    if value < min || value > max {
+        return Err(format!(
+            "{} is out of range: must be from {} to {}",
+            humantime::format_duration(value),
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(())
+}
+
 impl RedisConfig {
     /// The Redis store settings of this section; `max_lateness_ms` is the input's lateness bound
     /// (keys live that long past their window).
     pub fn store_config(&self, max_lateness_ms: Option<i64>) -> crate::store::RedisStoreConfig {
         crate::store::RedisStoreConfig {
             flush_interval: self.flush_interval,
+            exclusive_flush_interval: self.exclusive_flush_interval,
             max_pending: self.max_pending,
             attempts: self.retry_attempts,
             retry_backoff: self.retry_backoff,
@@ -866,6 +885,7 @@ impl fmt::Debug for RedisConfig {
             .field("url", &self.url.as_deref().map(redact_url))
             .field("tls_ca_file", &self.tls_ca_file)
             .field("flush_interval", &self.flush_interval)
+            .field("exclusive_flush_interval", &self.exclusive_flush_interval)
             .field("max_pending", &self.max_pending)
             .field("cache_capacity", &self.cache_capacity)
             .field("cache_time_to_idle", &self.cache_time_to_idle)
@@ -895,6 +915,11 @@ mod tests {
         assert_eq!(config.kafka.group_id, "vigil");
         assert_eq!(config.kafka.input_topics, ["events"]);
         assert_eq!(config.redis.flush_interval, Duration::from_millis(50));
+        assert_eq!(
+            config.redis.exclusive_flush_interval,
+            Duration::from_secs(1)
+        );
+        assert_eq!(config.redis.max_pending, 200_000);
         assert_eq!(config.redis.url, None);
         assert_eq!(config.http.listen, "127.0.0.1:9464".parse().unwrap());
         assert_eq!(config.worker.max_event_bytes, 1 << 20);

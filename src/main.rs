@@ -88,6 +88,12 @@ enum Command {
         /// not confirmed (the worker's `redis.replica_ack_timeout`).
         #[arg(long, value_name = "DURATION|off", default_value_t = Bound(RedisConfig::default().replica_ack_timeout), value_parser = parse_nonzero_bound, requires = "redis")]
         replica_ack_timeout: Bound,
+        /// With --redis: how often the counts are written to Redis. A replay is its keys' only
+        /// writer, so by default as seldom as a worker alone in its group (the worker's
+        /// `redis.exclusive_flush_interval`): anything else reading those keys meanwhile (a
+        /// worker, `vigil inspect`) sees them up to that late.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_flush_interval, requires = "redis")]
+        redis_flush_interval: std::time::Duration,
         /// With --redis: count in a Redis whose maxmemory-policy may evict keys (refused
         /// otherwise: an evicted key loses its count silently; the worker's
         /// `redis.allow_eviction`).
@@ -412,6 +418,14 @@ fn at_least(text: &str, min: usize, what: &str) -> Result<usize, String> {
     Ok(value)
 }
 
+/// A write-behind interval, within the config's range for it.
+fn parse_flush_interval(text: &str) -> Result<std::time::Duration, String> {
+    let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    let (shortest, longest) = vigil::config::FLUSH_INTERVALS;
+    vigil::config::check_within(interval, shortest, longest)?;
+    Ok(interval)
+}
+
 fn parse_event_bytes(text: &str) -> Result<usize, String> {
     at_least(text, vigil::config::MIN_EVENT_BYTES, "bytes")
 }
@@ -528,6 +542,7 @@ fn main() -> ExitCode {
             input_id,
             redis_wait,
             replica_ack_timeout,
+            redis_flush_interval,
             redis_allow_eviction,
             rejudge,
             max_event_bytes,
@@ -542,6 +557,7 @@ fn main() -> ExitCode {
                 tls_ca_file: redis_ca,
                 input_id,
                 replica_ack_timeout: replica_ack_timeout.0,
+                flush_interval: redis_flush_interval,
                 allow_eviction: redis_allow_eviction,
                 rejudge,
             });

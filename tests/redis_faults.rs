@@ -125,7 +125,14 @@ fn a_proxy_that_drops_connections_after_redis_executed_doubles_nothing() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port);
     proxy.drop_every(100);
-    let (stdout, stderr) = replay_file(dir.path(), "events.jsonl", &lines, &proxy.url());
+    // Flushing as often as a worker among others: many flushes for the proxy to break.
+    let (stdout, stderr) = replay_file_with(
+        dir.path(),
+        "events.jsonl",
+        &lines,
+        &proxy.url(),
+        &["--redis-flush-interval", "50ms"],
+    );
     assert!(
         proxy.dropped() >= 5,
         "the proxy dropped {} replies",
@@ -241,6 +248,10 @@ impl StreamingReplay {
                 redis,
                 "--input-id",
                 "stream",
+                // Flushing as often as a worker among others: a fault lands between flushes
+                // within the tests' short waits.
+                "--redis-flush-interval",
+                "50ms",
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

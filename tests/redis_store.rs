@@ -1461,6 +1461,7 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
         // and that flush's reply (the window another writer moved on) is merged with it.
         let config = RedisStoreConfig {
             flush_interval: std::time::Duration::from_millis(1),
+            exclusive_flush_interval: std::time::Duration::from_millis(1),
             ..RedisStoreConfig::default()
         };
         let open = |stop: usize| {
@@ -1893,4 +1894,92 @@ fn redis_key_names_stay_what_earlier_releases_wrote() {
             format!("vg:login_failures:{}", &hex[..32])
         );
     }
+}
+
+/// Alone in its keys (no other process counts into them), the store writes behind at the
+/// exclusive interval, so that a key counted many times in between is written once; once others
+/// count too, at the flush interval. A flush that fills up (more keys pending than one flush
+/// takes) goes on at once until every key is sent, whatever the interval: none waits past its
+/// turn, nor holds back the durable mark.
+#[test]
+fn alone_the_store_writes_behind_seldom_and_with_others_at_the_flush_interval() {
+    use std::time::{Duration, Instant};
+    use vigil::window::{Aggregate, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let at = 1_000_000;
+    let written = |conn: &mut redis::Connection| -> u64 {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("vg:*").query(conn).unwrap();
+        keys.len() as u64
+    };
+    // Ticks the store until Redis holds `want` counter keys; false after ten seconds.
+    let ticked_until = |store: &mut RedisStore, conn: &mut redis::Connection, want: u64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            store.tick().unwrap();
+            if written(conn) >= want {
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        false
+    };
+
+    let config = RedisStoreConfig {
+        flush_interval: Duration::ZERO,
+        exclusive_flush_interval: Duration::from_secs(3_600),
+        ..RedisStoreConfig::default()
+    };
+    let mut store = RedisStore::connect(&redis.url(), config).unwrap();
+    let window = store.open_window("alone", WindowSpec::new(1_000, 600, Aggregate::Count));
+    for offset in 0..100 {
+        store.set_origin(Some(InputPosition { lane: 1, offset }));
+        store.apply(window, b"k", at, Delta::Count).unwrap();
+        store.tick().unwrap();
+    }
+    assert_eq!(
+        support::evalsha_calls(&mut conn),
+        0,
+        "alone, nothing is written before the exclusive interval"
+    );
+    store.set_shared(true);
+    assert!(
+        ticked_until(&mut store, &mut conn, 1),
+        "with others, the next tick writes (a flush interval of zero)"
+    );
+    store.flush().unwrap();
+    let calls = support::evalsha_calls(&mut conn);
+    let before = written(&mut conn);
+
+    // Alone, with more keys than one flush takes pending at once.
+    let config = RedisStoreConfig {
+        exclusive_flush_interval: Duration::from_secs(3_600),
+        max_pending: 20_000,
+        ..RedisStoreConfig::default()
+    };
+    let mut store = RedisStore::connect(&redis.url(), config).unwrap();
+    let window = store.open_window("many", WindowSpec::new(1_000, 600, Aggregate::Count));
+    let keys: Vec<_> = (0..20_000)
+        .map(|n| (window, format!("key-{n}").into_bytes()))
+        .collect();
+    store.prefetch(&keys).unwrap();
+    for (offset, (_, key)) in keys.iter().enumerate() {
+        store.set_origin(Some(InputPosition {
+            lane: 2,
+            offset: offset as i64,
+        }));
+        store.apply(window, key, at, Delta::Count).unwrap();
+    }
+    assert_eq!(
+        support::evalsha_calls(&mut conn),
+        calls,
+        "not yet sent: the store did not tick"
+    );
+    assert!(
+        ticked_until(&mut store, &mut conn, before + 20_000),
+        "a full flush goes on until every key is in Redis: {} keys there, {} flushes",
+        written(&mut conn),
+        store.stats().flushes,
+    );
+    assert!(store.stats().flushes >= 2, "{:?}", store.stats());
 }

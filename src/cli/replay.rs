@@ -23,6 +23,8 @@ pub struct ReplayRedis {
     pub input_id: Option<String>,
     /// `--replica-ack-timeout` (`None`: off).
     pub replica_ack_timeout: Option<std::time::Duration>,
+    /// `--redis-flush-interval`.
+    pub flush_interval: std::time::Duration,
     /// `--redis-allow-eviction`.
     pub allow_eviction: bool,
     /// `--rejudge`: replay an input this Redis already holds.
@@ -54,12 +56,17 @@ pub fn replay(
         tls_ca_file,
         input_id,
         replica_ack_timeout,
+        flush_interval,
         allow_eviction,
         rejudge: allow_rejudge,
     }) = redis
     {
         rejudge = allow_rejudge;
         setup.redis.replica_ack_timeout = replica_ack_timeout;
+        // Alone in its keys, the store writes behind at the exclusive interval; the other one
+        // too, should it ever count with others.
+        setup.redis.flush_interval = flush_interval;
+        setup.redis.exclusive_flush_interval = flush_interval;
         setup.redis.allow_eviction = allow_eviction;
         options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
         setup.redis.url = Some(url);

@@ -6,8 +6,15 @@ use std::time::Duration;
 /// Tuning of the Redis store.
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
-    /// Flush pending deltas at least this often.
+    /// Flush pending deltas at least this often while other processes count into the same keys
+    /// ([`CounterStore::set_shared`]): what their values may lack of this process's counts.
+    ///
+    /// [`CounterStore::set_shared`]: crate::store::CounterStore::set_shared
     pub flush_interval: Duration,
+    /// Flush pending deltas at least this often while no other process counts into the same
+    /// keys (never more often than `flush_interval`): nobody reads them sooner, and a key counted
+    /// several times in between is written once.
+    pub exclusive_flush_interval: Duration,
     /// Flush as soon as this many observations are pending.
     pub max_pending: usize,
     /// Attempts per flush before it counts as failed (its deltas are kept either way); window
@@ -55,7 +62,8 @@ impl Default for RedisStoreConfig {
     fn default() -> Self {
         RedisStoreConfig {
             flush_interval: Duration::from_millis(50),
-            max_pending: 10_000,
+            exclusive_flush_interval: Duration::from_secs(1),
+            max_pending: 200_000,
             attempts: 3,
             retry_backoff: Duration::from_millis(20),
             connect_timeout: Duration::from_millis(500),

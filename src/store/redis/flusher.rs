@@ -132,6 +132,10 @@ pub(super) struct Flushing {
     inflight: Option<Inflight>,
     /// When the last flush was sent: the next is due a flush (or probe) interval later.
     last_flush: Instant,
+    /// The last flush took `MAX_FLUSH_KEYS` keys and may have left some pending: the next one
+    /// goes as soon as it is in, so that no key waits past its turn (the durable mark, and with
+    /// it the Kafka offsets, waits for the oldest pending delta).
+    more: bool,
     /// Acknowledged flushes not yet taken by `take_flush_samples`.
     pub(super) samples: Vec<FlushSample>,
     /// The last flush failure not yet reported.
@@ -158,6 +162,7 @@ impl Flushing {
             thread: Some(thread),
             inflight: None,
             last_flush: Instant::now(),
+            more: false,
             samples: Vec::new(),
             last_error: None,
             stray: 0,
@@ -174,11 +179,17 @@ impl<C: MonotonicClock> RedisStore<C> {
         let outage = self.breaker.is_open();
         let interval = if outage {
             self.config.probe_interval
-        } else {
+        } else if self.views.shared {
             self.config.flush_interval
+        } else {
+            // Nobody else counts into these keys: fewer, larger writes.
+            self.config
+                .exclusive_flush_interval
+                .max(self.config.flush_interval)
         };
         let full = self.pending >= self.config.max_pending;
-        let due = (full && !outage) || self.flushing.last_flush.elapsed() >= interval;
+        let due = ((full || self.flushing.more) && !outage)
+            || self.flushing.last_flush.elapsed() >= interval;
         if due && self.flushing.inflight.is_none() {
             self.send()?;
         } else if !outage && self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
@@ -445,6 +456,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             .map(|(k, _)| k.clone())
             .take(MAX_FLUSH_KEYS)
             .collect();
+        self.flushing.more = keys.len() == MAX_FLUSH_KEYS;
         if keys.is_empty() && self.pending == 0 && self.holds.pending == 0 {
             // Nothing pending and nothing in flight: everything counted is in Redis (and durable
             // once a replica has confirmed it).
