@@ -132,10 +132,12 @@ pub(super) struct Flushing {
     inflight: Option<Inflight>,
     /// When the last flush was sent: the next is due a flush (or probe) interval later.
     last_flush: Instant,
-    /// The last flush took `MAX_FLUSH_KEYS` keys and may have left some pending: the next one
-    /// goes as soon as it is in, so that no key waits past its turn (the durable mark, and with
-    /// it the Kafka offsets, waits for the oldest pending delta).
-    more: bool,
+    /// The flush round under way, if its last flush took `MAX_FLUSH_KEYS` keys and may have
+    /// left some: the keys pending when it began (their oldest pending observation counted at or
+    /// before this mark) go out back to back, so that none waits past its turn (the durable
+    /// mark, and with it the Kafka offsets, waits for the oldest pending delta); keys counted
+    /// since wait for the next round, so that each is written about once per interval.
+    round: Option<u64>,
     /// Acknowledged flushes not yet taken by `take_flush_samples`.
     pub(super) samples: Vec<FlushSample>,
     /// The last flush failure not yet reported.
@@ -162,7 +164,7 @@ impl Flushing {
             thread: Some(thread),
             inflight: None,
             last_flush: Instant::now(),
-            more: false,
+            round: None,
             samples: Vec::new(),
             last_error: None,
             stray: 0,
@@ -188,7 +190,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 .max(self.config.flush_interval)
         };
         let full = self.pending >= self.config.max_pending;
-        let due = ((full || self.flushing.more) && !outage)
+        let due = ((full || self.flushing.round.is_some()) && !outage)
             || self.flushing.last_flush.elapsed() >= interval;
         if due && self.flushing.inflight.is_none() {
             self.send()?;
@@ -448,15 +450,18 @@ impl<C: MonotonicClock> RedisStore<C> {
     fn send(&mut self) -> Result<(), StoreError> {
         debug_assert!(self.flushing.inflight.is_none());
         self.flushing.last_flush = Instant::now();
+        let round = *self.flushing.round.get_or_insert(self.counted);
         let keys: Vec<StoredKey> = self
             .views
             .dirty
             .iter()
-            .filter(|(_, d)| !d.pending.is_empty() || d.full)
+            .filter(|(_, d)| {
+                d.full || (!d.pending.is_empty() && d.pending_oldest.is_none_or(|o| o <= round))
+            })
             .map(|(k, _)| k.clone())
             .take(MAX_FLUSH_KEYS)
             .collect();
-        self.flushing.more = keys.len() == MAX_FLUSH_KEYS;
+        self.flushing.round = (keys.len() == MAX_FLUSH_KEYS).then_some(round);
         if keys.is_empty() && self.pending == 0 && self.holds.pending == 0 {
             // Nothing pending and nothing in flight: everything counted is in Redis (and durable
             // once a replica has confirmed it).
