@@ -63,10 +63,11 @@ pub fn replay(
     {
         rejudge = allow_rejudge;
         setup.redis.replica_ack_timeout = replica_ack_timeout;
-        // Alone in its keys, the store writes behind at the exclusive interval; the other one
-        // too, should it ever count with others.
-        setup.redis.flush_interval = flush_interval;
+        // A replay counts alone: it writes behind at the exclusive interval, which is never
+        // shorter than `flush_interval` (which also says how long a hold read stays fresh: the
+        // worker's, unless the one asked for is shorter).
         setup.redis.exclusive_flush_interval = flush_interval;
+        setup.redis.flush_interval = setup.redis.flush_interval.min(flush_interval);
         setup.redis.allow_eviction = allow_eviction;
         options.lane = pipeline::input_lane(&input_identity(input, input_id.as_deref())?);
         setup.redis.url = Some(url);
