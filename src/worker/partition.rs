@@ -33,7 +33,7 @@ const MAX_BATCH: usize = 1024;
 /// observations on shared keys are counted ahead, in Redis before the step is journaled, so a
 /// worker stalled and fenced mid-step leaves at most this many events counted ahead for the
 /// partition's next owner to judge against (RELIABILITY.md, "keys counted ahead").
-const MAX_SHARED_STEP: usize = 256;
+const MAX_SHARED_STEP: usize = 64;
 /// Batches waiting per partition loop; the consumer loop waits when it is full.
 const QUEUE_DEPTH: usize = 8;
 
