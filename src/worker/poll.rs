@@ -120,10 +120,11 @@ impl Worker {
         paused: &mut HashSet<PartitionKey>,
     ) {
         let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
-        {
+        let paused_ours = {
             let partitions = self.lock_partitions();
-            // Revoked partitions are no longer paused (nor ours).
-            paused.retain(|key| partitions.contains_key(key));
+            // A revoked partition stays in `paused`: librdkafka keeps its pause across the
+            // rebalance, so if it comes back it is resumed here (nothing held for it yet)
+            // instead of never being fetched again.
             for (key, state) in partitions.iter() {
                 let held = state.gathered.len();
                 if held >= PAUSE_AT && paused.insert(key.clone()) {
@@ -132,7 +133,11 @@ impl Worker {
                     resume.add_partition(&key.0, key.1);
                 }
             }
-        }
+            paused
+                .iter()
+                .filter(|key| partitions.contains_key(*key))
+                .count()
+        };
         if pause.count() > 0 {
             if let Err(e) = consumer.pause(&pause) {
                 tracing::warn!(error = %e, "cannot pause partitions whose loops are full");
@@ -143,6 +148,6 @@ impl Worker {
                 tracing::warn!(error = %e, "cannot resume partitions");
             }
         }
-        self.metrics.paused_partitions.set(paused.len() as i64);
+        self.metrics.paused_partitions.set(paused_ours as i64);
     }
 }
