@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -416,6 +416,81 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
                 > 1_000.0
         );
     }
+}
+
+/// A worker pauses, in the consumer, a partition whose loop has no room for more messages, and
+/// librdkafka keeps that pause across a rebalance. A partition paused when it was revoked and
+/// given back to the same worker must be fetched again: a worker with a backlog (its partitions
+/// paused most of the time) goes through a second worker joining and leaving, and every event
+/// still gets its decision.
+#[test]
+fn partitions_paused_at_a_rebalance_are_fetched_again_when_they_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, redis) = (Broker::shared(), RedisServer::start());
+    let topics = broker.topics("paused-rebalance", 4);
+    let lines = workload(120_000, 16);
+    let ids = event_ids(&lines);
+    broker.produce(&topics.events, &keyed(&lines), None);
+    let config = config(
+        &broker,
+        &topics,
+        &redis,
+        Path::new("rules"),
+        "emit_allow = true",
+    );
+    let mut first = Worker::start(dir.path(), "w1", &config);
+    first.wait_ready(LONG);
+    let paused = |w: &Worker| w.metric("vigil_paused_partitions").unwrap_or(0.0);
+    let assigned = |w: &Worker| w.metric("vigil_assigned_partitions").unwrap_or(0.0);
+    wait_for(|| paused(&first) > 0.0, &first);
+
+    let mut second = Worker::start(dir.path(), "w2", &config);
+    second.wait_ready(LONG);
+    wait_for(|| assigned(&second) > 0.0 && assigned(&first) > 0.0, &first);
+    // The partitions the first worker kept or got back must go on: it pauses again once a
+    // loop is full, which needs messages fetched after the rebalance.
+    wait_for(|| paused(&first) > 0.0, &first);
+    second.signal("TERM");
+    second
+        .wait_exit(Duration::from_secs(20))
+        .expect("exits after SIGTERM");
+    wait_for(|| assigned(&first) == 4.0, &first);
+
+    // Each record is parsed once while reading (120 000 of them).
+    let seen = std::cell::RefCell::new((0, HashSet::new()));
+    let decisions = broker.read(
+        &topics.decisions,
+        1,
+        |r| {
+            let (read, ids_seen) = &mut *seen.borrow_mut();
+            for record in &r[*read..] {
+                if let Some(id) = record.json()["event_id"].as_str() {
+                    ids_seen.insert(id.to_owned());
+                }
+            }
+            *read = r.len();
+            ids_seen.len() >= ids.len()
+        },
+        Duration::from_secs(1),
+        Duration::from_secs(120),
+    );
+    let got = by_event(&decisions);
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !got.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} events without a decision, e.g. {missing:?}",
+        ids.len() - got.len(),
+        ids.len()
+    );
+    assert_eq!(
+        paused(&first),
+        0.0,
+        "nothing is left paused once the backlog is drained"
+    );
 }
 
 #[test]
