@@ -8,6 +8,7 @@
 //! one hop through the broker alone (produce → consume with a plain client, the same client
 //! settings). vigil's path is one hop in, its own share, one hop out.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -423,6 +424,7 @@ pub fn run(args: &KafkaBenchArgs, rules: RuleSet, out: &mut impl Write) -> Resul
     )?;
     let total = backlog.len() as u64;
     let saturation = worker.saturation(total, bare_rate, out)?;
+    worker.durable(total, out)?;
 
     if args.input.is_some() {
         writeln!(out, "  (the latency phases produce generated events: their event time must be the wall clock)").map_err(|e| e.to_string())?;
@@ -868,6 +870,52 @@ impl BenchWorker {
         )
         .map_err(|e| e.to_string())?;
         Ok(saturation)
+    }
+
+    /// Waits until every backlog event is durable: its counts flushed to the store and its offset
+    /// committed (the sum over partitions of the highest committed offset reaches `total`), so
+    /// that the latency phase measures a steady load, not the write-behind of the backlog's last
+    /// second still going to Redis. Writes how long that took.
+    fn durable(&self, total: u64, out: &mut impl Write) -> Result<(), String> {
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(120);
+        let committed = |texts: &[String]| -> u64 {
+            let mut by_partition: HashMap<&str, u64> = HashMap::new();
+            for text in texts {
+                for line in text.lines() {
+                    let Some(rest) = line.strip_prefix("vigil_committed_offset{") else {
+                        continue;
+                    };
+                    let Some((labels, value)) = rest.rsplit_once("} ") else {
+                        continue;
+                    };
+                    let value = value.trim().parse::<u64>().unwrap_or(0);
+                    let slot = by_partition.entry(labels).or_default();
+                    *slot = (*slot).max(value);
+                }
+            }
+            by_partition.values().sum()
+        };
+        loop {
+            let texts = self.encode();
+            if committed(&texts) >= total {
+                break;
+            }
+            if Instant::now() > deadline || self.any_finished() {
+                self.shutdown.trigger();
+                return Err(format!(
+                    "the backlog was not committed within 120 s ({} of {total})",
+                    committed(&texts)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        writeln!(
+            out,
+            "  durable          every backlog event flushed and committed {:.2}s after the last was processed",
+            started.elapsed().as_secs_f64()
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// Stops the workers and says how the first that failed ended.
