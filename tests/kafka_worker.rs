@@ -1345,6 +1345,7 @@ fn the_kafka_benchmark_runs_on_apache_kafka_and_reports_latency_side_by_side() {
     eprintln!("{stdout}");
     for wanted in [
         "saturation",
+        "durable",
         "side by side",
         "end to end",
         "broker one hop",

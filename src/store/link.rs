@@ -766,6 +766,10 @@ pub(super) struct Batch {
     pub(super) order: Vec<usize>,
     /// Ask a replica of each master written to confirm the writes (see `Link::replicated`).
     pub(super) confirm: bool,
+    /// Send one call per round trip: a batch written behind while partitions judge lets Redis
+    /// serve their reads between its calls, where a pipeline of calls would run back to back
+    /// before them (on one server; a cluster client pipelines per node as it does).
+    pub(super) paced: bool,
 }
 
 impl Batch {
@@ -862,9 +866,10 @@ impl Link {
                 .calls
                 .iter()
                 .all(|c| matches!(c, Op::Cmd(_) | Op::Read { .. }));
-            let (largest, steps) = match reads {
-                true => (PIPELINE_COMMANDS, 4),
-                false => (PIPELINE_CALLS, 3),
+            let (largest, steps) = match (reads, batch.paced) {
+                (_, true) => (1, 0),
+                (true, false) => (PIPELINE_COMMANDS, 4),
+                (false, false) => (PIPELINE_CALLS, 3),
             };
             let pipeline = (largest >> (2 * failed_attempts.min(steps))).max(1);
             let error = match self.attempt(batch, &mut results, attempts, pipeline) {

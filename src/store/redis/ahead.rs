@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 
+use super::flusher::KEYS_PER_CALL;
 use super::view::{ttl_ms, Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
@@ -195,6 +196,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let empty = Offsets::new();
         let mut batch = self.script_batch(
             keys,
+            KEYS_PER_CALL,
             |(key, _)| key,
             |(key, observations), call, name| {
                 let spec = self.windows.spec(key.window);

@@ -86,7 +86,8 @@ impl Default for RedisStoreConfig {
 pub struct RedisStats {
     /// Redis' `maxmemory-policy` may evict keys, and `allow_eviction` let the store connect.
     pub eviction_allowed: bool,
-    /// Script calls made (each serves up to 256 keys).
+    /// Script calls made (each serves up to 32 keys written behind, or 256 of a step counted
+    /// ahead).
     pub script_calls: u64,
     pub flushes: u64,
     /// Hashes read from Redis on a local miss (one read serves every section of a hash the

@@ -1,6 +1,7 @@
 //! The Redis store: per key, the last window read from Redis merged with this
 //! process's deltas since; deltas written behind by a flusher thread in batched script calls
-//! (`lua/apply_window.lua`, up to 256 keys per call; one hash slot per call on a Redis Cluster).
+//! (`lua/apply_window.lua`, up to 32 keys per call and one call per round trip, so that Redis
+//! serves the partitions' reads between them; one hash slot per call on a Redis Cluster).
 //!
 //! Layout: a window's keys are hashes of their own, or (counters over the same dimensions, but
 //! `distinct` ones) sections of one hash per key the counters share, so one read serves them all
