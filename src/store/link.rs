@@ -18,7 +18,8 @@ use redis::Value;
 use super::counter_store::StoreError;
 use super::scripts::{push_array_header, push_bulk, ScriptCall, SOURCES};
 
-/// Most script calls sent in one pipeline (one round trip) while the connection holds. The replies
+/// Most script calls sent in one pipeline (one round trip) while the connection holds (a paced
+/// batch, the write-behind, sends one per round trip: [`Batch::paced`]). The replies
 /// of a pipeline are read one by one and kept as they come ([`exchange`]); the calls whose
 /// replies a lost connection cut off ran or not, and are sent again (skipped by their recorded
 /// offsets), so a link that keeps dropping must still let calls through: after each attempt that
