@@ -30,9 +30,9 @@ pub(super) const KEYS_PER_CALL: usize = 256;
 /// the partitions' reads and journal writes (made under the engine lock) wait behind the call
 /// running. Measured at 2 000 events/s, the backlog flushed (`vigil bench --kafka ...
 /// --latency-rate 2000`): 256 keys per call (~7 ms of Redis) in pipelines of 16 calls held each
-/// batch's round trips for 5-15 ms and vigil's own p99 at ~200 ms; 32 keys per call, one call per
-/// round trip ([`Batch::paced`]), halved the p99, at no cost in throughput. The flush's Redis
-/// time is the same; it only adds a loopback round trip per 32 keys.
+/// batch's round trips for 5-15 ms and vigil's own p99 at ~160 ms; 32 keys per call, one call
+/// per round trip ([`Batch::paced`]), brought it to ~65 ms, with throughput and Redis CPU within
+/// the spread. The flush's Redis time is the same; it adds a loopback round trip per 32 keys.
 const FLUSH_KEYS_PER_CALL: usize = 32;
 
 /// Most keys one flush carries: a re-seed after a data loss is spread over several flushes.
