@@ -328,6 +328,22 @@ fn event_ids(lines: &[Vec<u8>]) -> BTreeSet<String> {
         .collect()
 }
 
+/// Asserts that every event of `ids` has a record in `got` (by event id); `context` follows the
+/// message (a worker's log, say).
+fn assert_every_event_decided(ids: &BTreeSet<String>, got: &HashMap<String, Value>, context: &str) {
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !got.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} events without a decision, e.g. {missing:?}\n{context}",
+        ids.len() - got.len(),
+        ids.len()
+    );
+}
+
 /// The first record per event id.
 fn by_event(records: &[Record]) -> HashMap<String, Value> {
     let mut out = HashMap::new();
@@ -383,18 +399,7 @@ fn two_workers_share_four_partitions_and_user_keyed_rules_stay_exact() {
         LONG,
     );
     let got = by_event(&decisions);
-    // Every event has its decision.
-    let missing: Vec<&String> = ids
-        .iter()
-        .filter(|id| !got.contains_key(*id))
-        .take(5)
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} events without a decision, e.g. {missing:?}",
-        ids.len() - got.len(),
-        ids.len()
-    );
+    assert_every_event_decided(&ids, &got, "");
     // Rules keyed by the partition key decide exactly as replay, hit for hit and value for value.
     let mut user_hits = 0;
     for want in expected.values() {
@@ -475,17 +480,7 @@ fn partitions_paused_at_a_rebalance_are_fetched_again_when_they_come_back() {
         Duration::from_secs(120),
     );
     let got = by_event(&decisions);
-    let missing: Vec<&String> = ids
-        .iter()
-        .filter(|id| !got.contains_key(*id))
-        .take(5)
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} events without a decision, e.g. {missing:?}",
-        ids.len() - got.len(),
-        ids.len()
-    );
+    assert_every_event_decided(&ids, &got, "");
     assert_eq!(
         paused(&first),
         0.0,
@@ -537,17 +532,7 @@ fn a_worker_killed_mid_stream_leaves_no_event_without_its_decision() {
         LONG,
     );
     let got = by_event(&decisions);
-    let missing: Vec<&String> = ids
-        .iter()
-        .filter(|id| !got.contains_key(*id))
-        .take(5)
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} events without a decision, e.g. {missing:?}\n{}",
-        ids.len() - got.len(),
-        restarted.log_text()
-    );
+    assert_every_event_decided(&ids, &got, &restarted.log_text());
 }
 
 #[test]
