@@ -594,6 +594,7 @@ impl RedisConfig {
             tls_ca_file: self.tls_ca_file.clone(),
             max_lateness: max_lateness_ms,
             allow_eviction: self.allow_eviction,
+            ..crate::store::RedisStoreConfig::default()
         }
     }
 }

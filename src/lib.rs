@@ -43,6 +43,8 @@
 //!   where keys live (counters over the same dimensions share one hash per key),
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
+//!   `slices` the write-behind's bookkeeping spread over ticks (building a flush, taking in its
+//!   replies, moving windows into the cache), so that no tick holds the engine long,
 //!   `ahead` a batch's observations on keys other workers count too, applied in Redis before
 //!   the batch is judged, `early` the windows a batch lacks, read before it takes the engine
 //!   (in replay: while the batch before it is judged),

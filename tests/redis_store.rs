@@ -1426,7 +1426,9 @@ fn a_released_hold_stays_released_whatever_raises_were_on_their_way() {
 /// timeout and came back still counting, a zombie) count its events into one Redis, each at its
 /// own pace, flushing, batching, counting ahead and dropping its views at random points: every
 /// event is counted once. Each observation carries its lane and offset, and the script skips an
-/// offset at or below the one the key recorded, whichever writer recorded it.
+/// offset at or below the one the key recorded, whichever writer recorded it. Seeds from 24 on
+/// spread each flush's bookkeeping one key per tick over many keys: batches are counted between
+/// the slices of a flush being built, being taken in, and of windows moving to the cache.
 #[test]
 fn two_owners_of_one_partition_count_each_of_its_events_once() {
     use rand::{Rng, SeedableRng};
@@ -1439,8 +1441,14 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
         (Aggregate::Sum, "sum"),
         (Aggregate::Distinct, "distinct"),
     ];
-    let keys: [&[u8]; 3] = [b"ip-1", b"ip-2", b"user-3"];
-    for seed in 0..24u64 {
+    for seed in 0..32u64 {
+        let sliced = seed >= 24;
+        let names: Vec<Vec<u8>> = if sliced {
+            (0..40).map(|k| format!("ip-{k}").into_bytes()).collect()
+        } else {
+            vec![b"ip-1".to_vec(), b"ip-2".to_vec(), b"user-3".to_vec()]
+        };
+        let keys = names.as_slice();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let lane = 7;
         let events: Vec<(usize, i64)> = (0..80)
@@ -1460,8 +1468,13 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
         // Write-behind every millisecond: a batch is often counted while a flush is in flight,
         // and that flush's reply (the window another writer moved on) is merged with it.
         let config = RedisStoreConfig {
-            flush_interval: std::time::Duration::from_millis(1),
-            exclusive_flush_interval: std::time::Duration::from_millis(1),
+            flush_interval: std::time::Duration::from_millis(if sliced { 20 } else { 1 }),
+            exclusive_flush_interval: std::time::Duration::from_millis(if sliced { 20 } else { 1 }),
+            tick_budget: if sliced {
+                std::time::Duration::ZERO
+            } else {
+                RedisStoreConfig::default().tick_budget
+            },
             ..RedisStoreConfig::default()
         };
         let open = |stop: usize| {

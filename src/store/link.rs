@@ -774,6 +774,15 @@ pub(super) struct Batch {
 }
 
 impl Batch {
+    /// Adds `other`'s calls after these; `keys_before`: how many keys these calls cover (the
+    /// order of `other`'s replies is shifted past them).
+    pub(super) fn append(&mut self, other: Batch, keys_before: usize) {
+        self.order
+            .extend(other.order.into_iter().map(|index| index + keys_before));
+        self.calls.extend(other.calls);
+        self.slots.extend(other.slots);
+    }
+
     /// Adds a plain command on `key`.
     pub(super) fn command(&mut self, cluster: bool, key: &str, cmd: redis::Cmd) {
         self.calls.push(Op::Cmd(cmd));

@@ -56,6 +56,11 @@ pub struct RedisStoreConfig {
     /// Connect to a Redis whose `maxmemory-policy` may evict keys (anything but `noeviction`):
     /// an evicted counter key silently lowers its count. Off, such a Redis is refused.
     pub allow_eviction: bool,
+    /// What one tick may spend on the write-behind's bookkeeping (building a flush, taking in
+    /// its replies, moving windows into the cache) while that work is on schedule to be done
+    /// within a flush interval: the engine, and every partition waiting for it, waits that long
+    /// at most. A tick does one item at least (zero: one per tick).
+    pub tick_budget: Duration,
 }
 
 impl Default for RedisStoreConfig {
@@ -77,6 +82,7 @@ impl Default for RedisStoreConfig {
             tls_ca_file: None,
             max_lateness: Some(3_600_000),
             allow_eviction: false,
+            tick_budget: Duration::from_micros(500),
         }
     }
 }

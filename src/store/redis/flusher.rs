@@ -10,6 +10,7 @@ use hashbrown::HashMap;
 use redis::Value;
 
 use super::config::FlushSample;
+use super::slices::Slices;
 use super::view::{refresh_due, ttl_ms, Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
@@ -80,6 +81,42 @@ struct Inflight {
     promotions: u64,
 }
 
+/// A flush being built: its keys, epoch checks and hold raises were picked when it began; its
+/// keys' deltas are taken in flight and encoded a slice at a time.
+struct Building {
+    /// Keys not reached yet.
+    candidates: std::vec::IntoIter<StoredKey>,
+    /// Keys whose deltas are in flight and in `scripts`.
+    keys: Vec<StoredKey>,
+    scripts: Batch,
+    observations: usize,
+    first: Batch,
+    epochs: usize,
+    holds: Vec<StoredKey>,
+    pace: Slices,
+}
+
+/// The keys of an answered flush still to take in, with their replies.
+struct TakingIn {
+    keys: std::vec::IntoIter<StoredKey>,
+    replies: std::vec::IntoIter<codec::KeyReply>,
+    /// When the flush was sent, by the store's clock.
+    sent_stamp: Instant,
+    /// Whether a replica confirmed the flush's writes.
+    replicated: bool,
+    /// Whether the deltas Redis took in are kept until a replica confirms them.
+    keep: bool,
+    first_error: Option<StoreError>,
+    pace: Slices,
+}
+
+impl Flushing {
+    /// Whether a flush is being built, in flight, or its keys are still being taken in.
+    pub(super) fn busy(&self) -> bool {
+        self.building.is_some() || self.inflight.is_some() || self.taking_in.is_some()
+    }
+}
+
 /// The write-behind task: runs flushes on its own connection while the caller goes on.
 fn flusher(mut link: Link, jobs: mpsc::Receiver<FlushJob>, done: mpsc::Sender<FlushDone>) {
     for job in jobs {
@@ -140,6 +177,11 @@ pub(super) struct Flushing {
     pub(super) thread: Option<std::thread::JoinHandle<()>>,
     /// The flush in flight.
     inflight: Option<Inflight>,
+    /// The flush being built, a slice per tick (see `build_some`).
+    building: Option<Building>,
+    /// The flush Redis answered whose keys are being taken in (see `take_in_some`): until the
+    /// last is, no other flush is sent.
+    taking_in: Option<TakingIn>,
     /// When the last flush was sent: the next is due a flush (or probe) interval later.
     last_flush: Instant,
     /// The flush round under way, if its last flush took `MAX_FLUSH_KEYS` keys and may have
@@ -173,6 +215,8 @@ impl Flushing {
             done,
             thread: Some(thread),
             inflight: None,
+            building: None,
+            taking_in: None,
             last_flush: Instant::now(),
             round: None,
             samples: Vec::new(),
@@ -202,14 +246,14 @@ impl<C: MonotonicClock> RedisStore<C> {
         let full = self.pending >= self.config.max_pending;
         let due = ((full || self.flushing.round.is_some()) && !outage)
             || self.flushing.last_flush.elapsed() >= interval;
-        if due && self.flushing.inflight.is_none() {
-            self.send()?;
+        if due && !self.flushing.busy() {
+            self.send(false)?;
         } else if !outage && self.pending >= self.config.max_pending.max(1).saturating_mul(2) {
             // Backpressure: Redis is slower than counting; wait for it rather than grow (a Redis
             // that stops answering meanwhile opens the breaker).
             result = result.and(self.complete(true));
-            if self.flushing.inflight.is_none() {
-                self.send()?;
+            if !self.flushing.busy() {
+                self.send(true)?;
             }
         }
         match result {
@@ -232,7 +276,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         // Whoever waits for everything to be in Redis also learns whether Redis lost it.
         self.epochs.due = true;
         loop {
-            self.send()?;
+            self.send(true)?;
             self.complete(true)?;
             let settled = self.pending == 0
                 && self.holds.pending == 0
@@ -368,7 +412,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         &mut self,
         scripts: Batch,
     ) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
-        debug_assert!(self.flushing.inflight.is_none());
+        debug_assert!(!self.flushing.busy());
         while self.flushing.stray > 0 {
             match self.flushing.done.try_recv() {
                 Ok(_) => self.flushing.stray -= 1,
@@ -460,10 +504,12 @@ impl<C: MonotonicClock> RedisStore<C> {
             .map_err(|_| StoreError::Unavailable(FLUSHER_STOPPED.into()))
     }
 
-    /// Hands the pending deltas of up to `MAX_FLUSH_KEYS` keys and the epoch checks to the
-    /// flusher.
-    fn send(&mut self) -> Result<(), StoreError> {
-        debug_assert!(self.flushing.inflight.is_none());
+    /// Starts a flush: picks up to `MAX_FLUSH_KEYS` keys with pending deltas, and the epoch
+    /// checks and hold raises due; then takes the keys' deltas in flight and encodes them a
+    /// slice per tick (`build_some`), or at once if `all`. The flush goes to the flusher thread
+    /// when the last key is in it.
+    fn send(&mut self, all: bool) -> Result<(), StoreError> {
+        debug_assert!(!self.flushing.busy());
         self.flushing.last_flush = Instant::now();
         let round = *self.flushing.round.get_or_insert(self.counted);
         let keys: Vec<StoredKey> = self
@@ -486,23 +532,6 @@ impl<C: MonotonicClock> RedisStore<C> {
                 return Ok(());
             }
         }
-        let now = self.clock.now();
-        for key in &keys {
-            let spec = self.windows.spec(key.window);
-            let dirty = self.views.dirty.get_mut(key).expect("listed above");
-            self.pending -= dirty.pending.len();
-            dirty.inflight = std::mem::take(&mut dirty.pending);
-            dirty.inflight_oldest = dirty.pending_oldest.take();
-            dirty.sent_head = dirty.state.head();
-            dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
-        }
-        let observations = keys
-            .iter()
-            .map(|k| self.views.dirty[k].inflight.len())
-            .sum();
-        let mut scripts = self.batch(&keys);
-        scripts.confirm = true;
-        let order = scripts.order.clone();
         // The epoch is checked once per probe interval (and on every flush while Redis is away):
         // a round trip before the scripts. In between, a key lost at a version this process knew
         // is still caught by the script ("?").
@@ -520,8 +549,93 @@ impl<C: MonotonicClock> RedisStore<C> {
         } else {
             0
         };
-        // Hold raises go with the epoch checks: one round trip before the scripts.
+        // Hold raises go with the epoch checks: one round trip before the scripts. Taken now,
+        // between batches, as the keys' deltas are taken at each slice.
         let holds = self.send_holds(&mut first);
+        let pace = Slices::new(
+            keys.len(),
+            self.config.flush_interval / 4,
+            self.config.tick_budget,
+            Instant::now(),
+        );
+        self.flushing.building = Some(Building {
+            candidates: keys.into_iter(),
+            keys: Vec::new(),
+            scripts: Batch::default(),
+            observations: 0,
+            first,
+            epochs,
+            holds,
+            pace,
+        });
+        self.build_some(all)
+    }
+
+    /// Takes the next keys' deltas in flight and encodes them into the flush being built (all
+    /// of them if `all`), a call's worth of keys at a time; hands the flush to the flusher
+    /// thread once every key is in it. Called between batches only, so a slice never holds
+    /// deltas of a batch that may still be taken back.
+    fn build_some(&mut self, all: bool) -> Result<(), StoreError> {
+        let Some(mut building) = self.flushing.building.take() else {
+            return Ok(());
+        };
+        let (tick, mut this_tick) = (Instant::now(), 0);
+        let now = self.clock.now();
+        let mut slice = Vec::with_capacity(FLUSH_KEYS_PER_CALL);
+        loop {
+            let next = (all || building.pace.more(tick, this_tick, Instant::now()))
+                .then(|| building.candidates.next())
+                .flatten();
+            let stop = next.is_none();
+            if let Some(key) = next {
+                let spec = self.windows.spec(key.window);
+                let dirty = self
+                    .views
+                    .dirty
+                    .get_mut(&key)
+                    .expect("listed when the flush began");
+                self.pending -= dirty.pending.len();
+                dirty.inflight = std::mem::take(&mut dirty.pending);
+                dirty.inflight_oldest = dirty.pending_oldest.take();
+                dirty.sent_head = dirty.state.head();
+                dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
+                building.observations += dirty.inflight.len();
+                building.pace.did_one();
+                this_tick += 1;
+                slice.push(key);
+            }
+            // A call's worth at a time, and what the tick took when it stops.
+            if slice.len() == FLUSH_KEYS_PER_CALL || (stop && !slice.is_empty()) {
+                let calls = self.batch(&slice);
+                building.scripts.append(calls, building.keys.len());
+                building.keys.append(&mut slice);
+            }
+            if stop {
+                break;
+            }
+        }
+        if building.candidates.len() > 0 {
+            self.flushing.building = Some(building);
+            return Ok(());
+        }
+        self.submit_built(building)
+    }
+
+    /// Hands the flush built so far to the flusher thread; keys not reached yet keep their
+    /// deltas pending, for the next flush.
+    fn submit_built(&mut self, building: Building) -> Result<(), StoreError> {
+        let Building {
+            keys,
+            mut scripts,
+            observations,
+            first,
+            epochs,
+            holds,
+            ..
+        } = building;
+        scripts.confirm = true;
+        scripts.paced = true;
+        let order = scripts.order.clone();
         let job = FlushJob {
             first,
             epochs,
@@ -555,8 +669,21 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Takes in the flush in flight: waits for it if `wait` (at most `flush_deadline`: Redis is
     /// then taken as unavailable, and the flush is taken in whenever it ends), else only if it
-    /// is already done.
+    /// is already done. A flush being built goes on a slice (see `build_some`), or goes as it
+    /// is if `wait`; its keys are taken in a slice per call unless `wait`, which takes them
+    /// all (see `take_in_some`).
     pub(super) fn complete(&mut self, wait: bool) -> Result<(), StoreError> {
+        if self.flushing.taking_in.is_some() {
+            return self.take_in_some(wait);
+        }
+        if let Some(building) = self.flushing.building.take() {
+            if !wait {
+                self.flushing.building = Some(building);
+                return self.build_some(false);
+            }
+            // Whoever waits may be in a batch: what is built goes as it is.
+            self.submit_built(building)?;
+        }
         let Some(done) = self.receive_flush(wait)? else {
             return Ok(());
         };
@@ -575,7 +702,8 @@ impl<C: MonotonicClock> RedisStore<C> {
                 if follow {
                     self.epochs.promotions = done.promotions;
                 }
-                self.flush_answered(inflight, &first, scripts, done.replicated, follow)
+                self.flush_answered(inflight, &first, scripts, done.replicated, follow)?;
+                self.take_in_some(wait)
             }
             Err(e) => Err(self.flush_failed(&inflight, e)),
         }
@@ -706,14 +834,46 @@ impl<C: MonotonicClock> RedisStore<C> {
         // refused as stale or the key was gone. A reply we cannot read only costs the cached copy.
         // Until a replica confirms them, the deltas Redis took in are kept for a failover.
         let keep = !replicated && self.config.replica_ack_timeout.is_some();
-        let mut first_error = None;
-        self.views.cache.age();
-        for (key, reply) in keys.into_iter().zip(replies) {
-            let written = keep.then(|| {
+        let budget = self.config.tick_budget;
+        self.views.cache.age(self.config.flush_interval / 2, budget);
+        let pace = Slices::new(
+            keys.len(),
+            self.config.flush_interval / 4,
+            budget,
+            Instant::now(),
+        );
+        self.flushing.taking_in = Some(TakingIn {
+            keys: keys.into_iter(),
+            replies: replies.into_iter(),
+            sent_stamp,
+            replicated,
+            keep,
+            first_error: None,
+            pace,
+        });
+        Ok(())
+    }
+
+    /// Takes in the next keys of the flush Redis answered, all of them if `all`; once the last
+    /// is in, the flush is done: a replica's confirmation and the durable mark are taken in,
+    /// and the first key that failed is returned. Until then its keys stay in flight, as they
+    /// were while Redis had them, and what is counted into them meanwhile stays pending.
+    fn take_in_some(&mut self, all: bool) -> Result<(), StoreError> {
+        let Some(mut taking) = self.flushing.taking_in.take() else {
+            return Ok(());
+        };
+        let (tick, mut this_tick) = (Instant::now(), 0);
+        while all || taking.pace.more(tick, this_tick, Instant::now()) {
+            let (Some(key), Some(reply)) = (taking.keys.next(), taking.replies.next()) else {
+                break;
+            };
+            taking.pace.did_one();
+            this_tick += 1;
+            let written = taking.keep.then(|| {
                 let dirty = &self.views.dirty[&key];
                 (key.clone(), dirty.inflight.clone(), dirty.inflight_oldest)
             });
-            match self.take_in_reply(key, &reply, sent_stamp) {
+            match self.take_in_reply(key, &reply, taking.sent_stamp) {
                 // Written again with the next flush (and kept when that one is taken in).
                 Ok(false) => {}
                 result => {
@@ -721,16 +881,20 @@ impl<C: MonotonicClock> RedisStore<C> {
                         self.keep_unconfirmed(key, observations, oldest);
                     }
                     if let Err(e) = result {
-                        first_error.get_or_insert(e);
+                        taking.first_error.get_or_insert(e);
                     }
                 }
             }
         }
-        if replicated {
+        if taking.keys.len() > 0 && taking.replies.len() > 0 {
+            self.flushing.taking_in = Some(taking);
+            return Ok(());
+        }
+        if taking.replicated {
             self.confirmed();
         }
         self.update_durable();
-        first_error.map_or(Ok(()), Err)
+        taking.first_error.map_or(Ok(()), Err)
     }
 
     /// Counts an acknowledged flush and keeps its sample.

@@ -43,7 +43,8 @@
 //! `early` (reads a partition loop makes before its batch takes the engine, and replay while
 //! the batch before is judged), `ahead` (counting
 //! ahead on keys other workers count too), `failover` (writes no replica confirmed),
-//! `flusher` (the flusher thread: batching, sending, completing, durable marks). This file holds
+//! `flusher` (the flusher thread: batching, sending, completing, durable marks), `slices` (work
+//! spread over ticks: taking in a flush's keys, moving windows to the cache). This file holds
 //! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
 
 mod ahead;
@@ -54,6 +55,7 @@ mod failover;
 mod flusher;
 mod holds;
 mod reader;
+mod slices;
 mod view;
 
 use std::time::{Duration, Instant};
@@ -674,6 +676,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
 
     fn tick(&mut self) -> Result<(), StoreError> {
         let result = self.write_behind();
+        self.views.cache.age_some(Instant::now());
         // After taking in what Redis acknowledged, so that a drained table stops saturating.
         self.measure_local_bytes();
         result

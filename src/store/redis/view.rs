@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 
+use super::slices::Slices;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, Observation, Offsets, Stored};
@@ -71,6 +72,8 @@ impl Views {
                     .build_with_hasher(foldhash::fast::RandomState::default()),
                 loaded: HashMap::default(),
                 recent: HashMap::default(),
+                aging: HashMap::default(),
+                aging_pace: None,
                 watchers: 0,
                 touched: Default::default(),
                 generation: 0,
@@ -174,8 +177,14 @@ pub(super) struct CleanViews {
     loaded: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Windows the last flush brought back, newer than what `cache` may hold for their keys.
     /// A hot key is counted into again before the next flush comes back, and then never passes
-    /// through moka; the others go to `cache` then ([`CleanViews::age`]).
+    /// through moka; the others go to `aging` then ([`CleanViews::age`]).
     recent: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// Windows the flush before the last brought back, on their way to `cache` a slice per
+    /// tick ([`CleanViews::age_some`]): a moka insert costs microseconds, a flush brings back
+    /// thousands of windows, and the engine waits while they are moved.
+    aging: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// How `aging` is spread over ticks (see `slices`).
+    aging_pace: Option<Slices>,
     /// Early reads out (see `early.rs`): while there are some, `touched` records every key
     /// whose clean view was taken in, replaced or dropped.
     watchers: u32,
@@ -192,7 +201,12 @@ impl CleanViews {
         &self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
-        match self.loaded.get(key).or_else(|| self.recent.get(key)) {
+        match self
+            .loaded
+            .get(key)
+            .or_else(|| self.recent.get(key))
+            .or_else(|| self.aging.get(key))
+        {
             Some(view) => Some(Arc::clone(view)),
             None => self.cache.get(key),
         }
@@ -204,6 +218,7 @@ impl CleanViews {
     ) -> bool {
         self.loaded.contains_key(key)
             || self.recent.contains_key(key)
+            || self.aging.contains_key(key)
             || self.cache.contains_key(key)
     }
 
@@ -212,6 +227,7 @@ impl CleanViews {
         self.record(&key);
         self.loaded.remove(&key);
         self.recent.remove(&key);
+        self.aging.remove(&key);
         self.cache.insert(key, cached);
     }
 
@@ -220,14 +236,48 @@ impl CleanViews {
     pub(super) fn acknowledged(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.record(&key);
         self.loaded.remove(&key);
+        self.aging.remove(&key);
         self.recent.insert(key, cached);
     }
 
     /// A flush came back: the windows the previous one brought back that nothing counted into
-    /// since go to the cache.
-    pub(super) fn age(&mut self) {
-        for (key, cached) in self.recent.drain() {
+    /// since start their way to the cache. What is still on its way from the flush before goes
+    /// now, first: a key is in one of `loaded`, `recent` and `aging` at most, and none of them
+    /// reaches moka after a newer view of its key.
+    /// `within`: how long the slices may take (before the next flush is likely back), `budget` per
+    /// tick.
+    pub(super) fn age(&mut self, within: Duration, budget: Duration) {
+        for (key, cached) in self.aging.drain() {
             self.cache.insert(key, cached);
+        }
+        std::mem::swap(&mut self.aging, &mut self.recent);
+        self.aging_pace = (!self.aging.is_empty())
+            .then(|| Slices::new(self.aging.len(), within, budget, Instant::now()));
+    }
+
+    /// Moves the next slice of `aging` to the cache (a tick that began at `tick`).
+    pub(super) fn age_some(&mut self, tick: Instant) {
+        let Some(pace) = &mut self.aging_pace else {
+            return;
+        };
+        // What the iterator has not reached stays in `aging`.
+        let mut aging = self.aging.extract_if(|_, _| true);
+        let mut this_tick = 0;
+        while pace.more(tick, this_tick, Instant::now()) {
+            let Some((key, cached)) = aging.next() else {
+                break;
+            };
+            self.cache.insert(key, cached);
+            pace.did_one();
+            this_tick += 1;
+        }
+        drop(aging);
+        if self.aging.is_empty() {
+            self.aging_pace = None;
+            // Taken out one by one, the entries left tombstones that every lookup of a key not
+            // there would probe past once this table is `recent` again: a fresh one instead.
+            self.aging =
+                HashMap::with_capacity_and_hasher(self.aging.capacity(), Default::default());
         }
     }
 
@@ -290,6 +340,7 @@ impl CleanViews {
     pub(super) fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.record(&key);
         self.recent.remove(&key);
+        self.aging.remove(&key);
         self.loaded.insert(key, cached);
     }
 
@@ -308,13 +359,17 @@ impl CleanViews {
         &mut self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
-        self.loaded.remove(key).or_else(|| self.recent.remove(key))
+        self.loaded
+            .remove(key)
+            .or_else(|| self.recent.remove(key))
+            .or_else(|| self.aging.remove(key))
     }
 
     pub(super) fn invalidate(&mut self, key: &StoredKey) {
         self.record(key);
         self.loaded.remove(key);
         self.recent.remove(key);
+        self.aging.remove(key);
         self.cache.invalidate(key);
     }
 
@@ -322,6 +377,8 @@ impl CleanViews {
         self.void_early_reads();
         self.loaded.clear();
         self.recent.clear();
+        self.aging.clear();
+        self.aging_pace = None;
         self.cache.invalidate_all();
     }
 
@@ -329,21 +386,23 @@ impl CleanViews {
     pub(super) fn drain(&mut self) -> Vec<(StoredKey, Arc<Cached>)> {
         self.void_early_reads();
         // The newest view of each key: read for the batch, else brought back by the last
-        // flush, else cached.
+        // flush, else by the one before, else cached.
         let mut newest: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState> = self
             .cache
             .iter()
             .map(|(key, cached)| ((*key).clone(), cached))
             .collect();
+        newest.extend(self.aging.drain());
         newest.extend(self.recent.drain());
         newest.extend(self.loaded.drain());
         let all: Vec<(StoredKey, Arc<Cached>)> = newest.into_iter().collect();
+        self.aging_pace = None;
         self.cache.invalidate_all();
         all
     }
 
     pub(super) fn entry_count(&self) -> u64 {
-        (self.loaded.len() + self.recent.len()) as u64 + self.cache.entry_count()
+        (self.loaded.len() + self.recent.len() + self.aging.len()) as u64 + self.cache.entry_count()
     }
 
     /// Estimated bytes of the clean views: the cache's charge (each window at least its share)
@@ -355,6 +414,7 @@ impl CleanViews {
             .loaded
             .iter()
             .chain(self.recent.iter())
+            .chain(self.aging.iter())
             .map(|(key, cached)| cached_bytes(key, cached))
             .sum();
         beside.saturating_add(usize::try_from(self.cache.weighted_size()).unwrap_or(usize::MAX))
@@ -1203,7 +1263,7 @@ mod tests {
 
     /// A window a flush brought back waits beside the cache until the next flush comes back:
     /// counted into meanwhile (a hot key), it never passes through moka; otherwise it goes
-    /// there. Whatever holds it, the newest view of a key is the one found.
+    /// there, a slice per tick. Whatever holds it, the newest view of a key is the one found.
     #[test]
     fn windows_a_flush_brought_back_reach_the_cache_only_if_not_counted_into_before_the_next() {
         let mut views = Views::new(1_000, 1 << 30, Duration::from_secs(60));
@@ -1237,13 +1297,37 @@ mod tests {
             views.cache.unload(&key(b"hot")).and_then(|c| c.version),
             Some(2)
         );
-        // The next flush comes back: `cold` goes to the cache, nothing of `hot` does.
-        views.cache.age();
+        // The next flush comes back: `cold` is on its way to the cache, nothing of `hot` is.
+        views.cache.acknowledged(key(b"again"), cached(2));
+        views
+            .cache
+            .age(Duration::from_secs(1), Duration::from_micros(500));
         assert!(views.cache.recent.is_empty());
+        assert_eq!(views.cache.aging.len(), 2);
+        assert_eq!(version(&views, b"cold"), Some(2), "on its way, still found");
+        assert_eq!(
+            views.cache.cache.get(&key(b"cold")).and_then(|c| c.version),
+            Some(1),
+            "not in moka yet"
+        );
+        // `again` comes back newer meanwhile: that view waits in `recent`, and the older never
+        // reaches moka. The next tick moves the rest (two windows fit in its budget).
+        views.cache.acknowledged(key(b"again"), cached(3));
+        views.cache.age_some(Instant::now());
+        assert!(views.cache.aging.is_empty() && views.cache.aging_pace.is_none());
         assert_eq!(
             views.cache.cache.get(&key(b"cold")).and_then(|c| c.version),
             Some(2)
         );
+        assert!(
+            views.cache.cache.get(&key(b"again")).is_none(),
+            "the older view stayed out"
+        );
+        assert_eq!(version(&views, b"again"), Some(3));
+        views
+            .cache
+            .age(Duration::from_secs(1), Duration::from_micros(500));
+        views.cache.unload(&key(b"again"));
         assert_eq!(
             views.cache.cache.get(&key(b"hot")).and_then(|c| c.version),
             Some(1),
