@@ -233,16 +233,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     pub(super) fn write_behind(&mut self) -> Result<(), StoreError> {
         let mut result = self.complete(false);
         let outage = self.breaker.is_open();
-        let interval = if outage {
-            self.config.probe_interval
-        } else if self.views.shared {
-            self.config.flush_interval
-        } else {
-            // Nobody else counts into these keys: fewer, larger writes.
-            self.config
-                .exclusive_flush_interval
-                .max(self.config.flush_interval)
-        };
+        let interval = self.flush_every();
         let full = self.pending >= self.config.max_pending;
         let due = ((full || self.flushing.round.is_some()) && !outage)
             || self.flushing.last_flush.elapsed() >= interval;
@@ -265,6 +256,20 @@ impl<C: MonotonicClock> RedisStore<C> {
                 Ok(())
             }
             Ok(()) => Ok(()),
+        }
+    }
+
+    /// How often a flush is due now.
+    fn flush_every(&self) -> Duration {
+        if self.breaker.is_open() {
+            self.config.probe_interval
+        } else if self.views.shared {
+            self.config.flush_interval
+        } else {
+            // Nobody else counts into these keys: fewer, larger writes.
+            self.config
+                .exclusive_flush_interval
+                .max(self.config.flush_interval)
         }
     }
 
@@ -554,7 +559,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let holds = self.send_holds(&mut first);
         let pace = Slices::new(
             keys.len(),
-            self.config.flush_interval / 4,
+            self.flush_every() / 4,
             self.config.tick_budget,
             Instant::now(),
         );
@@ -834,14 +839,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         // refused as stale or the key was gone. A reply we cannot read only costs the cached copy.
         // Until a replica confirms them, the deltas Redis took in are kept for a failover.
         let keep = !replicated && self.config.replica_ack_timeout.is_some();
-        let budget = self.config.tick_budget;
-        self.views.cache.age(self.config.flush_interval / 2, budget);
-        let pace = Slices::new(
-            keys.len(),
-            self.config.flush_interval / 4,
-            budget,
-            Instant::now(),
-        );
+        let (budget, every) = (self.config.tick_budget, self.flush_every());
+        self.views.cache.age(every / 2, budget);
+        let pace = Slices::new(keys.len(), every / 4, budget, Instant::now());
         self.flushing.taking_in = Some(TakingIn {
             keys: keys.into_iter(),
             replies: replies.into_iter(),
