@@ -44,7 +44,7 @@
 //! the batch before is judged), `ahead` (counting
 //! ahead on keys other workers count too), `failover` (writes no replica confirmed),
 //! `flusher` (the flusher thread: batching, sending, completing, durable marks), `slices` (work
-//! spread over ticks: taking in a flush's keys, moving windows to the cache). This file holds
+//! spread over ticks: building a flush, taking in its keys, moving windows to the cache). This file holds
 //! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
 
 mod ahead;
