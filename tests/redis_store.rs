@@ -894,6 +894,76 @@ fn holds_read_ahead_never_take_a_hold_back_to_an_older_state() {
     assert_eq!(store.held_until(space, b"late").unwrap(), Some(until));
 }
 
+/// A worker's partition loop reads its batch's holds with the engine free: planned under it,
+/// read on the hold reader's connection, taken in before the batch is judged, and not read again
+/// by its prefetch. A read older than what the view learned since is not taken in.
+#[test]
+fn holds_read_before_a_batch_takes_the_engine_are_taken_in_unless_the_view_learned_since() {
+    use vigil::store::{HoldSpace, PendingRead};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    let clock = std::sync::Arc::new(ManualMonotonic::new());
+    let connect = || {
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
+            .unwrap()
+    };
+    let (mut other, mut store) = (connect(), connect());
+    let (theirs, space) = (
+        other.open_holds("ato", 3_600_000),
+        store.open_holds("ato", 3_600_000),
+    );
+    let keys = |names: &[&[u8]]| -> Vec<(HoldSpace, Vec<u8>)> {
+        names.iter().map(|n| (space, n.to_vec())).collect()
+    };
+    let until = 1_700_000_600_000;
+    other.extend_hold(theirs, b"theirs", until).unwrap();
+    other.flush().unwrap();
+
+    let (mut reads, reader) = store
+        .plan_early_hold_reads(&keys(&[b"theirs", b"free", b"mine"]))
+        .expect("holds never read");
+    let replies = reader.start_holds(&mut reads).and_then(PendingRead::wait);
+    assert!(replies.is_ok(), "{replies:?}");
+    // Meanwhile another worker holds `free` (after the read ran), and this store raises `mine`
+    // and its flush comes back.
+    other.extend_hold(theirs, b"free", until).unwrap();
+    other.flush().unwrap();
+    store.extend_hold(space, b"mine", until + 1).unwrap();
+    store.flush().unwrap();
+    store.take_early_hold_reads(reads, replies);
+    assert_eq!(
+        store.stats().early_hold_loads,
+        2,
+        "`mine` learned more since: its read stays out"
+    );
+    store
+        .prefetch_holds(&keys(&[b"theirs", b"free", b"mine"]))
+        .unwrap();
+    assert_eq!(store.held_until(space, b"theirs").unwrap(), Some(until));
+    assert_eq!(
+        store.held_until(space, b"free").unwrap(),
+        None,
+        "read for this batch: not read again within a flush interval"
+    );
+    assert_eq!(store.held_until(space, b"mine").unwrap(), Some(until + 1));
+    assert!(
+        store
+            .plan_early_hold_reads(&keys(&[b"theirs", b"free"]))
+            .is_none(),
+        "nothing to read while the views are fresh"
+    );
+
+    // A flush interval later, the next batch reads again what went stale.
+    clock.advance(config.flush_interval * 2);
+    let (mut reads, reader) = store
+        .plan_early_hold_reads(&keys(&[b"free"]))
+        .expect("a stale view");
+    let replies = reader.start_holds(&mut reads).and_then(PendingRead::wait);
+    store.take_early_hold_reads(reads, replies);
+    assert_eq!(store.stats().early_hold_loads, 3);
+    assert_eq!(store.held_until(space, b"free").unwrap(), Some(until));
+}
+
 /// A batch reads its holds once, before it is judged, as it reads its windows: a view fresh
 /// then stays so for the whole batch (a batch that runs longer than a flush interval does not
 /// pay a round trip per event), and the next batch reads again what went stale.
@@ -1572,6 +1642,57 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
             }
         }
     }
+}
+
+/// The windows Redis has not acknowledged are measured a slice per tick (a pass over thousands
+/// of them would hold the engine for milliseconds): spread over ticks, the pass comes to what it
+/// measures in one.
+#[test]
+fn the_local_state_measured_a_slice_per_tick_comes_to_what_one_pass_measures() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use vigil::window::{Aggregate, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualMonotonic::new());
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Distinct);
+    let measured = |tick_budget: Duration| {
+        let config = RedisStoreConfig {
+            tick_budget,
+            // Nothing is flushed while the test ticks: every window stays unacknowledged.
+            exclusive_flush_interval: Duration::from_secs(3_600),
+            flush_interval: Duration::from_secs(3_600),
+            ..RedisStoreConfig::default()
+        };
+        let mut store =
+            RedisStore::connect_with_clock(&redis.url(), config, Arc::clone(&clock)).unwrap();
+        let window = store.open_window("sliced", spec);
+        for key in 0..2_000u32 {
+            for value in 0..(key % 7) as u128 {
+                store
+                    .apply(
+                        window,
+                        &key.to_be_bytes(),
+                        1_000_000,
+                        Delta::Distinct(value),
+                    )
+                    .unwrap();
+            }
+        }
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(store.state_stats().bytes, 0, "not measured yet");
+        let mut ticks = 0;
+        while store.state_stats().bytes == 0 && ticks < 1_000 {
+            store.tick().unwrap();
+            ticks += 1;
+        }
+        (store.state_stats().bytes, ticks)
+    };
+    let (whole, ticks_whole) = measured(Duration::from_secs(10));
+    let (sliced, ticks_sliced) = measured(Duration::ZERO);
+    assert_eq!(ticks_whole, 1, "one tick measures all of it");
+    assert!(ticks_sliced > 20, "64 windows a tick: {ticks_sliced} ticks");
+    assert!(whole > 2_000 * 100, "{whole}");
+    assert_eq!(sliced, whole);
 }
 
 /// A worker's local state with Redis stays within its byte bound (`memory.max_state_bytes`):

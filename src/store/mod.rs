@@ -35,4 +35,7 @@ pub use journal::{Journal, JournalError, JournalWriter};
 #[cfg(feature = "harness")]
 pub(crate) use keys::push_hex;
 pub use memory::{MemoryStore, DEFAULT_MAX_KEYS};
-pub use redis::{EarlyReader, EarlyReads, FlushSample, RedisStats, RedisStore, RedisStoreConfig};
+pub use redis::{
+    EarlyHoldReads, EarlyReader, EarlyReads, FlushSample, PendingRead, RedisStats, RedisStore,
+    RedisStoreConfig,
+};

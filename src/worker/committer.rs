@@ -106,6 +106,7 @@ impl Worker {
         if let Err(e) = engine.store_mut().tick() {
             tracing::error!(error = %e, "counter store failed");
         }
+        self.note_saturation(&engine);
         self.metrics
             .live_keys
             .set(engine.store().live_keys() as i64);

@@ -1,8 +1,8 @@
 //! The partition loops: one ordered loop per assigned partition. A batch is decoded under the
-//! engine lock; with Redis, the windows it lacks are read with the engine free (other partitions
-//! count meanwhile); then it is counted and decided under the lock, journaled before anything it
-//! counted can reach the store, and its records go to the producer with a ticket back to the
-//! partition's [`Progress`].
+//! engine lock; with Redis, the windows and holds it lacks are read with the engine free (other
+//! partitions count meanwhile); then it is counted and decided under the lock, journaled before
+//! anything it counted can reach the store, and its records go to the producer with a ticket
+//! back to the partition's [`Progress`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -19,8 +19,8 @@ use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
 use crate::store::{
-    AnyStore, CounterStore, EarlyReader, EarlyReads, InputPosition, Journal, JournalError,
-    StoreError, WindowId,
+    AnyStore, CounterStore, EarlyHoldReads, EarlyReader, EarlyReads, HoldSpace, InputPosition,
+    Journal, JournalError, PendingRead, StoreError, WindowId,
 };
 use crate::telemetry::{
     ActionLabels, CodeLabels, CounterLabels, DirectionLabels, Metrics, ReasonLabels, RuleHitLabels,
@@ -340,15 +340,21 @@ impl Worker {
     /// While the local counts waiting for Redis are at their bound (a long outage), the partition
     /// waits: its events stay in Kafka. False if the loop was stopped meanwhile.
     fn wait_while_saturated(&self, stop: &AtomicBool) -> bool {
+        // Without taking the engine: every tick under it records whether the store is full.
+        if !self.saturated.load(Ordering::Acquire) {
+            return true;
+        }
         let mut logged = None::<Instant>;
         loop {
             {
                 let mut engine = self.lock_engine();
+                self.note_saturation(&engine);
                 if !engine.store().saturated() {
                     self.metrics.store_saturated.set(0);
                     return true;
                 }
                 let _ = engine.store_mut().tick();
+                self.note_saturation(&engine);
             }
             self.metrics.store_saturated.set(1);
             if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
@@ -401,8 +407,8 @@ impl Worker {
         }
     }
 
-    /// Decodes the batch and lists what it touches under the engine lock, reads the windows it
-    /// lacks with the lock released, then under the lock again: prefetches the rest, counts and
+    /// Decodes the batch and lists what it touches under the engine lock, reads the windows and
+    /// holds it lacks with the lock released, then under the lock again: prefetches the rest, counts and
     /// judges it, exports its per-rule and per-counter counts and journals its records. Returns
     /// what it produced and the store's counted mark after it.
     fn skew_meter(&self) -> SkewMeter<'_> {
@@ -423,7 +429,7 @@ impl Worker {
         let max_bytes = self.config.worker.max_event_bytes;
         // With Redis, the windows the batch lacks are read before it takes the engine for good:
         // other partitions judge meanwhile.
-        let (mut events, generation, mut touched, early) = {
+        let (mut events, generation, mut touched, mut touched_holds, early, early_holds) = {
             let mut engine = self.lock_engine();
             stopwatch.lap(Stage::Lock);
             let events = decode_batch(&engine, messages, max_bytes, Some(&self.skew_meter()));
@@ -432,14 +438,28 @@ impl Worker {
                 .alignment
                 .others_active(Instant::now(), super::alignment::wall_ms());
             engine.store_mut().set_shared(shared);
-            let mut touched = Vec::new();
+            let (mut touched, mut touched_holds) = (Vec::new(), Vec::new());
             let early = plan_early_reads(&mut engine, &events, &mut touched);
-            (events, engine.rules_generation(), touched, early)
+            let early_holds = plan_early_hold_reads(&mut engine, &events, &mut touched_holds);
+            let generation = engine.rules_generation();
+            (
+                events,
+                generation,
+                touched,
+                touched_holds,
+                early,
+                early_holds,
+            )
         };
+        // The holds go first, on their own connection: both reads are out at once.
+        let early_holds =
+            early_holds.map(|(mut reads, reader)| (reader.start_holds(&mut reads), reads));
         let early = early.map(|(mut reads, reader)| {
             let replies = reader.read(&mut reads);
             (reads, replies)
         });
+        let early_holds =
+            early_holds.map(|(pending, reads)| (reads, pending.and_then(PendingRead::wait)));
         stopwatch.lap(Stage::Load);
         let mut engine = self.lock_engine();
         stopwatch.lap(Stage::Lock);
@@ -447,17 +467,24 @@ impl Worker {
             // Other rules were put in force meanwhile: the events are decoded for them.
             events = decode_batch(&engine, messages, max_bytes, None);
             touched.clear();
+            touched_holds.clear();
             stopwatch.lap(Stage::Decode);
         }
-        if let (Some((reads, replies)), AnyStore::Redis(store)) = (early, engine.store_mut()) {
-            store.take_early_reads(reads, replies);
+        if let AnyStore::Redis(store) = engine.store_mut() {
+            if let Some((reads, replies)) = early {
+                store.take_early_reads(reads, replies);
+            }
+            if let Some((reads, replies)) = early_holds {
+                store.take_early_hold_reads(reads, replies);
+            }
         }
         let shared = self
             .alignment
             .others_active(Instant::now(), super::alignment::wall_ms());
         engine.store_mut().set_shared(shared);
         if engine.store().prefetches() {
-            prefetch(&mut engine, &events, touched).map_err(|e| (0, Failure::Store(e)))?;
+            prefetch(&mut engine, &events, touched, touched_holds)
+                .map_err(|e| (0, Failure::Store(e)))?;
         }
         let batch = PartitionBatch {
             topic,
@@ -503,6 +530,7 @@ impl Worker {
         if let Err(e) = engine.store_mut().tick() {
             judged.failure.get_or_insert(e);
         }
+        self.note_saturation(&engine);
         stopwatch.lap(Stage::Journal);
         Ok((judged, engine.store().counted_mark()))
     }
@@ -953,12 +981,32 @@ fn plan_early_reads(
     Some((reads, reader))
 }
 
-/// Loads the windows and holds the batch's events touch (`touched`, if not empty: listed
-/// already), in one round trip each.
+/// The holds the batch's events touch that are not known fresh (listed into `touched_holds`),
+/// to read before the batch takes the engine, with the reader to read them on.
+fn plan_early_hold_reads(
+    engine: &mut Engine<AnyStore>,
+    events: &Events<'_>,
+    touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
+) -> Option<(EarlyHoldReads, EarlyReader)> {
+    if !matches!(engine.store(), AnyStore::Redis(_)) || !engine.store().prefetches() {
+        return None;
+    }
+    for event in events.iter().flatten() {
+        engine.touched_holds(event, touched_holds);
+    }
+    let AnyStore::Redis(store) = engine.store_mut() else {
+        return None;
+    };
+    store.plan_early_hold_reads(touched_holds)
+}
+
+/// Loads the windows and holds the batch's events touch (`touched` and `touched_holds`, if not
+/// empty: listed already), in one round trip each.
 fn prefetch(
     engine: &mut Engine<AnyStore>,
     events: &Events<'_>,
     mut touched: Vec<(WindowId, Vec<u8>)>,
+    mut touched_holds: Vec<(HoldSpace, Vec<u8>)>,
 ) -> Result<(), StoreError> {
     if touched.is_empty() {
         for event in events.iter().flatten() {
@@ -966,9 +1014,10 @@ fn prefetch(
         }
     }
     engine.store_mut().prefetch(&touched)?;
-    let mut touched_holds = Vec::new();
-    for event in events.iter().flatten() {
-        engine.touched_holds(event, &mut touched_holds);
+    if touched_holds.is_empty() {
+        for event in events.iter().flatten() {
+            engine.touched_holds(event, &mut touched_holds);
+        }
     }
     engine.store_mut().prefetch_holds(&touched_holds)
 }

@@ -19,7 +19,7 @@ use crate::rules::RuleSet;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::source::Progress;
-use crate::store::{AnyStore, JournalWriter, RedisStats, StateStats};
+use crate::store::{AnyStore, CounterStore, JournalWriter, RedisStats, StateStats};
 use crate::telemetry::Metrics;
 
 /// A partition, as the consumer names it: (topic, partition).
@@ -83,6 +83,9 @@ pub(super) struct Worker {
     pub(super) journal: Option<Mutex<JournalWriter>>,
     /// Where the group's partitions stand in event time: keeps them in step.
     pub(super) alignment: Alignment,
+    /// Whether the store's local counts were at their bound after its last tick: read by each
+    /// batch without taking the engine ([`Worker::note_saturation`]).
+    pub(super) saturated: AtomicBool,
 }
 
 impl Worker {
@@ -112,8 +115,16 @@ impl Worker {
                 config.input.max_partition_skew,
                 config.input.partition_idle_timeout,
             ),
+            saturated: AtomicBool::new(false),
             config,
         }
+    }
+
+    /// Records, after a store tick under the engine, whether the local counts are at their
+    /// bound.
+    pub(super) fn note_saturation(&self, engine: &Engine<AnyStore>) {
+        self.saturated
+            .store(engine.store().saturated(), Ordering::Release);
     }
 
     pub(super) fn lock_partitions(&self) -> MutexGuard<'_, HashMap<PartitionKey, PartitionLoop>> {

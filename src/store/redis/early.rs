@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::holds::EarlyHoldReads;
 use super::view::CacheCheck;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
@@ -78,6 +79,11 @@ impl EarlyReader {
     /// meanwhile and waits for the replies when it needs them.
     pub fn start(&self, reads: &mut EarlyReads) -> Result<PendingRead, StoreError> {
         self.send(std::mem::take(&mut reads.batch))
+    }
+
+    /// Sends the hold reads of `reads` and returns at once.
+    pub fn start_holds(&self, reads: &mut EarlyHoldReads) -> Result<PendingRead, StoreError> {
+        self.send(reads.take_batch())
     }
 
     /// Sends `batch` (reads only) and returns at once.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hashbrown::HashMap;
 use redis::Value;
 
-use super::early::PendingRead;
+use super::early::{EarlyReader, PendingRead};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::counter_store::{HoldSpace, StoreError};
@@ -130,11 +130,27 @@ pub(super) struct HoldViews {
 /// while it judges this one): taken in by its prefetch for each key whose view learned nothing
 /// from Redis since they were sent, so a read never takes a view back to an older state.
 pub(super) struct HoldReadsAhead {
-    keys: Vec<StoredKey>,
-    /// [`HoldViews::epoch`] when sent.
-    epoch: u64,
-    sent: Instant,
+    reads: EarlyHoldReads,
     pending: PendingRead,
+}
+
+/// Holds to read for a batch before it takes the engine (a worker's partition loop reads them
+/// with the engine free, on the early hold reader), taken in under the engine as the reads
+/// replay sends ahead are ([`RedisStore::take_early_hold_reads`]).
+pub struct EarlyHoldReads {
+    keys: Vec<StoredKey>,
+    /// [`HoldViews::epoch`] when planned.
+    epoch: u64,
+    /// When planned, before they are sent: whatever the replies tell is at least this recent.
+    sent: Instant,
+    batch: Batch,
+}
+
+impl EarlyHoldReads {
+    /// The reads to send (once).
+    pub(super) fn take_batch(&mut self) -> Batch {
+        std::mem::take(&mut self.batch)
+    }
 }
 
 impl HoldViews {
@@ -381,16 +397,15 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
     }
 
-    /// Sends, on the early reader's connection, the reads of the holds of `keys` this process
-    /// has not read within the last flush interval: the next batch's, while this one is judged.
-    /// Its prefetch takes them in ([`RedisStore::finish_hold_reads_ahead`]).
-    pub(super) fn start_hold_reads_ahead(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
-        self.holds.ahead = None;
+    /// The reads of the holds of `keys` this process has not read within the last flush
+    /// interval, if any (and Redis is available).
+    fn plan_hold_reads(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Option<EarlyHoldReads> {
         if self.breaker.is_open() {
-            return;
+            return None;
         }
+        let sent = self.clock.now();
         let wanted: Vec<StoredKey> = self
-            .hold_keys_to_read(keys, self.clock.now())
+            .hold_keys_to_read(keys, sent)
             .into_iter()
             .map(|(space, key)| StoredKey {
                 window: space.0,
@@ -398,56 +413,92 @@ impl<C: MonotonicClock> RedisStore<C> {
             })
             .collect();
         if wanted.is_empty() {
-            return;
+            return None;
         }
         let names: Vec<String> = wanted
             .iter()
             .map(|key| self.redis_hold_key(HoldSpace(key.window), key.key.as_slice()))
             .collect();
-        let batch = self.batch_of("GET", names);
+        Some(EarlyHoldReads {
+            keys: wanted,
+            epoch: self.holds.epoch,
+            sent,
+            batch: self.batch_of("GET", names),
+        })
+    }
+
+    /// Sends, on the early reader's connection, the reads of the holds of `keys` this process
+    /// has not read within the last flush interval: the next batch's, while this one is judged.
+    /// Its prefetch takes them in ([`RedisStore::finish_hold_reads_ahead`]).
+    pub(super) fn start_hold_reads_ahead(&mut self, keys: &[(HoldSpace, Vec<u8>)]) {
+        self.holds.ahead = None;
+        let Some(mut reads) = self.plan_hold_reads(keys) else {
+            return;
+        };
         // One read out at a time: a reader stuck on a silent connection is not sent more.
         let Some(reader) = self.early_hold_reader().filter(|r| r.idle()) else {
             return;
         };
-        // Sent now: whatever the reply tells is at least as recent as this instant.
-        let sent = self.clock.now();
-        if let Ok(pending) = reader.send(batch) {
-            self.holds.ahead = Some(HoldReadsAhead {
-                keys: wanted,
-                epoch: self.holds.epoch,
-                sent,
-                pending,
-            });
+        if let Ok(pending) = reader.send(reads.take_batch()) {
+            self.holds.ahead = Some(HoldReadsAhead { reads, pending });
+        }
+    }
+
+    /// The holds of `keys` the batch's prefetch would read now, with the reader to read them
+    /// on before the batch takes the engine; `None` if there are none (or Redis is unavailable).
+    pub fn plan_early_hold_reads(
+        &mut self,
+        keys: &[(HoldSpace, Vec<u8>)],
+    ) -> Option<(EarlyHoldReads, EarlyReader)> {
+        let reads = self.plan_hold_reads(keys)?;
+        Some((reads, self.early_hold_reader()?))
+    }
+
+    /// Takes in what [`EarlyReader::start_holds`] brought back for `reads`, as the reads sent
+    /// ahead are taken in; what is not taken in, the batch's prefetch reads.
+    pub fn take_early_hold_reads(
+        &mut self,
+        reads: EarlyHoldReads,
+        replies: Result<Vec<Value>, StoreError>,
+    ) {
+        if let Ok(replies) = replies {
+            self.take_in_hold_reads(reads, replies);
         }
     }
 
     /// Takes in the hold reads sent ahead, if they are back (never waiting: the prefetch reads
-    /// what is not): each for a key whose view learned nothing from Redis since they were sent
-    /// (and that was not dropped since), as if read when sent.
+    /// what is not).
     fn finish_hold_reads_ahead(&mut self) {
         let Some(ahead) = self.holds.ahead.take() else {
             return;
         };
-        let replies = match ahead.pending.ready() {
-            Some(Ok(replies)) if replies.len() == ahead.keys.len() => replies,
-            _ => return,
-        };
+        if let Some(Ok(replies)) = ahead.pending.ready() {
+            self.take_in_hold_reads(ahead.reads, replies);
+        }
+    }
+
+    /// Each reply of `reads` for a key whose view learned nothing from Redis since they were
+    /// planned (and that was not dropped since), as if read when planned.
+    fn take_in_hold_reads(&mut self, reads: EarlyHoldReads, replies: Vec<Value>) {
+        if replies.len() != reads.keys.len() {
+            return;
+        }
         // As for any read: a failover these replies may come from is followed first (which
         // voids them).
         self.catch_up_failover();
-        if ahead.epoch < self.holds.void_below {
+        if reads.epoch < self.holds.void_below {
             return;
         }
         let mut taken = 0u64;
-        for (key, reply) in ahead.keys.into_iter().zip(replies) {
+        for (key, reply) in reads.keys.into_iter().zip(replies) {
             let known = match self.holds.views.get(&key) {
-                Some(view) => view.changed > ahead.epoch,
-                None => self.holds.dropped_changed > ahead.epoch,
+                Some(view) => view.changed > reads.epoch,
+                None => self.holds.dropped_changed > reads.epoch,
             };
             if known {
                 continue;
             }
-            self.holds.learn_read(key, reply, ahead.sent);
+            self.holds.learn_read(key, reply, reads.sent);
             taken += 1;
         }
         self.stats.early_hold_loads += taken;

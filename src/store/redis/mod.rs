@@ -64,6 +64,7 @@ use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
 pub use early::{EarlyReader, EarlyReads, PendingRead};
+pub use holds::EarlyHoldReads;
 
 use super::counter_store::{
     CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StateStats,
@@ -125,9 +126,10 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     local_bytes: LocalBytes,
 }
 
-/// Estimated bytes of the local state, measured by a pass over it now and then
-/// (`RedisStore::measure_local_bytes`): keeping a byte count exact at every change would cost
-/// the counting path, and the windows with unacknowledged deltas only grow past a flush's worth
+/// Estimated bytes of the local state. The clean views beside the cache keep their own tally
+/// (`view::Tallied`); the windows with unacknowledged deltas are measured by a pass over them now
+/// and then (`RedisStore::measure_local_bytes`), spread over ticks: keeping a byte count exact at
+/// every change would cost the counting path, and those windows only grow past a flush's worth
 /// while Redis is away.
 #[derive(Default)]
 struct LocalBytes {
@@ -135,15 +137,34 @@ struct LocalBytes {
     dirty: usize,
     /// Clean windows and hold views.
     clean: usize,
-    /// When (by the store's clock) the last pass was made.
+    /// When (by the store's clock) the last pass ended.
     measured: Option<Instant>,
     /// Until the next pass: 50 times what the last one took, at least `MIN_EVERY` (the passes
     /// cost at most 2 % of the time).
     every: Duration,
+    /// The pass under way, if one is.
+    pass: Option<DirtyPass>,
 }
 
 impl LocalBytes {
     const MIN_EVERY: Duration = Duration::from_millis(100);
+    /// Windows a pass visits at most: beyond, the mean over these (the first in the table's
+    /// order, which follows a seeded hash, not the keys) stands for the rest.
+    const SAMPLE: usize = 1 << 14;
+    /// Windows visited between two looks at the clock.
+    const CHUNK: usize = 64;
+}
+
+/// A pass over the windows with unacknowledged deltas, a slice per tick. The table may change
+/// between slices; what the pass saw is a sample of it, scaled to its size when the pass ends.
+#[derive(Default)]
+struct DirtyPass {
+    /// Windows visited (the table's first ones, in its order).
+    seen: usize,
+    /// Their heap bytes.
+    owned: usize,
+    /// The time the slices took.
+    spent: Duration,
 }
 
 /// The circuit breaker: open while Redis is unavailable (the store counts locally).
@@ -364,30 +385,62 @@ fn evicting_policy(replies: &[redis::Value]) -> Option<String> {
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
-    /// Measures the local state's bytes again, if the last pass is old enough (see
-    /// [`LocalBytes`]).
+    /// Measures the local state's bytes again, a slice per tick, if the last pass is old enough
+    /// (see [`LocalBytes`]).
     fn measure_local_bytes(&mut self) {
         let now = self.clock.now();
-        if self
+        let due = self
             .local_bytes
             .measured
-            .is_some_and(|at| now.duration_since(at) < self.local_bytes.every)
-        {
+            .is_none_or(|at| now.duration_since(at) >= self.local_bytes.every);
+        let mut pass = match self.local_bytes.pass.take() {
+            Some(pass) => pass,
+            None if due => {
+                let dirty = &mut self.views.dirty;
+                // A table that held an outage's keys keeps its allocation once they are
+                // flushed: give most of it back, so that an emptied table does not stay counted
+                // against the bound.
+                if dirty.capacity() > 1024 && dirty.len() < dirty.capacity() / 4 {
+                    dirty.shrink_to(dirty.len() * 2);
+                }
+                DirtyPass::default()
+            }
+            None => return,
+        };
+        let started = Instant::now();
+        let wanted = self.views.dirty.len().min(LocalBytes::SAMPLE);
+        // The windows a slice before visited are passed over without being read.
+        let mut windows = self.views.dirty.iter().skip(pass.seen);
+        let mut ended = false;
+        while !ended {
+            for _ in 0..LocalBytes::CHUNK {
+                match windows.next().filter(|_| pass.seen < wanted) {
+                    Some((key, dirty)) => {
+                        pass.owned += view::dirty_heap_bytes(key, dirty);
+                        pass.seen += 1;
+                    }
+                    None => {
+                        ended = true;
+                        break;
+                    }
+                }
+            }
+            if started.elapsed() >= self.config.tick_budget {
+                break;
+            }
+        }
+        pass.spent += started.elapsed();
+        if !ended {
+            self.local_bytes.pass = Some(pass);
             return;
         }
-        let started = Instant::now();
-        let dirty = &mut self.views.dirty;
-        // A table that held an outage's keys keeps its allocation once they are flushed: give
-        // most of it back, so that an emptied table does not stay counted against the bound.
-        if dirty.capacity() > 1024 && dirty.len() < dirty.capacity() / 4 {
-            dirty.shrink_to(dirty.len() * 2);
-        }
+        let dirty = &self.views.dirty;
         // The table's slots (an entry and a control byte each), then what each entry owns.
         let entries = dirty.capacity() * (size_of::<(StoredKey, view::Dirty)>() + 1);
-        let owned: usize = dirty
-            .iter()
-            .map(|(key, d)| view::dirty_heap_bytes(key, d))
-            .sum();
+        let owned = match pass.seen {
+            0 => 0,
+            seen => pass.owned.saturating_mul(dirty.len()) / seen,
+        };
         let holds = self.holds.views.capacity() * (size_of::<(StoredKey, holds::HoldView)>() + 1)
             + self
                 .holds
@@ -399,10 +452,10 @@ impl<C: MonotonicClock> RedisStore<C> {
             dirty: entries + owned,
             clean: self.views.cache.bytes() + holds,
             measured: Some(now),
-            every: started
-                .elapsed()
+            every: (pass.spent + started.elapsed())
                 .saturating_mul(50)
                 .max(LocalBytes::MIN_EVERY),
+            pass: None,
         };
     }
 

@@ -70,9 +70,9 @@ impl Views {
                     })
                     .time_to_idle(time_to_idle)
                     .build_with_hasher(foldhash::fast::RandomState::default()),
-                loaded: HashMap::default(),
-                recent: HashMap::default(),
-                aging: HashMap::default(),
+                loaded: Tallied::default(),
+                recent: Tallied::default(),
+                aging: Tallied::default(),
                 aging_pace: None,
                 watchers: 0,
                 touched: Default::default(),
@@ -174,15 +174,15 @@ impl Views {
 pub(super) struct CleanViews {
     cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     /// Read since the last `settle`, not in `cache`.
-    loaded: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    loaded: Tallied,
     /// Windows the last flush brought back, newer than what `cache` may hold for their keys.
     /// A hot key is counted into again before the next flush comes back, and then never passes
     /// through moka; the others go to `aging` then ([`CleanViews::age`]).
-    recent: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    recent: Tallied,
     /// Windows the flush before the last brought back, on their way to `cache` a slice per
     /// tick ([`CleanViews::age_some`]): a moka insert costs microseconds, a flush brings back
     /// thousands of windows, and the engine waits while they are moved.
-    aging: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    aging: Tallied,
     /// How `aging` is spread over ticks (see `slices`).
     aging_pace: Option<Slices>,
     /// Early reads out (see `early.rs`): while there are some, `touched` records every key
@@ -194,6 +194,75 @@ pub(super) struct CleanViews {
     generation: u64,
     /// `loaded` holds the early reads of the batch about to be counted.
     pub(super) early_taken: bool,
+}
+
+/// A table of clean views beside the cache, with their bytes (`cached_bytes`) kept as views come
+/// and go: summing them at each measurement would walk thousands of windows under the engine.
+#[derive(Default)]
+struct Tallied {
+    map: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    bytes: usize,
+}
+
+impl Tallied {
+    fn with_capacity(capacity: usize) -> Tallied {
+        Tallied {
+            map: HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            bytes: 0,
+        }
+    }
+
+    fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> Option<&Arc<Cached>> {
+        self.map.get(key)
+    }
+
+    fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
+        self.map.contains_key(key)
+    }
+
+    fn insert(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        match self.map.entry(key) {
+            hashbrown::hash_map::Entry::Occupied(mut entry) => {
+                self.bytes -= cached_bytes(entry.key(), entry.get());
+                self.bytes += cached_bytes(entry.key(), &cached);
+                entry.insert(cached);
+            }
+            hashbrown::hash_map::Entry::Vacant(entry) => {
+                self.bytes += cached_bytes(entry.key(), &cached);
+                entry.insert(cached);
+            }
+        }
+    }
+
+    fn remove<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &mut self,
+        key: &Q,
+    ) -> Option<Arc<Cached>> {
+        let (key, cached) = self.map.remove_entry(key)?;
+        self.bytes -= cached_bytes(&key, &cached);
+        Some(cached)
+    }
+
+    fn drain(&mut self) -> hashbrown::hash_map::Drain<'_, StoredKey, Arc<Cached>> {
+        self.bytes = 0;
+        self.map.drain()
+    }
+
+    fn clear(&mut self) {
+        self.bytes = 0;
+        self.map.clear();
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
 }
 
 impl CleanViews {
@@ -261,12 +330,14 @@ impl CleanViews {
             return;
         };
         // What the iterator has not reached stays in `aging`.
-        let mut aging = self.aging.extract_if(|_, _| true);
+        let Tallied { map, bytes } = &mut self.aging;
+        let mut aging = map.extract_if(|_, _| true);
         let mut this_tick = 0;
         while pace.more(tick, this_tick, Instant::now()) {
             let Some((key, cached)) = aging.next() else {
                 break;
             };
+            *bytes -= cached_bytes(&key, &cached);
             self.cache.insert(key, cached);
             pace.did_one();
             this_tick += 1;
@@ -276,8 +347,7 @@ impl CleanViews {
             self.aging_pace = None;
             // Taken out one by one, the entries left tombstones that every lookup of a key not
             // there would probe past once this table is `recent` again: a fresh one instead.
-            self.aging =
-                HashMap::with_capacity_and_hasher(self.aging.capacity(), Default::default());
+            self.aging = Tallied::with_capacity(self.aging.map.capacity());
         }
     }
 
@@ -410,13 +480,7 @@ impl CleanViews {
     pub(super) fn bytes(&self) -> usize {
         // Evictions the cache still owes, so that its charge is within its bound.
         self.cache.run_pending_tasks();
-        let beside: usize = self
-            .loaded
-            .iter()
-            .chain(self.recent.iter())
-            .chain(self.aging.iter())
-            .map(|(key, cached)| cached_bytes(key, cached))
-            .sum();
+        let beside = self.loaded.bytes + self.recent.bytes + self.aging.bytes;
         beside.saturating_add(usize::try_from(self.cache.weighted_size()).unwrap_or(usize::MAX))
     }
 
@@ -1281,6 +1345,19 @@ mod tests {
         };
         let version =
             |views: &Views, name: &[u8]| views.cache.get(&key(name)).and_then(|c| c.version);
+        // The bytes kept beside the cache are what a pass over those views would sum.
+        let tallied = |views: &Views| {
+            for table in [&views.cache.loaded, &views.cache.recent, &views.cache.aging] {
+                let summed: usize = table.map.iter().map(|(k, c)| cached_bytes(k, c)).sum();
+                assert_eq!(table.bytes, summed);
+            }
+        };
+        let long = b"a key long enough to be kept on the heap, not inline".as_slice();
+        views.cache.acknowledged(key(long), cached(1));
+        views.cache.load(key(long), cached(2));
+        tallied(&views);
+        assert!(views.cache.unload(&key(long)).is_some());
+        tallied(&views);
         // `hot` and `cold` were cached at version 1, turned dirty, and their flush came back.
         views.cache.insert(key(b"hot"), cached(1));
         views.cache.insert(key(b"cold"), cached(1));
@@ -1292,6 +1369,7 @@ mod tests {
             "newer than the cache"
         );
         assert!(views.cache.contains_key(&key(b"hot")));
+        tallied(&views);
         // The next batch counts into `hot`: its view leaves, moved into its dirty one.
         assert_eq!(
             views.cache.unload(&key(b"hot")).and_then(|c| c.version),
@@ -1304,6 +1382,7 @@ mod tests {
             .age(Duration::from_secs(1), Duration::from_micros(500));
         assert!(views.cache.recent.is_empty());
         assert_eq!(views.cache.aging.len(), 2);
+        tallied(&views);
         assert_eq!(version(&views, b"cold"), Some(2), "on its way, still found");
         assert_eq!(
             views.cache.cache.get(&key(b"cold")).and_then(|c| c.version),
@@ -1324,6 +1403,7 @@ mod tests {
             "the older view stayed out"
         );
         assert_eq!(version(&views, b"again"), Some(3));
+        tallied(&views);
         views
             .cache
             .age(Duration::from_secs(1), Duration::from_micros(500));
@@ -1338,6 +1418,7 @@ mod tests {
         views.cache.acknowledged(key(b"shared"), cached(3));
         views.cache.load(key(b"shared"), cached(4));
         assert_eq!(version(&views, b"shared"), Some(4));
+        tallied(&views);
         views.cache.acknowledged(key(b"flushed"), cached(5));
         let mut drained: Vec<(Vec<u8>, Option<u64>)> = views
             .cache
@@ -1356,6 +1437,11 @@ mod tests {
             ]
         );
         assert_eq!(views.cache.entry_count(), 0);
+        tallied(&views);
+        assert_eq!(
+            views.cache.loaded.bytes + views.cache.recent.bytes + views.cache.aging.bytes,
+            0
+        );
     }
 
     #[test]
