@@ -808,6 +808,30 @@ fn holds_are_shared_through_redis_and_survive_a_restart() {
     assert!(ttl > 3_000_000, "TTL at least the hold: {ttl}");
 }
 
+/// Two stores on `redis` with the same holds open ("ato", an hour): another worker's and this
+/// one's, on the injected `clock`.
+fn two_holders(
+    redis: &RedisServer,
+    config: &RedisStoreConfig,
+    clock: &std::sync::Arc<ManualMonotonic>,
+) -> (
+    RedisStore<std::sync::Arc<ManualMonotonic>>,
+    RedisStore<std::sync::Arc<ManualMonotonic>>,
+    vigil::store::HoldSpace,
+    vigil::store::HoldSpace,
+) {
+    let connect = || {
+        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(clock))
+            .unwrap()
+    };
+    let (mut other, mut store) = (connect(), connect());
+    let (theirs, space) = (
+        other.open_holds("ato", 3_600_000),
+        store.open_holds("ato", 3_600_000),
+    );
+    (other, store, theirs, space)
+}
+
 /// Replay reads the next batch's holds while it judges this one. A read is taken in only for a
 /// view that learned nothing from Redis since it was sent, so it never takes a hold back to an
 /// older state: a raise acknowledged meanwhile stays, a release meanwhile stays released.
@@ -818,15 +842,7 @@ fn holds_read_ahead_never_take_a_hold_back_to_an_older_state() {
     let redis = RedisServer::start();
     let config = RedisStoreConfig::default();
     let clock = std::sync::Arc::new(ManualMonotonic::new());
-    let connect = || {
-        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
-            .unwrap()
-    };
-    let (mut other, mut store) = (connect(), connect());
-    let (theirs, space) = (
-        other.open_holds("ato", 3_600_000),
-        store.open_holds("ato", 3_600_000),
-    );
+    let (mut other, mut store, theirs, space) = two_holders(&redis, &config, &clock);
     let window = store.open_window("w", WindowSpec::new(1_000, 60, Aggregate::Count));
     let keys = |names: &[&[u8]]| -> Vec<(HoldSpace, Vec<u8>)> {
         names.iter().map(|n| (space, n.to_vec())).collect()
@@ -903,15 +919,7 @@ fn holds_read_before_a_batch_takes_the_engine_are_taken_in_unless_the_view_learn
     let redis = RedisServer::start();
     let config = RedisStoreConfig::default();
     let clock = std::sync::Arc::new(ManualMonotonic::new());
-    let connect = || {
-        RedisStore::connect_with_clock(&redis.url(), config.clone(), std::sync::Arc::clone(&clock))
-            .unwrap()
-    };
-    let (mut other, mut store) = (connect(), connect());
-    let (theirs, space) = (
-        other.open_holds("ato", 3_600_000),
-        store.open_holds("ato", 3_600_000),
-    );
+    let (mut other, mut store, theirs, space) = two_holders(&redis, &config, &clock);
     let keys = |names: &[&[u8]]| -> Vec<(HoldSpace, Vec<u8>)> {
         names.iter().map(|n| (space, n.to_vec())).collect()
     };

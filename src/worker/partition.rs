@@ -407,10 +407,7 @@ impl Worker {
         }
     }
 
-    /// Decodes the batch and lists what it touches under the engine lock, reads the windows and
-    /// holds it lacks with the lock released, then under the lock again: prefetches the rest, counts and
-    /// judges it, exports its per-rule and per-counter counts and journals its records. Returns
-    /// what it produced and the store's counted mark after it.
+    /// What decoding uses to count events whose time strays from their record timestamp.
     fn skew_meter(&self) -> SkewMeter<'_> {
         SkewMeter {
             metrics: &self.metrics,
@@ -418,6 +415,10 @@ impl Worker {
         }
     }
 
+    /// Decodes the batch and lists what it touches under the engine lock, reads the windows and
+    /// holds it lacks with the lock released, then under the lock again: prefetches the rest,
+    /// counts and judges it, exports its per-rule and per-counter counts and journals its
+    /// records. Returns what it produced and the store's counted mark after it.
     fn judge_and_journal<'m>(
         &self,
         (topic, partition): &PartitionKey,
@@ -427,8 +428,8 @@ impl Worker {
         stopwatch: &mut Stopwatch,
     ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
         let max_bytes = self.config.worker.max_event_bytes;
-        // With Redis, the windows the batch lacks are read before it takes the engine for good:
-        // other partitions judge meanwhile.
+        // With Redis, the windows and holds the batch lacks are read before it takes the engine
+        // for good: other partitions judge meanwhile.
         let (mut events, generation, mut touched, mut touched_holds, early, early_holds) = {
             let mut engine = self.lock_engine();
             stopwatch.lap(Stage::Lock);

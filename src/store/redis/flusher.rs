@@ -584,11 +584,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         let Some(mut building) = self.flushing.building.take() else {
             return Ok(());
         };
-        let (tick, mut this_tick) = (Instant::now(), 0);
+        building.pace.begin_tick(Instant::now());
         let now = self.clock.now();
         let mut slice = Vec::with_capacity(FLUSH_KEYS_PER_CALL);
         loop {
-            let next = (all || building.pace.more(tick, this_tick, Instant::now()))
+            let next = (all || building.pace.more(Instant::now()))
                 .then(|| building.candidates.next())
                 .flatten();
             let stop = next.is_none();
@@ -606,7 +606,6 @@ impl<C: MonotonicClock> RedisStore<C> {
                 dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
                 building.observations += dirty.inflight.len();
                 building.pace.did_one();
-                this_tick += 1;
                 slice.push(key);
             }
             // A call's worth at a time, and what the tick took when it stops.
@@ -862,13 +861,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         let Some(mut taking) = self.flushing.taking_in.take() else {
             return Ok(());
         };
-        let (tick, mut this_tick) = (Instant::now(), 0);
-        while all || taking.pace.more(tick, this_tick, Instant::now()) {
+        taking.pace.begin_tick(Instant::now());
+        while all || taking.pace.more(Instant::now()) {
             let (Some(key), Some(reply)) = (taking.keys.next(), taking.replies.next()) else {
                 break;
             };
             taking.pace.did_one();
-            this_tick += 1;
             let written = taking.keep.then(|| {
                 let dirty = &self.views.dirty[&key];
                 (key.clone(), dirty.inflight.clone(), dirty.inflight_oldest)

@@ -434,6 +434,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.local_bytes.pass = Some(pass);
             return;
         }
+        let finishing = Instant::now();
         let dirty = &self.views.dirty;
         // The table's slots (an entry and a control byte each), then what each entry owns.
         let entries = dirty.capacity() * (size_of::<(StoredKey, view::Dirty)>() + 1);
@@ -452,7 +453,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             dirty: entries + owned,
             clean: self.views.cache.bytes() + holds,
             measured: Some(now),
-            every: (pass.spent + started.elapsed())
+            every: (pass.spent + finishing.elapsed())
                 .saturating_mul(50)
                 .max(LocalBytes::MIN_EVERY),
             pass: None,

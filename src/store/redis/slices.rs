@@ -16,6 +16,9 @@ pub(super) struct Slices {
     began: Instant,
     spread: Duration,
     budget: Duration,
+    /// When the current tick began, and the items it did.
+    tick: Instant,
+    this_tick: usize,
 }
 
 impl Slices {
@@ -26,20 +29,29 @@ impl Slices {
             began,
             spread,
             budget,
+            tick: began,
+            this_tick: 0,
         }
     }
 
-    /// Whether the tick that began at `tick` and did `this_tick` items does one more, `now`:
-    /// its first, one within its budget, or one while the work is behind its schedule.
-    pub(super) fn more(&self, tick: Instant, this_tick: usize, now: Instant) -> bool {
+    /// A tick begins at `tick`: its slice starts.
+    pub(super) fn begin_tick(&mut self, tick: Instant) {
+        self.tick = tick;
+        self.this_tick = 0;
+    }
+
+    /// Whether this tick does one more item, `now`: its first, one within its budget, or one
+    /// while the work is behind its schedule.
+    pub(super) fn more(&self, now: Instant) -> bool {
         self.done < self.total
-            && (this_tick == 0
-                || now.saturating_duration_since(tick) < self.budget
+            && (self.this_tick == 0
+                || now.saturating_duration_since(self.tick) < self.budget
                 || self.done < self.due(now))
     }
 
     pub(super) fn did_one(&mut self) {
         self.done += 1;
+        self.this_tick += 1;
     }
 
     /// How many items the schedule wants done by `now`: in proportion to the time since the
@@ -62,9 +74,10 @@ mod tests {
 
     /// Counts the items one tick does, with time standing still but for `cost` per item.
     fn tick(slices: &mut Slices, at: Instant, cost: Duration) -> usize {
+        slices.begin_tick(at);
         let mut now = at;
         let mut done = 0;
-        while slices.more(at, done, now) {
+        while slices.more(now) {
             slices.did_one();
             done += 1;
             now += cost;
@@ -104,7 +117,8 @@ mod tests {
         let rest = tick(&mut slices, began + Duration::from_secs(2), cost);
         assert_eq!(500 + half + rest, 10_000);
         let later = began + Duration::from_secs(3);
-        assert!(!slices.more(later, 0, later));
+        slices.begin_tick(later);
+        assert!(!slices.more(later));
     }
 
     #[test]

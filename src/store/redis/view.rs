@@ -332,15 +332,14 @@ impl CleanViews {
         // What the iterator has not reached stays in `aging`.
         let Tallied { map, bytes } = &mut self.aging;
         let mut aging = map.extract_if(|_, _| true);
-        let mut this_tick = 0;
-        while pace.more(tick, this_tick, Instant::now()) {
+        pace.begin_tick(tick);
+        while pace.more(Instant::now()) {
             let Some((key, cached)) = aging.next() else {
                 break;
             };
             *bytes -= cached_bytes(&key, &cached);
             self.cache.insert(key, cached);
             pace.did_one();
-            this_tick += 1;
         }
         drop(aging);
         if self.aging.is_empty() {
