@@ -440,8 +440,8 @@ impl Worker {
                 .others_active(Instant::now(), super::alignment::wall_ms());
             engine.store_mut().set_shared(shared);
             let (mut touched, mut touched_holds) = (Vec::new(), Vec::new());
-            let early = plan_early_reads(&mut engine, &events, &mut touched);
-            let early_holds = plan_early_hold_reads(&mut engine, &events, &mut touched_holds);
+            let (early, early_holds) =
+                plan_early_reads(&mut engine, &events, &mut touched, &mut touched_holds);
             let generation = engine.rules_generation();
             (
                 events,
@@ -954,51 +954,42 @@ fn count_ahead(
     engine.store_mut().count_ahead(&planned)
 }
 
-/// The windows the batch's events touch (into `touched`), and with Redis those of them to read
-/// before the batch takes the engine for good, with the reader to read them.
+/// Window reads to make before a batch takes the engine for good, and the reader for them.
+type EarlyWindows = (EarlyReads, EarlyReader);
+/// The same for holds.
+type EarlyHolds = (EarlyHoldReads, EarlyReader);
+
+/// With Redis, the windows and holds the batch's events touch (into `touched` and
+/// `touched_holds`), and those of them to read before the batch takes the engine for good, each
+/// with the reader to read them on.
 fn plan_early_reads(
     engine: &mut Engine<AnyStore>,
     events: &Events<'_>,
     touched: &mut Vec<(WindowId, Vec<u8>)>,
-) -> Option<(EarlyReads, EarlyReader)> {
+    touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
+) -> (Option<EarlyWindows>, Option<EarlyHolds>) {
     if !matches!(engine.store(), AnyStore::Redis(_)) || !engine.store().prefetches() {
-        return None;
+        return (None, None);
     }
     for event in events.iter().flatten() {
         engine.touched_keys(event, touched);
-    }
-    let AnyStore::Redis(store) = engine.store_mut() else {
-        return None;
-    };
-    let reads = store.plan_early_reads(touched)?;
-    let Some(reader) = store.early_reader() else {
-        // Nothing to read them with: given back, the prefetch reads them.
-        store.take_early_reads(
-            reads,
-            Err(StoreError::Unavailable("no early reader".into())),
-        );
-        return None;
-    };
-    Some((reads, reader))
-}
-
-/// The holds the batch's events touch that are not known fresh (listed into `touched_holds`),
-/// to read before the batch takes the engine, with the reader to read them on.
-fn plan_early_hold_reads(
-    engine: &mut Engine<AnyStore>,
-    events: &Events<'_>,
-    touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
-) -> Option<(EarlyHoldReads, EarlyReader)> {
-    if !matches!(engine.store(), AnyStore::Redis(_)) || !engine.store().prefetches() {
-        return None;
-    }
-    for event in events.iter().flatten() {
         engine.touched_holds(event, touched_holds);
     }
     let AnyStore::Redis(store) = engine.store_mut() else {
-        return None;
+        return (None, None);
     };
-    store.plan_early_hold_reads(touched_holds)
+    let windows = store.plan_early_reads(touched).and_then(|reads| {
+        let Some(reader) = store.early_reader() else {
+            // Nothing to read them with: given back, the prefetch reads them.
+            store.take_early_reads(
+                reads,
+                Err(StoreError::Unavailable("no early reader".into())),
+            );
+            return None;
+        };
+        Some((reads, reader))
+    });
+    (windows, store.plan_early_hold_reads(touched_holds))
 }
 
 /// Loads the windows and holds the batch's events touch (`touched` and `touched_holds`, if not

@@ -39,13 +39,14 @@
 //! knew that is gone is written again from the view too (the script answers `?`).
 //!
 //! Files, by role: `config` (tuning and stats), `view` (the merged per-key view and counting on
-//! it), `holds` (hold views), `epochs` (data-loss detection), `reader` (the reader thread),
-//! `early` (reads a partition loop makes before its batch takes the engine, and replay while
-//! the batch before is judged), `ahead` (counting
-//! ahead on keys other workers count too), `failover` (writes no replica confirmed),
-//! `flusher` (the flusher thread: batching, sending, completing, durable marks), `slices` (work
-//! spread over ticks: building a flush, taking in its keys, moving windows to the cache). This file holds
-//! the store itself, connecting, the circuit breaker and the [`CounterStore`] entry points.
+//! it), `holds` (hold views, and their reads before a batch takes the engine), `epochs`
+//! (data-loss detection), `reader` (the reader thread), `early` (window reads a partition loop
+//! makes before its batch takes the engine, and replay while the batch before is judged),
+//! `ahead` (counting ahead on keys other workers count too), `failover` (writes no replica
+//! confirmed), `flusher` (the flusher thread: batching, sending, completing, durable marks),
+//! `slices` (work spread over ticks: building a flush, taking in its keys, moving windows to the
+//! cache). This file holds the store itself, connecting, the circuit breaker, the local-state
+//! measurement and the [`CounterStore`] entry points.
 
 mod ahead;
 mod config;
