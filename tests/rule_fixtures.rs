@@ -264,48 +264,6 @@ fn empty_rule_sets_are_refused_and_a_byte_order_mark_is_accepted() {
     assert!(stderr.contains("a.toml:2:6: "), "{stderr}");
 }
 
-/// `n` counters, each read by one rule, plus `n` v1-form rules, as one file.
-fn many_rules(n: usize) -> String {
-    let mut text = String::new();
-    for i in 0..n {
-        text.push_str(&format!(
-            "[[counter]]\nid = \"c{i}\"\nmatch = \"type == 'login' && result != 'ok'\"\ndimensions = [\"user_id\"]\nwindow = \"15m\"\n\n\
-             [[rule]]\nid = \"r{i}\"\naction = \"block\"\nwhen = \"$c{i} > 5 && amount > {i}\"\n\n\
-             [[rule]]\nid = \"v{i}\"\naction = \"review\"\nmatch = {{ type = \"payment\", country = [\"US\", \"CA\"] }}\n\
-             dimensions = [\"card.id\"]\nwindow = \"1h\"\nlimit = {i}\n\n"
-        ));
-    }
-    text
-}
-
-/// Loading is linear in the number of rules (it was quadratic: 10 000 rules took 18 s, a 10 MB
-/// file 295 s): the same set four times larger takes about four times as long, not sixteen.
-/// Figures: BENCHMARKS.md, "Rule loading".
-#[test]
-fn loading_is_linear_in_the_rule_count() {
-    let time = |n: usize| {
-        let text = many_rules(n);
-        (0..3)
-            .map(|_| {
-                let started = std::time::Instant::now();
-                let set = vigil::rules::compile::compile_sources(
-                    &[("many.toml", &text)],
-                    &vigil::rules::compile::no_files,
-                )
-                .unwrap();
-                assert_eq!(set.rules.len(), 2 * n);
-                started.elapsed()
-            })
-            .min()
-            .unwrap()
-    };
-    let small = time(2_500);
-    let large = time(10_000);
-    let ratio = large.as_secs_f64() / small.as_secs_f64();
-    eprintln!("2 500 + 2 500 rules: {small:?}; 10 000 + 10 000 rules: {large:?}; ratio {ratio:.2} (linear: 4, quadratic: 16)");
-    assert!(ratio < 9.0, "ratio {ratio:.2}: loading is not linear");
-}
-
 /// A rule file full of 100 000-character values (ids, keys, actions, durations, paths, function,
 /// counter and list names, numbers): every error is reported, each quoting a bounded prefix.
 #[test]
@@ -474,6 +432,42 @@ fn check_events_names_the_mistakes_a_sample_reveals() {
 /// A rule that needs more distinct values than its counter records (`max_distinct`) can never
 /// fire: `check` says so, naming both, for a comparison its `when` cannot be true without (a v1
 /// limit that high is an error); a comparison in one branch of an `||` is not such a need.
+/// A `final` enforce-mode rule with no `when` and no rollout fires on every event of its scope,
+/// so every rule of lower priority with the same scope never fires; check names the
+/// highest-priority such rule. Other scopes, higher priorities, shadow and `when`-guarded final
+/// rules silence nothing.
+#[test]
+fn check_warns_about_a_rule_a_final_rule_always_suppresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("final.toml");
+    fs::write(
+        &file,
+        "[[rule]]\nid = 'stop-all'\naction = 'block'\npriority = 10\nfinal = true\n\n\
+         [[rule]]\nid = 'stop-more'\naction = 'block'\npriority = 20\nfinal = true\n\n\
+         [[rule]]\nid = 'low'\naction = 'review'\n\n\
+         [[rule]]\nid = 'above'\naction = 'alert'\npriority = 30\n\n\
+         [[rule]]\nid = 'logins'\naction = 'alert'\nmatch = { type = 'login' }\npriority = 30\nfinal = true\n\n\
+         [[rule]]\nid = 'login-low'\naction = 'review'\nmatch = { type = 'login' }\n\n\
+         [[rule]]\nid = 'payment-low'\naction = 'review'\nmatch = { type = 'payment' }\n\n\
+         [[rule]]\nid = 'guarded'\naction = 'block'\nmatch = \"type == 'card'\"\npriority = 40\nfinal = true\nwhen = 'amount > 5'\n\n\
+         [[rule]]\nid = 'watching'\naction = 'block'\nmatch = \"type == 'card'\"\npriority = 40\nfinal = true\nmode = 'shadow'\n\n\
+         [[rule]]\nid = 'card-low'\naction = 'review'\nmatch = \"type == 'card'\"\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let out = vigil(&["check", path]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("warning:")).collect::<Vec<_>>(),
+        vec![
+            format!("warning: {path}:1:1: rule \"stop-all\" never fires: the final rule \"stop-more\" (priority 20 > 10) fires on every event it judges and suppresses it"),
+            format!("warning: {path}:13:1: rule \"low\" never fires: the final rule \"stop-more\" (priority 20 > 0) fires on every event it judges and suppresses it"),
+            format!("warning: {path}:29:1: rule \"login-low\" never fires: the final rule \"logins\" (priority 30 > 0) fires on every event it judges and suppresses it"),
+        ]
+    );
+}
+
 #[test]
 fn check_warns_about_a_rule_beyond_its_counters_max_distinct() {
     let dir = tempfile::tempdir().unwrap();

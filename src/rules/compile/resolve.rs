@@ -521,26 +521,35 @@ fn warn_if_constant(draft: &RuleDraft, when: &expr::Compiled, warnings: &mut Vec
 }
 
 /// A rule that a `final` enforce-mode rule of higher priority always suppresses: that rule has
-/// no `when`, no rollout and the same scope, so it fires on every event the other judges.
+/// no `when`, no rollout and the same scope, so it fires on every event the other judges. The
+/// highest-priority such rule per scope is found in one pass, so a large set stays linear.
 fn warn_always_suppressed(rules: &[Rule], warnings: &mut Vec<Diagnostic>) {
-    let same_scope = |a: &Rule, b: &Rule| match (&a.scope, &b.scope) {
-        (Scope::All, Scope::All) => true,
-        (Scope::Table(x), Scope::Table(y)) => x == y,
-        (Scope::Expr(_), Scope::Expr(_)) => a.scope_text == b.scope_text,
-        _ => false,
-    };
+    let mut silencers: HashMap<String, &Rule> = HashMap::new();
+    for f in rules.iter().filter(|f| {
+        f.enabled
+            && f.is_final
+            && f.mode == crate::rules::model::Mode::Enforce
+            && f.when.is_none()
+            && f.rollout.is_none()
+            && matches!(f.form, Form::V2)
+    }) {
+        silencers
+            .entry(scope_key(f))
+            .and_modify(|best| {
+                if f.priority > best.priority {
+                    *best = f;
+                }
+            })
+            .or_insert(f);
+    }
+    if silencers.is_empty() {
+        return;
+    }
     for rule in rules.iter().filter(|r| r.enabled) {
-        let silencer = rules.iter().find(|f| {
-            f.enabled
-                && f.is_final
-                && f.mode == crate::rules::model::Mode::Enforce
-                && f.when.is_none()
-                && f.rollout.is_none()
-                && matches!(f.form, Form::V2)
-                && f.priority > rule.priority
-                && same_scope(f, rule)
-        });
-        if let Some(f) = silencer {
+        let Some(f) = silencers.get(&scope_key(rule)) else {
+            continue;
+        };
+        if f.priority > rule.priority {
             warnings.push(Diagnostic {
                 origin: rule.origin.clone(),
                 message: format!(
@@ -549,6 +558,16 @@ fn warn_always_suppressed(rules: &[Rule], warnings: &mut Vec<Diagnostic>) {
                 ),
             });
         }
+    }
+}
+
+/// Equal for two rules exactly when they judge the same events by the same `match`: none, the
+/// same table, or the same expression text.
+fn scope_key(rule: &Rule) -> String {
+    match &rule.scope {
+        Scope::All => "all".to_owned(),
+        Scope::Table(matchers) => format!("table {matchers:?}"),
+        Scope::Expr(_) => format!("expr {:?}", rule.scope_text),
     }
 }
 
