@@ -27,14 +27,36 @@ pub(super) const FLUSHER_STOPPED: &str = "the flusher thread stopped";
 /// so one call never blocks Redis for long.
 pub(super) const KEYS_PER_CALL: usize = 256;
 
-/// Keys served by one write-behind call. Redis runs one script at a time, and while a flush runs
-/// the partitions' reads and journal writes (made under the engine lock) wait behind the call
-/// running. Measured at 2 000 events/s, the backlog flushed (`vigil bench --kafka ...
+/// Keys served by one write-behind call at most. Redis runs one script at a time, and while a
+/// flush runs the partitions' reads and journal writes (made under the engine lock) wait behind
+/// the call running. Measured at 2 000 events/s, the backlog flushed (`vigil bench --kafka ...
 /// --latency-rate 2000`): 256 keys per call (~7 ms of Redis) in pipelines of 16 calls held each
 /// batch's round trips for 5-15 ms and vigil's own p99 at ~160 ms; 32 keys per call, one call
 /// per round trip ([`Batch::paced`]), brought it to ~65 ms, with throughput and Redis CPU within
-/// the spread. The flush's Redis time is the same; it adds a loopback round trip per 32 keys.
+/// the spread. The flush's Redis time is the same; it adds a loopback round trip per call.
 const FLUSH_KEYS_PER_CALL: usize = 32;
+
+/// Keys served by one write-behind call at least: a flush with time to spare (see
+/// [`keys_per_call`]) sends calls this small, so a journal write waits behind a shorter one.
+const MIN_FLUSH_KEYS_PER_CALL: usize = 8;
+
+/// What one paced call is allowed of a flush's time: a round trip and the script.
+const CALL_TIME: Duration = Duration::from_micros(500);
+
+/// Keys per call for a flush of `keys` keys due every `every`: the fewest (down to
+/// `MIN_FLUSH_KEYS_PER_CALL`) whose calls, one per round trip at `CALL_TIME` each, fit in a
+/// quarter of the interval; `FLUSH_KEYS_PER_CALL` when someone waits for the flush (`all`).
+/// A journal write (made under the engine lock) waits for the call Redis is running: at 2 000
+/// events/s, with ~10 keys per call, the journal's p99 per batch fell by 1-13 % (BENCHMARKS.md).
+fn keys_per_call(keys: usize, every: Duration, all: bool) -> usize {
+    if all {
+        return FLUSH_KEYS_PER_CALL;
+    }
+    let calls = ((every / 4).as_micros() / CALL_TIME.as_micros()).max(1);
+    let calls = usize::try_from(calls).unwrap_or(usize::MAX);
+    keys.div_ceil(calls)
+        .clamp(MIN_FLUSH_KEYS_PER_CALL, FLUSH_KEYS_PER_CALL)
+}
 
 /// Most keys one flush carries: a re-seed after a data loss is spread over several flushes.
 const MAX_FLUSH_KEYS: usize = 16_384;
@@ -94,6 +116,8 @@ struct Building {
     epochs: usize,
     holds: Vec<StoredKey>,
     pace: Slices,
+    /// Keys per script call ([`keys_per_call`]).
+    keys_per_call: usize,
 }
 
 /// The keys of an answered flush still to take in, with their replies.
@@ -340,13 +364,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         completed.and(self.flush_all())
     }
 
-    /// Script calls covering the in-flight deltas of `keys`, up to `FLUSH_KEYS_PER_CALL` keys
-    /// per call, sent one call per round trip; in cluster mode each call holds keys of one hash
-    /// slot.
-    fn batch(&self, keys: &[StoredKey]) -> Batch {
+    /// Script calls covering the in-flight deltas of `keys`, up to `keys_per_call` keys per
+    /// call, sent one call per round trip; in cluster mode each call holds keys of one hash slot.
+    fn batch(&self, keys: &[StoredKey], keys_per_call: usize) -> Batch {
         let mut batch = self.script_batch(
             keys,
-            FLUSH_KEYS_PER_CALL,
+            keys_per_call,
             |key| key,
             |key, call, name| {
                 let dirty = &self.views.dirty[key];
@@ -557,6 +580,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         // Hold raises go with the epoch checks: one round trip before the scripts. Taken now,
         // between batches, as the keys' deltas are taken at each slice.
         let holds = self.send_holds(&mut first);
+        let keys_per_call = keys_per_call(keys.len(), self.flush_every(), all);
         let pace = Slices::new(
             keys.len(),
             self.flush_every() / 4,
@@ -572,6 +596,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             epochs,
             holds,
             pace,
+            keys_per_call,
         });
         self.build_some(all)
     }
@@ -586,7 +611,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         };
         building.pace.begin_tick(Instant::now());
         let now = self.clock.now();
-        let mut slice = Vec::with_capacity(FLUSH_KEYS_PER_CALL);
+        let mut slice = Vec::with_capacity(building.keys_per_call);
         loop {
             let next = (all || building.pace.more(Instant::now()))
                 .then(|| building.candidates.next())
@@ -609,8 +634,8 @@ impl<C: MonotonicClock> RedisStore<C> {
                 slice.push(key);
             }
             // A call's worth at a time, and what the tick took when it stops.
-            if slice.len() == FLUSH_KEYS_PER_CALL || (stop && !slice.is_empty()) {
-                let calls = self.batch(&slice);
+            if slice.len() == building.keys_per_call || (stop && !slice.is_empty()) {
+                let calls = self.batch(&slice, building.keys_per_call);
                 building.scripts.append(calls, building.keys.len());
                 building.keys.append(&mut slice);
             }
@@ -1090,5 +1115,32 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.pending += dirty.inflight.len();
             dirty.send_again();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{keys_per_call, FLUSH_KEYS_PER_CALL, MIN_FLUSH_KEYS_PER_CALL};
+
+    #[test]
+    fn a_flush_with_time_to_spare_sends_small_calls_and_a_large_or_awaited_one_large_calls() {
+        let second = Duration::from_secs(1);
+        let shared = Duration::from_millis(50);
+        // A second's write-behind of 2 000 events/s: 500 calls fit in a quarter of it.
+        assert_eq!(keys_per_call(100, second, false), MIN_FLUSH_KEYS_PER_CALL);
+        assert_eq!(keys_per_call(5_000, second, false), 10);
+        assert_eq!(keys_per_call(16_384, second, false), FLUSH_KEYS_PER_CALL);
+        // Every 50 ms: 25 calls.
+        assert_eq!(keys_per_call(250, shared, false), 10);
+        assert_eq!(keys_per_call(2_000, shared, false), FLUSH_KEYS_PER_CALL);
+        // Someone waits for it: as few round trips as possible.
+        assert_eq!(keys_per_call(100, second, true), FLUSH_KEYS_PER_CALL);
+        // An interval shorter than a call still gives a call.
+        assert_eq!(
+            keys_per_call(1, Duration::ZERO, false),
+            MIN_FLUSH_KEYS_PER_CALL
+        );
     }
 }
