@@ -45,11 +45,12 @@ const CALL_TIME: Duration = Duration::from_micros(500);
 
 /// Keys per call for a flush of `keys` keys due every `every`: the fewest (down to
 /// `MIN_FLUSH_KEYS_PER_CALL`) whose calls, one per round trip at `CALL_TIME` each, fit in a
-/// quarter of the interval; `FLUSH_KEYS_PER_CALL` when someone waits for the flush (`all`).
+/// quarter of the interval; `FLUSH_KEYS_PER_CALL` when someone waits for the flush or it is
+/// behind (`hurried`: a flush too large for one, its rest, or a full table).
 /// A journal write (made under the engine lock) waits for the call Redis is running: at 2 000
 /// events/s, with ~10 keys per call, the journal's p99 per batch fell by 1-13 % (BENCHMARKS.md).
-fn keys_per_call(keys: usize, every: Duration, all: bool) -> usize {
-    if all {
+fn keys_per_call(keys: usize, every: Duration, hurried: bool) -> usize {
+    if hurried {
         return FLUSH_KEYS_PER_CALL;
     }
     let calls = ((every / 4).as_micros() / CALL_TIME.as_micros()).max(1);
@@ -539,6 +540,8 @@ impl<C: MonotonicClock> RedisStore<C> {
     fn send(&mut self, all: bool) -> Result<(), StoreError> {
         debug_assert!(!self.flushing.busy());
         self.flushing.last_flush = Instant::now();
+        // The rest of a flush too large for one, or a full table: Redis is the bound, calls large.
+        let behind = self.flushing.round.is_some() || self.pending >= self.config.max_pending;
         let round = *self.flushing.round.get_or_insert(self.counted);
         let keys: Vec<StoredKey> = self
             .views
@@ -580,7 +583,11 @@ impl<C: MonotonicClock> RedisStore<C> {
         // Hold raises go with the epoch checks: one round trip before the scripts. Taken now,
         // between batches, as the keys' deltas are taken at each slice.
         let holds = self.send_holds(&mut first);
-        let keys_per_call = keys_per_call(keys.len(), self.flush_every(), all);
+        let keys_per_call = keys_per_call(
+            keys.len(),
+            self.flush_every(),
+            all || behind || keys.len() == MAX_FLUSH_KEYS,
+        );
         let pace = Slices::new(
             keys.len(),
             self.flush_every() / 4,
@@ -1135,7 +1142,7 @@ mod tests {
         // Every 50 ms: 25 calls.
         assert_eq!(keys_per_call(250, shared, false), 10);
         assert_eq!(keys_per_call(2_000, shared, false), FLUSH_KEYS_PER_CALL);
-        // Someone waits for it: as few round trips as possible.
+        // Someone waits for it, or the write-behind is behind: as few round trips as possible.
         assert_eq!(keys_per_call(100, second, true), FLUSH_KEYS_PER_CALL);
         // An interval shorter than a call still gives a call.
         assert_eq!(
