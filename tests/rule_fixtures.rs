@@ -298,25 +298,31 @@ fn diagnostics_quote_a_bounded_prefix_of_long_values() {
     );
 }
 
+/// Writes `text` as `name` in a fresh directory and runs `vigil check` on it, which must accept
+/// it: the directory (kept alive), the file's path, and what check wrote to stdout and stderr.
+fn check_accepts(name: &str, text: &str) -> (tempfile::TempDir, String, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    fs::write(&file, text).unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let out = vigil(&["check", &path]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    (dir, path, String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
 /// A counter whose window is not longer than `max_future_skew` can be blinded by one event
 /// stamped ahead, and one not longer than `max_partition_skew` by partitions apart in event
 /// time: `check` warns about each, naming the setting, and stays silent with the bound off.
 #[test]
 fn check_warns_about_windows_a_time_bound_can_blind() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("short.toml");
-    fs::write(
-        &file,
+    let (_dir, path, stdout, stderr) = check_accepts(
+        "short.toml",
         "[[counter]]\nid = 'c-1m'\ndimensions = ['ip']\nwindow = '1m'\n\
          [[counter]]\nid = 'c-5s'\ndimensions = ['ip']\nwindow = '5s'\nbucket = '1s'\n\
          [[counter]]\nid = 'c-1h'\ndimensions = ['ip']\nwindow = '1h'\n\
          [[rule]]\nid = 'r'\naction = 'alert'\nwhen = '$c-1m + $c-5s + $c-1h > 9'\n",
-    )
-    .unwrap();
-    let path = file.to_str().unwrap();
-    let out = vigil(&["check", path]);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    );
     let future = |id: &str, window: &str, line: u32| {
         format!(
             "warning: {path}:{line}:1: counter `{id}`: its window ({window}) is not longer than max_future_skew (5m): \
@@ -338,13 +344,11 @@ fn check_warns_about_windows_a_time_bound_can_blind() {
             &partition
         ],
     );
-    assert!(String::from_utf8(out.stdout)
-        .unwrap()
-        .ends_with(", 3 warnings\n"));
+    assert!(stdout.ends_with(", 3 warnings\n"));
 
     let out = vigil(&[
         "check",
-        path,
+        &path,
         "--max-future-skew",
         "off",
         "--max-partition-skew",
@@ -438,10 +442,8 @@ fn check_events_names_the_mistakes_a_sample_reveals() {
 /// rules silence nothing.
 #[test]
 fn check_warns_about_a_rule_a_final_rule_always_suppresses() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("final.toml");
-    fs::write(
-        &file,
+    let (_dir, path, _, stderr) = check_accepts(
+        "final.toml",
         "[[rule]]\nid = 'stop-all'\naction = 'block'\npriority = 10\nfinal = true\n\n\
          [[rule]]\nid = 'stop-more'\naction = 'block'\npriority = 20\nfinal = true\n\n\
          [[rule]]\nid = 'low'\naction = 'review'\n\n\
@@ -452,12 +454,7 @@ fn check_warns_about_a_rule_a_final_rule_always_suppresses() {
          [[rule]]\nid = 'guarded'\naction = 'block'\nmatch = \"type == 'card'\"\npriority = 40\nfinal = true\nwhen = 'amount > 5'\n\n\
          [[rule]]\nid = 'watching'\naction = 'block'\nmatch = \"type == 'card'\"\npriority = 40\nfinal = true\nmode = 'shadow'\n\n\
          [[rule]]\nid = 'card-low'\naction = 'review'\nmatch = \"type == 'card'\"\n",
-    )
-    .unwrap();
-    let path = file.to_str().unwrap();
-    let out = vigil(&["check", path]);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    );
     assert_eq!(
         stderr.lines().filter(|l| l.starts_with("warning:")).collect::<Vec<_>>(),
         vec![
@@ -470,20 +467,13 @@ fn check_warns_about_a_rule_a_final_rule_always_suppresses() {
 
 #[test]
 fn check_warns_about_a_rule_beyond_its_counters_max_distinct() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("distinct.toml");
-    fs::write(
-        &file,
+    let (_dir, path, _, stderr) = check_accepts(
+        "distinct.toml",
         "[[counter]]\nid = 'ips'\naggregate = 'distinct'\nfield = 'ip'\ndimensions = ['user_id']\nwindow = '1h'\nmax_distinct = 10\n\
          [[rule]]\nid = 'more'\naction = 'block'\nwhen = '$ips > 10'\n\
          [[rule]]\nid = 'exactly'\naction = 'alert'\nwhen = \"type == 'login' && $ips == 11\"\n\
          [[rule]]\nid = 'reachable'\naction = 'alert'\nwhen = '$ips >= 10 || $ips > 99'\n",
-    )
-    .unwrap();
-    let path = file.to_str().unwrap();
-    let out = vigil(&["check", path]);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    );
     assert_eq!(
         stderr.lines().collect::<Vec<_>>(),
         vec![
