@@ -994,7 +994,7 @@ fn holds_read_for_a_batch_stay_as_they_were_for_the_whole_batch() {
     );
     let key = b"u-17";
     let batch = vec![(space_judge, key.to_vec())];
-    judge.begin_batch();
+    judge.begin_batch(0, 0);
     judge.prefetch_holds(&batch).unwrap();
     assert_eq!(judge.held_until(space_judge, key).unwrap(), None);
     // Another worker holds the key meanwhile; the batch runs on past a flush interval.
@@ -1008,15 +1008,15 @@ fn holds_read_for_a_batch_stay_as_they_were_for_the_whole_batch() {
         None,
         "as read for the batch"
     );
-    judge.end_batch();
+    judge.seal_batch().journaled();
     // The next batch reads it again.
-    judge.begin_batch();
+    judge.begin_batch(0, 0);
     judge.prefetch_holds(&batch).unwrap();
     assert_eq!(
         judge.held_until(space_judge, key).unwrap(),
         Some(1_700_000_600_000)
     );
-    judge.end_batch();
+    judge.seal_batch().journaled();
     // Outside a batch, a view older than a flush interval is read again at once.
     setter
         .extend_hold(space_setter, key, 1_700_000_900_000)
@@ -1054,7 +1054,7 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     count(&mut store, b"b", 2, 8);
     store.extend_hold(holds, b"h", at + 1_000).unwrap();
     // The batch of lane 1 from offset 2: a, b and c counted, a hold raised further and a new one.
-    store.begin_batch();
+    store.begin_batch(1, 2);
     for (offset, key) in [(2, b"a"), (3, b"b"), (4, b"c"), (5, b"a")] {
         count(&mut store, key, 1, offset);
     }
@@ -1091,15 +1091,125 @@ fn a_discarded_batch_leaves_no_count_and_no_hold_in_redis() {
     assert_eq!(fresh.held_until(holds, b"h").unwrap(), Some(at + 1_000));
     assert_eq!(fresh.held_until(holds, b"new").unwrap(), None);
     // The next owner counts the batch's events itself: once each.
-    fresh.begin_batch();
+    fresh.begin_batch(1, 2);
     for (offset, key) in [(2, b"a"), (3, b"b"), (4, b"c"), (5, b"a")] {
         fresh.set_origin(Some(InputPosition { lane: 1, offset }));
         fresh.apply(window, key, at, Delta::Count).unwrap();
     }
-    fresh.end_batch();
+    fresh.seal_batch().journaled();
     fresh.flush().unwrap();
     let totals = redis_totals(&mut redis.connection());
     assert_eq!(totals.values().map(|(total, _)| *total).sum::<i128>(), 7);
+}
+
+/// A worker journals a batch's records without the engine: other partitions count and flush
+/// meanwhile. Those flushes send everything but what that batch counted (on the same keys too)
+/// and its hold raises; once it is journaled they go, and if it is fenced instead, nothing of
+/// it ever reaches Redis, while what other batches raised on the same hold stays.
+#[test]
+fn flushes_while_a_batch_is_journaled_hold_back_exactly_that_batch() {
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        max_pending: usize::MAX,
+        flush_interval: std::time::Duration::MAX,
+        ..RedisStoreConfig::default()
+    };
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
+    let at = 1_000_000;
+    for fenced in [false, true] {
+        let name = if fenced { "fenced" } else { "journaled" };
+        let mut store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        let window = store.open_window(name, spec);
+        let holds = store.open_holds(name, 3_600_000);
+        let count = |store: &mut RedisStore, key: &[u8], lane: u64, offset: i64| {
+            store.set_origin(Some(InputPosition { lane, offset }));
+            store.apply(window, key, at, Delta::Count).unwrap();
+        };
+        // Lane 2 counted a before either batch.
+        count(&mut store, b"a", 2, 7);
+        // Lane 1's batch from offset 2 is counted and sealed; its journal write is under way.
+        store.begin_batch(1, 2);
+        count(&mut store, b"a", 1, 2);
+        count(&mut store, b"b", 1, 3);
+        store.extend_hold(holds, b"h", at + 5_000).unwrap();
+        store.extend_hold(holds, b"k", at + 5_000).unwrap();
+        let first = store.seal_batch();
+        // Lane 2's next batch is counted, sealed and journaled meanwhile.
+        store.begin_batch(2, 8);
+        count(&mut store, b"a", 2, 8);
+        store.extend_hold(holds, b"h", at + 9_000).unwrap();
+        store.extend_hold(holds, b"g", at + 9_000).unwrap();
+        store.seal_batch().journaled();
+        store.tick().unwrap();
+        store.flush().unwrap();
+        assert!(
+            store.durable_mark() < store.counted_mark(),
+            "{name}: the first batch is not in Redis"
+        );
+        // Redis has everything but the first batch; this process sees it all.
+        let mut other = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        let other_window = other.open_window(name, spec);
+        let other_holds = other.open_holds(name, 3_600_000);
+        for (key, in_redis, here) in [(&b"a"[..], 2, 3), (b"b", 0, 1)] {
+            assert_eq!(
+                other.read(other_window, key, at).unwrap().applied,
+                Applied::Counted(in_redis),
+                "{name}: {key:?} in Redis"
+            );
+            assert_eq!(
+                store.read(window, key, at).unwrap().applied,
+                Applied::Counted(here),
+                "{name}: {key:?} here"
+            );
+        }
+        for (key, in_redis) in [
+            (&b"h"[..], Some(at + 9_000)),
+            (b"g", Some(at + 9_000)),
+            (b"k", None),
+        ] {
+            assert_eq!(
+                other.held_until(other_holds, key).unwrap(),
+                in_redis,
+                "{name}: hold {key:?} in Redis"
+            );
+        }
+        assert_eq!(store.held_until(holds, b"k").unwrap(), Some(at + 5_000));
+        let expected = if fenced {
+            store.discard_batch(1, 2).unwrap();
+            drop(first);
+            [(&b"a"[..], 2), (b"b", 0)]
+        } else {
+            first.journaled();
+            store.flush().unwrap();
+            [(&b"a"[..], 3), (b"b", 1)]
+        };
+        assert_eq!(store.durable_mark(), store.counted_mark(), "{name}");
+        let held = (!fenced).then_some(at + 5_000);
+        assert_eq!(store.held_until(holds, b"k").unwrap(), held, "{name}");
+        assert_eq!(
+            store.held_until(holds, b"h").unwrap(),
+            Some(at + 9_000),
+            "{name}"
+        );
+        drop(store);
+        let mut fresh = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        let fresh_window = fresh.open_window(name, spec);
+        let fresh_holds = fresh.open_holds(name, 3_600_000);
+        for (key, total) in expected {
+            assert_eq!(
+                fresh.read(fresh_window, key, at).unwrap().applied,
+                Applied::Counted(total),
+                "{name}: {key:?}"
+            );
+        }
+        assert_eq!(fresh.held_until(fresh_holds, b"k").unwrap(), held, "{name}");
+        assert_eq!(
+            fresh.held_until(fresh_holds, b"h").unwrap(),
+            Some(at + 9_000),
+            "{name}"
+        );
+    }
 }
 
 /// A worker's partition loop reads the windows its batch lacks before it takes the engine, while
@@ -1213,7 +1323,7 @@ fn a_key_of_the_message_key_is_never_counted_ahead() {
         planned(b"per-ip", 11, false),
         planned(b"per-user", 11, true),
     ];
-    store.begin_batch();
+    store.begin_batch(3, 10);
     store.count_ahead(&batch).unwrap();
     assert_eq!(
         store.stats().counted_ahead,
@@ -1243,7 +1353,7 @@ fn a_key_of_the_message_key_is_never_counted_ahead() {
             "{i}"
         );
     }
-    store.end_batch();
+    store.seal_batch().journaled();
     store.flush().unwrap();
     other.forget_cached();
     assert_eq!(in_redis(&mut other, b"per-ip"), Applied::Counted(2));
@@ -1604,7 +1714,7 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
                             )
                         })
                         .collect();
-                    owner.store.begin_batch();
+                    owner.store.begin_batch(lane, owner.next as i64);
                     owner.store.count_ahead(&planned).unwrap();
                     for p in &planned {
                         owner.store.set_origin(Some(p.origin));
@@ -1614,7 +1724,7 @@ fn two_owners_of_one_partition_count_each_of_its_events_once() {
                             .unwrap();
                         assert!(!matches!(applied.applied, Applied::Late), "{seed}");
                     }
-                    owner.store.end_batch();
+                    owner.store.seal_batch().journaled();
                     owner.next = end;
                     owner.store.tick().unwrap();
                 }

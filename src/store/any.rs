@@ -1,8 +1,8 @@
 //! The store a command was configured with, in process or Redis, behind one type.
 
 use super::counter_store::{
-    CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats, StoreError,
-    WindowId,
+    BatchSeal, CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats,
+    StoreError, WindowId,
 };
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
@@ -135,11 +135,11 @@ impl CounterStore for AnyStore {
     fn saturated(&self) -> bool {
         delegate!(self, s => s.saturated())
     }
-    fn begin_batch(&mut self) {
-        delegate!(self, s => s.begin_batch())
+    fn begin_batch(&mut self, lane: u64, since: i64) {
+        delegate!(self, s => s.begin_batch(lane, since))
     }
-    fn end_batch(&mut self) {
-        delegate!(self, s => s.end_batch())
+    fn seal_batch(&mut self) -> BatchSeal {
+        delegate!(self, s => s.seal_batch())
     }
     fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
         delegate!(self, s => s.discard_batch(lane, since))

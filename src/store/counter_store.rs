@@ -2,6 +2,9 @@
 //! opened by id, observations applied or read at an event's time, the input position that makes
 //! counting exactly-once, and the store's error type.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use crate::window::{Applied, Delta, LastValue, WindowSpec, WindowState};
 
 /// Handle of a window opened on a store.
@@ -89,6 +92,37 @@ pub struct Planned {
     /// The key includes the message key its event was read with (events keyed by user, a
     /// per-user counter): only one partition feeds it, so it is never counted ahead.
     pub follows_message_key: bool,
+}
+
+/// A counted batch whose records are being journaled ([`CounterStore::seal_batch`]): what it
+/// counted stays out of the shared store until [`BatchSeal::journaled`] is called or the seal
+/// is dropped. Taking the batch back instead is [`CounterStore::discard_batch`], under the store.
+/// Free of the store, so that the journal is written while other batches are counted.
+#[derive(Debug)]
+#[must_use = "the batch's counts are held back until the seal is journaled or dropped"]
+pub struct BatchSeal(Option<Arc<AtomicBool>>);
+
+impl BatchSeal {
+    /// A seal of nothing (a store that holds nothing back).
+    pub fn none() -> BatchSeal {
+        BatchSeal(None)
+    }
+
+    /// A seal the store watches through `journaled`.
+    pub fn watching(journaled: Arc<AtomicBool>) -> BatchSeal {
+        BatchSeal(Some(journaled))
+    }
+
+    /// The batch's records are journaled: its counts may go out.
+    pub fn journaled(self) {}
+}
+
+impl Drop for BatchSeal {
+    fn drop(&mut self) {
+        if let Some(journaled) = &self.0 {
+            journaled.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// The size of a store's local state and what its bound made it drop.
@@ -335,25 +369,31 @@ pub trait CounterStore {
     }
 
     /// Lets a store that writes behind take in finished writes and start due ones (or wait for
-    /// Redis under backpressure). Callers run it between events (replay), after each batch once
-    /// its journal entry is in (worker), and while they have no events (nothing to do in memory).
+    /// Redis under backpressure). Callers run it between events (replay), after each batch is
+    /// sealed (worker), and while they have no events (nothing to do in memory).
     fn tick(&mut self) -> Result<(), StoreError> {
         Ok(())
     }
 
-    /// Marks the start of a batch of events that [`CounterStore::discard_batch`] may take back.
-    /// Nothing counted from here is sent to a shared store before [`CounterStore::end_batch`] or
-    /// `discard_batch` (the caller does not `tick` meanwhile).
-    fn begin_batch(&mut self) {}
+    /// Marks the start of a batch of `lane`'s events from offset `since`, which
+    /// [`CounterStore::discard_batch`] may take back until its records are journaled. Nothing
+    /// it counts is sent to a shared store before its seal ([`CounterStore::seal_batch`]) says
+    /// so, nor when it is discarded.
+    fn begin_batch(&mut self, _lane: u64, _since: i64) {}
 
-    /// The batch begun last stands: what it counted goes out with the next flush.
-    fn end_batch(&mut self) {}
+    /// The batch begun last is counted: the next one may begin while its records are
+    /// journaled. What it counted goes out with the first flush after the seal is
+    /// [`BatchSeal::journaled`] (or dropped): flushes meanwhile send everything else.
+    fn seal_batch(&mut self) -> BatchSeal {
+        BatchSeal::none()
+    }
 
-    /// Takes back what the batch begun last counted for `lane` at offsets `since` and later, and
-    /// the holds it raised: another worker owns that input now and counts those events itself,
-    /// so none of it may reach the shared store. Everything else counted is flushed, and the
-    /// windows the batch touched are read again when needed. In process there is nothing to
-    /// take back: the counts are this process's own and the next owner keeps its own.
+    /// Takes back what `lane`'s batch (begun, sealed or not, and not journaled) counted at
+    /// offsets `since` and later, and the holds it raised: another worker owns that input now
+    /// and counts those events itself, so none of it may reach the shared store. Everything
+    /// else counted is flushed, and the windows the batch touched are read again when needed.
+    /// In process there is nothing to take back: the counts are this process's own and the next
+    /// owner keeps its own.
     fn discard_batch(&mut self, _lane: u64, _since: i64) -> Result<(), StoreError> {
         Ok(())
     }

@@ -27,8 +27,8 @@ mod scripts;
 pub use any::AnyStore;
 pub use codec::decode_untrusted;
 pub use counter_store::{
-    CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats, StoreError,
-    WindowId,
+    BatchSeal, CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats,
+    StoreError, WindowId,
 };
 pub use journal::{Journal, JournalError, JournalWriter};
 /// Lower-case hex, as Redis key names write digests (the Redis benchmark names its keys alike).

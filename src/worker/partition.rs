@@ -505,7 +505,8 @@ impl Worker {
         }
         stopwatch.lap(Stage::Load);
         // Nothing else the batch counts is sent before its records are journaled (below).
-        engine.store_mut().begin_batch();
+        let first_offset = messages[0].offset();
+        engine.store_mut().begin_batch(batch.lane, first_offset);
         let mut judged = self.judge_batch(&mut engine, &batch, messages, polled_at, &events, limit);
         if let Some(newest) = engine.newest(batch.lane) {
             self.alignment.advance(batch.lane, newest, Instant::now());
@@ -522,18 +523,23 @@ impl Worker {
         }
         self.export_rule_counts(&mut engine);
         self.export_counter_counts(&mut engine);
-        stopwatch.lap(Stage::Judge);
-        if judged.processed > 0 {
-            self.journal_batch(&mut engine, &batch, messages[0].offset(), &judged.journaled)
-                .map_err(|failure| (judged.processed, failure))?;
-        }
-        engine.store_mut().end_batch();
+        // The journal is written without the engine: other partitions count meanwhile, and
+        // flushes hold back what this batch counted until the seal says it is journaled.
+        let seal = engine.store_mut().seal_batch();
         if let Err(e) = engine.store_mut().tick() {
             judged.failure.get_or_insert(e);
         }
         self.note_saturation(&engine);
+        let mark = engine.store().counted_mark();
+        drop(engine);
+        stopwatch.lap(Stage::Judge);
+        if judged.processed > 0 {
+            self.journal_batch(&batch, first_offset, &judged.journaled)
+                .map_err(|failure| (judged.processed, failure))?;
+        }
+        seal.journaled();
         stopwatch.lap(Stage::Journal);
-        Ok((judged, engine.store().counted_mark()))
+        Ok((judged, mark))
     }
 
     /// Counts and judges the batch's events in order, dead-lettering those that did not decode;
@@ -756,13 +762,13 @@ impl Worker {
         }
     }
 
-    /// Journals the batch's records. They are journaled before they go out and before anything
-    /// the batch counted can be sent (the engine stays locked, and the store sends nothing while
-    /// a batch runs): a next owner re-reading these events delivers the same records, and a
-    /// batch fenced here leaves no trace in Redis. `Fenced` if another worker owns the partition.
+    /// Journals the batch's records, without the engine. They are journaled before they go out
+    /// and before anything the batch counted can be sent (the store holds it back until the
+    /// batch's seal says so): a next owner re-reading these events delivers the same records,
+    /// and a batch fenced here leaves no trace in Redis. `Fenced` if another worker owns the
+    /// partition.
     fn journal_batch(
         &self,
-        engine: &mut Engine<AnyStore>,
         batch: &PartitionBatch<'_>,
         first_offset: i64,
         journaled: &JournalBatch,
@@ -781,6 +787,7 @@ impl Worker {
                     .journal_errors
                     .get_or_create(&CodeLabels { code: "fenced" })
                     .inc();
+                let mut engine = self.lock_engine();
                 if let Err(e) = engine.store_mut().discard_batch(batch.lane, first_offset) {
                     tracing::warn!(error = %e, "the counts kept besides the fenced batch are not all in Redis yet; they are sent again");
                 }

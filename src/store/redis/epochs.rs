@@ -154,7 +154,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.holds.void_reads_ahead();
         let index = self.counted + 1;
         for view in self.holds.views.values_mut() {
-            if let (Some(until), None, None) = (view.until, view.pending, view.inflight) {
+            // A batch not journaled yet raises its own once it is.
+            if let (Some(until), None, None) = (view.journaled_until(), view.pending, view.inflight)
+            {
                 view.pending = Some((until, index));
                 self.holds.pending += 1;
             }

@@ -299,7 +299,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// Waits for the flush in flight, then sends everything still pending and waits for it: on
-    /// success Redis holds every delta counted so far. Keys whose writes met another writer, or
+    /// success Redis holds every delta counted so far but those of batches not journaled yet. Keys whose writes met another writer, or
     /// that were gone, come back pending and go again; a large re-seed takes several flushes.
     pub(super) fn flush_all(&mut self) -> Result<(), StoreError> {
         self.complete(true)?;
@@ -308,9 +308,13 @@ impl<C: MonotonicClock> RedisStore<C> {
         loop {
             self.send(true)?;
             self.complete(true)?;
-            let settled = self.pending == 0
+            // What batches not journaled yet counted waits for them.
+            self.reap_journaled();
+            let settled = self.only_held_back_pending()
                 && self.holds.pending == 0
-                && !self.views.dirty.values().any(|d| d.full);
+                && !self.views.dirty.values().any(|d| {
+                    d.full && !d.pending.iter().any(|o| self.batches.holds_back(o.origin))
+                });
             if settled {
                 self.update_durable();
                 return Ok(());
@@ -319,8 +323,9 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// Takes back the window deltas the batch counted for `lane` at offsets `since` and later.
-    /// None of them has been sent (nothing is sent while a batch runs), so once the flush in
-    /// flight is in, they are all pending, tagged with lane and offset. The rest is flushed.
+    /// None of them has been sent (flushes hold back what a batch not journaled counted), so
+    /// once the flush in flight is in, they are all pending, tagged with lane and offset. The
+    /// rest is flushed.
     pub(super) fn take_back_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
         let completed = self.complete(true);
         let fenced = |o: &Observation| {
@@ -539,6 +544,7 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// when the last key is in it.
     fn send(&mut self, all: bool) -> Result<(), StoreError> {
         debug_assert!(!self.flushing.busy());
+        self.reap_journaled();
         self.flushing.last_flush = Instant::now();
         // The rest of a flush too large for one, or a full table: Redis is the bound, calls large.
         let behind = self.flushing.round.is_some() || self.pending >= self.config.max_pending;
@@ -610,8 +616,8 @@ impl<C: MonotonicClock> RedisStore<C> {
 
     /// Takes the next keys' deltas in flight and encodes them into the flush being built (all
     /// of them if `all`), a call's worth of keys at a time; hands the flush to the flusher
-    /// thread once every key is in it. Called between batches only, so a slice never holds
-    /// deltas of a batch that may still be taken back.
+    /// thread once every key is in it. Deltas of batches not journaled yet (which may still be
+    /// taken back) stay pending.
     fn build_some(&mut self, all: bool) -> Result<(), StoreError> {
         let Some(mut building) = self.flushing.building.take() else {
             return Ok(());
@@ -631,9 +637,38 @@ impl<C: MonotonicClock> RedisStore<C> {
                     .dirty
                     .get_mut(&key)
                     .expect("listed when the flush began");
-                self.pending -= dirty.pending.len();
-                dirty.inflight = std::mem::take(&mut dirty.pending);
-                dirty.inflight_oldest = dirty.pending_oldest.take();
+                let batches = &self.batches;
+                let held = if batches.is_empty() {
+                    0
+                } else {
+                    dirty
+                        .pending
+                        .iter()
+                        .filter(|o| batches.holds_back(o.origin))
+                        .count()
+                };
+                if held == 0 {
+                    self.pending -= dirty.pending.len();
+                    dirty.inflight = std::mem::take(&mut dirty.pending);
+                    dirty.inflight_oldest = dirty.pending_oldest.take();
+                } else if held == dirty.pending.len() || dirty.full {
+                    // All of it a batch's not journaled yet (or a view to write again in full,
+                    // which holds that batch): it waits for the batch.
+                    continue;
+                } else {
+                    let (held_back, sendable): (Vec<_>, Vec<_>) =
+                        std::mem::take(&mut dirty.pending)
+                            .into_iter()
+                            .partition(|o| batches.holds_back(o.origin));
+                    self.pending -= sendable.len();
+                    dirty.inflight = sendable;
+                    dirty.inflight_oldest = dirty.pending_oldest;
+                    dirty.pending = held_back;
+                    dirty.pending_oldest = batches.oldest_index();
+                    // The view holds what is held back: its fields are not what Redis should
+                    // hold next. The script merges the deltas, and its reply brings the window.
+                    dirty.version = None;
+                }
                 dirty.sent_head = dirty.state.head();
                 dirty.refresh_sent = refresh_due(&spec, dirty.version, dirty.refreshed, now);
                 building.observations += dirty.inflight.len();
@@ -1105,6 +1140,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             .values()
             .filter_map(|d| d.inflight_oldest.into_iter().chain(d.pending_oldest).min())
             .chain(holds)
+            .chain(self.batches.oldest_index())
             .chain(self.unconfirmed.oldest)
             .min();
         self.durable = oldest.map_or(self.counted, |oldest| oldest - 1);

@@ -29,6 +29,8 @@ pub(super) struct HoldView {
     pub(super) pending: Option<(i64, u64)>,
     /// The raise in flight.
     pub(super) inflight: Option<(i64, u64)>,
+    /// The highest raise of batches not journaled yet (`batches.rs`): in `until`, not sent.
+    pub(super) unjournaled: Option<i64>,
     /// How many times support released the hold, as Redis told last: raises carry it, and
     /// Redis refuses those made before a release they had not seen.
     generation: u64,
@@ -49,14 +51,24 @@ impl HoldView {
     /// raises.
     fn learn(&mut self, stored: Option<i64>, generation: u64, at: Instant) {
         self.generation = generation;
+        self.stored = stored;
+        self.raise_to_known();
+        self.read_at = Some(at);
+    }
+
+    /// `until` becomes what Redis told, raised by this process's raises not acknowledged yet.
+    pub(super) fn raise_to_known(&mut self) {
+        self.until = self.journaled_until().max(self.unjournaled);
+    }
+
+    /// What Redis told, raised by the raises of journaled batches not acknowledged yet.
+    pub(super) fn journaled_until(&self) -> Option<i64> {
         let raises = self
             .pending
             .into_iter()
             .chain(self.inflight)
             .map(|(until, _)| until);
-        self.stored = stored;
-        self.until = stored.into_iter().chain(raises).max();
-        self.read_at = Some(at);
+        self.stored.into_iter().chain(raises).max()
     }
 
     /// What a flush's reply told (`stored` at `generation`), Redis having run the raise at some
@@ -106,9 +118,6 @@ pub(super) struct HoldViews {
     pub(super) views: HashMap<StoredKey, HoldView, foldhash::fast::RandomState>,
     /// Hold views with a raise not sent yet.
     pub(super) pending: usize,
-    /// While a batch runs (`begin_batch`): each hold view as it was before the batch first
-    /// raised it (`None`: there was none), to take the raises back if the batch is discarded.
-    pub(super) batch: Option<HashMap<StoredKey, Option<HoldView>, foldhash::fast::RandomState>>,
     /// When the batch being judged had its holds read (`prefetch_holds`): a view fresh then
     /// stays fresh for the batch, as its windows do, rather than costing a round trip per
     /// event once the batch runs longer than a flush interval.
@@ -217,32 +226,20 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         self.counted += 1;
         let index = self.counted;
-        if let Some(undo) = &mut self.holds.batch {
-            let before = self
-                .holds
-                .views
-                .get(&KeyRef {
-                    window: space.0,
-                    key,
-                })
-                .copied();
-            undo.entry(StoredKey {
-                window: space.0,
-                key: KeyBytes::new(key),
-            })
-            .or_insert(before);
-        }
-        let view = self
-            .holds
-            .views
-            .entry(StoredKey {
-                window: space.0,
-                key: KeyBytes::new(key),
-            })
-            .or_default();
+        let stored_key = StoredKey {
+            window: space.0,
+            key: KeyBytes::new(key),
+        };
+        // A batch being counted keeps its raise until its records are journaled.
+        let unjournaled = self.batches.record_raise(&stored_key, until_ms, index);
+        let view = self.holds.views.entry(stored_key).or_default();
         view.until = Some(until_ms);
+        if unjournaled {
+            view.unjournaled = view.unjournaled.max(Some(until_ms));
+            return Ok(until_ms);
+        }
         view.pending = Some(match view.pending {
-            Some((_, first)) => (until_ms, first),
+            Some((raised, first)) => (raised.max(until_ms), first),
             None => {
                 self.holds.pending += 1;
                 (until_ms, index)
@@ -292,11 +289,17 @@ impl<C: MonotonicClock> RedisStore<C> {
         // A hold read sent before the release would bring the hold back.
         self.holds.void_reads_ahead();
         let epoch = self.holds.next_epoch();
+        let stored_key = StoredKey {
+            window: space.0,
+            key: KeyBytes::new(key),
+        };
+        self.batches.forget_raises(&stored_key);
         if let Some(view) = self.holds.views.get_mut(&lookup) {
             if view.pending.take().is_some() {
                 self.holds.pending -= 1;
             }
             view.inflight = None;
+            view.unjournaled = None;
             view.learn(None, generation, at);
             view.changed = epoch;
         }
@@ -353,24 +356,6 @@ impl<C: MonotonicClock> RedisStore<C> {
         for view in self.holds.views.values_mut() {
             view.read_at = None;
         }
-    }
-
-    /// Each view the discarded batch raised goes back to what it was before (before the flush in
-    /// flight is taken in: a restored view still carries that flush's raise).
-    pub(super) fn restore_holds_before_batch(&mut self) {
-        self.holds.void_reads_ahead();
-        for (key, before) in self.holds.batch.take().unwrap_or_default() {
-            match before {
-                Some(view) => self.holds.views.insert(key, view),
-                None => self.holds.views.remove(&key),
-            };
-        }
-        self.holds.pending = self
-            .holds
-            .views
-            .values()
-            .filter(|view| view.pending.is_some())
-            .count();
     }
 
     /// Reads the holds of `keys` from Redis (pipelined GETs) into their views. A failure opens
@@ -534,7 +519,10 @@ impl<C: MonotonicClock> RedisStore<C> {
             let interval = self.config.flush_interval;
             let mut dropped_changed = self.holds.dropped_changed;
             self.holds.views.retain(|_, v| {
-                let keep = v.pending.is_some() || v.inflight.is_some() || v.fresh(now, interval);
+                let keep = v.pending.is_some()
+                    || v.inflight.is_some()
+                    || v.unjournaled.is_some()
+                    || v.fresh(now, interval);
                 if !keep {
                     dropped_changed = dropped_changed.max(v.changed);
                 }

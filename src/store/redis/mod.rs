@@ -39,7 +39,8 @@
 //! knew that is gone is written again from the view too (the script answers `?`).
 //!
 //! Files, by role: `config` (tuning and stats), `view` (the merged per-key view and counting on
-//! it), `holds` (hold views, and their reads before a batch takes the engine), `epochs`
+//! it), `holds` (hold views, and their reads before a batch takes the engine), `batches` (batches
+//! being journaled: what they counted is held back from flushes), `epochs`
 //! (data-loss detection), `reader` (the reader thread), `early` (window reads a partition loop
 //! makes before its batch takes the engine, and replay while the batch before is judged),
 //! `ahead` (counting ahead on keys other workers count too), `failover` (writes no replica
@@ -49,6 +50,7 @@
 //! measurement and the [`CounterStore`] entry points.
 
 mod ahead;
+mod batches;
 mod config;
 mod early;
 mod epochs;
@@ -68,8 +70,8 @@ pub use early::{EarlyReader, EarlyReads, PendingRead};
 pub use holds::EarlyHoldReads;
 
 use super::counter_store::{
-    CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned, StateStats,
-    StoreError, WindowId, Windows,
+    BatchSeal, CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned,
+    StateStats, StoreError, WindowId, Windows,
 };
 use super::keys::{KeyRef, StoredKey};
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
@@ -105,6 +107,8 @@ pub struct RedisStore<C: MonotonicClock = SystemMonotonic> {
     views: Views,
     /// Holds read or raised recently.
     holds: HoldViews,
+    /// Batches begun whose records are not journaled yet: what they counted is held back.
+    batches: batches::OpenBatches,
     /// The flusher thread, the flush in flight and what acknowledged flushes left to report.
     flushing: Flushing,
     /// The reader thread.
@@ -521,6 +525,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 config.cache_time_to_idle,
             ),
             holds: HoldViews::default(),
+            batches: batches::OpenBatches::default(),
             flushing,
             reads,
             epochs,
@@ -730,6 +735,7 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
     }
 
     fn tick(&mut self) -> Result<(), StoreError> {
+        self.reap_journaled();
         let result = self.write_behind();
         self.views.cache.age_some(Instant::now());
         // After taking in what Redis acknowledged, so that a drained table stops saturating.
@@ -761,28 +767,16 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         self.forget_hold_reads();
     }
 
-    fn begin_batch(&mut self) {
-        self.holds.batch = Some(Default::default());
+    fn begin_batch(&mut self, lane: u64, since: i64) {
+        self.begin_open_batch(lane, since);
     }
 
-    fn end_batch(&mut self) {
-        self.settle_ahead();
-        self.views.cache.settle(&self.views.dirty);
-        self.holds.batch = None;
-        self.holds.prefetched_at = None;
+    fn seal_batch(&mut self) -> BatchSeal {
+        self.seal_open_batch()
     }
 
     fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
-        // Hold raises first: each view goes back to what it was before the batch raised it
-        // (before the flush in flight is taken in: a restored view still carries that flush's
-        // raise). Then the window deltas, and the rest is flushed.
-        self.restore_holds_before_batch();
-        // What the batch counted ahead is in Redis already (a next owner skips it by its
-        // offsets); the views of those keys are read again.
-        for key in std::mem::take(&mut self.views.ahead).into_keys() {
-            self.views.cache.invalidate(&key);
-        }
-        self.take_back_batch(lane, since)
+        self.discard_open_batch(lane, since)
     }
 }
 
