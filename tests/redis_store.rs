@@ -594,6 +594,63 @@ fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
     );
 }
 
+/// Partitions hand their journal writes over and wait without the writer: writes of several
+/// lanes out at once go in one round trip, each gets its own answer (one lane fenced among
+/// them), and each lands.
+#[test]
+fn journal_writes_of_several_lanes_out_at_once_each_get_their_own_answer() {
+    use vigil::store::journal::JournalBatch;
+    use vigil::store::{JournalError, JournalWriter};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    let mut writer = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    let mut other = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    for lane in 0..4 {
+        writer.claim(lane).unwrap();
+    }
+    // Lane 2 moved to another worker meanwhile.
+    other.claim(2).unwrap();
+    let batch = |lane: u64| JournalBatch {
+        covered: Some(100 + lane as i64),
+        mark: None,
+        records: vec![(
+            100 + lane as i64,
+            format!("record of lane {lane}").into_bytes(),
+        )],
+    };
+    let writes: Vec<_> = (0..4)
+        .map(|lane| writer.begin_write(lane, &batch(lane)).unwrap())
+        .collect();
+    let answered: Vec<_> = std::thread::scope(|scope| {
+        let waits: Vec<_> = writes
+            .into_iter()
+            .map(|write| {
+                scope.spawn(move || {
+                    let reply = write.wait();
+                    (write, reply)
+                })
+            })
+            .collect();
+        waits.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (lane, (write, reply)) in answered.into_iter().enumerate() {
+        let result = writer.finish_write(write, reply);
+        if lane == 2 {
+            assert!(matches!(result, Err(JournalError::Fenced)), "{result:?}");
+        } else {
+            result.unwrap();
+        }
+    }
+    let mut reader = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    for lane in 0..4u64 {
+        let journal = reader.claim(lane).unwrap();
+        let offset = 100 + lane as i64;
+        let expected = format!("record of lane {lane}").into_bytes();
+        let expected = (lane != 2).then_some(Some(expected.as_slice()));
+        assert_eq!(journal.produced(offset), expected, "lane {lane}");
+    }
+}
+
 /// While Redis does not answer, the journal costs the partitions one wait (the call that found
 /// the outage), then fails at once while probes nobody waits for look for Redis; a lane assigned
 /// meanwhile goes unjournaled (never "fenced": its batches still go out) until it is claimed.

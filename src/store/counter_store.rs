@@ -179,7 +179,7 @@ pub struct Inspected {
 }
 
 /// A store failure.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The backing service could not be reached or refused the operation.
     #[error("counter store unavailable: {0}")]

@@ -9,13 +9,14 @@
 //! the same bytes. Entries below the committed offset are deleted: nobody re-reads them.
 //!
 //! Ordering: a batch's records are journaled before they are produced and before its deltas can
-//! be flushed, so whatever a next owner finds counted, it also finds journaled.
+//! be flushed (the store holds them back until then), so whatever a next owner finds counted, it
+//! also finds journaled. Partitions wait for their writes without the writer, and the journal
+//! thread sends the writes handed to it meanwhile in one round trip.
 //!
 //! Fencing: the owner of a lane claims its journal with a fresh token; a write by an earlier
 //! owner (a worker the broker already dropped from the group while it kept running) is refused,
 //! and that worker drops the batch instead of producing it, and takes back what the batch
-//! counted and the holds it raised (none of it was sent: the store sends nothing while a batch
-//! runs). So two workers never deliver different records for one event, and the next owner
+//! counted and the holds it raised (none of it was sent: the store held it back). So two workers never deliver different records for one event, and the next owner
 //! judges each event against exactly the events before it, even when a rebalance overlaps them.
 //!
 //! The journal also keeps the lane's newest accepted event time at each batch end (the points
@@ -138,23 +139,23 @@ struct Lane {
 }
 
 struct Job {
-    id: u64,
     batch: Batch,
+    reply: mpsc::Sender<Result<Vec<Value>, StoreError>>,
 }
 
-struct Done {
-    id: u64,
-    result: Result<Vec<Value>, StoreError>,
-}
+/// At most this many calls go in one pipeline: the journal thread sends what partitions handed
+/// it while the call before was out, in one round trip.
+const CALLS_PER_ROUND_TRIP: usize = 64;
 
 /// Claims and writes the journals of the lanes this worker owns, on its own connection and
-/// thread: callers wait at most a connection plus a reply for each call.
+/// thread: callers wait at most a connection plus a reply for each call. Callers wait for a
+/// write without the writer ([`JournalWriter::begin_write`], [`JournalWrite::wait`],
+/// [`JournalWriter::finish_write`]): the thread sends the writes of several partitions in one
+/// round trip.
 pub struct JournalWriter {
     jobs: Option<mpsc::Sender<Job>>,
-    done: mpsc::Receiver<Done>,
-    next_id: u64,
-    /// A call the caller stopped waiting for: until it comes back, calls fail at once.
-    outstanding: Option<u64>,
+    /// A call a caller stopped waiting for: until it comes back, calls fail at once.
+    outstanding: Option<mpsc::Receiver<Result<Vec<Value>, StoreError>>>,
     cluster: bool,
     namespace: Vec<u8>,
     lanes: HashMap<u64, Lane>,
@@ -168,6 +169,72 @@ pub struct JournalWriter {
     probe_interval: Duration,
 }
 
+/// A journal call sent to the thread, not answered yet.
+struct PendingCall {
+    reply: mpsc::Receiver<Result<Vec<Value>, StoreError>>,
+    deadline: Duration,
+}
+
+/// How a call's wait ended.
+enum Waited {
+    Answered(Result<Vec<Value>, StoreError>),
+    /// No reply within the deadline: the call may still come back.
+    TimedOut,
+    Stopped,
+}
+
+impl PendingCall {
+    /// Waits for the reply, at most the deadline (twice more if this process was stalled).
+    fn wait(&self) -> Waited {
+        let sent = Instant::now();
+        let mut deadline = sent + self.deadline;
+        let mut waited_again = false;
+        loop {
+            match self
+                .reply
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(result) => return Waited::Answered(result),
+                Err(mpsc::RecvTimeoutError::Timeout)
+                    if !waited_again && stalled(sent.elapsed(), self.deadline) =>
+                {
+                    // This process did not run for most of the wait (stopped, paused, starved),
+                    // so Redis was not given the time: the reply may be on its way, and it may
+                    // say another worker took the partition over meanwhile. Going on unjournaled
+                    // would deliver a zombie's records and flush its counts (the stalled-worker
+                    // fault test caught that: a next owner then judged those events on windows
+                    // already holding them). So wait once more.
+                    waited_again = true;
+                    // Twice the deadline: the journal thread may reconnect and try again.
+                    deadline = Instant::now() + self.deadline * 2;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return Waited::TimedOut,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Waited::Stopped,
+            }
+        }
+    }
+}
+
+/// A batch's journal write handed to the journal thread ([`JournalWriter::begin_write`]).
+pub struct JournalWrite {
+    lane: u64,
+    call: PendingCall,
+    records: Vec<i64>,
+    mark: Option<i64>,
+    trims: Vec<i64>,
+    trimmed_marks: Vec<i64>,
+}
+
+/// What a journal write's wait brought ([`JournalWrite::wait`]).
+pub struct JournalReply(Waited);
+
+impl JournalWrite {
+    /// Waits for Redis' answer, without the writer.
+    pub fn wait(&self) -> JournalReply {
+        JournalReply(self.call.wait())
+    }
+}
+
 impl JournalWriter {
     /// Connects to the Redis at `url`; `namespace` (the consumer group) tells apart groups that
     /// number their lanes alike.
@@ -178,14 +245,33 @@ impl JournalWriter {
     ) -> Result<JournalWriter, StoreError> {
         let (mut link, cluster) = open_side_link(url, config)?;
         let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done) = mpsc::channel();
         std::thread::Builder::new()
             .name("vigil-journal".into())
             .spawn(move || {
-                for job in job_rx {
-                    let (result, _) = link.query(&job.batch, 2);
-                    if done_tx.send(Done { id: job.id, result }).is_err() {
-                        return;
+                while let Ok(first) = job_rx.recv() {
+                    // Whatever else is waiting goes in the same round trip.
+                    let mut jobs = vec![first];
+                    while jobs.len() < CALLS_PER_ROUND_TRIP {
+                        match job_rx.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let mut batch = Batch::default();
+                    let mut calls = Vec::with_capacity(jobs.len());
+                    for job in &mut jobs {
+                        calls.push(job.batch.calls.len());
+                        batch.append(std::mem::take(&mut job.batch), 0);
+                    }
+                    let (result, _) = link.query(&batch, 2);
+                    let mut replies = result.map(Vec::into_iter);
+                    for (job, calls) in jobs.into_iter().zip(calls) {
+                        let reply = match &mut replies {
+                            Ok(replies) => Ok(replies.by_ref().take(calls).collect()),
+                            Err(e) => Err(e.clone()),
+                        };
+                        // A caller that stopped waiting dropped its receiver.
+                        let _ = job.reply.send(reply);
                     }
                 }
             })
@@ -194,8 +280,6 @@ impl JournalWriter {
             })?;
         Ok(JournalWriter {
             jobs: Some(jobs),
-            done,
-            next_id: 0,
             outstanding: None,
             cluster,
             namespace: namespace.as_bytes().to_vec(),
@@ -218,73 +302,58 @@ impl JournalWriter {
         key
     }
 
-    /// Runs one script call on the journal thread, waiting at most `deadline`.
+    /// Runs one script call on the journal thread, waiting at most the deadline.
     fn call(&mut self, key: &str, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        let pending = self.send_call(key, cmd)?;
+        let waited = pending.wait();
+        self.settle_call(pending, waited)
+    }
+
+    /// Hands one call to the journal thread, unless Redis is known to be away or an earlier call
+    /// is still out.
+    fn send_call(&mut self, key: &str, cmd: redis::Cmd) -> Result<PendingCall, StoreError> {
         if self.outage.is_some() && !self.probe(key) {
             return Err(StoreError::Unavailable(
                 "Redis did not answer the journal lately".into(),
             ));
         }
-        if let Some(outstanding) = self.outstanding {
-            loop {
-                match self.done.try_recv() {
-                    Ok(done) if done.id == outstanding => {
-                        self.outstanding = None;
-                        break;
-                    }
-                    Ok(_) => continue,
-                    Err(_) => {
-                        return Err(StoreError::Unavailable(
-                            "an earlier journal call is still waiting for Redis".into(),
-                        ))
-                    }
+        if let Some(outstanding) = &self.outstanding {
+            match outstanding.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => {
+                    return Err(StoreError::Unavailable(
+                        "an earlier journal call is still waiting for Redis".into(),
+                    ))
                 }
+                _ => self.outstanding = None,
             }
         }
-        self.next_id += 1;
-        let id = self.next_id;
         let mut batch = Batch::default();
         batch.command(self.cluster, key, cmd);
+        let (reply, receiver) = mpsc::channel();
         let jobs = self
             .jobs
             .as_ref()
             .expect("the journal thread runs until drop");
-        jobs.send(Job { id, batch })
+        jobs.send(Job { batch, reply })
             .map_err(|_| StoreError::Unavailable("the journal thread stopped".into()))?;
-        let sent = Instant::now();
-        let mut deadline = sent + self.deadline;
-        let mut waited_again = false;
-        let result = loop {
-            match self
-                .done
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
-                Ok(done) if done.id == id => break done.result,
-                Ok(_) => continue,
-                Err(mpsc::RecvTimeoutError::Timeout)
-                    if !waited_again && stalled(sent.elapsed(), self.deadline) =>
-                {
-                    // This process did not run for most of the wait (stopped, paused, starved),
-                    // so Redis was not given the time: the reply may be on its way, and it may
-                    // say another worker took the partition over meanwhile. Going on unjournaled
-                    // would deliver a zombie's records and flush its counts (the stalled-worker
-                    // fault test caught that: a next owner then judged those events on windows
-                    // already holding them). So wait once more.
-                    waited_again = true;
-                    // Twice the deadline: the journal thread may reconnect and try again.
-                    deadline = Instant::now() + self.deadline * 2;
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.outstanding = Some(id);
-                    break Err(StoreError::Unavailable(format!(
-                        "no reply from Redis within {:?}",
-                        self.deadline
-                    )));
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    break Err(StoreError::Unavailable("the journal thread stopped".into()))
-                }
+        Ok(PendingCall {
+            reply: receiver,
+            deadline: self.deadline,
+        })
+    }
+
+    /// Takes in how a call's wait ended: its reply, or the outage it reveals.
+    fn settle_call(&mut self, pending: PendingCall, waited: Waited) -> Result<Value, StoreError> {
+        let result = match waited {
+            Waited::Answered(result) => result,
+            Waited::TimedOut => {
+                self.outstanding = Some(pending.reply);
+                Err(StoreError::Unavailable(format!(
+                    "no reply from Redis within {:?}",
+                    self.deadline
+                )))
             }
+            Waited::Stopped => Err(StoreError::Unavailable("the journal thread stopped".into())),
         };
         match result {
             Ok(mut replies) => {
@@ -305,20 +374,17 @@ impl JournalWriter {
     /// no batch wait beyond the first call that found it (a frozen Redis would otherwise hold
     /// every partition for a full deadline each `probe_interval`).
     fn probe(&mut self, key: &str) -> bool {
-        if let Some(outstanding) = self.outstanding {
-            loop {
-                match self.done.try_recv() {
-                    Ok(done) if done.id == outstanding => {
-                        self.outstanding = None;
-                        if done.result.is_ok() {
-                            self.outage = None;
-                            return true;
-                        }
-                        break;
+        if let Some(outstanding) = &self.outstanding {
+            match outstanding.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return false,
+                Ok(result) => {
+                    self.outstanding = None;
+                    if result.is_ok() {
+                        self.outage = None;
+                        return true;
                     }
-                    Ok(_) => continue,
-                    Err(_) => return false,
                 }
+                Err(mpsc::TryRecvError::Disconnected) => self.outstanding = None,
             }
         }
         if self
@@ -326,18 +392,12 @@ impl JournalWriter {
             .is_some_and(|since| since.elapsed() >= self.probe_interval)
         {
             self.outage = Some(Instant::now());
-            self.next_id += 1;
             let mut batch = Batch::default();
             batch.command(self.cluster, key, redis::cmd("PING"));
+            let (reply, receiver) = mpsc::channel();
             if let Some(jobs) = &self.jobs {
-                if jobs
-                    .send(Job {
-                        id: self.next_id,
-                        batch,
-                    })
-                    .is_ok()
-                {
-                    self.outstanding = Some(self.next_id);
+                if jobs.send(Job { batch, reply }).is_ok() {
+                    self.outstanding = Some(receiver);
                 }
             }
         }
@@ -385,6 +445,19 @@ impl JournalWriter {
 
     /// Records a batch of `lane`, if this worker still owns it.
     pub fn write(&mut self, lane: u64, batch: &JournalBatch) -> Result<(), JournalError> {
+        let write = self.begin_write(lane, batch)?;
+        let reply = write.wait();
+        self.finish_write(write, reply)
+    }
+
+    /// Hands the journal write of a batch of `lane` to the journal thread; the caller waits for
+    /// it ([`JournalWrite::wait`]) without the writer, then hands the reply to
+    /// [`JournalWriter::finish_write`].
+    pub fn begin_write(
+        &mut self,
+        lane: u64,
+        batch: &JournalBatch,
+    ) -> Result<JournalWrite, JournalError> {
         if self.unclaimed.contains(&lane) {
             return Err(JournalError::Store(StoreError::Unavailable(
                 "the partition's journal could not be claimed when it was assigned".into(),
@@ -419,7 +492,32 @@ impl JournalWriter {
         for offset in &trimmed_marks {
             cmd.arg(format!("w{offset}"));
         }
-        let fenced = match self.call(&key, cmd)? {
+        let call = self.send_call(&key, cmd)?;
+        Ok(JournalWrite {
+            lane,
+            call,
+            records: batch.records.iter().map(|(offset, _)| *offset).collect(),
+            mark: batch.mark.map(|(offset, _)| offset),
+            trims,
+            trimmed_marks,
+        })
+    }
+
+    /// Takes in the reply to a write: `Fenced` if another worker owns the lane now.
+    pub fn finish_write(
+        &mut self,
+        write: JournalWrite,
+        reply: JournalReply,
+    ) -> Result<(), JournalError> {
+        let JournalWrite {
+            lane,
+            call,
+            records,
+            mark,
+            trims,
+            trimmed_marks,
+        } = write;
+        let fenced = match self.settle_call(call, reply.0)? {
             Value::BulkString(reply) => reply == b"fenced",
             Value::SimpleString(reply) => reply == "fenced",
             _ => false,
@@ -427,13 +525,12 @@ impl JournalWriter {
         if fenced {
             return Err(JournalError::Fenced);
         }
-        let state = self.lanes.get_mut(&lane).expect("looked up above");
-        state
-            .held
-            .extend(batch.records.iter().map(|(offset, _)| *offset));
-        state
-            .held_marks
-            .extend(batch.mark.map(|(offset, _)| offset));
+        // Released meanwhile: nothing to remember of it.
+        let Some(state) = self.lanes.get_mut(&lane) else {
+            return Ok(());
+        };
+        state.held.extend(records);
+        state.held_marks.extend(mark);
         for offset in trims {
             state.held.remove(&offset);
         }

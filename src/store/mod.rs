@@ -30,7 +30,7 @@ pub use counter_store::{
     BatchSeal, CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats,
     StoreError, WindowId,
 };
-pub use journal::{Journal, JournalError, JournalWriter};
+pub use journal::{Journal, JournalError, JournalReply, JournalWrite, JournalWriter};
 /// Lower-case hex, as Redis key names write digests (the Redis benchmark names its keys alike).
 #[cfg(feature = "harness")]
 pub(crate) use keys::push_hex;

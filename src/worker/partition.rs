@@ -773,7 +773,17 @@ impl Worker {
         first_offset: i64,
         journaled: &JournalBatch,
     ) -> Result<(), Failure> {
-        match self.with_journal(|journal| journal.write(batch.lane, journaled)) {
+        // The writer only to hand the write over and to take its reply in: other partitions'
+        // writes go with this one, in one round trip.
+        let written = self
+            .with_journal(|journal| journal.begin_write(batch.lane, journaled))
+            .map(|write| {
+                let write = write?;
+                let reply = write.wait();
+                self.with_journal(|journal| journal.finish_write(write, reply))
+                    .expect("a journal began the write")
+            });
+        match written {
             None | Some(Ok(())) => {
                 self.metrics
                     .journaled_decisions
