@@ -104,9 +104,11 @@
 //!             from Redis with the engine free (store::RedisStore::plan_early_reads)
 //!             ─► the same engine, under one lock: while other workers
 //!             count too, the batch's observations on keys spanning partitions are counted
-//!             ahead (Engine::plan_counts ─► store.count_ahead), then count and judge as above
-//!             ─► journal the batch (records, watermark; fenced) ─► sink (decision / dead
-//!                letter, ticket → source::Progress)
+//!             ahead (Engine::plan_counts ─► store.count_ahead), then count and judge as above,
+//!             seal the batch (store.seal_batch: its counts held back from write-behind)
+//!             ─► with the engine free: journal the batch (records, watermark; fenced: the
+//!                batch is taken back), writes of several partitions in one round trip
+//!             ─► the seal released ─► sink (decision / dead letter, ticket → source::Progress)
 //!             committer: store write-behind ─► durable mark ─► offsets stored at batch ends
 //!                        ─► committed ─► journal trimmed
 //! ```
