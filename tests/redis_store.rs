@@ -1269,6 +1269,157 @@ fn flushes_while_a_batch_is_journaled_hold_back_exactly_that_batch() {
     }
 }
 
+/// Batches of several lanes counted on shared keys, sealed, then journaled or fenced in any order,
+/// with ticks and flushes (write-behind every millisecond) in between: after every flush Redis
+/// holds exactly what the journaled batches counted and raised, never anything of a batch still
+/// out or taken back, while this process sees everything not taken back.
+#[test]
+fn batches_of_several_lanes_reach_redis_exactly_when_journaled_in_any_order() {
+    use rand::{Rng, SeedableRng};
+    use vigil::store::BatchSeal;
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let spec = WindowSpec::new(1_000, 60, Aggregate::Count);
+    let at = 1_000_000;
+    let keys: [&[u8]; 4] = [b"k0", b"k1", b"k2", b"k3"];
+    let hold_keys: [&[u8]; 2] = [b"h0", b"h1"];
+    struct Open {
+        seal: BatchSeal,
+        since: i64,
+        counts: [i64; 4],
+        raise: Option<(usize, i64)>,
+    }
+    let journal = |journaled: &mut [i64; 4], held: &mut [Option<i64>; 2], batch: &Open| {
+        for (total, counted) in journaled.iter_mut().zip(batch.counts) {
+            *total += counted;
+        }
+        if let Some((h, until)) = batch.raise {
+            held[h] = held[h].max(Some(until));
+        }
+    };
+    for seed in 0..32u64 {
+        // From seed 16, flushes are built a key per tick: batches begin and seal between the
+        // slices of one flush.
+        let sliced = seed >= 16;
+        let config = RedisStoreConfig {
+            flush_interval: std::time::Duration::from_millis(1),
+            exclusive_flush_interval: std::time::Duration::from_millis(1),
+            tick_budget: if sliced {
+                std::time::Duration::ZERO
+            } else {
+                RedisStoreConfig::default().tick_budget
+            },
+            ..RedisStoreConfig::default()
+        };
+        let name = format!("lanes-{seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        let window = store.open_window(&name, spec);
+        let holds = store.open_holds(&name, 3_600_000);
+        let mut open: Vec<Option<Open>> = (0..3).map(|_| None).collect();
+        let mut next_offset = [0i64; 3];
+        // What the journaled batches counted and raised, and what every batch not taken back did.
+        let (mut journaled, mut kept) = ([0i64; 4], [0i64; 4]);
+        let mut held: [Option<i64>; 2] = [None; 2];
+        let check_redis = |journaled: &[i64; 4], held: &[Option<i64>; 2], step: usize| {
+            let mut observer = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+            let observed = observer.open_window(&name, spec);
+            let observed_holds = observer.open_holds(&name, 3_600_000);
+            for (k, key) in keys.iter().enumerate() {
+                assert_eq!(
+                    observer.read(observed, key, at).unwrap().applied,
+                    Applied::Counted(journaled[k]),
+                    "seed {seed} step {step}: {key:?} in Redis"
+                );
+            }
+            for (h, key) in hold_keys.iter().enumerate() {
+                assert_eq!(
+                    observer.held_until(observed_holds, key).unwrap(),
+                    held[h],
+                    "seed {seed} step {step}: hold {key:?} in Redis"
+                );
+            }
+        };
+        for step in 0..150 {
+            let lanes_open: Vec<usize> = (0..3).filter(|&l| open[l].is_some()).collect();
+            match rng.random_range(0..10) {
+                0..=3 => {
+                    let lane = rng.random_range(0..3);
+                    if open[lane].is_some() {
+                        continue;
+                    }
+                    let since = next_offset[lane];
+                    store.begin_batch(lane as u64, since);
+                    let events = rng.random_range(1..5);
+                    let mut counts = [0; 4];
+                    for offset in since..since + events {
+                        let k = rng.random_range(0..4);
+                        store.set_origin(Some(InputPosition {
+                            lane: lane as u64,
+                            offset,
+                        }));
+                        store.apply(window, keys[k], at, Delta::Count).unwrap();
+                        counts[k] += 1;
+                        kept[k] += 1;
+                    }
+                    next_offset[lane] = since + events;
+                    let raise = rng
+                        .random_bool(0.5)
+                        .then(|| (rng.random_range(0..2), at + rng.random_range(1..10_000)));
+                    if let Some((h, until)) = raise {
+                        store.extend_hold(holds, hold_keys[h], until).unwrap();
+                    }
+                    let seal = store.seal_batch();
+                    store.tick().unwrap();
+                    open[lane] = Some(Open {
+                        seal,
+                        since,
+                        counts,
+                        raise,
+                    });
+                }
+                4..=6 if !lanes_open.is_empty() => {
+                    let lane = lanes_open[rng.random_range(0..lanes_open.len())];
+                    let batch = open[lane].take().unwrap();
+                    journal(&mut journaled, &mut held, &batch);
+                    batch.seal.journaled();
+                }
+                7 if !lanes_open.is_empty() => {
+                    // Its journal write was fenced: taken back (the rest is flushed).
+                    let lane = lanes_open[rng.random_range(0..lanes_open.len())];
+                    let batch = open[lane].take().unwrap();
+                    store.discard_batch(lane as u64, batch.since).unwrap();
+                    drop(batch.seal);
+                    for (kept, taken_back) in kept.iter_mut().zip(batch.counts) {
+                        *kept -= taken_back;
+                    }
+                    check_redis(&journaled, &held, step);
+                }
+                8 => store.tick().unwrap(),
+                _ => {
+                    store.flush().unwrap();
+                    check_redis(&journaled, &held, step);
+                }
+            }
+            for (k, key) in keys.iter().enumerate() {
+                assert_eq!(
+                    store.read(window, key, at).unwrap().applied,
+                    Applied::Counted(kept[k]),
+                    "seed {seed} step {step}: {key:?} here"
+                );
+            }
+        }
+        for batch in open.iter_mut().filter_map(Option::take) {
+            journal(&mut journaled, &mut held, &batch);
+            batch.seal.journaled();
+        }
+        store.flush().unwrap();
+        assert_eq!(journaled, kept, "seed {seed}");
+        assert_eq!(store.durable_mark(), store.counted_mark(), "seed {seed}");
+        check_redis(&journaled, &held, 150);
+    }
+}
+
 /// A worker's partition loop reads the windows its batch lacks before it takes the engine, while
 /// other partitions count. A read that the store's own counting overtook meanwhile is not taken
 /// in: the value stays the store's, never the older window Redis had when it was read.

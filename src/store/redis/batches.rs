@@ -58,6 +58,11 @@ impl OpenBatches {
         self.batches.iter().map(|b| b.ticket + 1).min()
     }
 
+    /// Whether a batch is being counted (begun, not sealed).
+    pub(super) fn counting(&self) -> bool {
+        self.batches.last().is_some_and(|b| b.journaled.is_none())
+    }
+
     /// Records a hold raise of the batch being counted, if one is: `false` when no batch is.
     pub(super) fn record_raise(&mut self, key: &StoredKey, until: i64, index: u64) -> bool {
         match self.batches.last_mut() {

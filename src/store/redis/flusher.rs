@@ -652,9 +652,14 @@ impl<C: MonotonicClock> RedisStore<C> {
                     dirty.inflight = std::mem::take(&mut dirty.pending);
                     dirty.inflight_oldest = dirty.pending_oldest.take();
                 } else if held == dirty.pending.len() || dirty.full {
-                    // All of it a batch's not journaled yet (or a view to write again in full,
-                    // which holds that batch): it waits for the batch.
-                    continue;
+                    if dirty.full || dirty.version.is_some() {
+                        // All of it a batch's not journaled yet (or a view to write again in
+                        // full, which holds that batch): it waits for the batch.
+                        continue;
+                    }
+                    // A view that lost track of Redis (deltas of a fenced batch were taken
+                    // out of it): the call only reads, and the reply's window, with what is
+                    // held back applied over it, becomes the view.
                 } else {
                     let (held_back, sendable): (Vec<_>, Vec<_>) =
                         std::mem::take(&mut dirty.pending)

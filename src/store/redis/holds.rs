@@ -222,6 +222,27 @@ impl<C: MonotonicClock> RedisStore<C> {
     ) -> Result<i64, StoreError> {
         let current = self.hold(space, key)?;
         if current.is_some_and(|held| held >= until_ms) {
+            let lookup = KeyRef {
+                window: space.0,
+                key,
+            };
+            let journaled = self
+                .holds
+                .views
+                .get(&lookup)
+                .and_then(HoldView::journaled_until);
+            if journaled.is_some_and(|held| held >= until_ms) || !self.batches.counting() {
+                return Ok(current.unwrap_or(until_ms));
+            }
+            // Held only by a batch not journaled yet, which may be taken back: this batch's
+            // raise is kept too, as if it were the only one.
+            self.counted += 1;
+            let stored_key = StoredKey {
+                window: space.0,
+                key: KeyBytes::new(key),
+            };
+            self.batches
+                .record_raise(&stored_key, until_ms, self.counted);
             return Ok(current.unwrap_or(until_ms));
         }
         self.counted += 1;
