@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::view::Dirty;
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::counter_store::{BatchSeal, InputPosition, StoreError};
@@ -208,17 +209,14 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.take_back_batch(lane, since)
     }
 
-    /// Whether a flush may stop with `pending` observations left: they were all counted by
-    /// batches not journaled yet.
-    pub(super) fn only_held_back_pending(&self) -> bool {
-        if self.pending == 0 {
-            return true;
-        }
-        !self.batches.is_empty()
-            && self
-                .views
-                .dirty
-                .values()
-                .all(|d| d.pending.iter().all(|o| self.batches.holds_back(o.origin)))
+    /// Whether every window delta left to send (and every view left to write again in full)
+    /// waits for a batch not journaled yet: a flush of everything may stop there.
+    pub(super) fn only_held_back_left(&self) -> bool {
+        let waits = |d: &Dirty| d.pending.iter().any(|o| self.batches.holds_back(o.origin));
+        let pending_waits = |d: &Dirty| d.pending.iter().all(|o| self.batches.holds_back(o.origin));
+        self.views
+            .dirty
+            .values()
+            .all(|d| (!d.full || waits(d)) && (self.pending == 0 || pending_waits(d)))
     }
 }

@@ -299,8 +299,9 @@ impl<C: MonotonicClock> RedisStore<C> {
     }
 
     /// Waits for the flush in flight, then sends everything still pending and waits for it: on
-    /// success Redis holds every delta counted so far but those of batches not journaled yet. Keys whose writes met another writer, or
-    /// that were gone, come back pending and go again; a large re-seed takes several flushes.
+    /// success Redis holds every delta counted so far but those of batches not journaled yet.
+    /// Keys whose writes met another writer, or that were gone, come back pending and go again;
+    /// a large re-seed takes several flushes.
     pub(super) fn flush_all(&mut self) -> Result<(), StoreError> {
         self.complete(true)?;
         // Whoever waits for everything to be in Redis also learns whether Redis lost it.
@@ -310,12 +311,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             self.complete(true)?;
             // What batches not journaled yet counted waits for them.
             self.reap_journaled();
-            let settled = self.only_held_back_pending()
-                && self.holds.pending == 0
-                && !self.views.dirty.values().any(|d| {
-                    d.full && !d.pending.iter().any(|o| self.batches.holds_back(o.origin))
-                });
-            if settled {
+            if self.holds.pending == 0 && self.only_held_back_left() {
                 self.update_durable();
                 return Ok(());
             }
