@@ -16,8 +16,9 @@
 //! Fencing: the owner of a lane claims its journal with a fresh token; a write by an earlier
 //! owner (a worker the broker already dropped from the group while it kept running) is refused,
 //! and that worker drops the batch instead of producing it, and takes back what the batch
-//! counted and the holds it raised (none of it was sent: the store held it back). So two workers never deliver different records for one event, and the next owner
-//! judges each event against exactly the events before it, even when a rebalance overlaps them.
+//! counted and the holds it raised (none of it was sent: the store held it back). So two workers
+//! never deliver different records for one event, and the next owner judges each event against
+//! exactly the events before it, even when a rebalance overlaps them.
 //!
 //! The journal also keeps the lane's newest accepted event time at each batch end (the points
 //! offsets are committed at), so the next owner resumes the watermark where it was.
@@ -327,19 +328,26 @@ impl JournalWriter {
                 _ => self.outstanding = None,
             }
         }
+        let reply = self
+            .hand_over(key, cmd)
+            .ok_or_else(|| StoreError::Unavailable("the journal thread stopped".into()))?;
+        Ok(PendingCall {
+            reply,
+            deadline: self.deadline,
+        })
+    }
+
+    /// Hands `cmd` to the journal thread; `None` if it stopped.
+    fn hand_over(
+        &self,
+        key: &str,
+        cmd: redis::Cmd,
+    ) -> Option<mpsc::Receiver<Result<Vec<Value>, StoreError>>> {
         let mut batch = Batch::default();
         batch.command(self.cluster, key, cmd);
         let (reply, receiver) = mpsc::channel();
-        let jobs = self
-            .jobs
-            .as_ref()
-            .expect("the journal thread runs until drop");
-        jobs.send(Job { batch, reply })
-            .map_err(|_| StoreError::Unavailable("the journal thread stopped".into()))?;
-        Ok(PendingCall {
-            reply: receiver,
-            deadline: self.deadline,
-        })
+        self.jobs.as_ref()?.send(Job { batch, reply }).ok()?;
+        Some(receiver)
     }
 
     /// Takes in how a call's wait ended: its reply, or the outage it reveals.
@@ -392,13 +400,8 @@ impl JournalWriter {
             .is_some_and(|since| since.elapsed() >= self.probe_interval)
         {
             self.outage = Some(Instant::now());
-            let mut batch = Batch::default();
-            batch.command(self.cluster, key, redis::cmd("PING"));
-            let (reply, receiver) = mpsc::channel();
-            if let Some(jobs) = &self.jobs {
-                if jobs.send(Job { batch, reply }).is_ok() {
-                    self.outstanding = Some(receiver);
-                }
+            if let Some(receiver) = self.hand_over(key, redis::cmd("PING")) {
+                self.outstanding = Some(receiver);
             }
         }
         false

@@ -98,18 +98,15 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// `CounterStore::begin_batch`.
     pub(super) fn begin_open_batch(&mut self, lane: u64, since: i64) {
         self.reap_journaled();
-        if let Some(at) = self.batches.batches.iter().position(|b| b.lane == lane) {
-            // Its seal is still out (a caller that began again without journaling): the
-            // older batch stands, as a dropped seal says.
-            let batch = self.batches.batches.remove(at);
+        // A caller that begins again without a journaled seal on this lane, or without sealing
+        // the batch before: that batch stands, as a dropped seal says.
+        let (stale, open): (Vec<OpenBatch>, Vec<OpenBatch>) =
+            std::mem::take(&mut self.batches.batches)
+                .into_iter()
+                .partition(|b| b.lane == lane || b.journaled.is_none());
+        self.batches.batches = open;
+        for batch in stale {
             self.settle_raises(batch.raises, true);
-        }
-        if let Some(batch) = self.batches.batches.last() {
-            if batch.journaled.is_none() {
-                // Begun again without a seal: that one stands.
-                let batch = self.batches.batches.pop().expect("just seen");
-                self.settle_raises(batch.raises, true);
-            }
         }
         self.batches.batches.push(OpenBatch {
             lane,

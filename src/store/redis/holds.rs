@@ -221,7 +221,8 @@ impl<C: MonotonicClock> RedisStore<C> {
         until_ms: i64,
     ) -> Result<i64, StoreError> {
         let current = self.hold(space, key)?;
-        if current.is_some_and(|held| held >= until_ms) {
+        let covered = current.is_some_and(|held| held >= until_ms);
+        if covered {
             let lookup = KeyRef {
                 window: space.0,
                 key,
@@ -235,15 +236,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 return Ok(current.unwrap_or(until_ms));
             }
             // Held only by a batch not journaled yet, which may be taken back: this batch's
-            // raise is kept too, as if it were the only one.
-            self.counted += 1;
-            let stored_key = StoredKey {
-                window: space.0,
-                key: KeyBytes::new(key),
-            };
-            self.batches
-                .record_raise(&stored_key, until_ms, self.counted);
-            return Ok(current.unwrap_or(until_ms));
+            // raise is kept too (below), as if it were the only one.
         }
         self.counted += 1;
         let index = self.counted;
@@ -253,6 +246,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         };
         // A batch being counted keeps its raise until its records are journaled.
         let unjournaled = self.batches.record_raise(&stored_key, until_ms, index);
+        if covered {
+            return Ok(current.unwrap_or(until_ms));
+        }
         let view = self.holds.views.entry(stored_key).or_default();
         view.until = Some(until_ms);
         if unjournaled {
