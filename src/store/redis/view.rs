@@ -59,17 +59,29 @@ impl Views {
         // Each window weighs its bytes, but at least its share of the bound: so the cache keeps
         // at most `capacity` windows of any size and at most `cache_bytes` whatever their sizes.
         let share = (cache_bytes / capacity.max(1)).clamp(1, u64::from(u32::MAX)) as u32;
+        let presence = Arc::new(Presence::default());
+        let listening = Arc::clone(&presence);
         Views {
             dirty: HashMap::default(),
             cache: CleanViews {
-                cache: moka::sync::Cache::builder()
-                    .max_capacity(cache_bytes.max(1))
-                    .weigher(move |key: &StoredKey, cached: &Arc<Cached>| {
-                        let bytes = u32::try_from(cached_bytes(key, cached)).unwrap_or(u32::MAX);
-                        bytes.max(share)
-                    })
-                    .time_to_idle(time_to_idle)
-                    .build_with_hasher(foldhash::fast::RandomState::default()),
+                cache: Cache {
+                    moka: moka::sync::Cache::builder()
+                        .max_capacity(cache_bytes.max(1))
+                        .weigher(move |key: &StoredKey, cached: &Arc<Cached>| {
+                            let bytes =
+                                u32::try_from(cached_bytes(key, cached)).unwrap_or(u32::MAX);
+                            bytes.max(share)
+                        })
+                        .time_to_idle(time_to_idle)
+                        .eviction_listener(move |key, _, cause| {
+                            // Replaced: the key stays, with its newer view.
+                            if cause != moka::notification::RemovalCause::Replaced {
+                                listening.forget(&*key);
+                            }
+                        })
+                        .build_with_hasher(foldhash::fast::RandomState::default()),
+                    presence,
+                },
                 loaded: Tallied::default(),
                 recent: Tallied::default(),
                 aging: Tallied::default(),
@@ -172,7 +184,7 @@ impl Views {
 /// so they never need the cache's insert and lookup, which cost more than the rest of counting
 /// a key (concurrent maps, eviction bookkeeping). [`CleanViews::settle`] moves the others in.
 pub(super) struct CleanViews {
-    cache: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    cache: Cache,
     /// Read since the last `settle`, not in `cache`.
     loaded: Tallied,
     /// Windows the last flush brought back, newer than what `cache` may hold for their keys.
@@ -194,6 +206,104 @@ pub(super) struct CleanViews {
     generation: u64,
     /// `loaded` holds the early reads of the batch about to be counted.
     pub(super) early_taken: bool,
+}
+
+/// The moka cache of clean views, and the hashes of the keys it holds beside it: most keys a
+/// cold workload reads are not cached, and moka costs a lookup of such a key several cache
+/// misses (its table probes through the tombstones its churn leaves), where the set costs one
+/// or two. A hash in the set says only "maybe": moka is asked then.
+struct Cache {
+    moka: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    presence: Arc<Presence>,
+}
+
+impl Cache {
+    fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> Option<Arc<Cached>> {
+        // Most keys asked for here are cached (reads are planned with `may_hold`).
+        self.moka.get(key)
+    }
+
+    fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
+        self.presence.may_hold(key) && self.moka.contains_key(key)
+    }
+
+    fn insert(&self, key: StoredKey, cached: Arc<Cached>) {
+        self.presence.note(&key);
+        self.moka.insert(key, cached);
+    }
+
+    fn invalidate(&self, key: &StoredKey) {
+        self.presence.forget(key);
+        self.moka.invalidate(key);
+    }
+
+    fn invalidate_all(&self) {
+        self.presence.clear();
+        self.moka.invalidate_all();
+    }
+
+    fn iter(&self) -> moka::sync::Iter<'_, StoredKey, Arc<Cached>> {
+        self.moka.iter()
+    }
+
+    fn entry_count(&self) -> u64 {
+        self.moka.entry_count()
+    }
+
+    fn run_pending_tasks(&self) {
+        self.moka.run_pending_tasks();
+    }
+
+    /// The estimated bytes of what the cache holds (each window at least its share), and of the
+    /// set beside it.
+    fn weighted_size(&self) -> u64 {
+        self.moka.weighted_size() + self.presence.bytes() as u64
+    }
+}
+
+/// The hashes of the keys in the moka cache: added on insert, removed by its eviction listener
+/// (which moka calls on whichever thread runs its upkeep: hence the mutex, never contended).
+#[derive(Default)]
+struct Presence {
+    hasher: foldhash::fast::RandomState,
+    hashes: std::sync::Mutex<hashbrown::HashSet<u64, foldhash::fast::RandomState>>,
+}
+
+impl Presence {
+    fn hashes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, hashbrown::HashSet<u64, foldhash::fast::RandomState>> {
+        // Nothing panics while holding it.
+        self.hashes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note(&self, key: &StoredKey) {
+        let hash = self.hasher.hash_one(key);
+        self.hashes().insert(hash);
+    }
+
+    fn forget<Q: std::hash::Hash>(&self, key: &Q) {
+        let hash = self.hasher.hash_one(key);
+        self.hashes().remove(&hash);
+    }
+
+    /// Whether the cache may hold `key`: `false` means it does not.
+    fn may_hold<Q: std::hash::Hash>(&self, key: &Q) -> bool {
+        let hash = self.hasher.hash_one(key);
+        self.hashes().contains(&hash)
+    }
+
+    fn clear(&self) {
+        self.hashes().clear();
+    }
+
+    /// The set's heap: a hash and a control byte per slot.
+    fn bytes(&self) -> usize {
+        self.hashes().capacity() * (std::mem::size_of::<u64>() + 1)
+    }
 }
 
 /// A table of clean views beside the cache, with their bytes (`cached_bytes`) kept as views come
@@ -289,6 +399,20 @@ impl CleanViews {
             || self.recent.contains_key(key)
             || self.aging.contains_key(key)
             || self.cache.contains_key(key)
+    }
+
+    /// Whether there may be a clean view of `key`, without asking moka: a key it holds is
+    /// always found, and one it dropped a moment ago may be too (its view is then read when
+    /// the key is counted, as any view not cached is). Planning reads, most keys asked about
+    /// are cached, and moka costs a lookup several cache misses.
+    pub(super) fn may_hold<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> bool {
+        self.loaded.contains_key(key)
+            || self.recent.contains_key(key)
+            || self.aging.contains_key(key)
+            || self.cache.presence.may_hold(key)
     }
 
     /// A window as Redis returned it now, to the cache.
@@ -1149,7 +1273,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
-            // Alone, any cached view will do (and `contains_key` costs less than a `get`).
+            // Alone, any cached view will do, and its hash says whether there is one.
             let fresh = match self.views.shared {
                 false => match &mut check {
                     CacheCheck::Trust(cached)
@@ -1157,9 +1281,9 @@ impl<C: MonotonicClock> RedisStore<C> {
                     {
                         true
                     }
-                    CacheCheck::Trust(_) => self.views.cache.contains_key(&lookup),
+                    CacheCheck::Trust(_) => self.views.cache.may_hold(&lookup),
                     CacheCheck::Record(cached) => {
-                        let fresh = self.views.cache.contains_key(&lookup);
+                        let fresh = self.views.cache.may_hold(&lookup);
                         if fresh {
                             cached.insert(self.views.plan_hasher.hash_one(&lookup));
                         }
@@ -1269,6 +1393,58 @@ mod tests {
     use super::*;
     use crate::clock::ManualMonotonic;
     use crate::window::Aggregate;
+
+    /// The hashes kept beside the moka cache follow it: every key it holds has one, and keys it
+    /// evicted (for size), dropped or forgot altogether leave none behind, so the set neither
+    /// hides a cached view nor grows past the cache.
+    #[test]
+    fn the_hashes_beside_the_cache_follow_what_it_holds() {
+        // Room for about 100 windows.
+        let views = Views::new(100, 100 * 4_096, Duration::from_secs(3_600));
+        let cache = &views.cache.cache;
+        let key = |i: u32| StoredKey {
+            window: i % 3,
+            key: KeyBytes::new(format!("user-{i}").as_bytes()),
+        };
+        let cached = || {
+            Arc::new(Cached {
+                state: WindowState::new(Aggregate::Count),
+                version: Some(1),
+                refreshed: None,
+                offsets: Offsets::new(),
+            })
+        };
+        let in_step = |cache: &Cache| {
+            cache.run_pending_tasks();
+            let held: Vec<StoredKey> = cache.iter().map(|(key, _)| (*key).clone()).collect();
+            for key in &held {
+                assert!(cache.presence.may_hold(key), "{key:?} is cached");
+                assert!(cache.contains_key(key) && cache.get(key).is_some());
+            }
+            assert_eq!(cache.presence.hashes().len(), held.len());
+        };
+        for i in 0..2_000 {
+            cache.insert(key(i), cached());
+            // Some inserted again (replaced: the key stays).
+            if i % 7 == 0 {
+                cache.insert(key(i / 2), cached());
+            }
+        }
+        in_step(cache);
+        assert!(cache.entry_count() <= 110, "{}", cache.entry_count());
+        let some = cache.iter().next().map(|(key, _)| (*key).clone()).unwrap();
+        cache.invalidate(&some);
+        assert!(!cache.presence.may_hold(&some) && cache.get(&some).is_none());
+        in_step(cache);
+        cache.invalidate_all();
+        cache.run_pending_tasks();
+        assert_eq!(cache.presence.hashes().len(), 0);
+        assert!(cache.get(&key(1_999)).is_none());
+        // Inserted again after everything was dropped: found again.
+        cache.insert(key(1_999), cached());
+        in_step(cache);
+        assert!(cache.get(&key(1_999)).is_some());
+    }
 
     /// While early reads are out, every view taken in from a flush or dropped is recorded (an
     /// eviction after it cannot hide it); when none are out, nothing is kept.
