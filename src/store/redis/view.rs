@@ -208,10 +208,11 @@ pub(super) struct CleanViews {
     pub(super) early_taken: bool,
 }
 
-/// The moka cache of clean views, and the hashes of the keys it holds beside it: most keys a
-/// cold workload reads are not cached, and moka costs a lookup of such a key several cache
-/// misses (its table probes through the tombstones its churn leaves), where the set costs one
-/// or two. A hash in the set says only "maybe": moka is asked then.
+/// The moka cache of clean views, and the hashes of the keys it holds beside it. A batch's read
+/// plan asks about every key it touches, and a moka lookup costs several cache misses (a key
+/// compared, through its `Arc`, at every bucket its table probes); the set answers with one or
+/// two. A hash in the set says "maybe" (moka may have dropped the key a moment ago, or another
+/// key has the same hash): whoever needs the view itself asks moka.
 struct Cache {
     moka: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     presence: Arc<Presence>,
@@ -222,7 +223,8 @@ impl Cache {
         &self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
-        // Most keys asked for here are cached (reads are planned with `may_hold`).
+        // Not asked of the set first: most keys asked for here are cached (the reads were
+        // planned on it).
         self.moka.get(key)
     }
 
@@ -395,10 +397,14 @@ impl CleanViews {
         &self,
         key: &Q,
     ) -> bool {
+        self.held_beside(key) || self.cache.contains_key(key)
+    }
+
+    /// Whether `key`'s view is in one of the tables beside the cache.
+    fn held_beside<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
         self.loaded.contains_key(key)
             || self.recent.contains_key(key)
             || self.aging.contains_key(key)
-            || self.cache.contains_key(key)
     }
 
     /// Whether there may be a clean view of `key`, without asking moka: a key it holds is
@@ -409,10 +415,7 @@ impl CleanViews {
         &self,
         key: &Q,
     ) -> bool {
-        self.loaded.contains_key(key)
-            || self.recent.contains_key(key)
-            || self.aging.contains_key(key)
-            || self.cache.presence.may_hold(key)
+        self.held_beside(key) || self.cache.presence.may_hold(key)
     }
 
     /// A window as Redis returned it now, to the cache.
@@ -1394,6 +1397,16 @@ mod tests {
     use crate::clock::ManualMonotonic;
     use crate::window::Aggregate;
 
+    /// A clean count window Redis holds at version 1.
+    fn cached() -> Arc<Cached> {
+        Arc::new(Cached {
+            state: WindowState::new(Aggregate::Count),
+            version: Some(1),
+            refreshed: None,
+            offsets: Offsets::new(),
+        })
+    }
+
     /// The hashes kept beside the moka cache follow it: every key it holds has one, and keys it
     /// evicted (for size), dropped or forgot altogether leave none behind, so the set neither
     /// hides a cached view nor grows past the cache.
@@ -1405,14 +1418,6 @@ mod tests {
         let key = |i: u32| StoredKey {
             window: i % 3,
             key: KeyBytes::new(format!("user-{i}").as_bytes()),
-        };
-        let cached = || {
-            Arc::new(Cached {
-                state: WindowState::new(Aggregate::Count),
-                version: Some(1),
-                refreshed: None,
-                offsets: Offsets::new(),
-            })
         };
         let in_step = |cache: &Cache| {
             cache.run_pending_tasks();
@@ -1454,14 +1459,6 @@ mod tests {
         let key = |name: &[u8]| StoredKey {
             window: 0,
             key: KeyBytes::new(name),
-        };
-        let cached = || {
-            Arc::new(Cached {
-                state: WindowState::new(Aggregate::Count),
-                version: Some(1),
-                refreshed: None,
-                offsets: Offsets::new(),
-            })
         };
         views.cache.insert(key(b"before"), cached());
         let generation = views.cache.watch();
