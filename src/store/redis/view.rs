@@ -259,10 +259,12 @@ impl Cache {
         self.moka.run_pending_tasks();
     }
 
-    /// The estimated bytes of what the cache holds (each window at least its share), and of the
-    /// set beside it.
-    fn weighted_size(&self) -> u64 {
-        self.moka.weighted_size() + self.presence.bytes() as u64
+    /// The estimated bytes of what the cache holds (moka's charge: each window at least its
+    /// share), and of the set beside it.
+    fn bytes(&self) -> usize {
+        usize::try_from(self.moka.weighted_size())
+            .unwrap_or(usize::MAX)
+            .saturating_add(self.presence.bytes())
     }
 }
 
@@ -601,13 +603,13 @@ impl CleanViews {
         (self.loaded.len() + self.recent.len() + self.aging.len()) as u64 + self.cache.entry_count()
     }
 
-    /// Estimated bytes of the clean views: the cache's charge (each window at least its share)
-    /// and those beside it.
+    /// Estimated bytes of the clean views: the cache's (with its set of hashes) and those beside
+    /// it.
     pub(super) fn bytes(&self) -> usize {
         // Evictions the cache still owes, so that its charge is within its bound.
         self.cache.run_pending_tasks();
         let beside = self.loaded.bytes + self.recent.bytes + self.aging.bytes;
-        beside.saturating_add(usize::try_from(self.cache.weighted_size()).unwrap_or(usize::MAX))
+        beside.saturating_add(self.cache.bytes())
     }
 
     /// Moves the windows read for the last batch into the cache, but for those it made dirty.
