@@ -521,6 +521,21 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     );
     let mut unreplicated = 0;
     if lose_writes {
+        // The first half written behind in full before the cut: every write the replica then
+        // misses comes after it, with no confirmation of the old link in between.
+        assert!(replay.wait_records(20_000, Duration::from_secs(60)));
+        let (mut calls, mut since, deadline) = (
+            support::evalsha_calls(&mut redis.victim().connection()),
+            Instant::now(),
+            Instant::now() + Duration::from_secs(15),
+        );
+        while since.elapsed() < Duration::from_millis(1500) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = support::evalsha_calls(&mut redis.victim().connection());
+            if now != calls {
+                (calls, since) = (now, Instant::now());
+            }
+        }
         // The replica misses the master's last writes (replication is asynchronous; made sure
         // of here): frozen, its replication link cut by the master (what the master sent before
         // sits in the replica's socket buffer, so freezing alone loses nothing), the master
@@ -534,6 +549,33 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
             .query(&mut redis.victim().connection())
             .unwrap();
         assert_eq!(cut, 1, "the master's link to its replica is cut");
+        // Looks at the master now name no replica (`ROLE`; a slot map once the cluster has
+        // flagged the replica failed); the store's connections are cut too, so its first flush
+        // after this reconnects and looks. A master that names no replica has nothing to
+        // confirm, but this one's replica is only away, and a failover may still promote it:
+        // the writes it lacks must still be kept.
+        let cluster_replica = match &redis {
+            HighAvailability::Cluster {
+                cluster, replica, ..
+            } => Some(cluster.nodes[*replica].port),
+            HighAvailability::Sentinel(_) => None,
+        };
+        if let Some(replica_port) = cluster_replica {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !support::cluster_flags_failed(&mut redis.victim().connection(), replica_port) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster flags the frozen replica failed"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query(&mut redis.victim().connection())
+            .unwrap();
         let before = support::evalsha_calls(&mut redis.victim().connection());
         replay.feed(&lines[20_000..24_000]);
         while support::evalsha_calls(&mut redis.victim().connection()) == before
@@ -586,6 +628,12 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
         stderr.contains("followed 1 failovers"),
         "the failover is followed: {stderr}"
     );
+    if lose_writes {
+        assert!(
+            !stderr.contains("; 0 observations no replica had confirmed"),
+            "what the replica lacks was kept and written again: {stderr}"
+        );
+    }
     assert_totals_equal(&redis.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
 }

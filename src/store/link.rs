@@ -11,7 +11,7 @@
 //! the deltas whose input position a key has recorded, writes check the key's version).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -265,11 +265,57 @@ pub(super) struct SingleConn {
     /// Whether `ROLE` said master (`None`: the user may not run it).
     master: Option<bool>,
     replicas: usize,
-    role_read: std::time::Instant,
+    role_read: Instant,
 }
 
 /// How often a single server's replicas are counted again (a replica attached later).
 const ROLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a replica that dropped off its master (frozen, cut off, failed) is still counted
+/// when writes are confirmed. That is exactly when the master's writes go unconfirmed, and a
+/// failover may still promote it: Sentinel and Cluster pass over a replica only once it has
+/// been cut off for about ten times their failure-detection time (5 and 2.5 minutes with their
+/// defaults).
+const REPLICA_FORGOTTEN_AFTER: Duration = Duration::from_secs(600);
+
+/// The replicas a master is taken to have when its writes are to be confirmed: the most that
+/// any look at it (`ROLE`, a slot map) named, until fewer have been named for
+/// `REPLICA_FORGOTTEN_AFTER`. A look that names fewer (a slot map leaves out a failed replica,
+/// `ROLE` one whose link is cut) must not make the writes after it count as safe.
+#[derive(Debug, Default, Clone, Copy)]
+struct Replicas {
+    most: usize,
+    /// Since when every look named fewer than `most`.
+    fewer_since: Option<Instant>,
+}
+
+impl Replicas {
+    /// A look at the master named `count` replicas at `at`.
+    fn named(&mut self, count: usize, at: Instant) {
+        if count >= self.most {
+            self.most = count;
+            self.fewer_since = None;
+            return;
+        }
+        let since = *self.fewer_since.get_or_insert_with(|| {
+            tracing::warn!(
+                was = self.most,
+                now = count,
+                "a Redis replica dropped off its master: flushes still wait for its confirmation, and keep what it lacks for a failover, for 10 minutes"
+            );
+            at
+        });
+        if at.saturating_duration_since(since) >= REPLICA_FORGOTTEN_AFTER {
+            self.most = count;
+            self.fewer_since = None;
+        }
+    }
+
+    /// Whether a failover could promote a replica of this master.
+    fn any(&self) -> bool {
+        self.most > 0
+    }
+}
 
 impl SingleConn {
     fn new(mut conn: redis::Connection) -> redis::RedisResult<SingleConn> {
@@ -282,7 +328,7 @@ impl SingleConn {
             conn,
             master,
             replicas,
-            role_read: std::time::Instant::now(),
+            role_read: Instant::now(),
         })
     }
 }
@@ -340,7 +386,7 @@ struct ClusterConn {
     masters: Vec<Master>,
     /// When the slot map was last read: it is read again every `SLOT_MAP_INTERVAL` even when
     /// nothing fails, so that replicas added (or first listed) later are asked to confirm.
-    map_read: std::time::Instant,
+    map_read: Instant,
 }
 
 /// How often a cluster's slot map is read again while every call succeeds.
@@ -351,8 +397,8 @@ struct Master {
     host: String,
     port: u16,
     conn: Option<redis::Connection>,
-    /// How many replicas the last slot map named for it.
-    replicas: usize,
+    /// Its replicas, as the slot maps named them.
+    replicas: Replicas,
     /// It took writes of a batch marked `confirm` that no replica has confirmed yet.
     unconfirmed: bool,
 }
@@ -425,7 +471,7 @@ impl ClusterConn {
             timeouts,
             slot_owner: vec![0; 16384],
             masters: Vec::new(),
-            map_read: std::time::Instant::now(),
+            map_read: Instant::now(),
         };
         conn.read_slot_map()?;
         Ok(conn)
@@ -484,7 +530,7 @@ impl ClusterConn {
                 redis::RedisError::from((redis::ErrorKind::Io, "no node knows the slot map"))
             }));
         };
-        self.map_read = std::time::Instant::now();
+        self.map_read = Instant::now();
         {
             let mut topology = self.topology.lock().expect("topology lock");
             let masters: Vec<String> = ranges
@@ -520,13 +566,15 @@ impl ClusterConn {
                         host,
                         port,
                         conn: None,
-                        replicas: 0,
+                        replicas: Replicas::default(),
                         unconfirmed: false,
                     });
                     self.masters.len() - 1
                 }
             };
-            self.masters[index].replicas = replicas.len();
+            self.masters[index]
+                .replicas
+                .named(replicas.len(), self.map_read);
             for slot in start..=end.min(16383) {
                 self.slot_owner[usize::from(slot)] = index;
             }
@@ -550,9 +598,10 @@ impl ClusterConn {
     /// Whether a replica has confirmed every confirmed-batch write sent to the masters that
     /// serve slots now (a master with no replica has nothing to confirm).
     fn replicated(&self) -> bool {
-        self.serving()
-            .into_iter()
-            .all(|index| !self.masters[index].unconfirmed)
+        self.serving().into_iter().all(|index| {
+            let master = &self.masters[index];
+            !master.unconfirmed || !master.replicas.any()
+        })
     }
 
     /// The masters that own slots in the map now (a failed-over master stays in `masters`).
@@ -645,7 +694,7 @@ impl ClusterConn {
             }
             // The replica's confirmation rides in the same round trip, after the writes.
             let confirm = match self.timeouts.replica_ack {
-                Some(timeout) if batch.confirm && self.masters[master].replicas > 0 => {
+                Some(timeout) if batch.confirm && self.masters[master].replicas.any() => {
                     wait_for_replica(timeout).write_packed_command(&mut packed);
                     self.masters[master].unconfirmed = true;
                     true
@@ -709,7 +758,7 @@ impl ClusterConn {
             // Run through the cluster client, on a master this connection cannot ask to confirm:
             // every master waits for a confirmation of later writes.
             for master in &mut self.masters {
-                master.unconfirmed = master.replicas > 0;
+                master.unconfirmed = master.replicas.any();
             }
         }
         if !redirected.is_empty() {
@@ -811,6 +860,10 @@ pub(super) struct Link {
     /// One server: it took writes of a batch marked `confirm` that no replica has confirmed yet
     /// (kept across reconnects: a confirmation covers every earlier write on the server).
     unconfirmed: bool,
+    /// One server: its replicas, as `ROLE` named them since it became the master.
+    replicas: Replicas,
+    /// The failovers seen when that server became the master (`Target::promotions`).
+    master_since: u64,
 }
 
 impl Link {
@@ -823,12 +876,15 @@ impl Link {
     ) -> Result<Link, StoreError> {
         let mut conn = target.connect(timeouts).map_err(unavailable)?;
         load_script(&mut conn).map_err(unavailable)?;
+        let target_promotions = target.promotions();
         Ok(Link {
             target,
             conn: Some(conn),
             timeouts,
             backoff,
             unconfirmed: false,
+            replicas: Replicas::default(),
+            master_since: target_promotions,
         })
     }
 
@@ -940,7 +996,7 @@ impl Link {
             match role(&mut single.conn) {
                 Ok(role) => {
                     single.replicas = role.map_or(0, |(_, replicas)| replicas);
-                    single.role_read = std::time::Instant::now();
+                    single.role_read = Instant::now();
                 }
                 Err(e) => {
                     self.conn = None;
@@ -948,7 +1004,20 @@ impl Link {
                 }
             }
         }
-        let confirm = batch.confirm && self.timeouts.replica_ack.is_some() && single.replicas > 0;
+        let promotions = self.target.promotions();
+        if promotions != self.master_since {
+            // Another server is the master (the store follows the failover with what the
+            // last one left unconfirmed): its writes and replicas are counted afresh.
+            self.master_since = promotions;
+            self.replicas = Replicas::default();
+            self.unconfirmed = false;
+        }
+        self.replicas.named(single.replicas, Instant::now());
+        if !self.replicas.any() {
+            // No replica a failover could promote: nothing to confirm.
+            self.unconfirmed = false;
+        }
+        let confirm = batch.confirm && self.timeouts.replica_ack.is_some() && self.replicas.any();
         if confirm {
             self.unconfirmed = true;
         }
@@ -1062,7 +1131,7 @@ mod tests {
 
     use redis::Value;
 
-    use super::{parse_slots, slot, wait_for_replica, Op};
+    use super::{parse_slots, slot, wait_for_replica, Op, Replicas, REPLICA_FORGOTTEN_AFTER};
 
     #[test]
     fn reads_and_commands_are_packed_as_redis_rs_would_send_them() {
@@ -1083,6 +1152,40 @@ mod tests {
             read.cmd().get_packed_command(),
             expected.get_packed_command()
         );
+    }
+
+    /// The race a failover test met: the replica's link was cut, the next `ROLE` named no
+    /// replica, and the flushes after it counted as safe although the replica a failover then
+    /// promoted never got them.
+    #[test]
+    fn a_replica_that_drops_off_is_still_waited_for_until_it_has_been_gone_long() {
+        let start = std::time::Instant::now();
+        let mut replicas = Replicas::default();
+        assert!(!replicas.any(), "a master never seen with a replica");
+        replicas.named(1, start);
+        assert!(replicas.any());
+        replicas.named(0, start + Duration::from_secs(5));
+        assert!(replicas.any(), "cut off 0 s ago");
+        replicas.named(0, start + REPLICA_FORGOTTEN_AFTER);
+        assert!(replicas.any(), "cut off for just under the bound");
+        replicas.named(1, start + REPLICA_FORGOTTEN_AFTER + Duration::from_secs(1));
+        replicas.named(0, start + REPLICA_FORGOTTEN_AFTER + Duration::from_secs(2));
+        replicas.named(
+            0,
+            start + REPLICA_FORGOTTEN_AFTER * 2 + Duration::from_secs(1),
+        );
+        assert!(
+            replicas.any(),
+            "back in between: the time away starts again"
+        );
+        replicas.named(
+            0,
+            start + REPLICA_FORGOTTEN_AFTER * 2 + Duration::from_secs(2),
+        );
+        assert!(!replicas.any(), "gone for the whole bound: forgotten");
+        replicas.named(2, start + REPLICA_FORGOTTEN_AFTER * 3);
+        replicas.named(1, start + REPLICA_FORGOTTEN_AFTER * 3);
+        assert!(replicas.any(), "one of two left");
     }
 
     #[test]

@@ -737,6 +737,18 @@ pub fn redis_totals(conn: &mut redis::Connection) -> BTreeMap<String, (i128, usi
 }
 
 /// How many EVALSHA calls (vigil's flushes) a node has served.
+/// Whether `node`'s view of the cluster flags the node on `port` failed (`fail`, not the
+/// suspicion `fail?`).
+pub fn cluster_flags_failed(node: &mut redis::Connection, port: u16) -> bool {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(node).unwrap();
+    nodes.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        fields.len() > 2
+            && fields[1].starts_with(&format!("127.0.0.1:{port}@"))
+            && fields[2].split(',').any(|flag| flag == "fail")
+    })
+}
+
 pub fn evalsha_calls(node: &mut redis::Connection) -> u64 {
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
