@@ -541,13 +541,7 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
         // sits in the replica's socket buffer, so freezing alone loses nothing), the master
         // acknowledges flushes the replica never gets, then dies.
         redis.replica().pause();
-        let paused = Instant::now();
-        let cut: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("replica")
-            .query(&mut redis.victim().connection())
-            .unwrap();
+        let cut = kill_clients(&mut redis.victim().connection(), "replica");
         assert_eq!(cut, 1, "the master's link to its replica is cut");
         // Looks at the master now name no replica (`ROLE`; a slot map once the cluster has
         // flagged the replica failed); the store's connections are cut too, so its first flush
@@ -570,16 +564,12 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        let _: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .query(&mut redis.victim().connection())
-            .unwrap();
+        kill_clients(&mut redis.victim().connection(), "normal");
+        let cut_off = Instant::now();
         let before = support::evalsha_calls(&mut redis.victim().connection());
         replay.feed(&lines[20_000..24_000]);
         while support::evalsha_calls(&mut redis.victim().connection()) == before
-            && paused.elapsed() < Duration::from_secs(1)
+            && cut_off.elapsed() < Duration::from_secs(1)
         {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -636,6 +626,16 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     }
     assert_totals_equal(&redis.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
+}
+
+/// `CLIENT KILL TYPE <kind>` (the caller's own connection is spared): how many were cut.
+fn kill_clients(node: &mut redis::Connection, kind: &str) -> i64 {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg(kind)
+        .query(node)
+        .unwrap()
 }
 
 /// Every record with a hit not marked degraded (decided on Redis' view) is one of the exact
