@@ -1165,7 +1165,7 @@ mod tests {
         replicas.named(1, start);
         assert!(replicas.any());
         replicas.named(0, start + Duration::from_secs(5));
-        assert!(replicas.any(), "cut off 0 s ago");
+        assert!(replicas.any(), "cut off a moment ago");
         replicas.named(0, start + REPLICA_FORGOTTEN_AFTER);
         assert!(replicas.any(), "cut off for just under the bound");
         replicas.named(1, start + REPLICA_FORGOTTEN_AFTER + Duration::from_secs(1));
