@@ -967,6 +967,44 @@ fn holds_read_ahead_never_take_a_hold_back_to_an_older_state() {
     assert_eq!(store.held_until(space, b"late").unwrap(), Some(until));
 }
 
+/// A reader that has just handed back a reply is idle for whoever received it: the next batch's
+/// hold reads, sent right after, go out rather than being skipped as if a read were still out
+/// (they were, now and then, when the reader counted its answer after delivering it).
+#[test]
+fn hold_reads_sent_right_after_an_early_read_came_back_always_go_out() {
+    use vigil::window::{Aggregate, WindowSpec};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    let clock = std::sync::Arc::new(ManualMonotonic::new());
+    let (mut other, mut store, theirs, space) = two_holders(&redis, &config, &clock);
+    let window = store.open_window("w", WindowSpec::new(1_000, 60, Aggregate::Count));
+    let until = 1_700_000_600_000;
+    let rounds: u64 = 200;
+    for round in 0..rounds {
+        let name = format!("held-{round}").into_bytes();
+        other.extend_hold(theirs, &name, until).unwrap();
+    }
+    other.flush().unwrap();
+    for round in 0..rounds {
+        let mut reads = store
+            .plan_early_reads(&[(window, format!("w-{round}").into_bytes())])
+            .expect("an unread window");
+        store.early_hold_reader().unwrap().read(&mut reads).unwrap();
+        let held = vec![(space, format!("held-{round}").into_bytes())];
+        store.read_holds_ahead(&held);
+        let mut reads = store
+            .plan_early_reads(&[(window, format!("x-{round}").into_bytes())])
+            .expect("an unread window");
+        store.early_hold_reader().unwrap().read(&mut reads).unwrap();
+        store.prefetch_holds(&held).unwrap();
+        assert_eq!(
+            store.stats().early_hold_loads,
+            round + 1,
+            "round {round}: the hold read went out and was taken in"
+        );
+    }
+}
+
 /// A worker's partition loop reads its batch's holds with the engine free: planned under it,
 /// read on the hold reader's connection, taken in before the batch is judged, and not read again
 /// by its prefetch. A read older than what the view learned since is not taken in.

@@ -144,8 +144,9 @@ fn early_reader(
 ) {
     for job in jobs {
         let (result, _) = link.query(&job.batch, job.attempts);
-        let _ = job.reply.send(result);
+        // Answered before the reply goes: whoever receives it finds the reader idle.
         outstanding.fetch_sub(1, std::sync::atomic::Ordering::Release);
+        let _ = job.reply.send(result);
     }
 }
 
