@@ -524,18 +524,7 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
         // The first half written behind in full before the cut: every write the replica then
         // misses comes after it, with no confirmation of the old link in between.
         assert!(replay.wait_records(20_000, Duration::from_secs(60)));
-        let (mut calls, mut since, deadline) = (
-            support::evalsha_calls(&mut redis.victim().connection()),
-            Instant::now(),
-            Instant::now() + Duration::from_secs(15),
-        );
-        while since.elapsed() < Duration::from_millis(1500) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-            let now = support::evalsha_calls(&mut redis.victim().connection());
-            if now != calls {
-                (calls, since) = (now, Instant::now());
-            }
-        }
+        wait_for_script_calls_to_stop(&mut redis.victim().connection());
         // The replica misses the master's last writes (replication is asynchronous; made sure
         // of here): frozen, its replication link cut by the master (what the master sent before
         // sits in the replica's socket buffer, so freezing alone loses nothing), the master
@@ -626,6 +615,105 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     }
     assert_totals_equal(&redis.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
+}
+
+/// Waits until `node` has run no script for 1.5 s (at most 15 s): what was decided so far is
+/// written behind in full.
+fn wait_for_script_calls_to_stop(node: &mut redis::Connection) {
+    let (mut calls, mut since, deadline) = (
+        support::evalsha_calls(node),
+        Instant::now(),
+        Instant::now() + Duration::from_secs(15),
+    );
+    while since.elapsed() < Duration::from_millis(1500) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = support::evalsha_calls(node);
+        if now != calls {
+            (calls, since) = (now, Instant::now());
+        }
+    }
+}
+
+/// A replay that starts while the replica is cut off from its master: the master's `ROLE`
+/// names no replica, but the sentinels still list it, and a failover may promote it once it is
+/// back. So the replay's writes are confirmed and kept as if the replica were there, and written
+/// again to it when it is promoted. (An earlier replay wrote to this Redis with the replica
+/// there: the promoted replica knows the store's epoch, so the failover is not taken for a
+/// data loss, whose fallback would write every local view again.)
+#[test]
+fn a_replay_started_while_the_sentinels_replica_is_cut_off_keeps_what_it_lacks() {
+    let mut sentinels = support::RedisSentinels::start();
+    let dir = tempfile::tempdir().unwrap();
+    let lines = events(22_000, 27);
+    let want = reference_totals(dir.path(), &lines);
+    replay_file(
+        dir.path(),
+        "earlier.jsonl",
+        &lines[..2_000],
+        &sentinels.url(),
+    );
+    let replicated: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(10_000)
+        .query(&mut sentinels.master.connection())
+        .unwrap();
+    assert_eq!(
+        replicated, 1,
+        "the earlier replay's writes are on the replica"
+    );
+    sentinels.replica.pause();
+    let cut = kill_clients(&mut sentinels.master.connection(), "replica");
+    assert_eq!(cut, 1, "the master's link to its replica is cut");
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query(&mut sentinels.master.connection())
+        .unwrap();
+    assert_eq!(
+        role.get(2),
+        Some(&redis::Value::Array(Vec::new())),
+        "the master names no replica"
+    );
+    let before = support::evalsha_calls(&mut sentinels.master.connection());
+    let mut replay = StreamingReplay::start(&sentinels.url());
+    replay.feed(&lines[2_000..12_000]);
+    assert!(replay.wait_records(10_000, Duration::from_secs(60)));
+    wait_for_script_calls_to_stop(&mut sentinels.master.connection());
+    let unreplicated = support::evalsha_calls(&mut sentinels.master.connection()) - before;
+    assert!(unreplicated > 0, "the replay wrote to the master alone");
+    sentinels.master.kill();
+    let killed = Instant::now();
+    sentinels.replica.resume();
+    let first_flush = support::first_flush_on(sentinels.replica.url(), killed);
+    replay.feed(&lines[12_000..]);
+    let (ok, stderr, records) = replay.finish();
+    assert!(ok, "{stderr}");
+    let (promoted, first_flush) = first_flush
+        .join()
+        .unwrap()
+        .expect("the promoted replica served a flush");
+    eprintln!(
+        "master killed ({unreplicated} script calls its replica never got): replica promoted after {:.2} s, first flush on it after {:.2} s",
+        promoted.as_secs_f64(),
+        first_flush.as_secs_f64(),
+    );
+    assert_eq!(records.len(), lines.len() - 2_000, "a record per event");
+    assert!(
+        stderr.contains("followed 1 failovers"),
+        "the failover is followed: {stderr}"
+    );
+    assert!(
+        !stderr.contains("; 0 observations no replica had confirmed"),
+        "what the replica lacks was kept and written again: {stderr}"
+    );
+    assert_eq!(
+        sentinels.master_port(),
+        sentinels.replica.port,
+        "the sentinels promoted the replica"
+    );
+    assert_totals_equal(
+        &support::redis_totals(&mut sentinels.replica.connection()),
+        &want,
+        &stderr,
+    );
 }
 
 /// `CLIENT KILL TYPE <kind>` (the caller's own connection is spared): how many were cut.

@@ -167,13 +167,16 @@ impl SentinelTarget {
         for (host, port) in &self.sentinels {
             let sentinel = node_info(&self.seed, host, *port)
                 .set_redis_settings(redis::RedisConnectionInfo::default());
+            let mut promotable = 0;
             let address = redis::Client::open(sentinel)
                 .and_then(|client| open_single(&client, timeouts))
                 .and_then(|mut conn| {
-                    redis::cmd("SENTINEL")
+                    let address = redis::cmd("SENTINEL")
                         .arg("GET-MASTER-ADDR-BY-NAME")
                         .arg(&self.service)
-                        .query::<Option<(String, u16)>>(&mut conn)
+                        .query::<Option<(String, u16)>>(&mut conn)?;
+                    promotable = self.promotable_replicas_on(&mut conn).unwrap_or(0);
+                    Ok(address)
                 });
             let (master_host, master_port) = match address {
                 Ok(Some(address)) => address,
@@ -195,7 +198,10 @@ impl SentinelTarget {
                 .and_then(|client| open_single(&client, timeouts))
                 .and_then(SingleConn::new)
             {
-                Ok(single) => single,
+                Ok(mut single) => {
+                    single.promotable = promotable;
+                    single
+                }
                 Err(e) => {
                     first_error.get_or_insert(e);
                     continue;
@@ -227,6 +233,64 @@ impl SentinelTarget {
             redis::RedisError::from((redis::ErrorKind::Io, "no sentinel given"))
         }))
     }
+
+    /// How many replicas of the master the first sentinel that answers lists that a failover
+    /// could still promote ([`count_promotable`]); `None` if none answers.
+    fn promotable_replicas(&self, timeouts: Timeouts) -> Option<usize> {
+        self.sentinels.iter().find_map(|(host, port)| {
+            let sentinel = node_info(&self.seed, host, *port)
+                .set_redis_settings(redis::RedisConnectionInfo::default());
+            let mut conn = redis::Client::open(sentinel)
+                .and_then(|client| open_single(&client, timeouts))
+                .ok()?;
+            self.promotable_replicas_on(&mut conn)
+        })
+    }
+
+    fn promotable_replicas_on(&self, sentinel: &mut redis::Connection) -> Option<usize> {
+        redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(&self.service)
+            .query::<Vec<Value>>(sentinel)
+            .ok()
+            .map(|replicas| count_promotable(&replicas))
+    }
+}
+
+/// Of the replicas a sentinel lists (`SENTINEL REPLICAS`), those a failover could still
+/// promote: not excluded by `replica-priority 0`, heard from (`INFO`) within
+/// `REPLICA_FORGOTTEN_AFTER`, and with their link to the master down no longer than that. The
+/// master's own `ROLE` names only the replicas connected now, so a worker that starts while one
+/// is cut off would otherwise count its writes as safe although a failover may promote that
+/// replica once it is back. A master that died in an earlier failover is listed too, as a
+/// replica the sentinels have never heard from since (no `runid`): it is not counted.
+fn count_promotable(replicas: &[Value]) -> usize {
+    let bound = REPLICA_FORGOTTEN_AFTER.as_millis() as i128;
+    replicas
+        .iter()
+        .filter(|replica| {
+            let field = |name: &str| -> Option<String> {
+                let Value::Array(pairs) = replica else {
+                    return None;
+                };
+                pairs.chunks(2).find_map(|pair| match pair {
+                    [Value::BulkString(key), value] if key == name.as_bytes() => {
+                        redis::from_redis_value::<String>(value.clone()).ok()
+                    }
+                    _ => None,
+                })
+            };
+            // Sentinel reports a link still syncing as a negative time.
+            let millis = |name: &str| field(name).and_then(|v| v.parse::<i128>().ok());
+            let heard_from = field("runid").is_some_and(|id| !id.is_empty())
+                && millis("info-refresh").is_some_and(|ms| ms <= bound);
+            let linked = millis("master-link-down-time").is_none_or(|ms| ms <= bound);
+            let eligible = field("slave-priority")
+                .or_else(|| field("replica-priority"))
+                .is_none_or(|priority| priority != "0");
+            heard_from && linked && eligible
+        })
+        .count()
 }
 
 /// What every link of one store has learnt of a cluster's layout, shared so that the node the
@@ -265,6 +329,9 @@ pub(super) struct SingleConn {
     /// Whether `ROLE` said master (`None`: the user may not run it).
     master: Option<bool>,
     replicas: usize,
+    /// Sentinel only: the replicas the sentinels list that a failover could promote, connected
+    /// or not (`count_promotable`), as last asked.
+    promotable: usize,
     role_read: Instant,
 }
 
@@ -328,6 +395,7 @@ impl SingleConn {
             conn,
             master,
             replicas,
+            promotable: 0,
             role_read: Instant::now(),
         })
     }
@@ -1003,6 +1071,13 @@ impl Link {
                     return Err(e);
                 }
             }
+            // Only a link whose writes are confirmed needs the replicas that are away; a
+            // sentinel that does not answer leaves the last count.
+            if let (Target::Sentinel(sentinel), true) = (&self.target, batch.confirm) {
+                if let Some(promotable) = sentinel.promotable_replicas(self.timeouts) {
+                    single.promotable = promotable;
+                }
+            }
         }
         let promotions = self.target.promotions();
         if promotions != self.master_since {
@@ -1012,7 +1087,8 @@ impl Link {
             self.replicas = Replicas::default();
             self.unconfirmed = false;
         }
-        self.replicas.named(single.replicas, Instant::now());
+        self.replicas
+            .named(single.replicas.max(single.promotable), Instant::now());
         if !self.replicas.any() {
             // No replica a failover could promote: nothing to confirm.
             self.unconfirmed = false;
@@ -1131,7 +1207,10 @@ mod tests {
 
     use redis::Value;
 
-    use super::{parse_slots, slot, wait_for_replica, Op, Replicas, REPLICA_FORGOTTEN_AFTER};
+    use super::{
+        count_promotable, parse_slots, slot, wait_for_replica, Op, Replicas,
+        REPLICA_FORGOTTEN_AFTER,
+    };
 
     #[test]
     fn reads_and_commands_are_packed_as_redis_rs_would_send_them() {
@@ -1186,6 +1265,80 @@ mod tests {
         replicas.named(2, start + REPLICA_FORGOTTEN_AFTER * 3);
         replicas.named(1, start + REPLICA_FORGOTTEN_AFTER * 3);
         assert!(replicas.any(), "one of two left");
+    }
+
+    #[test]
+    fn sentinels_replicas_count_unless_long_unheard_of_long_cut_off_or_never_to_be_promoted() {
+        let replica = |fields: &[(&str, &str)]| {
+            Value::Array(
+                fields
+                    .iter()
+                    .flat_map(|(k, v)| {
+                        [
+                            Value::BulkString(k.as_bytes().to_vec()),
+                            Value::BulkString(v.as_bytes().to_vec()),
+                        ]
+                    })
+                    .collect(),
+            )
+        };
+        // Still syncing (Sentinel reports a negative link-down time then).
+        let connected = replica(&[
+            ("name", "127.0.0.1:7001"),
+            ("runid", "30b915b1b98567bfda105629749f1d1fa0baa12a"),
+            ("flags", "slave"),
+            ("info-refresh", "812"),
+            ("master-link-down-time", "-1000"),
+            ("slave-priority", "100"),
+        ]);
+        // Frozen a minute ago, its link to the master cut: it may come back and be promoted.
+        let away = replica(&[
+            ("runid", "9f0c"),
+            ("flags", "s_down,slave,disconnected"),
+            ("info-refresh", "61000"),
+            ("master-link-down-time", "0"),
+            ("slave-priority", "100"),
+        ]);
+        let cut_off_long = replica(&[
+            ("runid", "9f0c"),
+            ("flags", "slave"),
+            ("info-refresh", "900"),
+            ("master-link-down-time", "600001"),
+            ("slave-priority", "100"),
+        ]);
+        let unheard_of_long = replica(&[
+            ("runid", "9f0c"),
+            ("flags", "s_down,slave,disconnected"),
+            ("info-refresh", "600001"),
+            ("slave-priority", "100"),
+        ]);
+        // The master of before the last failover, listed as a replica, never heard from since.
+        let old_master = replica(&[
+            ("runid", ""),
+            ("flags", "s_down,slave,disconnected"),
+            ("info-refresh", "0"),
+            ("master-link-down-time", "0"),
+            ("slave-priority", "100"),
+        ]);
+        let never = replica(&[
+            ("runid", "9f0c"),
+            ("flags", "slave"),
+            ("info-refresh", "100"),
+            ("master-link-down-time", "0"),
+            ("slave-priority", "0"),
+        ]);
+        assert_eq!(count_promotable(&[]), 0);
+        assert_eq!(count_promotable(std::slice::from_ref(&connected)), 1);
+        assert_eq!(
+            count_promotable(&[connected, away.clone()]),
+            2,
+            "a replica away for a minute counts"
+        );
+        assert_eq!(
+            count_promotable(&[away, cut_off_long, unheard_of_long, old_master, never]),
+            1
+        );
+        assert_eq!(count_promotable(&[Value::Nil, Value::Int(3)]), 0);
     }
 
     #[test]
