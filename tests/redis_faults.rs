@@ -637,52 +637,77 @@ fn wait_for_script_calls_to_stop(node: &mut redis::Connection) {
 /// A replay that starts while the replica is cut off from its master: the master's `ROLE`
 /// names no replica, but the sentinels still list it, and a failover may promote it once it is
 /// back. So the replay's writes are confirmed and kept as if the replica were there, and written
-/// again to it when it is promoted. (An earlier replay wrote to this Redis with the replica
-/// there: the promoted replica knows the store's epoch, so the failover is not taken for a
-/// data loss, whose fallback would write every local view again.)
+/// again to it when it is promoted.
 #[test]
 fn a_replay_started_while_the_sentinels_replica_is_cut_off_keeps_what_it_lacks() {
-    let mut sentinels = support::RedisSentinels::start();
+    replay_started_while_the_replica_is_cut_off(HighAvailability::Sentinel(
+        support::RedisSentinels::start(),
+    ));
+}
+
+/// The same on a Cluster, whose slot map leaves out a replica flagged failed.
+#[test]
+fn a_replay_started_while_a_cluster_replica_is_flagged_failed_keeps_what_it_lacks() {
+    replay_started_while_the_replica_is_cut_off(HighAvailability::cluster());
+}
+
+/// An earlier replay writes to this Redis with the replica there (so the promoted replica
+/// knows the store's epoch and the failover is not taken for a data loss, whose fallback would
+/// write every local view again); then the replica is frozen and cut off, a replay starts and
+/// writes to the master alone, and the master dies.
+fn replay_started_while_the_replica_is_cut_off(mut redis: HighAvailability) {
     let dir = tempfile::tempdir().unwrap();
     let lines = events(22_000, 27);
     let want = reference_totals(dir.path(), &lines);
-    replay_file(
-        dir.path(),
-        "earlier.jsonl",
-        &lines[..2_000],
-        &sentinels.url(),
-    );
+    replay_file(dir.path(), "earlier.jsonl", &lines[..2_000], &redis.url());
     let replicated: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(10_000)
-        .query(&mut sentinels.master.connection())
+        .query(&mut redis.victim().connection())
         .unwrap();
     assert_eq!(
         replicated, 1,
         "the earlier replay's writes are on the replica"
     );
-    sentinels.replica.pause();
-    let cut = kill_clients(&mut sentinels.master.connection(), "replica");
+    redis.replica().pause();
+    let cut = kill_clients(&mut redis.victim().connection(), "replica");
     assert_eq!(cut, 1, "the master's link to its replica is cut");
     let role: Vec<redis::Value> = redis::cmd("ROLE")
-        .query(&mut sentinels.master.connection())
+        .query(&mut redis.victim().connection())
         .unwrap();
     assert_eq!(
         role.get(2),
         Some(&redis::Value::Array(Vec::new())),
         "the master names no replica"
     );
-    let before = support::evalsha_calls(&mut sentinels.master.connection());
-    let mut replay = StreamingReplay::start(&sentinels.url());
+    if let HighAvailability::Cluster {
+        cluster, replica, ..
+    } = &redis
+    {
+        // Until then the slot map still names it.
+        let (port, deadline) = (
+            cluster.nodes[*replica].port,
+            Instant::now() + Duration::from_secs(20),
+        );
+        while !support::cluster_flags_failed(&mut redis.victim().connection(), port) {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster flags the replica failed"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let before = support::evalsha_calls(&mut redis.victim().connection());
+    let mut replay = StreamingReplay::start(&redis.url());
     replay.feed(&lines[2_000..12_000]);
     assert!(replay.wait_records(10_000, Duration::from_secs(60)));
-    wait_for_script_calls_to_stop(&mut sentinels.master.connection());
-    let unreplicated = support::evalsha_calls(&mut sentinels.master.connection()) - before;
+    wait_for_script_calls_to_stop(&mut redis.victim().connection());
+    let unreplicated = support::evalsha_calls(&mut redis.victim().connection()) - before;
     assert!(unreplicated > 0, "the replay wrote to the master alone");
-    sentinels.master.kill();
+    redis.victim().kill();
     let killed = Instant::now();
-    sentinels.replica.resume();
-    let first_flush = support::first_flush_on(sentinels.replica.url(), killed);
+    redis.replica().resume();
+    let first_flush = support::first_flush_on(redis.replica().url(), killed);
     replay.feed(&lines[12_000..]);
     let (ok, stderr, records) = replay.finish();
     assert!(ok, "{stderr}");
@@ -704,16 +729,7 @@ fn a_replay_started_while_the_sentinels_replica_is_cut_off_keeps_what_it_lacks()
         !stderr.contains("; 0 observations no replica had confirmed"),
         "what the replica lacks was kept and written again: {stderr}"
     );
-    assert_eq!(
-        sentinels.master_port(),
-        sentinels.replica.port,
-        "the sentinels promoted the replica"
-    );
-    assert_totals_equal(
-        &support::redis_totals(&mut sentinels.replica.connection()),
-        &want,
-        &stderr,
-    );
+    assert_totals_equal(&redis.totals(), &want, &stderr);
 }
 
 /// `CLIENT KILL TYPE <kind>` (the caller's own connection is spared): how many were cut.

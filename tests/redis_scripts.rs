@@ -1,6 +1,6 @@
 //! The Lua scripts' protocol, called directly against real `redis-server` processes started by
 //! the test harness: `lua/apply_window.lua` (counting, versions, offsets, the distinct bound,
-//! argument checks), `lua/hold.lua` and `lua/release_hold.lua`.
+//! argument checks), `lua/hold.lua`, `lua/release_hold.lua` and `lua/replay_lane.lua`.
 
 mod support;
 
@@ -1290,4 +1290,61 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
     let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
     assert!(!fields.keys().any(|f| f.starts_with(b)), "{fields:?}");
     assert!(fields.keys().any(|f| f.starts_with(a)), "{fields:?}");
+}
+
+/// `lua/replay_lane.lua`: a claim another replay holds ends the keeper's run (0); a claim that
+/// is gone (a failover to a replica that never got it) is still the caller's and set again.
+#[test]
+fn a_replay_claim_that_vanished_is_kept_and_one_taken_by_another_is_not() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let script = redis::Script::new(include_str!("../lua/replay_lane.lua"));
+    let (claim, record) = ("vg:r:{00}:claim", "vg:r:{00}");
+    let mut call = |op: &str, value: &str, args: &[&str]| -> redis::Value {
+        let mut inv = script.key(claim);
+        inv.key(record).arg(op).arg(value);
+        for arg in args {
+            inv.arg(*arg);
+        }
+        inv.invoke(&mut conn).unwrap()
+    };
+    let ok = |lines: &str, at: &str| {
+        redis::Value::Array(
+            ["ok", lines, at]
+                .iter()
+                .map(|s| redis::Value::BulkString(s.as_bytes().to_vec()))
+                .collect(),
+        )
+    };
+    assert_eq!(call("claim", "mine", &["30000"]), ok("", ""));
+    let mut check = redis.connection();
+    let holder = |c: &mut redis::Connection| -> Option<String> {
+        redis::cmd("GET").arg(claim).query(c).unwrap()
+    };
+    redis::cmd("DEL").arg(claim).exec(&mut check).unwrap();
+    assert_eq!(call("keep", "mine", &["30000"]), redis::Value::Int(1));
+    assert_eq!(holder(&mut check).as_deref(), Some("mine"), "set again");
+    let ttl: i64 = redis::cmd("PTTL").arg(claim).query(&mut check).unwrap();
+    assert!((1..=30_000).contains(&ttl), "{ttl}");
+
+    redis::cmd("SET")
+        .arg(claim)
+        .arg("theirs")
+        .exec(&mut check)
+        .unwrap();
+    assert_eq!(call("keep", "mine", &["30000"]), redis::Value::Int(0));
+    assert_eq!(
+        call("finish", "mine", &["7", "1", "60000"]),
+        redis::Value::Int(0)
+    );
+    assert_eq!(call("release", "mine", &[]), redis::Value::Int(0));
+    assert_eq!(holder(&mut check).as_deref(), Some("theirs"), "left alone");
+
+    // Gone when the replay finishes: what it applied is recorded all the same.
+    redis::cmd("DEL").arg(claim).exec(&mut check).unwrap();
+    assert_eq!(
+        call("finish", "mine", &["7", "1", "60000"]),
+        redis::Value::Int(1)
+    );
+    assert_eq!(call("claim", "next", &["30000"]), ok("7", "1"));
 }

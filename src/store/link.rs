@@ -10,6 +10,7 @@
 //! unknown, so they are sent again: every call the store makes is idempotent (script calls skip
 //! the deltas whose input position a key has recorded, writes check the key's version).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -507,6 +508,37 @@ fn parse_slots(reply: Vec<Value>) -> Vec<SlotRange> {
         .collect()
 }
 
+/// By master node ID: its replicas `CLUSTER NODES` flags failed (the slot map leaves them out)
+/// but that were heard from (their last pong) within `REPLICA_FORGOTTEN_AFTER` of `now_ms`
+/// (Unix milliseconds). A replica that failed is promoted once it is back if its data is recent
+/// enough, so a worker that starts meanwhile must still keep what it lacks.
+fn failed_replicas_heard_from(nodes: &str, now_ms: u128) -> HashMap<String, usize> {
+    let bound = REPLICA_FORGOTTEN_AFTER.as_millis();
+    let mut failed = HashMap::new();
+    for line in nodes.lines() {
+        // <id> <address> <flags> <master id> <ping sent> <pong received> ...
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [_, _, flags, master, _, pong, ..] = fields.as_slice() else {
+            continue;
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        let heard_from = pong
+            .parse::<u128>()
+            .is_ok_and(|pong| pong > 0 && now_ms.saturating_sub(pong) <= bound);
+        if flags.contains(&"slave") && flags.contains(&"fail") && *master != "-" && heard_from {
+            *failed.entry((*master).to_owned()).or_insert(0) += 1;
+        }
+    }
+    failed
+}
+
+/// Now, in Unix milliseconds.
+fn unix_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
+}
+
 /// The seed's connection settings (credentials, TLS) for another node.
 fn node_info(seed: &redis::Client, host: &str, port: u16) -> redis::ConnectionInfo {
     let info = seed.get_connection_info().clone();
@@ -575,16 +607,25 @@ impl ClusterConn {
         let mut first_error = None;
         let mut ranges = None;
         for (host, port) in nodes {
+            let mut failed = HashMap::new();
             let reply = redis::Client::open(node_info(&self.seed, &host, port))
                 .and_then(|client| open_single(&client, self.timeouts))
                 .and_then(|mut conn| {
-                    redis::cmd("CLUSTER")
+                    let slots = redis::cmd("CLUSTER")
                         .arg("SLOTS")
-                        .query::<Vec<Value>>(&mut conn)
+                        .query::<Vec<Value>>(&mut conn)?;
+                    // A node that does not answer this leaves the replicas the map names.
+                    if let Ok(nodes) = redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query::<String>(&mut conn)
+                    {
+                        failed = failed_replicas_heard_from(&nodes, unix_millis());
+                    }
+                    Ok(slots)
                 });
             match reply {
                 Ok(reply) if !reply.is_empty() => {
-                    ranges = Some(parse_slots(reply));
+                    ranges = Some((parse_slots(reply), failed));
                     break;
                 }
                 Ok(_) => {}
@@ -593,7 +634,7 @@ impl ClusterConn {
                 }
             }
         }
-        let Some(ranges) = ranges else {
+        let Some((ranges, failed)) = ranges else {
             return Err(first_error.unwrap_or_else(|| {
                 redis::RedisError::from((redis::ErrorKind::Io, "no node knows the slot map"))
             }));
@@ -622,7 +663,7 @@ impl ClusterConn {
                 }
             }
         }
-        for (start, end, (host, port, _), replicas) in ranges {
+        for (start, end, (host, port, id), replicas) in ranges {
             let index = match self
                 .masters
                 .iter()
@@ -640,9 +681,12 @@ impl ClusterConn {
                     self.masters.len() - 1
                 }
             };
+            // The slot map leaves out replicas flagged failed, which a failover may still
+            // promote once they are back.
+            let failed = failed.get(&id).copied().unwrap_or(0);
             self.masters[index]
                 .replicas
-                .named(replicas.len(), self.map_read);
+                .named(replicas.len() + failed, self.map_read);
             for slot in start..=end.min(16383) {
                 self.slot_owner[usize::from(slot)] = index;
             }
@@ -1208,8 +1252,8 @@ mod tests {
     use redis::Value;
 
     use super::{
-        count_promotable, parse_slots, slot, wait_for_replica, Op, Replicas,
-        REPLICA_FORGOTTEN_AFTER,
+        count_promotable, failed_replicas_heard_from, parse_slots, slot, wait_for_replica, Op,
+        Replicas, REPLICA_FORGOTTEN_AFTER,
     };
 
     #[test]
@@ -1339,6 +1383,27 @@ mod tests {
             1
         );
         assert_eq!(count_promotable(&[Value::Nil, Value::Int(3)]), 0);
+    }
+
+    #[test]
+    fn failed_cluster_replicas_count_while_recently_heard_from() {
+        let now = 1_765_000_000_000u128;
+        let nodes = format!(
+            "m1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-8191\n\
+             m2 127.0.0.1:7001@17001 master - 0 {now} 2 connected 8192-16383\n\
+             r1 127.0.0.1:7002@17002 slave m1 0 {now} 1 connected\n\
+             r2 127.0.0.1:7003@17003 slave,fail m1 {a} {a} 1 disconnected\n\
+             r3 127.0.0.1:7004@17004 slave,fail m2 {b} {b} 2 disconnected\n\
+             r4 127.0.0.1:7005@17005 slave,fail? m2 0 {now} 2 disconnected\n\
+             r5 127.0.0.1:7006@17006 slave,fail m2 0 0 2 disconnected\n\
+             garbage\n",
+            a = now - 5_000,
+            b = now - REPLICA_FORGOTTEN_AFTER.as_millis() - 1,
+        );
+        let failed = failed_replicas_heard_from(&nodes, now);
+        assert_eq!(failed.get("m1"), Some(&1), "failed five seconds ago");
+        // Long unheard of, only suspected (the map still names it), never heard from.
+        assert_eq!(failed.get("m2"), None);
     }
 
     #[test]

@@ -111,7 +111,8 @@ impl ReplayClaim {
 
     /// Refreshes the claim every third of its TTL until dropped. A claim found taken (this
     /// process stood still past its TTL and another replay of the input started) ends the
-    /// process: writing on would count the other's events twice.
+    /// process: writing on would count the other's events twice. A claim found gone (a
+    /// failover to a replica that never got it) is set again.
     fn start_keeper(&mut self) {
         let (stop, stopped) = mpsc::channel::<()>();
         let link = Arc::clone(&self.link);
