@@ -1,9 +1,10 @@
 //! `vigil run` under faults, end to end against Apache Kafka and real `redis-server` processes, all
 //! started here on free loopback ports and stopped by PID: twenty SIGKILLs with restarts while
 //! batched events arrive, a third worker joining and leaving, Redis frozen for ten seconds, Redis
-//! killed and restarted from its append-only file, a proxy dropping Redis connections after Redis
-//! executed a request, and a broker killed and restarted. The broker-restart test has a broker of
-//! its own; the others share one, each with topics and a consumer group of its own.
+//! killed and restarted from its append-only file, Redis restarted empty, a proxy dropping Redis
+//! connections after Redis executed a request, and a broker killed and restarted. The
+//! broker-restart test has a broker of its own; the others share one, each with topics and a
+//! consumer group of its own.
 //!
 //! Each test ends with: the counters in Redis equal to one clean pass over the events (nothing
 //! lost, nothing doubled), a decision record for every event, every copy of a record delivered
@@ -559,6 +560,69 @@ fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
         worker.log_text()
     );
     assert_eq!(worker.metric("vigil_redis_available"), Some(1.0));
+    worker.signal("TERM");
+    assert!(
+        worker
+            .wait_exit(Duration::from_secs(30))
+            .expect("exits")
+            .success(),
+        "{}",
+        worker.log_text()
+    );
+    assert_totals_equal(
+        &redis_totals(&mut redis.connection()),
+        &reference_totals(dir.path(), &lines),
+        &worker.log_text(),
+    );
+}
+
+/// Redis restarted empty (no persistence) under a running worker: the worker writes its views
+/// again, and its partition's decision journal, whose claim went with the data, is claimed
+/// again by its next write (it was refused as if another worker had taken the partition over,
+/// and the partition stopped). Every event is decided, and the counters end exact.
+#[test]
+fn redis_restarted_empty_under_a_running_worker_keeps_its_partition_going() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::shared();
+    let mut redis = RedisServer::start();
+    let topics = broker.topics("redis-empty", 1);
+    let lines = workload(20_000, 35);
+    let reference = reference_records(&lines);
+    let mut worker = Worker::start(
+        dir.path(),
+        "w",
+        &config(&broker, &topics, &redis.url(), 6_000),
+    );
+    worker.wait_ready(LONG);
+    wait_for_partitions(&worker, 1);
+    let half = lines.len() / 2;
+    broker.produce(&topics.events, &keyed(&lines[..half]), Some(0));
+    broker.read(
+        &topics.decisions,
+        1,
+        |r| r.len() >= half - 100,
+        Duration::ZERO,
+        LONG,
+    );
+    redis.restart();
+    broker.produce(&topics.events, &keyed(&lines[half..]), Some(0));
+    let delivered = read_decisions(&broker, &topics, good_events(&lines));
+    let log = worker.log_text();
+    assert_eq!(
+        delivered.first.len(),
+        good_events(&lines),
+        "a decision for every event\n{log}"
+    );
+    assert!(
+        !log.contains("partition taken over by another worker"),
+        "no partition stopped: {log}"
+    );
+    let wrong = wrong_decisions(&delivered, &reference);
+    assert!(
+        wrong.len() < 50,
+        "{} records differ from the exact ones",
+        wrong.len()
+    );
     worker.signal("TERM");
     assert!(
         worker

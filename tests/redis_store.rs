@@ -594,6 +594,95 @@ fn a_journal_claim_fences_the_previous_owner_of_the_lane() {
     );
 }
 
+/// A claim lost with Redis' data (a restart without persistence, a failover to a replica that
+/// never got it) does not stop the lane's owner: its next write sets the claim again. Claims
+/// are ranked, so the later owner still fences the earlier one.
+#[test]
+fn a_journal_claim_lost_with_redis_data_is_set_again_by_the_latest_owner() {
+    use vigil::store::journal::JournalBatch;
+    use vigil::store::{JournalError, JournalWriter};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig::default();
+    let mut earlier = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    let mut later = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    let batch = |covered: i64| JournalBatch {
+        covered: Some(covered),
+        mark: None,
+        records: vec![(covered, format!("r{covered}").into_bytes())],
+    };
+    earlier.claim(5).unwrap();
+    later.claim(5).unwrap();
+    let mut conn = redis.connection();
+    let owner = |conn: &mut redis::Connection| -> Option<String> {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("vg:j:*").query(conn).unwrap();
+        keys.first().and_then(|key| {
+            redis::cmd("HGET")
+                .arg(key)
+                .arg("owner")
+                .query(conn)
+                .unwrap()
+        })
+    };
+    let latest = owner(&mut conn).expect("claimed");
+
+    // Redis restarted empty: whoever writes first sets its claim again...
+    redis::cmd("FLUSHALL").exec(&mut conn).unwrap();
+    earlier.write(5, &batch(1)).unwrap();
+    let stale = owner(&mut conn).expect("set again");
+    assert_ne!(stale, latest);
+    // ...but the later owner's claim ranks above it, and once it has written, the earlier
+    // owner is fenced again.
+    later.write(5, &batch(2)).unwrap();
+    assert_eq!(owner(&mut conn), Some(latest.clone()));
+    assert!(matches!(
+        earlier.write(5, &batch(3)),
+        Err(JournalError::Fenced)
+    ));
+
+    // A failover to a replica that got only the earlier claim.
+    let keys: Vec<String> = redis::cmd("KEYS").arg("vg:j:*").query(&mut conn).unwrap();
+    redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg("owner")
+        .arg(&stale)
+        .exec(&mut conn)
+        .unwrap();
+    later.write(5, &batch(4)).unwrap();
+    assert_eq!(owner(&mut conn), Some(latest.clone()));
+    assert!(matches!(
+        earlier.write(5, &batch(5)),
+        Err(JournalError::Fenced)
+    ));
+
+    // A claim made after the data was lost ranks above those made before it (Redis' clock
+    // past the later claim's generation, at most a millisecond on).
+    let generation: u64 = latest.split(' ').next().unwrap().parse().unwrap();
+    while {
+        let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+        seconds * 1000 + micros / 1000 <= generation
+    } {}
+    redis::cmd("FLUSHALL").exec(&mut conn).unwrap();
+    let mut newest = JournalWriter::connect(&redis.url(), &config, "group").unwrap();
+    newest.claim(5).unwrap();
+    assert!(matches!(
+        later.write(5, &batch(6)),
+        Err(JournalError::Fenced)
+    ));
+    newest.write(5, &batch(6)).unwrap();
+
+    // An owner written by an earlier release (a bare token, no generation) is never taken over.
+    redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg("owner")
+        .arg("0a1b2c")
+        .exec(&mut conn)
+        .unwrap();
+    assert!(matches!(
+        newest.write(5, &batch(7)),
+        Err(JournalError::Fenced)
+    ));
+}
+
 /// Partitions hand their journal writes over and wait without the writer: writes of several
 /// lanes out at once go in one round trip, each gets its own answer (one lane fenced among
 /// them), and each lands.

@@ -20,6 +20,13 @@
 //! never deliver different records for one event, and the next owner judges each event against
 //! exactly the events before it, even when a rebalance overlaps them.
 //!
+//! Claims are ranked (a generation above every earlier claim's, at least Redis' clock in ms), so
+//! a claim lost with Redis' data (a restart without persistence, a failover to a replica that
+//! never got it) does not stop its owner: its next write finds no claim, or an earlier one, and
+//! sets it again; a write under an earlier claim is still refused once the later owner has
+//! written. (Between the loss and the later owner's first write, an earlier owner still running
+//! may write a batch.)
+//!
 //! The journal also keeps the lane's newest accepted event time at each batch end (the points
 //! offsets are committed at), so the next owner resumes the watermark where it was.
 //!
@@ -435,6 +442,24 @@ impl JournalWriter {
         let flat: Vec<Vec<u8>> = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("journal: {e}")))?;
         let journal = Journal::parse(&flat);
+        // The writes name the owner value the claim set: its generation ranks this claim
+        // against others if the hash is lost (`lua/journal.lua`).
+        let owner = flat
+            .chunks_exact(2)
+            .find(|pair| pair[0] == b"owner")
+            .and_then(|pair| String::from_utf8(pair[1].clone()).ok())
+            .filter(|owner| {
+                owner
+                    .strip_suffix(token.as_str())
+                    .is_some_and(|g| g.ends_with(' '))
+            });
+        let Some(token) = owner else {
+            self.lanes.remove(&lane);
+            self.unclaimed.insert(lane);
+            return Err(StoreError::Protocol(
+                "journal: the claim did not name this worker the owner".into(),
+            ));
+        };
         let lane = self.lanes.entry(lane).or_default();
         *lane = Lane {
             key,
