@@ -560,20 +560,7 @@ fn redis_frozen_then_killed_and_restarted_under_a_running_worker() {
         worker.log_text()
     );
     assert_eq!(worker.metric("vigil_redis_available"), Some(1.0));
-    worker.signal("TERM");
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("exits")
-            .success(),
-        "{}",
-        worker.log_text()
-    );
-    assert_totals_equal(
-        &redis_totals(&mut redis.connection()),
-        &reference_totals(dir.path(), &lines),
-        &worker.log_text(),
-    );
+    stop_and_compare_counters([&mut worker], &redis, dir.path(), &lines);
 }
 
 /// Redis restarted empty (no persistence) under a running worker: the worker writes its views
@@ -623,20 +610,7 @@ fn redis_restarted_empty_under_a_running_worker_keeps_its_partition_going() {
         "{} records differ from the exact ones",
         wrong.len()
     );
-    worker.signal("TERM");
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("exits")
-            .success(),
-        "{}",
-        worker.log_text()
-    );
-    assert_totals_equal(
-        &redis_totals(&mut redis.connection()),
-        &reference_totals(dir.path(), &lines),
-        &worker.log_text(),
-    );
+    stop_and_compare_counters([&mut worker], &redis, dir.path(), &lines);
 }
 
 /// A Redis Cluster master SIGKILLed under a running worker, after writes its replica never got
@@ -772,20 +746,7 @@ fn a_proxy_dropping_redis_connections_after_executing_costs_nothing() {
         proxy.dropped()
     );
     proxy.drop_every(0);
-    worker.signal("TERM");
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("exits")
-            .success(),
-        "{}",
-        worker.log_text()
-    );
-    assert_totals_equal(
-        &redis_totals(&mut redis.connection()),
-        &reference_totals(dir.path(), &lines),
-        &worker.log_text(),
-    );
+    stop_and_compare_counters([&mut worker], &redis, dir.path(), &lines);
 }
 
 #[test]
@@ -844,20 +805,7 @@ fn a_broker_restart_mid_stream_loses_nothing() {
         wrong.len(),
         &wrong[..wrong.len().min(3)]
     );
-    worker.signal("TERM");
-    assert!(
-        worker
-            .wait_exit(Duration::from_secs(30))
-            .expect("exits")
-            .success(),
-        "{}",
-        worker.log_text()
-    );
-    assert_totals_equal(
-        &redis_totals(&mut redis.connection()),
-        &reference_totals(dir.path(), &lines),
-        &worker.log_text(),
-    );
+    stop_and_compare_counters([&mut worker], &redis, dir.path(), &lines);
 }
 
 /// Hits per rule over the first delivery of each event.
@@ -934,8 +882,8 @@ fn assert_in_step(delivered: &Delivered, reference: &HashMap<String, Value>) {
 
 /// Stops `workers` (SIGTERM: each flushes and commits) and checks every counter in `redis`
 /// against one clean pass over `lines`.
-fn stop_and_compare_counters(
-    workers: [&mut Worker; 2],
+fn stop_and_compare_counters<const N: usize>(
+    workers: [&mut Worker; N],
     redis: &RedisServer,
     dir: &Path,
     lines: &[Vec<u8>],

@@ -576,15 +576,9 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     if lose_writes {
         redis.replica().resume();
     }
-    let first_flush = support::first_flush_on(redis.replica().url(), killed);
-    replay.feed(&lines[24_000..]);
-    let (ok, stderr, records) = replay.finish();
+    let (stderr, records, promoted, first_flush) =
+        finish_after_failover(&mut redis, replay, &lines[24_000..], killed);
     let finished = killed.elapsed();
-    assert!(ok, "{stderr}");
-    let (promoted, first_flush) = first_flush
-        .join()
-        .unwrap()
-        .expect("the promoted replica served a flush");
     eprintln!(
         "master killed{}: replica promoted after {:.2} s, first flush on it after {:.2} s, replay done after {:.2} s",
         if lose_writes { format!(" ({unreplicated} script calls it acknowledged never reached its replica)") } else { String::new() },
@@ -615,6 +609,26 @@ fn master_killed_mid_replay(mut redis: HighAvailability, lose_writes: bool) {
     }
     assert_totals_equal(&redis.totals(), &want, &stderr);
     assert_hits_exact_unless_degraded(&records, &exact);
+}
+
+/// After the master was killed at `killed` (its replica resumed, if frozen): feeds `rest` and
+/// waits for the replay's end, which must succeed. Its stderr and records, and how long after
+/// the kill the replica was promoted and served its first flush.
+fn finish_after_failover(
+    redis: &mut HighAvailability,
+    mut replay: StreamingReplay,
+    rest: &[String],
+    killed: Instant,
+) -> (String, Vec<String>, Duration, Duration) {
+    let first_flush = support::first_flush_on(redis.replica().url(), killed);
+    replay.feed(rest);
+    let (ok, stderr, records) = replay.finish();
+    assert!(ok, "{stderr}");
+    let (promoted, first_flush) = first_flush
+        .join()
+        .unwrap()
+        .expect("the promoted replica served a flush");
+    (stderr, records, promoted, first_flush)
 }
 
 /// Waits until `node` has run no script for 1.5 s (at most 15 s): what was decided so far is
@@ -707,14 +721,8 @@ fn replay_started_while_the_replica_is_cut_off(mut redis: HighAvailability) {
     redis.victim().kill();
     let killed = Instant::now();
     redis.replica().resume();
-    let first_flush = support::first_flush_on(redis.replica().url(), killed);
-    replay.feed(&lines[12_000..]);
-    let (ok, stderr, records) = replay.finish();
-    assert!(ok, "{stderr}");
-    let (promoted, first_flush) = first_flush
-        .join()
-        .unwrap()
-        .expect("the promoted replica served a flush");
+    let (stderr, records, promoted, first_flush) =
+        finish_after_failover(&mut redis, replay, &lines[12_000..], killed);
     eprintln!(
         "master killed ({unreplicated} script calls its replica never got): replica promoted after {:.2} s, first flush on it after {:.2} s",
         promoted.as_secs_f64(),
