@@ -18,6 +18,7 @@ use redis::Value;
 
 use super::counter_store::StoreError;
 use super::scripts::{push_array_header, push_bulk, ScriptCall, SOURCES};
+use crate::clock::{Clock, SystemClock};
 
 /// Most script calls sent in one pipeline (one round trip) while the connection holds (a paced
 /// batch, the write-behind, sends one per round trip: [`Batch::paced`]). The replies
@@ -166,11 +167,9 @@ impl SentinelTarget {
     pub(super) fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<SingleConn> {
         let mut first_error = None;
         for (host, port) in &self.sentinels {
-            let sentinel = node_info(&self.seed, host, *port)
-                .set_redis_settings(redis::RedisConnectionInfo::default());
             let mut promotable = 0;
-            let address = redis::Client::open(sentinel)
-                .and_then(|client| open_single(&client, timeouts))
+            let address = self
+                .open_sentinel(host, *port, timeouts)
                 .and_then(|mut conn| {
                     let address = redis::cmd("SENTINEL")
                         .arg("GET-MASTER-ADDR-BY-NAME")
@@ -239,13 +238,21 @@ impl SentinelTarget {
     /// could still promote ([`count_promotable`]); `None` if none answers.
     fn promotable_replicas(&self, timeouts: Timeouts) -> Option<usize> {
         self.sentinels.iter().find_map(|(host, port)| {
-            let sentinel = node_info(&self.seed, host, *port)
-                .set_redis_settings(redis::RedisConnectionInfo::default());
-            let mut conn = redis::Client::open(sentinel)
-                .and_then(|client| open_single(&client, timeouts))
-                .ok()?;
+            let mut conn = self.open_sentinel(host, *port, timeouts).ok()?;
             self.promotable_replicas_on(&mut conn)
         })
+    }
+
+    /// A connection to one sentinel, with the seed's TLS settings and without its credentials.
+    fn open_sentinel(
+        &self,
+        host: &str,
+        port: u16,
+        timeouts: Timeouts,
+    ) -> redis::RedisResult<redis::Connection> {
+        let sentinel = node_info(&self.seed, host, port)
+            .set_redis_settings(redis::RedisConnectionInfo::default());
+        redis::Client::open(sentinel).and_then(|client| open_single(&client, timeouts))
     }
 
     fn promotable_replicas_on(&self, sentinel: &mut redis::Connection) -> Option<usize> {
@@ -512,8 +519,8 @@ fn parse_slots(reply: Vec<Value>) -> Vec<SlotRange> {
 /// but that were heard from (their last pong) within `REPLICA_FORGOTTEN_AFTER` of `now_ms`
 /// (Unix milliseconds). A replica that failed is promoted once it is back if its data is recent
 /// enough, so a worker that starts meanwhile must still keep what it lacks.
-fn failed_replicas_heard_from(nodes: &str, now_ms: u128) -> HashMap<String, usize> {
-    let bound = REPLICA_FORGOTTEN_AFTER.as_millis();
+fn failed_replicas_heard_from(nodes: &str, now_ms: i64) -> HashMap<String, usize> {
+    let bound = REPLICA_FORGOTTEN_AFTER.as_millis() as i64;
     let mut failed = HashMap::new();
     for line in nodes.lines() {
         // <id> <address> <flags> <master id> <ping sent> <pong received> ...
@@ -523,20 +530,13 @@ fn failed_replicas_heard_from(nodes: &str, now_ms: u128) -> HashMap<String, usiz
         };
         let flags: Vec<&str> = flags.split(',').collect();
         let heard_from = pong
-            .parse::<u128>()
+            .parse::<i64>()
             .is_ok_and(|pong| pong > 0 && now_ms.saturating_sub(pong) <= bound);
         if flags.contains(&"slave") && flags.contains(&"fail") && *master != "-" && heard_from {
             *failed.entry((*master).to_owned()).or_insert(0) += 1;
         }
     }
     failed
-}
-
-/// Now, in Unix milliseconds.
-fn unix_millis() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis())
 }
 
 /// The seed's connection settings (credentials, TLS) for another node.
@@ -619,7 +619,7 @@ impl ClusterConn {
                         .arg("NODES")
                         .query::<String>(&mut conn)
                     {
-                        failed = failed_replicas_heard_from(&nodes, unix_millis());
+                        failed = failed_replicas_heard_from(&nodes, SystemClock.now_ms());
                     }
                     Ok(slots)
                 });
@@ -1387,7 +1387,7 @@ mod tests {
 
     #[test]
     fn failed_cluster_replicas_count_while_recently_heard_from() {
-        let now = 1_765_000_000_000u128;
+        let now = 1_765_000_000_000i64;
         let nodes = format!(
             "m1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-8191\n\
              m2 127.0.0.1:7001@17001 master - 0 {now} 2 connected 8192-16383\n\
@@ -1398,7 +1398,7 @@ mod tests {
              r5 127.0.0.1:7006@17006 slave,fail m2 0 0 2 disconnected\n\
              garbage\n",
             a = now - 5_000,
-            b = now - REPLICA_FORGOTTEN_AFTER.as_millis() - 1,
+            b = now - REPLICA_FORGOTTEN_AFTER.as_millis() as i64 - 1,
         );
         let failed = failed_replicas_heard_from(&nodes, now);
         assert_eq!(failed.get("m1"), Some(&1), "failed five seconds ago");
