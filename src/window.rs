@@ -399,6 +399,36 @@ impl WindowState {
         }
     }
 
+    /// Takes back an observation [`WindowState::apply`] counted at `bucket`, so that a window
+    /// already holding it can be read as it stood before it: possible for a count or a sum
+    /// (their buckets add up), not for a distinct set, an extreme or a `last` (what they held
+    /// before is not kept). False, and nothing changed, where it is not possible, or where the
+    /// bucket is not live: one past the head would slide the window, one slid out holds
+    /// nothing of it.
+    pub fn take_back(&mut self, spec: &WindowSpec, bucket: i64, delta: Delta) -> bool {
+        let WindowState::Series(series) = self else {
+            return false;
+        };
+        let amount = match delta {
+            Delta::Count => 1,
+            Delta::Sum(v) => v,
+            _ => return false,
+        };
+        let Some(head) = series.head() else {
+            return false;
+        };
+        if bucket > head || bucket <= head - spec.buckets {
+            return false;
+        }
+        let Some(negated) = amount.checked_neg() else {
+            return false;
+        };
+        series.buckets.add(bucket, negated);
+        // Counted again in full: the kept sum stays kept when every bucket is non-negative.
+        *series = BucketSeries::from_live(head, std::mem::take(&mut series.buckets));
+        true
+    }
+
     /// The current window value (what [`Applied::Counted`] reported last).
     pub fn value(&self) -> i64 {
         match self {
@@ -842,6 +872,45 @@ mod tests {
         assert_eq!(w.read(&s, 2), Applied::Late);
         assert_eq!(w.read(&s, 3), Applied::Counted(2));
         assert_eq!(w, before);
+    }
+
+    #[test]
+    fn a_count_or_a_sum_takes_an_observation_back_and_counts_it_again_to_the_same_window() {
+        let s = spec(Aggregate::Count, 10, 3);
+        let mut w = WindowState::new(Aggregate::Count);
+        for bucket in [3, 4, 4, 5] {
+            w.apply(&s, bucket, Delta::Count);
+        }
+        let whole = w.clone();
+        assert!(w.take_back(&s, 4, Delta::Count));
+        assert_eq!(w.read(&s, 5), Applied::Counted(3));
+        assert_eq!(w.apply(&s, 4, Delta::Count), Applied::Counted(4));
+        assert_eq!(w, whole, "the kept sum is kept again");
+        // Past the head (it would slide the window) or slid out: nothing changes.
+        assert!(!w.take_back(&s, 6, Delta::Count));
+        assert!(!w.take_back(&s, 2, Delta::Count));
+        assert_eq!(w, whole);
+
+        let s = spec(Aggregate::Sum, 10, 3);
+        let mut w = WindowState::new(Aggregate::Sum);
+        w.apply(&s, 1, Delta::Sum(-2_500_000));
+        w.apply(&s, 2, Delta::Sum(7_000_000));
+        let whole = w.clone();
+        assert!(w.take_back(&s, 2, Delta::Sum(7_000_000)));
+        assert_eq!(w.read(&s, 2), Applied::Counted(-2_500_000));
+        assert!(!w.take_back(&s, 2, Delta::Sum(i64::MIN)), "not negatable");
+        w.apply(&s, 2, Delta::Sum(7_000_000));
+        assert_eq!(w.read(&s, 2), whole.read(&s, 2));
+
+        // What a distinct set or an extreme held before is not kept.
+        let s = spec(Aggregate::Distinct, 10, 3);
+        let mut w = WindowState::new(Aggregate::Distinct);
+        w.apply(&s, 1, Delta::Distinct(9));
+        assert!(!w.take_back(&s, 1, Delta::Distinct(9)));
+        let s = spec(Aggregate::Max, 10, 3);
+        let mut w = WindowState::new(Aggregate::Max);
+        w.apply(&s, 1, Delta::Extreme(9));
+        assert!(!w.take_back(&s, 1, Delta::Extreme(9)));
     }
 
     #[test]

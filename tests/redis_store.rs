@@ -1695,6 +1695,146 @@ fn a_key_of_the_message_key_is_never_counted_ahead() {
     assert_eq!(in_redis(&mut other, b"per-user"), Applied::Counted(2));
 }
 
+/// A worker that counted a step ahead and stopped before journaling its decisions (killed, or
+/// stalled until fenced) leaves the step's observations in Redis. The partition's next owner
+/// counts the same step ahead: Redis skips what it holds, and the owner judges each event on the
+/// window as it stood before that event, not on one already holding the rest of the step. A
+/// count or a sum takes the held observations out and counts them back in order; a distinct
+/// window cannot (what it held before is not kept) and is judged as Redis holds it. Whatever
+/// the path, every observation is in Redis exactly once.
+#[test]
+fn a_step_a_stopped_owner_counted_ahead_is_judged_again_as_it_stood_before_each_event() {
+    use vigil::store::Planned;
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let at = 1_000_000;
+    let specs = [
+        ("fails-ip", WindowSpec::new(1_000, 60, Aggregate::Count)),
+        ("amount-ip", WindowSpec::new(1_000, 60, Aggregate::Sum)),
+        ("users-ip", WindowSpec::new(1_000, 60, Aggregate::Distinct)),
+    ];
+    let open = || {
+        let mut store = RedisStore::connect(&redis.url(), RedisStoreConfig::default()).unwrap();
+        let windows: Vec<_> = specs
+            .iter()
+            .map(|(name, spec)| store.open_window(name, *spec))
+            .collect();
+        store.set_shared(true);
+        (store, windows)
+    };
+    // Event i of the step, at offset 10 + i: one failure, 1.5 × (i + 1) spent, user i.
+    let deltas = |i: i64| {
+        [
+            Delta::Count,
+            Delta::Sum(1_500_000 * (i + 1)),
+            Delta::Distinct(i as u128),
+        ]
+    };
+    let step = |windows: &[vigil::store::WindowId]| -> Vec<Planned> {
+        (0..4i64)
+            .flat_map(|i| {
+                windows
+                    .iter()
+                    .zip(deltas(i))
+                    .map(move |(&window, delta)| Planned {
+                        window,
+                        key: b"203.0.113.7".to_vec(),
+                        ts_ms: at + i * 100,
+                        delta,
+                        origin: InputPosition {
+                            lane: 3,
+                            offset: 10 + i,
+                        },
+                        follows_message_key: false,
+                    })
+            })
+            .collect()
+    };
+    let read_all = |store: &mut RedisStore, windows: &[vigil::store::WindowId]| {
+        windows
+            .iter()
+            .map(|&w| store.read(w, b"203.0.113.7", at + 400).unwrap().applied)
+            .collect::<Vec<_>>()
+    };
+
+    // Another worker's event on the same IP, before the step (its own partition, lane 7).
+    let (mut other, other_windows) = open();
+    other.set_origin(Some(InputPosition { lane: 7, offset: 1 }));
+    for (&w, delta) in
+        other_windows
+            .iter()
+            .zip([Delta::Count, Delta::Sum(1_000_000), Delta::Distinct(99)])
+    {
+        other.apply(w, b"203.0.113.7", at, delta).unwrap();
+    }
+    other.flush().unwrap();
+
+    // The first owner counts the step ahead and stops before judging it.
+    let (mut stopped, windows) = open();
+    read_all(&mut stopped, &windows);
+    stopped.begin_batch(3, 10);
+    stopped.count_ahead(&step(&windows)).unwrap();
+    assert_eq!(stopped.stats().counted_ahead, 12);
+    drop(stopped);
+
+    // The next owner reads the same events again.
+    let (mut owner, windows) = open();
+    read_all(&mut owner, &windows);
+    owner.begin_batch(3, 10);
+    owner.count_ahead(&step(&windows)).unwrap();
+    assert_eq!(
+        owner.stats().taken_back,
+        8,
+        "the count's and the sum's observations are taken back, not the distinct set's"
+    );
+    for i in 0..4i64 {
+        owner.set_origin(Some(InputPosition {
+            lane: 3,
+            offset: 10 + i,
+        }));
+        let seen: Vec<_> = windows
+            .iter()
+            .zip(deltas(i))
+            .map(|(&w, delta)| {
+                owner
+                    .apply(w, b"203.0.113.7", at + i * 100, delta)
+                    .unwrap()
+                    .applied
+            })
+            .collect();
+        // Before the step: the other worker's event (1 failure, 1.0 spent).
+        let spent: i64 = 1_000_000 + (0..=i).map(|j| 1_500_000 * (j + 1)).sum::<i64>();
+        assert_eq!(
+            seen,
+            [
+                Applied::Counted(1 + i + 1),
+                Applied::Counted(spent),
+                Applied::Counted(5),
+            ],
+            "event {i}: the count and the sum as they stood; the distinct set as Redis holds it"
+        );
+    }
+    owner.seal_batch().journaled();
+    owner.flush().unwrap();
+    assert_eq!(owner.stats().skipped_applied, 12);
+
+    // Redis holds every observation once.
+    other.forget_cached();
+    assert_eq!(
+        read_all(&mut other, &other_windows),
+        [
+            Applied::Counted(5),
+            Applied::Counted(1_000_000 + 15_000_000),
+            Applied::Counted(5),
+        ]
+    );
+    // And the owner's view of the key after the batch is Redis' own.
+    assert_eq!(
+        read_all(&mut owner, &windows),
+        read_all(&mut other, &other_windows)
+    );
+}
+
 /// A Redis that may evict keys (any `maxmemory-policy` but `noeviction`) would drop counter keys
 /// and their counts without a trace: the store refuses it at connect, unless the operator
 /// allows it knowingly (then the stats, and the worker's metric, say so). `vigil replay` too.

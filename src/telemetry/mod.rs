@@ -279,6 +279,9 @@ pub struct Metrics {
     /// Observations on keys other workers count too, applied in Redis before their batch was
     /// judged (counted ahead).
     pub counted_ahead: Counter,
+    /// Observations a previous owner had counted ahead without delivering their decisions,
+    /// taken out of a count or sum window and counted back in order when judged again.
+    pub taken_back: Counter,
     /// 1 while the worker runs against a Redis that may evict keys, allowed by
     /// `redis.allow_eviction`.
     pub eviction_allowed: Gauge,
@@ -357,6 +360,7 @@ impl Metrics {
             redis_failovers: Counter::default(),
             rewritten_unconfirmed: Counter::default(),
             counted_ahead: Counter::default(),
+            taken_back: Counter::default(),
             eviction_allowed: Gauge::default(),
             lost_keys: Counter::default(),
             journaled_decisions: Counter::default(),
@@ -525,6 +529,11 @@ impl Metrics {
             "redis_counted_ahead",
             "Observations on keys other workers count too, applied in Redis before their batch was judged",
             self.counted_ahead.clone(),
+        );
+        registry.register(
+            "redis_taken_back",
+            "Observations a previous owner counted ahead without delivering their decisions, taken out of a count or sum window and counted back in order when judged again",
+            self.taken_back.clone(),
         );
         registry.register(
             "redis_eviction_allowed",

@@ -179,6 +179,9 @@ impl Worker {
                 .counted_ahead
                 .inc_by(stats.counted_ahead.saturating_sub(exported.counted_ahead));
             self.metrics
+                .taken_back
+                .inc_by(stats.taken_back.saturating_sub(exported.taken_back));
+            self.metrics
                 .redis_available
                 .set(i64::from(redis.available()));
             *exported = stats;

@@ -21,7 +21,7 @@ use super::view::{ttl_ms, Cached, Dirty};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
 use crate::store::codec::{self, KeyFlush, Observation, Offsets, Reply, Stored};
-use crate::store::counter_store::{Observed, Planned, StoreError, WindowId};
+use crate::store::counter_store::{InputPosition, Observed, Planned, StoreError, WindowId};
 use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
 use crate::window::{Applied, Delta, WindowState};
 
@@ -41,6 +41,10 @@ pub(super) struct Ahead {
     pub(super) lost: bool,
     /// The prior offsets raised by what `apply` counted here: what a rewrite may claim.
     counted: Offsets,
+    /// Observations of the batch Redis already held (a previous owner counted them ahead and
+    /// stopped before journaling its decisions), taken out of `state` so that each event is
+    /// judged on the window as it stood before it: `apply` counts each back in, in order.
+    taken_back: Vec<(InputPosition, i64, Delta)>,
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
@@ -148,7 +152,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             let spec = self.windows.spec(key.window);
             if let Ok((
                 Reply::Before(Stored {
-                    state,
+                    mut state,
                     version,
                     offsets: prior_offsets,
                 }),
@@ -156,7 +160,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             )) = codec::parse_reply(&spec, &reply)
             {
                 self.stats.refused_late += counts.late;
-                self.stats.skipped_applied += counts.skipped;
+                // What the script skipped is counted as `apply` judges it (`count_on_ahead`).
                 let mut offsets = prior_offsets.clone();
                 for origin in observed.iter().filter_map(|o| o.origin) {
                     codec::raise(&mut offsets, origin.lane, origin.offset);
@@ -164,6 +168,20 @@ impl<C: MonotonicClock> RedisStore<C> {
                 self.views.learn(key.window, &offsets, || {
                     observed.len() >= 2 || super::view::several_observations(&spec, &state)
                 });
+                // Observations Redis held before the step are events of a previous owner's
+                // step, counted ahead, whose decisions never went out: judged again here, each
+                // must not see the events after it. A count or a sum can take them out and
+                // count them back in order; other windows are judged as Redis holds them.
+                let mut taken_back = Vec::new();
+                for o in &observed {
+                    let Some(origin) = o.origin else { continue };
+                    if codec::replayed(&prior_offsets, Some(origin))
+                        && state.take_back(&spec, o.bucket, o.delta)
+                    {
+                        taken_back.push((origin, o.bucket, o.delta));
+                    }
+                }
+                self.stats.taken_back += taken_back.len() as u64;
                 let (remaining, counted) = (observed.len(), prior_offsets.clone());
                 self.views.ahead.insert(
                     key.clone(),
@@ -175,6 +193,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                         remaining,
                         lost: false,
                         counted,
+                        taken_back,
                     },
                 );
             }
@@ -243,7 +262,20 @@ impl<C: MonotonicClock> RedisStore<C> {
         let origin = self.origin;
         let applied = if codec::replayed(&ahead.prior_offsets, origin) {
             self.stats.skipped_applied += 1;
-            super::view::judge(&ahead.state, &spec, bucket)
+            let taken_back = origin.and_then(|origin| {
+                ahead
+                    .taken_back
+                    .iter()
+                    .position(|&taken| taken == (origin, bucket, delta))
+            });
+            match taken_back {
+                // In Redis already: counted back here only.
+                Some(at) => {
+                    ahead.taken_back.swap_remove(at);
+                    ahead.state.apply(&spec, bucket, delta)
+                }
+                None => super::view::judge(&ahead.state, &spec, bucket),
+            }
         } else {
             if let Some(origin) = origin {
                 codec::raise(&mut ahead.counted, origin.lane, origin.offset);
@@ -271,8 +303,14 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// At a batch's end (or before the next): a key that counted everything planned holds what
     /// Redis holds, and is cached as such; any other is read again when needed.
     pub(super) fn settle_ahead(&mut self) {
-        for (key, ahead) in std::mem::take(&mut self.views.ahead) {
+        for (key, mut ahead) in std::mem::take(&mut self.views.ahead) {
             if ahead.lost {
+                // What Redis held is claimed by the offsets: every observation taken back goes
+                // in again, counted back or not.
+                let spec = self.windows.spec(key.window);
+                for (_, bucket, delta) in ahead.taken_back.drain(..) {
+                    ahead.state.apply(&spec, bucket, delta);
+                }
                 // Written again in full with the next flush, as `reseed` does for every view.
                 let mut dirty = Dirty::new(ahead.state, Some(0), None, None, ahead.counted);
                 dirty.rewrite();

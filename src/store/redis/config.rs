@@ -113,6 +113,9 @@ pub struct RedisStats {
     /// Observations applied in Redis before their batch was judged, on keys other workers
     /// count too (see `ahead.rs`).
     pub counted_ahead: u64,
+    /// Observations a previous owner had counted ahead (its decisions never went out), taken
+    /// out of a count's or a sum's window and counted back in order when judged again here.
+    pub taken_back: u64,
     /// Keys whose writes met a version another writer had moved on; their deltas went again.
     pub stale_writes: u64,
     /// Flushes that failed after every retry (their deltas were kept and sent again).
