@@ -11,6 +11,7 @@
 //! the deltas whose input position a key has recorded, writes check the key's version).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -160,13 +161,22 @@ pub(super) struct SentinelTarget {
     pub(super) seed: redis::Client,
     /// The master the last connection found, and how many times it changed (failovers).
     pub(super) master: Mutex<(Option<(String, u16)>, u64)>,
+    /// The sentinel that answered last: asked first next time (as Redis' guide for Sentinel
+    /// clients advises), so a sentinel that is down costs one timeout, not one per question.
+    pub(super) answered: AtomicUsize,
+}
+
+/// The sentinels' indexes, `first` first and then the others in their order, wrapping round.
+fn in_turn(sentinels: usize, first: usize) -> impl Iterator<Item = usize> {
+    (0..sentinels).map(move |i| (first + i) % sentinels)
 }
 
 impl SentinelTarget {
     /// A connection to the master the sentinels name now.
     pub(super) fn connect(&self, timeouts: Timeouts) -> redis::RedisResult<SingleConn> {
         let mut first_error = None;
-        for (host, port) in &self.sentinels {
+        for at in in_turn(self.sentinels.len(), self.answered.load(Ordering::Relaxed)) {
+            let (host, port) = &self.sentinels[at];
             let mut promotable = 0;
             let address = self
                 .open_sentinel(host, *port, timeouts)
@@ -227,6 +237,7 @@ impl SentinelTarget {
                 );
             }
             master.0 = found;
+            self.answered.store(at, Ordering::Relaxed);
             return Ok(single);
         }
         Err(first_error.unwrap_or_else(|| {
@@ -237,9 +248,12 @@ impl SentinelTarget {
     /// How many replicas of the master the first sentinel that answers lists that a failover
     /// could still promote ([`count_promotable`]); `None` if none answers.
     fn promotable_replicas(&self, timeouts: Timeouts) -> Option<usize> {
-        self.sentinels.iter().find_map(|(host, port)| {
+        in_turn(self.sentinels.len(), self.answered.load(Ordering::Relaxed)).find_map(|at| {
+            let (host, port) = &self.sentinels[at];
             let mut conn = self.open_sentinel(host, *port, timeouts).ok()?;
-            self.promotable_replicas_on(&mut conn)
+            let promotable = self.promotable_replicas_on(&mut conn)?;
+            self.answered.store(at, Ordering::Relaxed);
+            Some(promotable)
         })
     }
 
@@ -1252,8 +1266,8 @@ mod tests {
     use redis::Value;
 
     use super::{
-        count_promotable, failed_replicas_heard_from, parse_slots, slot, wait_for_replica, Op,
-        Replicas, REPLICA_FORGOTTEN_AFTER,
+        count_promotable, failed_replicas_heard_from, in_turn, parse_slots, slot, wait_for_replica,
+        Op, Replicas, REPLICA_FORGOTTEN_AFTER,
     };
 
     #[test]
@@ -1309,6 +1323,14 @@ mod tests {
         replicas.named(2, start + REPLICA_FORGOTTEN_AFTER * 3);
         replicas.named(1, start + REPLICA_FORGOTTEN_AFTER * 3);
         assert!(replicas.any(), "one of two left");
+    }
+
+    #[test]
+    fn the_sentinel_that_answered_last_is_asked_first_then_the_others_in_order() {
+        assert_eq!(in_turn(3, 0).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(in_turn(3, 1).collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(in_turn(3, 2).collect::<Vec<_>>(), [2, 0, 1]);
+        assert_eq!(in_turn(0, 0).count(), 0);
     }
 
     #[test]

@@ -225,6 +225,7 @@ pub(super) fn open_target(
             service: sentinel.service,
             seed,
             master: std::sync::Mutex::new((None, 0)),
+            answered: Default::default(),
         };
         let timeouts = side_timeouts(config);
         // Fails here, naming the reason, when no sentinel answers or none names a master.
