@@ -1396,6 +1396,64 @@ fn flushes_while_a_batch_is_journaled_hold_back_exactly_that_batch() {
     }
 }
 
+/// A flush that meets a key counted both by journaled batches and by one not journaled yet sends
+/// only the journaled part, and Redis merges it: the view's fields are not what Redis should hold
+/// (they hold the batch held back, which may have moved the view's head and slid buckets out of
+/// it). Redis holds exactly the journaled counts, at the head they reach, whether the held-back
+/// count is at that head or past it.
+#[test]
+fn a_count_held_back_never_reaches_redis_whether_or_not_it_moved_the_head() {
+    use vigil::window::{Aggregate, Applied, Delta, WindowSpec};
+    let redis = RedisServer::start();
+    let config = RedisStoreConfig {
+        max_pending: usize::MAX,
+        flush_interval: std::time::Duration::MAX,
+        ..RedisStoreConfig::default()
+    };
+    // Three buckets of a second.
+    let spec = WindowSpec::new(1_000, 3, Aggregate::Count);
+    let at = 1_000_000;
+    // Held back at the head the journaled counts reach, then one bucket past it: the view's
+    // window then slides its first bucket out, which Redis' must not.
+    for held_at in [at + 2_000, at + 3_000] {
+        let name = format!("held-{held_at}");
+        let mut store = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        let window = store.open_window(&name, spec);
+        let count = |store: &mut RedisStore, lane: u64, offset: i64, ts: i64| {
+            store.set_origin(Some(InputPosition { lane, offset }));
+            store.apply(window, b"ip", ts, Delta::Count).unwrap();
+        };
+        count(&mut store, 2, 1, at);
+        store.flush().unwrap();
+        count(&mut store, 2, 2, at + 2_000);
+        store.begin_batch(1, 5);
+        count(&mut store, 1, 5, held_at);
+        let seal = store.seal_batch();
+        store.flush().unwrap();
+        let mut other = RedisStore::connect(&redis.url(), config.clone()).unwrap();
+        let other_window = other.open_window(&name, spec);
+        assert_eq!(
+            other.read(other_window, b"ip", at + 2_000).unwrap().applied,
+            Applied::Counted(2),
+            "{name}: Redis holds both journaled counts, in a window still at their head"
+        );
+        seal.journaled();
+        store.flush().unwrap();
+        other.forget_cached();
+        let expected = if held_at == at + 2_000 { 3 } else { 2 };
+        assert_eq!(
+            other.read(other_window, b"ip", held_at).unwrap().applied,
+            Applied::Counted(expected),
+            "{name}: and the held-back count once journaled"
+        );
+        assert_eq!(
+            store.read(window, b"ip", held_at).unwrap().applied,
+            Applied::Counted(expected),
+            "{name}: as this process sees it"
+        );
+    }
+}
+
 /// Batches of several lanes counted on shared keys, sealed, then journaled or fenced in any order,
 /// with ticks and flushes (write-behind every millisecond) in between: after every flush Redis
 /// holds exactly what the journaled batches counted and raised, never anything of a batch still
@@ -1485,7 +1543,10 @@ fn batches_of_several_lanes_reach_redis_exactly_when_journaled_in_any_order() {
                             lane: lane as u64,
                             offset,
                         }));
-                        store.apply(window, keys[k], at, Delta::Count).unwrap();
+                        // Over a few buckets, so that a batch's count sometimes moves a key's
+                        // head past what Redis will hold without it, and sometimes does not.
+                        let ts = at + rng.random_range(0..5) * 1_000;
+                        store.apply(window, keys[k], ts, Delta::Count).unwrap();
                         counts[k] += 1;
                         kept[k] += 1;
                     }
