@@ -459,7 +459,7 @@ fn a_third_worker_joining_and_leaving_mid_stream_changes_nothing() {
         wrong.join("\n")
     );
     // Rules on per-IP counters (keys spanning partitions) through both rebalances.
-    let off = rules_off_by_more_than_one_percent(&delivered, &reference);
+    let off = rules_off_by_more_than_one_percent(&delivered, &reference, 0);
     assert!(
         off.is_empty(),
         "rules more than 1 % off the single-order run: {off:?}"
@@ -823,10 +823,14 @@ fn hits_per_rule<'a>(
     hits
 }
 
-/// Prints each rule's hits beside a single-order run's and returns the rules more than 1 % off.
+/// Prints each rule's hits beside a single-order run's and returns the rules more than 1 % off,
+/// beyond `judged_as_held` hits: the decisions the workers made again after a takeover on a
+/// window already holding the previous owner's counted-ahead step, which RELIABILITY.md allows
+/// to differ ("keys counted ahead").
 fn rules_off_by_more_than_one_percent(
     delivered: &Delivered,
     reference: &HashMap<String, Value>,
+    judged_as_held: u64,
 ) -> Vec<String> {
     let want = hits_per_rule(reference.values());
     let got = hits_per_rule(delivered.first.values());
@@ -834,7 +838,7 @@ fn rules_off_by_more_than_one_percent(
     for (rule, &expected) in &want {
         let actual = got.get(rule).copied().unwrap_or(0);
         eprintln!("{rule}: {actual} hits, single-order run {expected}");
-        if actual.abs_diff(expected) * 100 > expected {
+        if actual.abs_diff(expected) * 100 > expected + judged_as_held * 100 {
             off.push(format!("{rule}: {actual} vs {expected}"));
         }
     }
@@ -853,9 +857,18 @@ fn user_keyed_hits(record: &Value) -> Vec<Value> {
 }
 
 /// Partitions in step: every event's hits by per-user rules equal the single-order run's, and
-/// every rule's hit count is within 1 % of it.
-fn assert_in_step(delivered: &Delivered, reference: &HashMap<String, Value>) {
-    let off = rules_off_by_more_than_one_percent(delivered, reference);
+/// every rule's hit count is within 1 % of it, give or take the decisions `workers` made again
+/// on windows already holding a stopped owner's counted-ahead step (their metric).
+fn assert_in_step(delivered: &Delivered, reference: &HashMap<String, Value>, workers: &[&Worker]) {
+    let judged_as_held: u64 = workers
+        .iter()
+        .map(|w| {
+            w.metric("vigil_decisions_judged_as_held_total")
+                .unwrap_or(0.0) as u64
+        })
+        .sum();
+    eprintln!("decisions made again on windows holding a stopped owner's step: {judged_as_held}");
+    let off = rules_off_by_more_than_one_percent(delivered, reference, judged_as_held);
     let differing: Vec<_> = delivered
         .first
         .iter()
@@ -980,7 +993,7 @@ fn a_live_stream_on_four_partitions_read_by_two_workers_stays_within_one_percent
             worker.metric("vigil_redis_counted_ahead_total")
         );
     }
-    assert_in_step(&delivered, &reference);
+    assert_in_step(&delivered, &reference, &[&first, &second]);
     stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }
 
@@ -1019,7 +1032,7 @@ fn two_workers_through_a_disturbance(
     });
     let delivered = read_decisions(&broker, &topics, good_events(&lines));
     check(&delivered, &first, &second);
-    assert_in_step(&delivered, &reference);
+    assert_in_step(&delivered, &reference, &[&first, &second]);
     stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }
 
@@ -1149,6 +1162,6 @@ fn a_backlog_on_four_partitions_read_by_two_workers_keeps_partitions_in_step() {
             eprintln!("{line}");
         }
     }
-    assert_in_step(&delivered, &reference);
+    assert_in_step(&delivered, &reference, &[&first, &second]);
     stop_and_compare_counters([&mut first, &mut second], &redis, dir.path(), &lines);
 }

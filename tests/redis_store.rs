@@ -1878,6 +1878,11 @@ fn a_step_a_stopped_owner_counted_ahead_is_judged_again_as_it_stood_before_each_
     owner.seal_batch().journaled();
     owner.flush().unwrap();
     assert_eq!(owner.stats().skipped_applied, 12);
+    assert_eq!(
+        owner.judged_as_held(),
+        4,
+        "the distinct set's four, judged on the window as Redis holds it"
+    );
 
     // Redis holds every observation once.
     other.forget_cached();

@@ -126,6 +126,9 @@ impl CounterStore for AnyStore {
     fn counted_mark(&self) -> u64 {
         delegate!(self, s => s.counted_mark())
     }
+    fn judged_as_held(&self) -> u64 {
+        delegate!(self, s => s.judged_as_held())
+    }
     fn durable_mark(&self) -> u64 {
         delegate!(self, s => s.durable_mark())
     }

@@ -357,6 +357,15 @@ pub trait CounterStore {
         StateStats::default()
     }
 
+    /// How many observations so far were judged on a window that already held them: applied
+    /// before (by a partition's previous owner, or by this process before a crash), and not
+    /// taken back — a batch counting ahead takes a count's or a sum's back, never a distinct,
+    /// max, min or `last` window's. Such a judgement may have seen later events of the batch
+    /// they were applied with; the caller tells whether its decision was delivered before.
+    fn judged_as_held(&self) -> u64 {
+        0
+    }
+
     /// A mark that grows with every counted observation. With [`CounterStore::durable_mark`] it
     /// tells a caller when what it counted is durable (to commit input offsets after).
     fn counted_mark(&self) -> u64 {

@@ -291,6 +291,9 @@ pub struct Metrics {
     pub journaled_decisions: Counter,
     /// Decisions delivered again from the journal for events re-read after a crash.
     pub redelivered_decisions: Counter,
+    /// Decisions made after a takeover on a window that already held the event's own
+    /// observation (and maybe later ones), counted ahead by the previous owner.
+    pub decisions_judged_as_held: Counter,
     /// Journal writes not made, by code (`fenced`: another worker took the partition over, the
     /// batch was dropped; `unavailable`: Redis did not answer, the records went out unjournaled).
     pub journal_errors: Family<CodeLabels, Counter>,
@@ -365,6 +368,7 @@ impl Metrics {
             lost_keys: Counter::default(),
             journaled_decisions: Counter::default(),
             redelivered_decisions: Counter::default(),
+            decisions_judged_as_held: Counter::default(),
             journal_errors: Family::default(),
             store_saturated: Gauge::default(),
             registry: Registry::default(),
@@ -623,6 +627,11 @@ impl Metrics {
             "redelivered_decisions",
             "Decisions delivered again from the journal for events re-read after a crash",
             self.redelivered_decisions.clone(),
+        );
+        registry.register(
+            "decisions_judged_as_held",
+            "Decisions made again, not delivered before, on a window that already held the event's own observation (and maybe later events of its batch): a previous owner counted it ahead and stopped before delivering",
+            self.decisions_judged_as_held.clone(),
         );
         registry.register(
             "journal_errors",

@@ -87,6 +87,9 @@ struct Judged<'m> {
     allowed: u64,
     dead: u64,
     redelivered: u64,
+    /// Decisions made on a window that already held the event's own observation, counted ahead
+    /// by a previous owner that stopped before delivering them (see `judged_as_held`).
+    judged_as_held: u64,
     /// The record being written, its buffer reused across the batch.
     record: Vec<u8>,
 }
@@ -393,6 +396,9 @@ impl Worker {
         self.metrics
             .redelivered_decisions
             .inc_by(judged.redelivered);
+        self.metrics
+            .decisions_judged_as_held
+            .inc_by(judged.judged_as_held);
         // Outside the lock: records go to the producer, each with a ticket back to `progress`.
         self.send_outputs(judged.outputs, progress);
         stopwatch.lap(Stage::Handover);
@@ -636,7 +642,13 @@ impl Worker {
             lane: batch.lane,
             offset,
         };
+        let held_before = engine.store().judged_as_held();
         let decision = engine.evaluate(event, origin)?;
+        // Delivered from the journal, a decision made again does not count.
+        judged.judged_as_held += u64::from(
+            engine.store().judged_as_held() > held_before
+                && batch.journal.produced(offset).is_none(),
+        );
         if decision.is_empty() {
             judged.allowed += 1;
         } else {

@@ -274,7 +274,10 @@ impl<C: MonotonicClock> RedisStore<C> {
                     ahead.taken_back.swap_remove(at);
                     ahead.state.apply(&spec, bucket, delta)
                 }
-                None => super::view::judge(&ahead.state, &spec, bucket),
+                None => {
+                    self.stats.judged_as_held += 1;
+                    super::view::judge(&ahead.state, &spec, bucket)
+                }
             }
         } else {
             if let Some(origin) = origin {

@@ -118,6 +118,12 @@ pub struct RedisStats {
     /// Observations a previous owner had counted ahead (its decisions never went out), taken
     /// out of a count's or a sum's window and counted back in order when judged again here.
     pub taken_back: u64,
+    /// Observations applied before (a previous owner's, or this process's before a crash),
+    /// judged again on the window as Redis holds them, not taken back
+    /// ([`CounterStore::judged_as_held`]).
+    ///
+    /// [`CounterStore::judged_as_held`]: crate::store::CounterStore::judged_as_held
+    pub judged_as_held: u64,
     /// Keys whose writes met a version another writer had moved on; their deltas went again.
     pub stale_writes: u64,
     /// Flushes that failed after every retry (their deltas were kept and sent again).

@@ -731,6 +731,10 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
         self.counted
     }
 
+    fn judged_as_held(&self) -> u64 {
+        self.stats.judged_as_held
+    }
+
     fn durable_mark(&self) -> u64 {
         self.durable
     }

@@ -1135,7 +1135,9 @@ impl<C: MonotonicClock> RedisStore<C> {
                 self.stats.degraded_observations += 1;
             }
         } else if origin.is_some() && applied.is_counted() {
+            // Applied before: judged on a window that holds it already.
             self.stats.skipped_applied += 1;
+            self.stats.judged_as_held += 1;
         }
         // Writing behind is left to `tick`, which the caller runs between events: a flush then
         // never carries part of an event's deltas.
