@@ -152,6 +152,33 @@ fn memory_store(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // A cold start: every key new, so the key table doubles its way up from empty (the pages
+    // it first touches are most of what this costs in a VM). Per key.
+    let mut group = c.benchmark_group("memory store, from empty");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(keys.len() as u64));
+    group.bench_function("apply, 500 000 new keys", |b| {
+        b.iter_batched(
+            || {
+                let mut store = MemoryStore::new();
+                let window = store.open_window("bench", spec);
+                (store, window)
+            },
+            |(mut store, window)| {
+                for key in &keys {
+                    black_box(
+                        store
+                            .apply(window, key, 1_700_000_000_000, Delta::Count)
+                            .expect("in-process apply"),
+                    );
+                }
+                store
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
 }
 
 /// A whole event through the engine (count, judge) and its decision record, in process, on a
