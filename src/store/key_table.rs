@@ -141,7 +141,7 @@ impl<T> Slots<T> {
     }
 
     /// Grows to `len` slots (more than now), keeping what the first ones hold; the new slots are
-    /// uninitialized (zeroed memory, never read before written).
+    /// uninitialized (on Linux, zero pages not yet backed), never read before written.
     fn grow(&mut self, len: usize) {
         debug_assert!(len > self.len);
         let new = Self::layout(len);
