@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::config::StoreSetup;
 use crate::event::decode;
-use crate::pipeline::{replay, Engine, ReplayError, ReplayOptions};
+use crate::pipeline::{replay, Engine, ReplayError, ReplayOptions, Touched};
 use crate::rules::RuleSet;
 use crate::store::{push_hex, AnyStore, CounterStore, MemoryStore, RedisStore, StoreError};
 use crate::window::{Aggregate, Delta, WindowSpec};
@@ -164,7 +164,7 @@ pub fn per_event(
     let (mut events, mut calls) = (0u64, 0u64);
     let mut pipe = redis::pipe();
     let mut in_pipe = 0;
-    let mut touched = Vec::new();
+    let mut touched = Touched::default();
     let mut line = Vec::new();
     let mut reader = BufReader::with_capacity(1 << 16, File::open(input)?);
     while reader.read_until(b'\n', &mut line)? > 0 {
@@ -175,7 +175,7 @@ pub fn per_event(
             events += 1;
             touched.clear();
             planner.touched_keys(&event, &mut touched);
-            for (window, key) in &touched {
+            for (window, key) in touched.keys() {
                 let spec = specs[window.0 as usize];
                 let mut name = format!("pe:{}:", window.0);
                 push_hex(&mut name, &blake3::hash(key).as_bytes()[..16]);

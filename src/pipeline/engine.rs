@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 use crate::clock::{Clock, SystemClock};
 
 use super::judge::{Judge, Outcome};
+use super::touched::Touched;
 use crate::event::{BadEvent, Event, TimeBounds, TimeSource};
 use crate::rules::{
     Decision, Form, Hit, Mode, Plan, Reason, RuleSet, Scope, ScopeMemo, SkipReason,
@@ -127,6 +128,8 @@ pub struct Engine<S> {
     hold_key: Vec<u8>,
     /// `match` results for the event being evaluated (and for prefetching).
     memo: ScopeMemo,
+    /// A counter's key as [`Engine::touched_keys`] plans it (kept for its buffer).
+    touched_key: Vec<u8>,
     /// Grows with every rule set put in force (events decoded for one are decoded again for
     /// the next: the projection may differ).
     rules_generation: u64,
@@ -173,6 +176,7 @@ impl<S: CounterStore> Engine<S> {
             hold_spaces: Vec::new(),
             hold_key: Vec::with_capacity(64),
             memo: ScopeMemo::default(),
+            touched_key: Vec::new(),
             rules_generation: 0,
         };
         engine.replace_rules(rules);
@@ -437,23 +441,14 @@ impl<S: CounterStore> Engine<S> {
         }
     }
 
-    /// Appends the (window, key) of every counter `event` would count, and of every counter a
+    /// Lists the (window, key) of every counter `event` would count, and of every counter a
     /// rule may read for it, for [`CounterStore::prefetch`].
-    pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Vec<(WindowId, Vec<u8>)>) {
-        let mut key = Vec::new();
+    pub fn touched_keys(&mut self, event: &Event<'_>, out: &mut Touched) {
+        let key = &mut self.touched_key;
         self.memo.reset();
         for position in 0..self.rules.active_len() {
-            let wanted = match self.rules.plan(position, event, &mut key, &mut self.memo) {
-                Plan::Observe(_) => true,
-                Plan::Skip(SkipReason::Dimension) => false,
-                Plan::Skip(_) => self.rules.is_read(position),
-                Plan::NoMatch => {
-                    self.rules.is_read(position)
-                        && self.rules.counter_key(position, event, &mut key)
-                }
-            };
-            if wanted {
-                out.push((self.windows[position], key.clone()));
+            if self.rules.touches(position, event, key, &mut self.memo) {
+                out.insert(self.windows[position], key);
             }
         }
     }
@@ -532,7 +527,7 @@ impl<S: CounterStore> Engine<S> {
         // keys together; then the counting, in file order.
         plan_event(
             &self.rules,
-            (!behind).then_some(&self.store),
+            (!behind).then_some((&self.store, &self.windows[..])),
             event,
             &mut self.keys,
             &mut self.plans,
@@ -790,7 +785,7 @@ impl<S: CounterStore> Engine<S> {
 /// count: the misses of an event's several keys then overlap instead of following one another.
 fn plan_event<S: CounterStore>(
     rules: &RuleSet,
-    store: Option<&S>,
+    store: Option<(&S, &[WindowId])>,
     event: &Event<'_>,
     keys: &mut [Vec<u8>],
     plans: &mut Vec<Plan>,
@@ -800,8 +795,8 @@ fn plan_event<S: CounterStore>(
     plans.clear();
     for (position, key) in keys.iter_mut().enumerate().take(rules.active_len()) {
         let plan = rules.plan(position, event, key, memo);
-        if let (Plan::Observe(_), Some(store)) = (plan, store) {
-            store.fetch_ahead(key);
+        if let (Plan::Observe(_), Some((store, windows))) = (plan, store) {
+            store.fetch_ahead(windows[position], key);
         }
         plans.push(plan);
     }

@@ -8,6 +8,7 @@ mod engine;
 pub mod inspect;
 mod judge;
 mod replay;
+mod touched;
 pub mod tuning;
 
 pub use engine::{CounterChanges, CounterCounts, Engine, EvalCounts, RuleCounts};
@@ -15,3 +16,4 @@ pub use replay::{
     input_lane, read_line_bounded, replay, LineRead, ReplayError, ReplayOptions, ReplaySummary,
     DEFAULT_MAX_EVENT_BYTES,
 };
+pub use touched::Touched;

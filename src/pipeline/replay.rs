@@ -6,6 +6,7 @@ use std::io::{self, BufRead, Write};
 use std::time::{Duration, Instant};
 
 use super::engine::{Engine, EvalCounts};
+use super::touched::Touched;
 use crate::event::{decode, BadEvent, Event};
 use crate::rules::{record, EventSource};
 use crate::store::{CounterStore, HoldSpace, InputPosition, StateStats, StoreError, WindowId};
@@ -250,11 +251,11 @@ pub fn replay<S: CounterStore>(
         options,
         summary: ReplaySummary::default(),
         evictions_said: None,
-        touched: Vec::new(),
+        touched: Touched::default(),
         touched_holds: Vec::new(),
         record: Vec::with_capacity(1024),
         planned_ahead: false,
-        next_touched: Vec::new(),
+        next_touched: Touched::default(),
         next_holds: Vec::new(),
         ahead_holds: Vec::new(),
     };
@@ -294,13 +295,13 @@ struct Run<I, O, D> {
     summary: ReplaySummary,
     evictions_said: Option<Instant>,
     /// The windows and holds the batch being judged touches.
-    touched: Vec<(WindowId, Vec<u8>)>,
+    touched: Touched,
     touched_holds: Vec<(HoldSpace, Vec<u8>)>,
     record: Vec<u8>,
     /// The batch about to be judged was read ahead: what its events touch was planned then, into
     /// `next_touched` and `next_holds`, and its prefetch takes that instead of planning again.
     planned_ahead: bool,
-    next_touched: Vec<(WindowId, Vec<u8>)>,
+    next_touched: Touched,
     next_holds: Vec<(HoldSpace, Vec<u8>)>,
     /// The next batch's holds: read half way through this one, so that the reads are still
     /// within a flush interval (fresh) when the next batch starts.
@@ -345,7 +346,7 @@ impl<I: BufRead, O: Write, D: Write> Run<I, O, D> {
             if std::mem::take(&mut self.planned_ahead) {
                 std::mem::swap(&mut self.touched, &mut self.next_touched);
                 std::mem::swap(&mut self.touched_holds, &mut self.next_holds);
-                prefetch_planned(engine, &self.touched, &self.touched_holds)?;
+                prefetch_planned(engine, self.touched.keys(), &self.touched_holds)?;
             } else {
                 prefetch(engine, &lines, &mut self.touched, &mut self.touched_holds)?;
             }
@@ -391,7 +392,7 @@ impl<I: BufRead, O: Write, D: Write> Run<I, O, D> {
             engine.touched_keys(event, &mut self.next_touched);
             engine.touched_holds(event, &mut self.next_holds);
         }
-        engine.store_mut().read_ahead(&self.next_touched);
+        engine.store_mut().read_ahead(self.next_touched.keys());
         self.ahead_holds.clone_from(&self.next_holds);
         self.planned_ahead = true;
     }
@@ -557,7 +558,7 @@ fn decode_batch<'b, S: CounterStore>(engine: &Engine<S>, batch: &'b LineBatch) -
 fn prefetch<S: CounterStore>(
     engine: &mut Engine<S>,
     events: &Lines<'_>,
-    touched: &mut Vec<(WindowId, Vec<u8>)>,
+    touched: &mut Touched,
     touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
 ) -> Result<(), StoreError> {
     touched.clear();
@@ -566,7 +567,7 @@ fn prefetch<S: CounterStore>(
         engine.touched_keys(event, touched);
         engine.touched_holds(event, touched_holds);
     }
-    prefetch_planned(engine, touched, touched_holds)
+    prefetch_planned(engine, touched.keys(), touched_holds)
 }
 
 /// [`prefetch`] of what a batch's events touch, planned already.

@@ -377,6 +377,20 @@ impl PlannedCounter {
         Plan::Observe(delta)
     }
 
+    /// Whether `event` touches this counter's window, writing its key into `key`: the key can
+    /// be formed, and a rule reads the counter (`read`) or its `match` holds. [`Self::plan`]
+    /// without the delta (no digest, no decimal): an event whose field the counter skips still
+    /// touches it, a read too many for a store reading ahead, never one too few.
+    pub(crate) fn touches(
+        &self,
+        event: &Event<'_>,
+        key: &mut Vec<u8>,
+        memo: &mut ScopeMemo,
+        read: bool,
+    ) -> bool {
+        (read || self.scope.holds(event, memo)) && encode_key(&self.dimensions, event, key)
+    }
+
     /// A `last` counter's value for `event` (its field, a scalar), owned for the store.
     pub(crate) fn last_value(&self, event: &Event<'_>) -> Option<LastValue> {
         Some(match event.field(self.field?) {

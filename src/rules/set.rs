@@ -250,6 +250,19 @@ impl RuleSet {
         self.active_counters[position].plan(event, key, memo)
     }
 
+    /// Whether `event` touches the window of the counter at active `position` (its key written
+    /// into `key`): what a store reading ahead lists. [`RuleSet::plan`] without the delta.
+    #[inline]
+    pub fn touches(
+        &self,
+        position: usize,
+        event: &Event<'_>,
+        key: &mut Vec<u8>,
+        memo: &mut ScopeMemo,
+    ) -> bool {
+        self.active_counters[position].touches(event, key, memo, self.read[position])
+    }
+
     /// Whether the key of the counter at active `position` for `event` includes `message_key`
     /// (the event's Kafka key) as one of its values: only that key's partition feeds it.
     #[inline]

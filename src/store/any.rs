@@ -87,8 +87,8 @@ impl CounterStore for AnyStore {
     fn prefetch_holds(&mut self, keys: &[(HoldSpace, Vec<u8>)]) -> Result<(), StoreError> {
         delegate!(self, s => s.prefetch_holds(keys))
     }
-    fn fetch_ahead(&self, key: &[u8]) {
-        delegate!(self, s => s.fetch_ahead(key))
+    fn fetch_ahead(&self, window: WindowId, key: &[u8]) {
+        delegate!(self, s => s.fetch_ahead(window, key))
     }
     fn set_origin(&mut self, origin: Option<InputPosition>) {
         delegate!(self, s => s.set_origin(origin))

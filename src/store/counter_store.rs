@@ -299,11 +299,11 @@ pub trait CounterStore {
     /// not counted again.
     fn set_origin(&mut self, _origin: Option<InputPosition>) {}
 
-    /// `key` is about to be counted or read: a store that keeps it in memory may start fetching
+    /// `key` of `window` is about to be counted or read: a store that keeps it in memory may start fetching
     /// it, so the misses of an event's several keys overlap instead of following one another.
     /// A hint only: nothing observable changes.
     #[inline]
-    fn fetch_ahead(&self, _key: &[u8]) {}
+    fn fetch_ahead(&self, _window: WindowId, _key: &[u8]) {}
 
     /// Whether other processes count into the same keys now (other workers of the group own
     /// partitions). A store keeping views of a shared store then reads a view another writer
@@ -332,7 +332,8 @@ pub trait CounterStore {
     }
 
     /// Loads the windows of `keys` that are not held locally, in as few round trips as
-    /// possible, ahead of the `apply` calls that will need them.
+    /// possible, ahead of the `apply` calls that will need them. Each key is best listed once
+    /// (`pipeline::Touched`): a repeat costs a lookup, never a second read.
     fn prefetch(&mut self, _keys: &[(WindowId, Vec<u8>)]) -> Result<(), StoreError> {
         Ok(())
     }

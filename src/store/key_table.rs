@@ -60,7 +60,7 @@ fn slots_for(keys: usize) -> usize {
 
 /// Asks for the cache line at `at` without waiting for it (a hint: never faults).
 #[inline]
-fn prefetch_line<T>(at: *const T) {
+pub(super) fn prefetch_line<T>(at: *const T) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};

@@ -621,7 +621,7 @@ impl CounterStore for MemoryStore {
     }
 
     #[inline]
-    fn fetch_ahead(&self, key: &[u8]) {
+    fn fetch_ahead(&self, _window: WindowId, key: &[u8]) {
         self.states.prefetch(key);
     }
 

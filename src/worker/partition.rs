@@ -13,14 +13,14 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 
 use super::shared::{stop_loops, PartitionKey, PartitionLoop, Polled, Worker};
 use crate::event::Event;
-use crate::pipeline::Engine;
+use crate::pipeline::{Engine, Touched};
 use crate::rules::{record, Action, EventSource, SkipReason};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
 use crate::store::{
     AnyStore, CounterStore, EarlyHoldReads, EarlyReader, EarlyReads, HoldSpace, InputPosition,
-    Journal, JournalError, PendingRead, StoreError, WindowId,
+    Journal, JournalError, PendingRead, StoreError,
 };
 use crate::telemetry::{
     ActionLabels, CodeLabels, CounterLabels, DirectionLabels, Metrics, ReasonLabels, RuleHitLabels,
@@ -445,7 +445,7 @@ impl Worker {
                 .alignment
                 .others_active(Instant::now(), super::alignment::wall_ms());
             engine.store_mut().set_shared(shared);
-            let (mut touched, mut touched_holds) = (Vec::new(), Vec::new());
+            let (mut touched, mut touched_holds) = (Touched::default(), Vec::new());
             let (early, early_holds) =
                 plan_early_reads(&mut engine, &events, &mut touched, &mut touched_holds);
             let generation = engine.rules_generation();
@@ -994,7 +994,7 @@ type EarlyHolds = (EarlyHoldReads, EarlyReader);
 fn plan_early_reads(
     engine: &mut Engine<AnyStore>,
     events: &Events<'_>,
-    touched: &mut Vec<(WindowId, Vec<u8>)>,
+    touched: &mut Touched,
     touched_holds: &mut Vec<(HoldSpace, Vec<u8>)>,
 ) -> (Option<EarlyWindows>, Option<EarlyHolds>) {
     if !matches!(engine.store(), AnyStore::Redis(_)) || !engine.store().prefetches() {
@@ -1007,7 +1007,7 @@ fn plan_early_reads(
     let AnyStore::Redis(store) = engine.store_mut() else {
         return (None, None);
     };
-    let windows = store.plan_early_reads(touched).and_then(|reads| {
+    let windows = store.plan_early_reads(touched.keys()).and_then(|reads| {
         let Some(reader) = store.early_reader() else {
             // Nothing to read them with: given back, the prefetch reads them.
             store.take_early_reads(
@@ -1026,7 +1026,7 @@ fn plan_early_reads(
 fn prefetch(
     engine: &mut Engine<AnyStore>,
     events: &Events<'_>,
-    mut touched: Vec<(WindowId, Vec<u8>)>,
+    mut touched: Touched,
     mut touched_holds: Vec<(HoldSpace, Vec<u8>)>,
 ) -> Result<(), StoreError> {
     if touched.is_empty() {
@@ -1034,7 +1034,7 @@ fn prefetch(
             engine.touched_keys(event, &mut touched);
         }
     }
-    engine.store_mut().prefetch(&touched)?;
+    engine.store_mut().prefetch(touched.keys())?;
     if touched_holds.is_empty() {
         for event in events.iter().flatten() {
             engine.touched_holds(event, &mut touched_holds);

@@ -645,7 +645,15 @@ impl<C: MonotonicClock> RedisStore<C> {
                 };
                 if held == 0 {
                     self.pending -= dirty.pending.len();
-                    dirty.inflight = std::mem::take(&mut dirty.pending);
+                    // A key counted often will be again as often: its next deltas get room for
+                    // as many at once, rather than doubling their way there (each doubling a
+                    // copy, and a large one fresh pages the kernel zeroes).
+                    let room = match dirty.pending.len() {
+                        sent if sent >= 16 => sent,
+                        _ => 0,
+                    };
+                    dirty.inflight =
+                        std::mem::replace(&mut dirty.pending, Vec::with_capacity(room));
                     dirty.inflight_oldest = dirty.pending_oldest.take();
                 } else if held == dirty.pending.len() || dirty.full {
                     if dirty.full || dirty.version.is_some() {

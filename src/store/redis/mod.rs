@@ -149,6 +149,9 @@ struct LocalBytes {
     every: Duration,
     /// The pass under way, if one is.
     pass: Option<DirtyPass>,
+    /// The most windows with unacknowledged deltas lately: the largest count a pass began
+    /// with, losing 1/32 at each pass (a pass every 100 ms at least).
+    dirty_peak: usize,
 }
 
 impl LocalBytes {
@@ -403,11 +406,16 @@ impl<C: MonotonicClock> RedisStore<C> {
             Some(pass) => pass,
             None if due => {
                 let dirty = &mut self.views.dirty;
+                let peak = &mut self.local_bytes.dirty_peak;
+                *peak = dirty.len().max(*peak - *peak / 32);
                 // A table that held an outage's keys keeps its allocation once they are
                 // flushed: give most of it back, so that an emptied table does not stay counted
-                // against the bound.
-                if dirty.capacity() > 1024 && dirty.len() < dirty.capacity() / 4 {
-                    dirty.shrink_to(dirty.len() * 2);
+                // against the bound. Not what the last flush emptied, though: its keys come
+                // back within the next interval, and growing the table again (rehashing, and
+                // first touching fresh pages) cost 5 % of a replay's time when it shrank to
+                // its emptiest each second.
+                if dirty.capacity() > 1024 && *peak < dirty.capacity() / 4 {
+                    dirty.shrink_to(*peak * 2);
                 }
                 DirtyPass::default()
             }
@@ -463,6 +471,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 .saturating_mul(50)
                 .max(LocalBytes::MIN_EVERY),
             pass: None,
+            dirty_peak: self.local_bytes.dirty_peak,
         };
     }
 
@@ -691,6 +700,11 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
 
     fn set_shared(&mut self, shared: bool) {
         self.views.shared = shared;
+    }
+
+    #[inline]
+    fn fetch_ahead(&self, window: WindowId, key: &[u8]) {
+        self.views.fetch_ahead(window, key);
     }
 
     fn count_ahead(&mut self, planned: &[Planned]) -> Result<(), StoreError> {
