@@ -58,7 +58,8 @@
 //! - [`rule_files`]: reads rule files and directories from disk.
 //! - [`pipeline`]: the only module that knows every stage. `engine`: [`pipeline::Engine`] runs
 //!   decode → plan → count → decide for one event, with the watermark of each input lane;
-//!   `judge`: one rule over one event; `replay`: [`pipeline::replay`] over a JSON-lines stream;
+//!   `judge`: one rule over one event; `touched`: the windows a batch touches, each listed
+//!   once, for the store's reads ahead; `replay`: [`pipeline::replay`] over a JSON-lines stream;
 //!   [`pipeline::backtest`]: the per-rule report, with [`pipeline::tuning`] (value percentiles,
 //!   top keys, labels, limit sweeps); [`pipeline::inspect`]: one key as the engine sees it (a
 //!   counter's window, a rule's hold and counters) and ending a hold — `vigil inspect`,

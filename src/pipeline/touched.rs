@@ -10,6 +10,11 @@ use crate::store::WindowId;
 /// a small table) spares the store looking each repeat up in its views, twice per batch with
 /// reads ahead, and spares a copy of the key.
 ///
+/// A window is known again by the 64-bit hash of its window and key (seeded per process), not by
+/// its bytes, so a repeat costs no look at the key listed before. Two keys of one batch with one
+/// hash would leave the second unlisted: it is then read when counted, as any key a prefetch
+/// missed is — slower, never wrong.
+///
 /// Cleared between batches, it keeps its buffers: after the first batches, listing a key
 /// allocates nothing.
 #[derive(Default)]
@@ -17,8 +22,8 @@ pub struct Touched {
     /// `keys[..len]` are the batch's; the buffers past `len` wait for reuse.
     keys: Vec<(WindowId, Vec<u8>)>,
     len: usize,
-    /// Positions in `keys`, by the hash of the window and key.
-    index: hashbrown::HashTable<u32>,
+    /// The hashes of the windows listed.
+    index: hashbrown::HashTable<u64>,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -40,20 +45,17 @@ impl Touched {
 
     /// Lists `key` of `window` unless it is listed already.
     pub fn insert(&mut self, window: WindowId, key: &[u8]) {
-        let hash = self.hash(window, key);
-        let keys = &self.keys;
-        if self
+        let hash = self.hasher.hash_one((window.0, key));
+        match self
             .index
-            .find(hash, |&at| {
-                let (w, k) = &keys[at as usize];
-                *w == window && k.as_slice() == key
-            })
-            .is_some()
+            .entry(hash, |&listed| listed == hash, |&listed| listed)
         {
-            return;
+            hashbrown::hash_table::Entry::Occupied(_) => return,
+            hashbrown::hash_table::Entry::Vacant(vacant) => {
+                vacant.insert(hash);
+            }
         }
-        let at = self.len;
-        match self.keys.get_mut(at) {
+        match self.keys.get_mut(self.len) {
             Some((w, k)) => {
                 *w = window;
                 k.clear();
@@ -62,21 +64,7 @@ impl Touched {
             None => self.keys.push((window, key.to_vec())),
         }
         self.len += 1;
-        let (keys, hasher) = (&self.keys, &self.hasher);
-        // A batch lists far fewer than 2^32 windows (its events are bounded in number).
-        self.index.insert_unique(hash, at as u32, |&at| {
-            let (w, k) = &keys[at as usize];
-            hash_of(hasher, *w, k)
-        });
     }
-
-    fn hash(&self, window: WindowId, key: &[u8]) -> u64 {
-        hash_of(&self.hasher, window, key)
-    }
-}
-
-fn hash_of(hasher: &foldhash::fast::RandomState, window: WindowId, key: &[u8]) -> u64 {
-    hasher.hash_one((window.0, key))
 }
 
 #[cfg(test)]
