@@ -412,7 +412,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 // flushed: give most of it back, so that an emptied table does not stay counted
                 // against the bound. Not what the last flush emptied, though: its keys come
                 // back within the next interval, and growing the table again (rehashing, and
-                // first touching fresh pages) cost 5 % of a replay's time when it shrank to
+                // first touching fresh pages) took ~5 % of a replay's samples when it shrank to
                 // its emptiest each second.
                 if dirty.capacity() > 1024 && *peak < dirty.capacity() / 4 {
                     dirty.shrink_to(*peak * 2);
