@@ -299,9 +299,9 @@ pub trait CounterStore {
     /// not counted again.
     fn set_origin(&mut self, _origin: Option<InputPosition>) {}
 
-    /// `key` of `window` is about to be counted or read: a store that keeps it in memory may start fetching
-    /// it, so the misses of an event's several keys overlap instead of following one another.
-    /// A hint only: nothing observable changes.
+    /// `key` of `window` is about to be counted or read: a store that keeps it in memory may
+    /// start fetching it, so the misses of an event's several keys overlap instead of following
+    /// one another. A hint only: nothing observable changes.
     #[inline]
     fn fetch_ahead(&self, _window: WindowId, _key: &[u8]) {}
 
