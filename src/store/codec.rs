@@ -25,16 +25,66 @@ pub(super) fn flat(value: redis::Value) -> Result<Vec<Vec<u8>>, StoreError> {
 }
 
 /// One counted observation Redis has not acknowledged.
+///
+/// A hot key collects thousands of these between flushes, so they are kept to 64 bytes: the
+/// delta is stored without `u128`'s 16-byte alignment (which made them 80).
 #[derive(Debug, Clone)]
 pub(super) struct Observation {
     pub(super) bucket: i64,
-    pub(super) delta: Delta,
+    delta: StoredDelta,
     pub(super) origin: Option<InputPosition>,
     /// A `last` window's event: its time and value.
     pub(super) last: Option<Arc<(i64, LastValue)>>,
 }
 
+const _: () = assert!(std::mem::size_of::<Observation>() == 64);
+
+/// [`Delta`] with a distinct value's digest as two words.
+#[derive(Debug, Clone, Copy)]
+enum StoredDelta {
+    Count,
+    Sum(i64),
+    Distinct([u64; 2]),
+    Extreme(i64),
+    Last,
+}
+
 impl Observation {
+    pub(super) fn new(
+        bucket: i64,
+        delta: Delta,
+        origin: Option<InputPosition>,
+        last: Option<Arc<(i64, LastValue)>>,
+    ) -> Observation {
+        let delta = match delta {
+            Delta::Count => StoredDelta::Count,
+            Delta::Sum(micros) => StoredDelta::Sum(micros),
+            Delta::Distinct(digest) => {
+                StoredDelta::Distinct([digest as u64, (digest >> 64) as u64])
+            }
+            Delta::Extreme(micros) => StoredDelta::Extreme(micros),
+            Delta::Last => StoredDelta::Last,
+        };
+        Observation {
+            bucket,
+            delta,
+            origin,
+            last,
+        }
+    }
+
+    pub(super) fn delta(&self) -> Delta {
+        match self.delta {
+            StoredDelta::Count => Delta::Count,
+            StoredDelta::Sum(micros) => Delta::Sum(micros),
+            StoredDelta::Distinct([low, high]) => {
+                Delta::Distinct(u128::from(low) | (u128::from(high) << 64))
+            }
+            StoredDelta::Extreme(micros) => Delta::Extreme(micros),
+            StoredDelta::Last => Delta::Last,
+        }
+    }
+
     /// Applies the observation to `state` (a window rebuilt from Redis and the pending deltas).
     pub(super) fn apply_to(&self, state: &mut WindowState, spec: &WindowSpec) -> Applied {
         match &self.last {
@@ -43,7 +93,7 @@ impl Observation {
                     .apply_last(spec, self.bucket, last.0, last.1.clone())
                     .0
             }
-            None => state.apply(spec, self.bucket, self.delta),
+            None => state.apply(spec, self.bucket, self.delta()),
         }
     }
 }
@@ -487,7 +537,7 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
     } else {
         for o in deltas {
             call.int(o.bucket);
-            match o.delta {
+            match o.delta() {
                 Delta::Count => call.int(1),
                 Delta::Sum(micros) => call.int(micros),
                 Delta::Distinct(value) => call.arg(&value.to_le_bytes()),
@@ -600,7 +650,7 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
                 let mut digests: smallvec::SmallVec<[u128; 4]> = deltas
                     .iter()
                     .filter_map(|o| {
-                        if let Delta::Distinct(v) = o.delta {
+                        if let Delta::Distinct(v) = o.delta() {
                             Some(v)
                         } else {
                             None

@@ -119,12 +119,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             };
             let Some(at) = at else { continue };
             let bucket = self.windows.spec(p.window.0).bucket_of(p.ts_ms);
-            keys[at].1.push(Observation {
-                bucket,
-                delta: p.delta,
-                last: None,
-                origin: Some(p.origin),
-            });
+            keys[at]
+                .1
+                .push(Observation::new(bucket, p.delta, Some(p.origin), None));
         }
         if keys.is_empty() {
             return Ok(());
@@ -176,9 +173,9 @@ impl<C: MonotonicClock> RedisStore<C> {
                 for o in &observed {
                     let Some(origin) = o.origin else { continue };
                     if codec::replayed(&prior_offsets, Some(origin))
-                        && state.take_back(&spec, o.bucket, o.delta)
+                        && state.take_back(&spec, o.bucket, o.delta())
                     {
-                        taken_back.push((origin, o.bucket, o.delta));
+                        taken_back.push((origin, o.bucket, o.delta()));
                     }
                 }
                 self.stats.taken_back += taken_back.len() as u64;

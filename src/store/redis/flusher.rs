@@ -645,15 +645,19 @@ impl<C: MonotonicClock> RedisStore<C> {
                 };
                 if held == 0 {
                     self.pending -= dirty.pending.len();
-                    // A key counted often will be again as often: its next deltas get room for
-                    // as many at once, rather than doubling their way there (each doubling a
-                    // copy, and a large one fresh pages the kernel zeroes).
-                    let room = match dirty.pending.len() {
-                        sent if sent >= 16 => sent,
-                        _ => 0,
-                    };
-                    dirty.inflight =
-                        std::mem::replace(&mut dirty.pending, Vec::with_capacity(room));
+                    // A key counted often will be again as often: its next deltas go into the
+                    // list the last flush sent, emptied when Redis acknowledged it, or into one
+                    // with room for as many — not into a fresh one doubling its way there (each
+                    // doubling a copy, and a large one fresh pages the kernel zeroes). A list
+                    // far larger than this flush needed is let go.
+                    let sent = dirty.pending.len();
+                    debug_assert!(dirty.inflight.is_empty(), "a key is in one flush at a time");
+                    std::mem::swap(&mut dirty.inflight, &mut dirty.pending);
+                    let room = if sent >= 16 { sent } else { 0 };
+                    let spare = dirty.pending.capacity();
+                    if spare < room || spare > 2 * sent.max(16) {
+                        dirty.pending = Vec::with_capacity(room);
+                    }
                     dirty.inflight_oldest = dirty.pending_oldest.take();
                 } else if held == dirty.pending.len() || dirty.full {
                     if dirty.full || dirty.version.is_some() {
@@ -1090,6 +1094,9 @@ impl<C: MonotonicClock> RedisStore<C> {
         } else {
             let mut again = Dirty::new(state, version, base_head, refreshed, offsets);
             again.pending = dirty.pending;
+            // Emptied, it takes the next flush's deltas (see `build_some`).
+            again.inflight = dirty.inflight;
+            again.inflight.clear();
             again.pending_oldest = dirty.pending_oldest;
             self.views.dirty.insert(key, again);
         }

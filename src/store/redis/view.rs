@@ -1058,12 +1058,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             key,
         };
         let last = last.map(|value| Arc::new((ts_ms, value)));
-        let observation = Observation {
-            bucket,
-            delta,
-            origin: self.origin,
-            last: last.clone(),
-        };
+        let observation = Observation::new(bucket, delta, self.origin, last.clone());
         let origin = observation.origin;
         let apply = |state: &mut WindowState| match &last {
             Some(last) => state.apply_last(&spec, bucket, last.0, last.1.clone()),
