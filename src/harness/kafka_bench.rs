@@ -166,9 +166,10 @@ struct Pace<'a> {
 struct Paced {
     /// Read time minus send time of every record read back, µs, sorted.
     latencies_us: Vec<i64>,
-    /// The p50 of those latencies per second of the phase (by send time), in ms: shows whether
-    /// a queue grows or drains while the phase runs.
-    p50_by_second_ms: Vec<f64>,
+    /// The p50 and the max of those latencies per second of the phase (by send time), in ms:
+    /// the p50s show whether a queue grows or drains while the phase runs, the maxima when a
+    /// stall happened.
+    by_second_ms: Vec<(f64, f64)>,
     /// Send time minus due time of every event, µs, sorted.
     slip_us: Vec<i64>,
     /// Events per second actually sent, first send to last.
@@ -282,11 +283,15 @@ fn paced(
         latencies_us.push(latency);
     }
     latencies_us.sort_unstable();
-    let p50_by_second_ms = by_second
+    let by_second_ms = by_second
         .iter_mut()
         .map(|second| {
             second.sort_unstable();
-            percentile(second, 0.50) as f64 / 1000.0
+            let max = second.last().copied().unwrap_or(0);
+            (
+                percentile(second, 0.50) as f64 / 1000.0,
+                max as f64 / 1000.0,
+            )
         })
         .collect();
     let span_secs = match (sent_us.first(), sent_us.last()) {
@@ -300,7 +305,7 @@ fn paced(
     };
     Ok(Paced {
         latencies_us,
-        p50_by_second_ms,
+        by_second_ms,
         slip_us,
         sent_rate,
         late_start_ms: begin - start,
@@ -1053,15 +1058,24 @@ impl LatencyPhase<'_> {
             ms(e2e.last().copied().unwrap_or(0)),
         )
         .map_err(|e| e.to_string())?;
-        let by_second: Vec<String> = end_to_end
-            .p50_by_second_ms
-            .iter()
-            .map(|p50| format!("{p50:.1}"))
-            .collect();
+        let by_second = |pick: fn(&(f64, f64)) -> f64| -> String {
+            let values: Vec<String> = end_to_end
+                .by_second_ms
+                .iter()
+                .map(|second| format!("{:.1}", pick(second)))
+                .collect();
+            values.join(" ")
+        };
         writeln!(
             out,
             "                   p50 per second of the phase (ms): {}",
-            by_second.join(" ")
+            by_second(|second| second.0)
+        )
+        .map_err(|e| e.to_string())?;
+        writeln!(
+            out,
+            "                   max per second of the phase (ms): {}",
+            by_second(|second| second.1)
         )
         .map_err(|e| e.to_string())?;
         writeln!(
