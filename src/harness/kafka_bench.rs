@@ -1178,8 +1178,8 @@ fn side_by_side(worker: &ThroughWorker, echo: &Paced, out: &mut impl Write) -> R
 const STAGES: &str = "vigil_processing_stage_seconds";
 
 /// Where the partition batches' time went between two snapshots of the workers' metrics, by
-/// stage (`vigil_processing_stage_seconds`): each stage's share of the batches' time, its mean
-/// and p50 / p99 per batch; and the batches' sizes.
+/// stage (`vigil_processing_stage_seconds`): each stage's share of the batches' time, its mean,
+/// p50, p99 and max per batch; and the batches' sizes.
 fn write_stages(before: &[String], after: &[String], out: &mut impl Write) -> Result<(), String> {
     let phase = |name: &str, label: &str| {
         let buckets = after
@@ -1212,7 +1212,7 @@ fn write_stages(before: &[String], after: &[String], out: &mut impl Write) -> Re
     }
     writeln!(
         out,
-        "  batch stages     {batches} batches of {:.0} messages on average (p50 {:.0}, p99 {:.0}); share of their time, mean / p50 / p99 per batch in ms ({STAGES}):",
+        "  batch stages     {batches} batches of {:.0} messages on average (p50 {:.0}, p99 {:.0}); share of their time, mean / p50 / p99 / max per batch in ms (the max as its histogram bucket's upper bound; {STAGES}):",
         messages / batches as f64,
         sizes.quantile(0.5).unwrap_or(0.0),
         sizes.quantile(0.99).unwrap_or(0.0),
@@ -1223,11 +1223,12 @@ fn write_stages(before: &[String], after: &[String], out: &mut impl Write) -> Re
         .map(|(stage, buckets, sum)| {
             let q = |q: f64| buckets.quantile(q).unwrap_or(0.0) * 1000.0;
             format!(
-                "{stage} {:.0} % {:.2}/{:.2}/{:.2}",
+                "{stage} {:.0} % {:.2}/{:.2}/{:.2}/{:.1}",
                 100.0 * sum / total,
                 1000.0 * sum / batches as f64,
                 q(0.5),
-                q(0.99)
+                q(0.99),
+                q(1.0)
             )
         })
         .collect();
