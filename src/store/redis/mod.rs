@@ -413,8 +413,14 @@ impl<C: MonotonicClock> RedisStore<C> {
                 // against the bound. Not what the last flush emptied, though: its keys come
                 // back within the next interval, and growing the table again (rehashing, and
                 // first touching fresh pages) took ~5 % of a replay's samples when it shrank to
-                // its emptiest each second.
-                if dirty.capacity() > 1024 && *peak < dirty.capacity() / 4 {
+                // its emptiest each second. Nor as soon as the peak has fallen a little: a
+                // shrink moves the table into a new one whose pages the kernel zeroes as they
+                // are first touched, under the engine lock. Shrinking at a quarter, as the peak
+                // decayed after a backlog, stalled every partition for 64-365 ms at a time (the
+                // views inline, 280 bytes a slot); at a sixteenth it happens a few times as
+                // rarely, into a table at most an eighth of the old one, and an empty slot
+                // left counted meanwhile weighs 48 bytes (the views boxed).
+                if dirty.capacity() > 1024 && *peak < dirty.capacity() / 16 {
                     dirty.shrink_to(*peak * 2);
                 }
                 DirtyPass::default()
@@ -451,7 +457,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let finishing = Instant::now();
         let dirty = &self.views.dirty;
         // The table's slots (an entry and a control byte each), then what each entry owns.
-        let entries = dirty.capacity() * (size_of::<(StoredKey, view::Dirty)>() + 1);
+        let entries = dirty.capacity() * (size_of::<(StoredKey, Box<view::Dirty>)>() + 1);
         let owned = match pass.seen {
             0 => 0,
             seen => pass.owned.saturating_mul(dirty.len()) / seen,

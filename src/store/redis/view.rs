@@ -20,8 +20,9 @@ use crate::window::{Aggregate, Applied, Delta, LastValue, WindowSpec, WindowStat
 /// This process's views of windows.
 pub(super) struct Views {
     /// Keys with unacknowledged deltas. Never evicted: nothing counted is dropped before Redis
-    /// has acknowledged it.
-    pub(super) dirty: HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
+    /// has acknowledged it. Each view is boxed, so that the table itself stays small: see
+    /// `RedisStore::measure_local_bytes`, which shrinks it under the engine lock.
+    pub(super) dirty: HashMap<StoredKey, Box<Dirty>, foldhash::fast::RandomState>,
     /// Clean windows as Redis last returned them: a bounded, time-to-idle read cache.
     pub(super) cache: CleanViews,
     /// Keys the batch being counted counts ahead (see `ahead.rs`).
@@ -51,6 +52,9 @@ pub(super) enum CacheCheck<'s> {
     Record(&'s mut hashbrown::HashSet<u64, foldhash::fast::RandomState>),
     Trust(&'s hashbrown::HashSet<u64, foldhash::fast::RandomState>),
 }
+
+// A slot of the dirty table, as `RedisStore::measure_local_bytes` counts it.
+const _: () = assert!(size_of::<(StoredKey, Box<Dirty>)>() == 48);
 
 impl Views {
     /// Views whose clean windows take at most `cache_bytes` (estimated) and number at most
@@ -134,7 +138,7 @@ impl Views {
             key,
         };
         if let Some(dirty) = self.dirty.get(&lookup) {
-            let at = std::ptr::from_ref(dirty).cast::<u8>();
+            let at = std::ptr::from_ref::<Dirty>(dirty).cast::<u8>();
             for line in 0..size_of::<Dirty>().div_ceil(64) {
                 prefetch_line(at.wrapping_add(line * 64));
             }
@@ -634,7 +638,7 @@ impl CleanViews {
     /// Moves the windows read for the last batch into the cache, but for those it made dirty.
     pub(super) fn settle(
         &mut self,
-        dirty: &HashMap<StoredKey, Dirty, foldhash::fast::RandomState>,
+        dirty: &HashMap<StoredKey, Box<Dirty>, foldhash::fast::RandomState>,
     ) {
         for (key, cached) in self.loaded.drain() {
             if !dirty.contains_key(&key) {
@@ -656,7 +660,8 @@ pub(super) fn cached_bytes(key: &StoredKey, cached: &Cached) -> usize {
 /// Estimated heap bytes of a key with deltas Redis has not acknowledged (the key's and the
 /// window's, the observations kept for it).
 pub(super) fn dirty_heap_bytes(key: &StoredKey, dirty: &Dirty) -> usize {
-    key.key.heap_bytes()
+    size_of::<Dirty>()
+        + key.key.heap_bytes()
         + dirty.state.heap_bytes()
         + offsets_heap_bytes(&dirty.offsets)
         + (dirty.inflight.capacity() + dirty.pending.capacity()) * size_of::<Observation>()
@@ -1106,7 +1111,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                             let mut dirty =
                                 Dirty::new(state, version, base_head, refreshed, offsets);
                             dirty.push(observation, index);
-                            self.views.dirty.insert(stored, dirty);
+                            self.views.dirty.insert(stored, Box::new(dirty));
                         } else {
                             // Late: the window did not change; it stays the clean view.
                             self.views.cache.load(
@@ -1134,7 +1139,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                                 window: window.0,
                                 key: KeyBytes::new(key),
                             },
-                            dirty,
+                            Box::new(dirty),
                         );
                         ((applied, previous), true, true)
                     }
