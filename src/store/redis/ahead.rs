@@ -314,7 +314,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 // Written again in full with the next flush, as `reseed` does for every view.
                 let mut dirty = Dirty::new(ahead.state, Some(0), None, None, ahead.counted);
                 dirty.rewrite();
-                self.views.dirty.insert(key, Box::new(dirty));
+                self.views.dirty.insert(key, dirty);
             } else if ahead.remaining == 0 {
                 let cached = Cached {
                     state: ahead.state,

@@ -136,7 +136,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 cached.offsets.clone(),
             );
             dirty.rewrite();
-            self.views.dirty.insert(key, Box::new(dirty));
+            self.views.dirty.insert(key, dirty);
             count += 1;
         }
         self.raise_holds_again();

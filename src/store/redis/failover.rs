@@ -123,7 +123,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             dirty.base_unknown = base_unknown;
             dirty.pending = again;
             dirty.pending_oldest = Some(index);
-            self.views.dirty.insert(key, Box::new(dirty));
+            self.views.dirty.insert(key, dirty);
         }
         for dirty in self.views.dirty.values_mut() {
             dirty.version = None;

@@ -1098,7 +1098,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             again.inflight = dirty.inflight;
             again.inflight.clear();
             again.pending_oldest = dirty.pending_oldest;
-            self.views.dirty.insert(key, Box::new(again));
+            self.views.dirty.insert(key, again);
         }
         result.map(|()| true)
     }

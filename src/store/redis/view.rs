@@ -745,15 +745,16 @@ pub(super) struct Dirty {
 
 impl Dirty {
     /// A key with `pending` observations (the oldest counted as `pending_oldest`) over a view of
-    /// Redis at `version`, nothing in flight.
+    /// Redis at `version`, nothing in flight. Boxed, as the dirty table holds it (see
+    /// [`Views::dirty`]).
     pub(super) fn new(
         state: WindowState,
         version: Option<u64>,
         base_head: Option<i64>,
         refreshed: Option<Instant>,
         offsets: Offsets,
-    ) -> Dirty {
-        Dirty {
+    ) -> Box<Dirty> {
+        Box::new(Dirty {
             state,
             version,
             base_head,
@@ -767,7 +768,7 @@ impl Dirty {
             pending_oldest: None,
             base_unknown: false,
             full: false,
-        }
+        })
     }
 
     pub(super) fn push(&mut self, observation: Observation, index: u64) {
@@ -1111,7 +1112,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                             let mut dirty =
                                 Dirty::new(state, version, base_head, refreshed, offsets);
                             dirty.push(observation, index);
-                            self.views.dirty.insert(stored, Box::new(dirty));
+                            self.views.dirty.insert(stored, dirty);
                         } else {
                             // Late: the window did not change; it stays the clean view.
                             self.views.cache.load(
@@ -1139,7 +1140,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                                 window: window.0,
                                 key: KeyBytes::new(key),
                             },
-                            Box::new(dirty),
+                            dirty,
                         );
                         ((applied, previous), true, true)
                     }
