@@ -75,7 +75,9 @@ pub(super) fn prefetch_line<T>(at: *const T) {
 /// Asks the kernel to back a large table (`count` items from `start`), before its pages are
 /// first touched, with huge pages: lookups land at random across hundreds of megabytes, and with
 /// 4 KiB pages nearly every one also missed the TLB (measured: 3–12 % of a replay on the shipped
-/// rules). A hint: where transparent huge pages are off, or the call fails, nothing changes.
+/// rules). A hint: where transparent huge pages are off (the `vigil` binary turns them off for its
+/// process unless asked: in a VM a fresh huge page can cost more to fault in than its TLB misses
+/// save), or the call fails, nothing changes.
 fn advise_huge_pages<T>(start: *mut T, count: usize) {
     #[cfg(target_os = "linux")]
     {
