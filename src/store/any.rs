@@ -1,8 +1,8 @@
 //! The store a command was configured with, in process or Redis, behind one type.
 
 use super::counter_store::{
-    BatchSeal, CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats,
-    StoreError, WindowId,
+    BatchSeal, CounterStore, Deferred, HoldSpace, InputPosition, Inspected, Observed, Planned,
+    StateStats, StoreError, WindowId,
 };
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
@@ -143,6 +143,9 @@ impl CounterStore for AnyStore {
     }
     fn seal_batch(&mut self) -> BatchSeal {
         delegate!(self, s => s.seal_batch())
+    }
+    fn seal_batch_deferring(&mut self) -> (BatchSeal, Deferred) {
+        delegate!(self, s => s.seal_batch_deferring())
     }
     fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {
         delegate!(self, s => s.discard_batch(lane, since))

@@ -94,6 +94,48 @@ pub struct Planned {
     pub follows_message_key: bool,
 }
 
+/// Work a store leaves to the caller for once the engine is released
+/// ([`CounterStore::seal_batch_deferring`]), so that other partitions are not kept waiting for
+/// it. Dropped without being run, it runs then.
+#[must_use = "the work runs when this is run or dropped"]
+#[derive(Default)]
+pub struct Deferred(Option<Box<dyn FnOnce() + Send>>);
+
+impl Deferred {
+    /// Nothing to do.
+    pub fn none() -> Deferred {
+        Deferred(None)
+    }
+
+    pub fn new(work: impl FnOnce() + Send + 'static) -> Deferred {
+        Deferred(Some(Box::new(work)))
+    }
+
+    pub fn run(mut self) {
+        if let Some(work) = self.0.take() {
+            work();
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            work();
+        }
+    }
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Deferred(work)"
+        } else {
+            "Deferred(none)"
+        })
+    }
+}
+
 /// A counted batch whose records are being journaled ([`CounterStore::seal_batch`]): what it
 /// counted stays out of the shared store until [`BatchSeal::journaled`] is called or the seal
 /// is dropped. Taking the batch back instead is [`CounterStore::discard_batch`], under the store.
@@ -396,6 +438,12 @@ pub trait CounterStore {
     /// [`BatchSeal::journaled`] (or dropped): flushes meanwhile send everything else.
     fn seal_batch(&mut self) -> BatchSeal {
         BatchSeal::none()
+    }
+
+    /// [`CounterStore::seal_batch`], leaving what needs no engine (caching the windows the
+    /// batch read, with Redis) to the caller, to run once it has released the engine.
+    fn seal_batch_deferring(&mut self) -> (BatchSeal, Deferred) {
+        (self.seal_batch(), Deferred::none())
     }
 
     /// Takes back what `lane`'s batch (begun, sealed or not, and not journaled) counted at

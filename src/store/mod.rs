@@ -27,8 +27,8 @@ mod scripts;
 pub use any::AnyStore;
 pub use codec::decode_untrusted;
 pub use counter_store::{
-    BatchSeal, CounterStore, HoldSpace, InputPosition, Inspected, Observed, Planned, StateStats,
-    StoreError, WindowId,
+    BatchSeal, CounterStore, Deferred, HoldSpace, InputPosition, Inspected, Observed, Planned,
+    StateStats, StoreError, WindowId,
 };
 pub use journal::{Journal, JournalError, JournalReply, JournalWrite, JournalWriter};
 /// Lower-case hex, as Redis key names write digests (the Redis benchmark names its keys alike).

@@ -19,8 +19,8 @@ use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
 use crate::store::{
-    AnyStore, CounterStore, EarlyHoldReads, EarlyReader, EarlyReads, HoldSpace, InputPosition,
-    Journal, JournalError, PendingRead, StoreError,
+    AnyStore, CounterStore, Deferred, EarlyHoldReads, EarlyReader, EarlyReads, HoldSpace,
+    InputPosition, Journal, JournalError, PendingRead, StoreError,
 };
 use crate::telemetry::{
     ActionLabels, CodeLabels, CounterLabels, DirectionLabels, Metrics, ReasonLabels, RuleHitLabels,
@@ -92,6 +92,8 @@ struct Judged<'m> {
     judged_as_held: u64,
     /// The record being written, its buffer reused across the batch.
     record: Vec<u8>,
+    /// What the store left for after the handover (see `seal_batch_deferring`).
+    settle: Deferred,
 }
 
 type Events<'m> = Vec<Result<Event<'m>, Rejection>>;
@@ -403,6 +405,7 @@ impl Worker {
         self.send_outputs(judged.outputs, progress);
         stopwatch.lap(Stage::Handover);
         stopwatch.observe(&self.metrics.stages);
+        judged.settle.run();
         if judged.processed > 0 {
             progress.processed(messages[judged.processed - 1].offset(), mark);
         }
@@ -531,7 +534,9 @@ impl Worker {
         self.export_counter_counts(&mut engine);
         // The journal is written without the engine: other partitions count meanwhile, and
         // flushes hold back what this batch counted until the seal says it is journaled.
-        let seal = engine.store_mut().seal_batch();
+        // Caching the windows the batch read waits until the records are handed over.
+        let seal;
+        (seal, judged.settle) = engine.store_mut().seal_batch_deferring();
         if let Err(e) = engine.store_mut().tick() {
             judged.failure.get_or_insert(e);
         }

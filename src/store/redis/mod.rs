@@ -70,8 +70,8 @@ pub use early::{EarlyReader, EarlyReads, PendingRead};
 pub use holds::EarlyHoldReads;
 
 use super::counter_store::{
-    BatchSeal, CounterStore, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed, Planned,
-    StateStats, StoreError, WindowId, Windows,
+    BatchSeal, CounterStore, Deferred, HoldSpace, HoldSpaces, InputPosition, Inspected, Observed,
+    Planned, StateStats, StoreError, WindowId, Windows,
 };
 use super::keys::{KeyRef, StoredKey};
 use super::link::{unavailable, Batch, Link, SentinelTarget, Target, Timeouts, Topology};
@@ -798,6 +798,15 @@ impl<C: MonotonicClock> CounterStore for RedisStore<C> {
 
     fn seal_batch(&mut self) -> BatchSeal {
         self.seal_open_batch()
+    }
+
+    fn seal_batch_deferring(&mut self) -> (BatchSeal, Deferred) {
+        let settle = self.views.cache.settle_later(&self.views.dirty);
+        let seal = self.seal_open_batch();
+        (
+            seal,
+            settle.map_or_else(Deferred::none, |job| Deferred::new(move || job.run())),
+        )
     }
 
     fn discard_batch(&mut self, lane: u64, since: i64) -> Result<(), StoreError> {

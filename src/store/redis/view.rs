@@ -90,6 +90,7 @@ impl Views {
                 recent: Tallied::default(),
                 aging: Tallied::default(),
                 aging_pace: None,
+                settling: Vec::new(),
                 watchers: 0,
                 touched: Default::default(),
                 generation: 0,
@@ -220,6 +221,9 @@ pub(super) struct CleanViews {
     aging: Tallied,
     /// How `aging` is spread over ticks (see `slices`).
     aging_pace: Option<Slices>,
+    /// Windows sealed batches read, on their way to `cache` without the engine ([`Settling`]),
+    /// oldest first.
+    settling: Vec<Arc<Settling>>,
     /// Early reads out (see `early.rs`): while there are some, `touched` records every key
     /// whose clean view was taken in, replaced or dropped.
     watchers: u32,
@@ -236,6 +240,7 @@ pub(super) struct CleanViews {
 /// compared, through its `Arc`, at every bucket its table probes); the set answers with one or
 /// two. A hash in the set says "maybe" (moka may have dropped the key a moment ago, or another
 /// key has the same hash): whoever needs the view itself asks moka.
+#[derive(Clone)]
 struct Cache {
     moka: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     presence: Arc<Presence>,
@@ -412,6 +417,7 @@ impl CleanViews {
             .get(key)
             .or_else(|| self.recent.get(key))
             .or_else(|| self.aging.get(key))
+            .or_else(|| self.settling_view(key))
         {
             Some(view) => Some(Arc::clone(view)),
             None => self.cache.get(key),
@@ -430,6 +436,24 @@ impl CleanViews {
         self.loaded.contains_key(key)
             || self.recent.contains_key(key)
             || self.aging.contains_key(key)
+            || self.settling_view(key).is_some()
+    }
+
+    /// `key`'s view in a sealed batch's windows on their way to the cache, unless retired (the
+    /// newest batch first).
+    fn settling_view<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> Option<&Arc<Cached>> {
+        self.settling.iter().rev().find_map(|batch| batch.view(key))
+    }
+
+    /// `key`'s view changes (or goes): whatever a sealed batch still has on its way to the cache
+    /// for it must not get there.
+    fn retire<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) {
+        for batch in &self.settling {
+            batch.retire(key);
+        }
     }
 
     /// Whether there may be a clean view of `key`, without asking moka: a key it holds is
@@ -446,6 +470,7 @@ impl CleanViews {
     /// A window as Redis returned it now, to the cache.
     pub(super) fn insert(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.record(&key);
+        self.retire(&key);
         self.loaded.remove(&key);
         self.recent.remove(&key);
         self.aging.remove(&key);
@@ -456,6 +481,7 @@ impl CleanViews {
     /// until the next flush comes back.
     pub(super) fn acknowledged(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.record(&key);
+        self.retire(&key);
         self.loaded.remove(&key);
         self.aging.remove(&key);
         self.recent.insert(key, cached);
@@ -560,6 +586,7 @@ impl CleanViews {
     /// A window read for the batch being counted.
     pub(super) fn load(&mut self, key: StoredKey, cached: Arc<Cached>) {
         self.record(&key);
+        self.retire(&key);
         self.recent.remove(&key);
         self.aging.remove(&key);
         self.loaded.insert(key, cached);
@@ -580,6 +607,7 @@ impl CleanViews {
         &mut self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
+        self.retire(key);
         self.loaded
             .remove(key)
             .or_else(|| self.recent.remove(key))
@@ -588,6 +616,7 @@ impl CleanViews {
 
     pub(super) fn invalidate(&mut self, key: &StoredKey) {
         self.record(key);
+        self.retire(key);
         self.loaded.remove(key);
         self.recent.remove(key);
         self.aging.remove(key);
@@ -600,7 +629,15 @@ impl CleanViews {
         self.recent.clear();
         self.aging.clear();
         self.aging_pace = None;
+        self.retire_settling();
         self.cache.invalidate_all();
+    }
+
+    /// Nothing sealed batches still have on their way to the cache gets there.
+    fn retire_settling(&mut self) {
+        for batch in self.settling.drain(..) {
+            batch.retire_all();
+        }
     }
 
     /// Every clean view, emptying them all.
@@ -613,6 +650,10 @@ impl CleanViews {
             .iter()
             .map(|(key, cached)| ((*key).clone(), cached))
             .collect();
+        for batch in &self.settling {
+            newest.extend(batch.live_views());
+        }
+        self.retire_settling();
         newest.extend(self.aging.drain());
         newest.extend(self.recent.drain());
         newest.extend(self.loaded.drain());
@@ -623,7 +664,9 @@ impl CleanViews {
     }
 
     pub(super) fn entry_count(&self) -> u64 {
-        (self.loaded.len() + self.recent.len() + self.aging.len()) as u64 + self.cache.entry_count()
+        let settling: usize = self.settling.iter().map(|batch| batch.views.len()).sum();
+        (self.loaded.len() + self.recent.len() + self.aging.len() + settling) as u64
+            + self.cache.entry_count()
     }
 
     /// Estimated bytes of the clean views: the cache's (with its set of hashes) and those beside
@@ -631,8 +674,40 @@ impl CleanViews {
     pub(super) fn bytes(&self) -> usize {
         // Evictions the cache still owes, so that its charge is within its bound.
         self.cache.run_pending_tasks();
-        let beside = self.loaded.bytes + self.recent.bytes + self.aging.bytes;
+        let settling: usize = self.settling.iter().map(|batch| batch.bytes).sum();
+        let beside = self.loaded.bytes + self.recent.bytes + self.aging.bytes + settling;
         beside.saturating_add(self.cache.bytes())
+    }
+
+    /// Hands the windows read for the sealed batch, but for those it made dirty, to a job that
+    /// puts them in the cache without the engine ([`Settling`]); `None` if there are none.
+    pub(super) fn settle_later(
+        &mut self,
+        dirty: &HashMap<StoredKey, Box<Dirty>, foldhash::fast::RandomState>,
+    ) -> Option<SettleJob> {
+        self.settling.retain(|batch| !batch.done());
+        let mut views = HashMap::with_capacity_and_hasher(self.loaded.len(), Default::default());
+        let mut bytes = 0;
+        for (key, cached) in self.loaded.drain() {
+            if !dirty.contains_key(&key) {
+                bytes += cached_bytes(&key, &cached);
+                views.insert(key, cached);
+            }
+        }
+        if views.is_empty() {
+            return None;
+        }
+        let settling = Arc::new(Settling {
+            views,
+            bytes,
+            retired: Default::default(),
+            done: Default::default(),
+        });
+        self.settling.push(Arc::clone(&settling));
+        Some(SettleJob {
+            settling: Some(settling),
+            cache: self.cache.clone(),
+        })
     }
 
     /// Moves the windows read for the last batch into the cache, but for those it made dirty.
@@ -640,11 +715,118 @@ impl CleanViews {
         &mut self,
         dirty: &HashMap<StoredKey, Box<Dirty>, foldhash::fast::RandomState>,
     ) {
+        self.settling.retain(|batch| !batch.done());
         for (key, cached) in self.loaded.drain() {
             if !dirty.contains_key(&key) {
                 self.cache.insert(key, cached);
             }
         }
+    }
+}
+
+/// The windows a sealed batch read and did not count into, on their way to the moka cache.
+///
+/// A moka insert costs microseconds (its maps, its eviction bookkeeping, a key lock while an
+/// eviction listener is set), a batch of a cold workload reads thousands of windows, and every
+/// other partition waits for the engine while they are inserted: so the batch's partition
+/// inserts them once it has released the engine ([`SettleJob`]). Meanwhile lookups find them
+/// here. A key whose view changes or goes in between (read again, brought back by a flush,
+/// counted into, dropped) is retired and never inserted, so the cache never takes a window after
+/// a newer one of its key, nor one dropped since.
+pub(super) struct Settling {
+    views: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
+    /// The views' estimated bytes (`cached_bytes`).
+    bytes: usize,
+    /// Held while the job checks a key and inserts it, and while a key is retired: the two never
+    /// interleave.
+    retired: std::sync::Mutex<Retired>,
+    /// The job is over.
+    done: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Retired {
+    all: bool,
+    keys: hashbrown::HashSet<StoredKey, foldhash::fast::RandomState>,
+}
+
+impl Settling {
+    fn retired(&self) -> std::sync::MutexGuard<'_, Retired> {
+        // Nothing panics while holding it.
+        self.retired.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn view<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &self,
+        key: &Q,
+    ) -> Option<&Arc<Cached>> {
+        let (stored, view) = self.views.get_key_value(key)?;
+        let retired = self.retired();
+        (!retired.all && !retired.keys.contains(stored)).then_some(view)
+    }
+
+    fn retire<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) {
+        if let Some((stored, _)) = self.views.get_key_value(key) {
+            self.retired().keys.insert(stored.clone());
+        }
+    }
+
+    fn retire_all(&self) {
+        self.retired().all = true;
+    }
+
+    /// The views not retired.
+    fn live_views(&self) -> Vec<(StoredKey, Arc<Cached>)> {
+        let retired = self.retired();
+        if retired.all {
+            return Vec::new();
+        }
+        self.views
+            .iter()
+            .filter(|(key, _)| !retired.keys.contains(*key))
+            .map(|(key, view)| (key.clone(), Arc::clone(view)))
+            .collect()
+    }
+
+    fn done(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Puts a sealed batch's windows in the cache ([`Settling`]): run without the engine. Dropped
+/// without being run, it runs then.
+pub(super) struct SettleJob {
+    settling: Option<Arc<Settling>>,
+    cache: Cache,
+}
+
+impl SettleJob {
+    pub fn run(mut self) {
+        self.insert_all();
+    }
+
+    fn insert_all(&mut self) {
+        let Some(settling) = self.settling.take() else {
+            return;
+        };
+        for (key, view) in &settling.views {
+            let retired = settling.retired();
+            if retired.all {
+                break;
+            }
+            if !retired.keys.contains(key) {
+                self.cache.insert(key.clone(), Arc::clone(view));
+            }
+        }
+        settling
+            .done
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for SettleJob {
+    fn drop(&mut self) {
+        self.insert_all();
     }
 }
 
@@ -1421,6 +1603,132 @@ mod tests {
             refreshed: None,
             offsets: Offsets::new(),
         })
+    }
+
+    /// A sealed batch's windows reach the cache through a job run without the engine, and are
+    /// found meanwhile; a key whose view changed or went before the job ran keeps what replaced
+    /// it (or nothing), and the cache never takes the older window after it.
+    #[test]
+    fn windows_a_sealed_batch_read_reach_the_cache_after_it_unless_their_key_changed_meanwhile() {
+        let mut views = Views::new(1_000, 1 << 30, Duration::from_secs(60));
+        let no_dirty = HashMap::default();
+        let key = |name: &str| StoredKey {
+            window: 0,
+            key: KeyBytes::new(name.as_bytes()),
+        };
+        let view = |version: u64| {
+            Arc::new(Cached {
+                state: WindowState::new(Aggregate::Count),
+                version: Some(version),
+                refreshed: None,
+                offsets: Offsets::new(),
+            })
+        };
+        let version = |views: &Views, name: &str| {
+            views
+                .cache
+                .get(&key(name))
+                .map(|v| v.version.expect("known"))
+        };
+        let in_moka = |views: &Views, name: &str| {
+            views
+                .cache
+                .cache
+                .get(&key(name))
+                .map(|v| v.version.expect("known"))
+        };
+        for name in ["kept", "read-again", "flushed", "counted", "dropped"] {
+            views.cache.load(key(name), view(1));
+        }
+        let mut dirty = HashMap::default();
+        dirty.insert(
+            key("counted-in-batch"),
+            Dirty::new(
+                WindowState::new(Aggregate::Count),
+                Some(1),
+                None,
+                None,
+                Offsets::new(),
+            ),
+        );
+        views.cache.load(key("counted-in-batch"), view(1));
+        let job = views.cache.settle_later(&dirty).expect("windows to settle");
+        assert_eq!(
+            views.cache.entry_count(),
+            5,
+            "a dirty key's window is not settled"
+        );
+        assert!(views.cache.bytes() > 0);
+        // Before the job runs: found, not in moka yet.
+        assert_eq!(version(&views, "kept"), Some(1));
+        assert!(views.cache.contains_key(&key("kept")) && views.cache.may_hold(&key("kept")));
+        assert_eq!(in_moka(&views, "kept"), None);
+        // Meanwhile, under the engine: views change or go.
+        views.cache.load(key("read-again"), view(2));
+        views.cache.acknowledged(key("flushed"), view(3));
+        drop(views.cache.unload(&key("counted")));
+        views.cache.invalidate(&key("dropped"));
+        assert_eq!(version(&views, "read-again"), Some(2));
+        assert_eq!(version(&views, "flushed"), Some(3));
+        assert_eq!(
+            version(&views, "counted"),
+            None,
+            "its dirty view holds it now"
+        );
+        assert_eq!(version(&views, "dropped"), None);
+        job.run();
+        assert_eq!(in_moka(&views, "kept"), Some(1));
+        for name in [
+            "read-again",
+            "flushed",
+            "counted",
+            "dropped",
+            "counted-in-batch",
+        ] {
+            assert_eq!(
+                in_moka(&views, name),
+                None,
+                "{name}: retired, never inserted"
+            );
+        }
+        assert_eq!(
+            version(&views, "read-again"),
+            Some(2),
+            "the newer view stays found"
+        );
+        // The next settle lets the batch go: found in moka alone.
+        views.cache.settle(&no_dirty);
+        assert!(views.cache.settling.is_empty());
+        assert_eq!(version(&views, "kept"), Some(1));
+
+        // Everything dropped before the job runs: nothing reaches the cache, even a job dropped
+        // unrun (which runs then).
+        views.cache.load(key("late"), view(4));
+        let job = views
+            .cache
+            .settle_later(&no_dirty)
+            .expect("windows to settle");
+        views.cache.invalidate_all();
+        assert_eq!(version(&views, "late"), None);
+        drop(job);
+        assert_eq!(in_moka(&views, "late"), None);
+        assert_eq!(views.cache.entry_count(), 0);
+        // A job dropped unrun inserts what it holds.
+        views.cache.load(key("unrun"), view(5));
+        drop(views.cache.settle_later(&no_dirty));
+        assert_eq!(in_moka(&views, "unrun"), Some(5));
+        // Drained (every clean view at once): a settling window is among them, then gone.
+        views.cache.load(key("drained"), view(6));
+        let job = views
+            .cache
+            .settle_later(&no_dirty)
+            .expect("windows to settle");
+        let drained = views.cache.drain();
+        assert!(drained
+            .iter()
+            .any(|(k, v)| *k == key("drained") && v.version == Some(6)));
+        job.run();
+        assert_eq!(in_moka(&views, "drained"), None);
     }
 
     /// The hashes kept beside the moka cache follow it: every key it holds has one, and keys it
