@@ -40,7 +40,8 @@
 //!   watermark passed it; one entry per key holds every counter's window over it; bounded; its
 //!   `key_table` lets the engine prefetch an event's keys before counting them), and
 //!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views and
-//!   where keys live (counters over the same dimensions share one hash per key),
+//!   where keys live (counters over the same dimensions share one hash per key; the windows a
+//!   worker's batch read reach the moka cache after its handover, without the engine),
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
 //!   `slices` the write-behind's bookkeeping spread over ticks (building a flush, taking in its
