@@ -111,11 +111,8 @@ impl Deferred {
         Deferred(Some(Box::new(work)))
     }
 
-    pub fn run(mut self) {
-        if let Some(work) = self.0.take() {
-            work();
-        }
-    }
+    /// Runs the work now (dropping it does: see `Drop`).
+    pub fn run(self) {}
 }
 
 impl Drop for Deferred {
