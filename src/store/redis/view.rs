@@ -53,6 +53,16 @@ pub(super) enum CacheCheck<'s> {
     Trust(&'s hashbrown::HashSet<u64, foldhash::fast::RandomState>),
 }
 
+/// How many entries the cache's table is sized for at start: as many as it may hold, up to a
+/// million (moka then allocates 2²¹ bucket pointers, 16 MiB) and one per 256 bytes of its
+/// bound. Grown from empty, the table was copied at every doubling while the cache filled, on
+/// whichever thread inserted: 4–5 % of a cold replay's time, and of a cold worker's partition
+/// threads.
+fn presized_entries(capacity: u64, cache_bytes: u64) -> usize {
+    let entries = capacity.min(cache_bytes / 256).min(1_000_000);
+    usize::try_from(entries).unwrap_or(0)
+}
+
 // A slot of the dirty table, as `RedisStore::measure_local_bytes` counts it.
 const _: () = assert!(size_of::<(StoredKey, Box<Dirty>)>() == 48);
 
@@ -71,6 +81,7 @@ impl Views {
                 cache: Cache {
                     moka: moka::sync::Cache::builder()
                         .max_capacity(cache_bytes.max(1))
+                        .initial_capacity(presized_entries(capacity, cache_bytes))
                         .weigher(move |key: &StoredKey, cached: &Arc<Cached>| {
                             let bytes =
                                 u32::try_from(cached_bytes(key, cached)).unwrap_or(u32::MAX);
@@ -1603,6 +1614,21 @@ mod tests {
             refreshed: None,
             offsets: Offsets::new(),
         })
+    }
+
+    /// The cache's table is sized at start for what the cache may hold, within a million entries
+    /// and one per 256 bytes of its bound (a small bound does not buy a large table).
+    #[test]
+    fn the_cache_table_is_presized_for_what_the_bounds_let_it_hold() {
+        let defaults = super::super::RedisStoreConfig::default();
+        assert_eq!(
+            presized_entries(defaults.cache_capacity, defaults.max_state_bytes as u64 / 2),
+            1_000_000
+        );
+        assert_eq!(presized_entries(100, 100 * 4_096), 100);
+        assert_eq!(presized_entries(1_000_000, 1 << 20), 4_096);
+        assert_eq!(presized_entries(50_000_000, 1 << 40), 1_000_000);
+        assert_eq!(presized_entries(0, 1 << 30), 0);
     }
 
     /// A sealed batch's windows reach the cache through a job run without the engine, and are
