@@ -167,14 +167,19 @@ impl Worker {
             );
         }
         let mut resumed = false;
+        // What the last batch left over: the next one begins with it.
+        let mut carried = None::<Polled>;
         loop {
             if stop.load(Ordering::Acquire) || self.shutdown.is_triggered() {
                 return;
             }
-            let mut batch = match receiver.recv_timeout(Duration::from_millis(50)) {
-                Ok(batch) => batch,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
+            let mut batch = match carried.take() {
+                Some(batch) => batch,
+                None => match receiver.recv_timeout(Duration::from_millis(50)) {
+                    Ok(batch) => batch,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
             };
             while batch.len() < MAX_BATCH {
                 match receiver.try_recv() {
@@ -182,6 +187,10 @@ impl Worker {
                     Err(_) => break,
                 }
             }
+            // The poll thread hands over all a partition gathered while its queue was full
+            // (thousands of messages in a backlog): one batch takes MAX_BATCH of them, so that
+            // the engine lock and the decoded events' memory stay bounded per batch.
+            carried = batch.split_off(MAX_BATCH);
             if !claimed {
                 if let Some(Ok(loaded)) = self.with_journal(|journal| journal.claim(lane)) {
                     tracing::info!(

@@ -51,6 +51,14 @@ impl Polled {
         self.messages.len()
     }
 
+    /// Leaves the first `at` messages here and returns the rest, if any.
+    pub(super) fn split_off(&mut self, at: usize) -> Option<Polled> {
+        (self.messages.len() > at).then(|| Polled {
+            messages: self.messages.split_off(at),
+            polled_at: self.polled_at.split_off(at),
+        })
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.messages.is_empty()
     }
@@ -164,5 +172,45 @@ pub(super) fn stop_loops(loops: Vec<PartitionLoop>) {
     }
     for thread in threads {
         let _ = thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Polled;
+    use rdkafka::message::{Message, OwnedMessage, Timestamp};
+    use std::time::Instant;
+
+    fn polled(offsets: std::ops::Range<i64>) -> Polled {
+        let mut polled = Polled::default();
+        for offset in offsets {
+            let message = OwnedMessage::new(
+                None,
+                None,
+                "events".into(),
+                Timestamp::NotAvailable,
+                0,
+                offset,
+                None,
+            );
+            polled.push(message, Instant::now());
+        }
+        polled
+    }
+
+    /// A batch over the limit keeps its first messages and hands the rest on, in order, each
+    /// with the instant it was polled.
+    #[test]
+    fn a_polled_batch_splits_in_offset_order() {
+        let mut batch = polled(0..5);
+        let at = batch.polled_at.clone();
+        let rest = batch.split_off(3).expect("two over the limit");
+        let offsets = |p: &Polled| p.messages.iter().map(Message::offset).collect::<Vec<_>>();
+        assert_eq!(offsets(&batch), [0, 1, 2]);
+        assert_eq!(offsets(&rest), [3, 4]);
+        assert_eq!(batch.polled_at, at[..3]);
+        assert_eq!(rest.polled_at, at[3..]);
+        assert!(batch.split_off(3).is_none(), "nothing over the limit");
+        assert_eq!(batch.len(), 3);
     }
 }
