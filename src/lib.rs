@@ -101,9 +101,10 @@
 //!              did not feed are read (store.read, no state change) on first reference
 //!           ─► rules::decide (allow override, severity, on_store_error) ─► rules::record
 //!
-//! vigil run:  consumer poll ─► partition loop (ordered; waits while ahead of the slowest
-//!             partition of the group) ─► decode, list the windows the batch lacks, read them
-//!             from Redis with the engine free (store::RedisStore::plan_early_reads)
+//! vigil run:  consumer poll ─► partition loop (ordered, batches of at most 1 024 messages;
+//!             waits while ahead of the slowest partition of the group) ─► decode, list the
+//!             windows the batch lacks, read them from Redis with the engine free
+//!             (store::RedisStore::plan_early_reads)
 //!             ─► the same engine, under one lock: while other workers
 //!             count too, the batch's observations on keys spanning partitions are counted
 //!             ahead (Engine::plan_counts ─► store.count_ahead), then count and judge as above,
