@@ -23,6 +23,10 @@ const GATHER: usize = 2048;
 /// on, and no partition's backlog waits behind another's.
 const PAUSE_AT: usize = 4 * GATHER;
 
+/// How long the poll thread waits for the leader's answer that wakes its fetcher (a broker answers
+/// in a millisecond or two; past this the partition still resumes, only later).
+const WAKE_TIMEOUT: Duration = Duration::from_millis(50);
+
 impl Worker {
     /// Polls until `shutdown` fires. Messages are gathered while the consumer has more ready,
     /// then handed over per partition: under load a partition loop takes whole batches per
@@ -147,7 +151,25 @@ impl Worker {
             if let Err(e) = consumer.resume(&resume) {
                 tracing::warn!(error = %e, "cannot resume partitions");
             }
+            wake_fetchers(consumer, &resume);
         }
         self.metrics.paused_partitions.set(paused_ours as i64);
+    }
+}
+
+/// Has the leaders of the `resumed` partitions wake their fetchers now. librdkafka takes a resume
+/// in its main thread and does not wake the fetcher of the partition's broker, which notices it at
+/// its next periodic wake-up: up to a second later when it had nothing else to fetch (every
+/// partition it serves for this worker paused, as with a worker of one partition). Measured: the
+/// first message came 750–890 ms after each resume, and a one-partition backlog drained at a fifth
+/// of the loop's speed. A watermark query is a request on that broker's connection, served by that
+/// fetcher, which then fetches the resumed partition at once (2–9 ms).
+fn wake_fetchers<C: ConsumerContext>(consumer: &BaseConsumer<C>, resumed: &TopicPartitionList) {
+    for element in resumed.elements() {
+        if let Err(e) =
+            consumer.fetch_watermarks(element.topic(), element.partition(), WAKE_TIMEOUT)
+        {
+            tracing::debug!(error = %e, partition = element.partition(), "no answer waking the fetcher of a resumed partition: it resumes at its next wake-up");
+        }
     }
 }
