@@ -163,13 +163,16 @@ impl Worker {
 /// partition it serves for this worker paused, as with a worker of one partition). Measured: the
 /// first message came 750–890 ms after each resume, and a one-partition backlog drained at a fifth
 /// of the loop's speed. A watermark query is a request on that broker's connection, served by that
-/// fetcher, which then fetches the resumed partition at once (2–9 ms).
+/// fetcher, which then fetches the resumed partition at once (2–9 ms). The first query left
+/// unanswered ends the round (a broker away would make each of many partitions wait its timeout):
+/// the partitions not woken resume at their fetchers' next wake-up, as without this.
 fn wake_fetchers<C: ConsumerContext>(consumer: &BaseConsumer<C>, resumed: &TopicPartitionList) {
     for element in resumed.elements() {
         if let Err(e) =
             consumer.fetch_watermarks(element.topic(), element.partition(), WAKE_TIMEOUT)
         {
-            tracing::debug!(error = %e, partition = element.partition(), "no answer waking the fetcher of a resumed partition: it resumes at its next wake-up");
+            tracing::debug!(error = %e, partition = element.partition(), "no answer waking the fetcher of a resumed partition: the resumed partitions go on at their fetchers' next wake-up");
+            break;
         }
     }
 }
