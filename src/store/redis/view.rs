@@ -70,18 +70,39 @@ impl Views {
     /// Views whose clean windows take at most `cache_bytes` (estimated) and number at most
     /// `capacity`.
     pub(super) fn new(capacity: u64, cache_bytes: u64, time_to_idle: Duration) -> Views {
+        // An eighth of the bound for the keys Redis held nothing for (`Empties`: a table slot
+        // each), the rest for moka.
+        let empties_bytes = cache_bytes / 8;
+        let moka_bytes = cache_bytes - empties_bytes;
         // Each window weighs its bytes, but at least its share of the bound: so the cache keeps
         // at most `capacity` windows of any size and at most `cache_bytes` whatever their sizes.
         let share = (cache_bytes / capacity.max(1)).clamp(1, u64::from(u32::MAX)) as u32;
         let presence = Arc::new(Presence::default());
         let listening = Arc::clone(&presence);
+        let empty = [
+            Aggregate::Count,
+            Aggregate::Sum,
+            Aggregate::Distinct,
+            Aggregate::Max,
+            Aggregate::Min,
+            Aggregate::Last,
+        ]
+        .map(|aggregate| {
+            Arc::new(Cached {
+                state: WindowState::new(aggregate),
+                version: Some(0),
+                refreshed: None,
+                offsets: Offsets::new(),
+            })
+        });
+        let max_empty_keys = capacity.min(empties_bytes / Empties::SLOT_BYTES as u64);
         Views {
             dirty: HashMap::default(),
             cache: CleanViews {
                 cache: Cache {
                     moka: moka::sync::Cache::builder()
-                        .max_capacity(cache_bytes.max(1))
-                        .initial_capacity(presized_entries(capacity, cache_bytes))
+                        .max_capacity(moka_bytes.max(1))
+                        .initial_capacity(presized_entries(capacity, moka_bytes))
                         .weigher(move |key: &StoredKey, cached: &Arc<Cached>| {
                             let bytes =
                                 u32::try_from(cached_bytes(key, cached)).unwrap_or(u32::MAX);
@@ -96,6 +117,11 @@ impl Views {
                         })
                         .build_with_hasher(foldhash::fast::RandomState::default()),
                     presence,
+                    empties: Arc::new(std::sync::Mutex::new(Empties::new(
+                        usize::try_from(max_empty_keys).unwrap_or(usize::MAX),
+                        time_to_idle,
+                        empty.clone(),
+                    ))),
                 },
                 loaded: Tallied::default(),
                 recent: Tallied::default(),
@@ -113,22 +139,7 @@ impl Views {
             own_lanes: Vec::new(),
             cached_at_plan: Default::default(),
             plan_hasher: Default::default(),
-            empty: [
-                Aggregate::Count,
-                Aggregate::Sum,
-                Aggregate::Distinct,
-                Aggregate::Max,
-                Aggregate::Min,
-                Aggregate::Last,
-            ]
-            .map(|aggregate| {
-                Arc::new(Cached {
-                    state: WindowState::new(aggregate),
-                    version: Some(0),
-                    refreshed: None,
-                    offsets: Offsets::new(),
-                })
-            }),
+            empty,
         }
     }
 
@@ -246,64 +257,244 @@ pub(super) struct CleanViews {
     pub(super) early_taken: bool,
 }
 
-/// The moka cache of clean views, and the hashes of the keys it holds beside it. A batch's read
-/// plan asks about every key it touches, and a moka lookup costs several cache misses (a key
-/// compared, through its `Arc`, at every bucket its table probes); the set answers with one or
-/// two. A hash in the set says "maybe" (moka may have dropped the key a moment ago, or another
-/// key has the same hash): whoever needs the view itself asks moka.
+/// The moka cache of clean views, and the hashes of the keys it holds beside it; and the keys
+/// Redis held nothing for, apart ([`Empties`]). A batch's read plan asks about every key it
+/// touches, and a moka lookup costs several cache misses (a key compared, through its `Arc`, at
+/// every bucket its table probes); the set answers with one or two. A hash in the set says
+/// "maybe" (moka may have dropped the key a moment ago, or another key has the same hash):
+/// whoever needs the view itself asks moka.
 #[derive(Clone)]
 struct Cache {
     moka: moka::sync::Cache<StoredKey, Arc<Cached>, foldhash::fast::RandomState>,
     presence: Arc<Presence>,
+    /// A key is in `moka` or here, never in both.
+    empties: Arc<std::sync::Mutex<Empties>>,
 }
 
 impl Cache {
+    fn empties(&self) -> std::sync::MutexGuard<'_, Empties> {
+        // Nothing panics while holding it.
+        self.empties.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
         &self,
         key: &Q,
     ) -> Option<Arc<Cached>> {
-        // Not asked of the set first: most keys asked for here are cached (the reads were
-        // planned on it).
+        // The empty keys first: their table is flat (one or two misses), and on a cold workload
+        // most keys asked for are there. Then moka, not asked of the set first: most keys asked
+        // for are cached (the reads were planned on it).
+        if let Some(view) = self.empties().get(key) {
+            return Some(view);
+        }
         self.moka.get(key)
     }
 
     fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
-        self.presence.may_hold(key) && self.moka.contains_key(key)
+        self.empties().contains(key) || (self.presence.may_hold(key) && self.moka.contains_key(key))
+    }
+
+    /// Whether the cache may hold `key`: `false` means it does not.
+    fn may_hold<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
+        self.presence.may_hold(key) || self.empties().contains(key)
     }
 
     fn insert(&self, key: StoredKey, cached: Arc<Cached>) {
+        let mut empties = self.empties();
+        if let Some(aggregate) = empties.aggregate_of(&cached) {
+            // An older, non-empty view of the key must not outlive this one in moka.
+            if self.presence.may_hold(&key) {
+                self.presence.forget(&key);
+                self.moka.invalidate(&key);
+            }
+            empties.insert(key, aggregate);
+            return;
+        }
+        empties.remove(&key);
+        drop(empties);
         self.presence.note(&key);
         self.moka.insert(key, cached);
     }
 
     fn invalidate(&self, key: &StoredKey) {
+        self.empties().remove(key);
         self.presence.forget(key);
         self.moka.invalidate(key);
     }
 
     fn invalidate_all(&self) {
+        self.empties().clear();
         self.presence.clear();
         self.moka.invalidate_all();
     }
 
-    fn iter(&self) -> moka::sync::Iter<'_, StoredKey, Arc<Cached>> {
-        self.moka.iter()
+    /// Every view the cache holds.
+    fn views(&self) -> Vec<(StoredKey, Arc<Cached>)> {
+        let mut all = self.empties().views();
+        all.extend(
+            self.moka
+                .iter()
+                .map(|(key, cached)| ((*key).clone(), cached)),
+        );
+        all
     }
 
     fn entry_count(&self) -> u64 {
-        self.moka.entry_count()
+        self.moka.entry_count() + self.empties().len() as u64
     }
 
     fn run_pending_tasks(&self) {
+        self.empties().expire(Instant::now());
         self.moka.run_pending_tasks();
     }
 
     /// The estimated bytes of what the cache holds (moka's charge: each window at least its
-    /// share), and of the set beside it.
+    /// share), of the set beside it, and of the empty keys.
     fn bytes(&self) -> usize {
         usize::try_from(self.moka.weighted_size())
             .unwrap_or(usize::MAX)
             .saturating_add(self.presence.bytes())
+            .saturating_add(self.empties().bytes())
+    }
+}
+
+/// The clean views of keys Redis held nothing for, by key alone. On a cold workload most windows
+/// read are of such keys (an account's first payment reads its every counter), and as moka
+/// entries each cost its maps and eviction bookkeeping several hundred bytes and a few thousand
+/// instructions to insert, for a view all of them share ([`Views::empty_view`]); here a key costs
+/// a table slot. Bounded by count, and by idle time as moka is, in two generations: a key is
+/// looked up in both and moved to the young one when found in the old one; when the young one is
+/// full, or a time-to-idle old, it becomes the old one and the old one is dropped. So an empty key
+/// stays between one and two time-to-idle periods after its last use, unless a flood of others
+/// pushes it out (it is then read again when needed: nothing counted is lost).
+struct Empties {
+    young: HashMap<StoredKey, u8, foldhash::fast::RandomState>,
+    old: HashMap<StoredKey, u8, foldhash::fast::RandomState>,
+    /// When `young` began.
+    since: Instant,
+    /// Most keys in one generation.
+    max_per_generation: usize,
+    time_to_idle: Duration,
+    /// The keys' heap bytes (long keys).
+    heap: usize,
+    /// By aggregate, the view shared by every key here ([`Views::empty_view`]).
+    views: [Arc<Cached>; 6],
+}
+
+impl Empties {
+    /// The most bytes one key costs here (its slot, and the control byte beside it).
+    const SLOT_BYTES: usize = size_of::<(StoredKey, u8)>() + 1;
+
+    fn new(max_keys: usize, time_to_idle: Duration, views: [Arc<Cached>; 6]) -> Empties {
+        Empties {
+            young: HashMap::default(),
+            old: HashMap::default(),
+            since: Instant::now(),
+            max_per_generation: (max_keys / 2).max(1),
+            time_to_idle,
+            heap: 0,
+            views,
+        }
+    }
+
+    /// The aggregate whose shared empty view `cached` is, if it is one.
+    fn aggregate_of(&self, cached: &Arc<Cached>) -> Option<u8> {
+        self.views
+            .iter()
+            .position(|view| Arc::ptr_eq(view, cached))
+            .map(|at| at as u8)
+    }
+
+    fn get<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(
+        &mut self,
+        key: &Q,
+    ) -> Option<Arc<Cached>> {
+        let aggregate = match self.young.get(key) {
+            Some(&aggregate) => aggregate,
+            None => {
+                // Used: it moves to the young generation.
+                let (stored, aggregate) = self.old.remove_entry(key)?;
+                self.insert_young(stored, aggregate);
+                aggregate
+            }
+        };
+        Some(Arc::clone(&self.views[usize::from(aggregate)]))
+    }
+
+    fn contains<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
+        self.young.contains_key(key) || self.old.contains_key(key)
+    }
+
+    fn insert(&mut self, key: StoredKey, aggregate: u8) {
+        if let Some((old, _)) = self.old.remove_entry(&key) {
+            self.heap -= old.key.heap_bytes();
+        }
+        if let Some(held) = self.young.get_mut(&key) {
+            *held = aggregate;
+            return;
+        }
+        self.insert_young(key, aggregate);
+    }
+
+    fn insert_young(&mut self, key: StoredKey, aggregate: u8) {
+        if self.young.len() >= self.max_per_generation {
+            self.next_generation(Instant::now());
+        }
+        self.heap += key.key.heap_bytes();
+        self.young.insert(key, aggregate);
+    }
+
+    fn remove(&mut self, key: &StoredKey) {
+        if let Some((stored, _)) = self
+            .young
+            .remove_entry(key)
+            .or_else(|| self.old.remove_entry(key))
+        {
+            self.heap -= stored.key.heap_bytes();
+        }
+    }
+
+    /// The young generation becomes the old one; the old one's keys are dropped.
+    fn next_generation(&mut self, now: Instant) {
+        let capacity = self.young.capacity();
+        let old = std::mem::replace(
+            &mut self.old,
+            std::mem::replace(
+                &mut self.young,
+                HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            ),
+        );
+        self.heap -= old.keys().map(|key| key.key.heap_bytes()).sum::<usize>();
+        self.since = now;
+    }
+
+    /// Drops the keys not used for a time-to-idle period, roughly (see [`Empties`]).
+    fn expire(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.since) >= self.time_to_idle {
+            self.next_generation(now);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.young.clear();
+        self.old.clear();
+        self.heap = 0;
+    }
+
+    fn views(&self) -> Vec<(StoredKey, Arc<Cached>)> {
+        self.young
+            .iter()
+            .chain(&self.old)
+            .map(|(key, &aggregate)| (key.clone(), Arc::clone(&self.views[usize::from(aggregate)])))
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+
+    fn bytes(&self) -> usize {
+        (self.young.capacity() + self.old.capacity()) * Self::SLOT_BYTES + self.heap
     }
 }
 
@@ -475,7 +666,7 @@ impl CleanViews {
         &self,
         key: &Q,
     ) -> bool {
-        self.held_beside(key) || self.cache.presence.may_hold(key)
+        self.held_beside(key) || self.cache.may_hold(key)
     }
 
     /// A window as Redis returned it now, to the cache.
@@ -656,11 +847,8 @@ impl CleanViews {
         self.void_early_reads();
         // The newest view of each key: read for the batch, else brought back by the last
         // flush, else by the one before, else cached.
-        let mut newest: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState> = self
-            .cache
-            .iter()
-            .map(|(key, cached)| ((*key).clone(), cached))
-            .collect();
+        let mut newest: HashMap<StoredKey, Arc<Cached>, foldhash::fast::RandomState> =
+            self.cache.views().into_iter().collect();
         for batch in &self.settling {
             newest.extend(batch.live_views());
         }
@@ -1771,7 +1959,7 @@ mod tests {
         };
         let in_step = |cache: &Cache| {
             cache.run_pending_tasks();
-            let held: Vec<StoredKey> = cache.iter().map(|(key, _)| (*key).clone()).collect();
+            let held: Vec<StoredKey> = cache.moka.iter().map(|(key, _)| (*key).clone()).collect();
             for key in &held {
                 assert!(cache.presence.may_hold(key), "{key:?} is cached");
                 assert!(cache.contains_key(key) && cache.get(key).is_some());
@@ -1787,7 +1975,12 @@ mod tests {
         }
         in_step(cache);
         assert!(cache.entry_count() <= 110, "{}", cache.entry_count());
-        let some = cache.iter().next().map(|(key, _)| (*key).clone()).unwrap();
+        let some = cache
+            .moka
+            .iter()
+            .next()
+            .map(|(key, _)| (*key).clone())
+            .unwrap();
         cache.invalidate(&some);
         assert!(!cache.presence.may_hold(&some) && cache.get(&some).is_none());
         in_step(cache);
@@ -1803,6 +1996,88 @@ mod tests {
 
     /// While early reads are out, every view taken in from a flush or dropped is recorded (an
     /// eviction after it cannot hide it); when none are out, nothing is kept.
+    #[test]
+    fn keys_redis_held_nothing_for_are_kept_apart_from_moka_and_never_beside_a_view_of_theirs() {
+        let views = Views::new(1_000, 1 << 30, Duration::from_secs(60));
+        let cache = &views.cache.cache;
+        let key = |i: u32| StoredKey {
+            window: 1,
+            key: KeyBytes::new(format!("account-{i}").as_bytes()),
+        };
+        let empty = views.empty_view(Aggregate::Count);
+        cache.insert(key(1), Arc::clone(&empty));
+        cache.run_pending_tasks();
+        // Held apart, found as the shared view, counted and charged.
+        assert_eq!(cache.moka.entry_count(), 0);
+        assert!(!cache.presence.may_hold(&key(1)));
+        assert!(cache.may_hold(&key(1)) && cache.contains_key(&key(1)));
+        assert!(Arc::ptr_eq(&cache.get(&key(1)).unwrap(), &empty));
+        assert_eq!(cache.entry_count(), 1);
+        assert!(cache.empties().bytes() > 0);
+        // A window with counts replaces it: found in moka only.
+        cache.insert(key(1), cached());
+        cache.run_pending_tasks();
+        assert_eq!(cache.empties().len(), 0);
+        assert_eq!(cache.get(&key(1)).unwrap().version, Some(1));
+        // Redis lost the key: the empty view replaces the one with counts, which moka drops.
+        cache.insert(key(1), Arc::clone(&empty));
+        cache.run_pending_tasks();
+        assert_eq!(cache.moka.entry_count(), 0);
+        assert!(Arc::ptr_eq(&cache.get(&key(1)).unwrap(), &empty));
+        // Every view, both kinds, when the views are drained.
+        cache.insert(key(2), cached());
+        let mut all: Vec<(u32, Option<u64>)> = cache
+            .views()
+            .into_iter()
+            .map(|(k, view)| (k.key.as_slice()[8] as u32 - u32::from(b'0'), view.version))
+            .collect();
+        all.sort();
+        assert_eq!(all, vec![(1, Some(0)), (2, Some(1))]);
+        cache.invalidate(&key(1));
+        assert!(cache.get(&key(1)).is_none() && !cache.may_hold(&key(1)));
+        cache.invalidate_all();
+        assert_eq!(cache.entry_count(), 0);
+    }
+
+    #[test]
+    fn empty_keys_last_one_to_two_idle_periods_and_a_flood_pushes_out_the_unused_first() {
+        let idle = Duration::from_secs(60);
+        let views = Views::new(1_000, 1 << 30, idle);
+        let empty = views.empty_view(Aggregate::Sum);
+        let key = |i: u32| StoredKey {
+            window: 0,
+            key: KeyBytes::new(&i.to_le_bytes()),
+        };
+        let start = Instant::now();
+        let mut empties = Empties::new(4, idle, views.empty.clone());
+        empties.since = start;
+        let sum = empties.aggregate_of(&empty).unwrap();
+        assert_eq!(empties.aggregate_of(&cached()), None);
+        // Two generations of two keys: the fifth key drops the first two unless used.
+        for i in 0..4 {
+            empties.insert(key(i), sum);
+        }
+        assert!(
+            empties.get(&key(0)).is_some(),
+            "used: moves to the young generation"
+        );
+        empties.insert(key(4), sum);
+        assert!(empties.contains(&key(0)) && empties.contains(&key(4)));
+        assert!(!empties.contains(&key(1)), "unused and oldest: dropped");
+        assert!(Arc::ptr_eq(&empties.get(&key(4)).unwrap(), &empty));
+        // Idle time: kept through one period, dropped after two.
+        let mut idle_keys = Empties::new(1_000, idle, views.empty.clone());
+        idle_keys.since = start;
+        idle_keys.insert(key(7), sum);
+        idle_keys.expire(start + idle / 2);
+        assert!(idle_keys.contains(&key(7)));
+        idle_keys.expire(start + idle);
+        assert!(idle_keys.contains(&key(7)), "one period idle: still there");
+        idle_keys.expire(start + idle * 2);
+        assert!(!idle_keys.contains(&key(7)) && idle_keys.len() == 0);
+        assert_eq!(idle_keys.heap, 0);
+    }
+
     #[test]
     fn clean_views_record_changes_while_early_reads_are_out() {
         let mut views = Views::new(1_000, 1 << 30, Duration::from_secs(60));
