@@ -433,9 +433,12 @@ fn partitions_paused_at_a_rebalance_are_fetched_again_when_they_come_back() {
     let dir = tempfile::tempdir().unwrap();
     let (broker, redis) = (Broker::shared(), RedisServer::start());
     let topics = broker.topics("paused-rebalance", 4);
-    let lines = workload(120_000, 16);
+    let lines = workload(180_000, 16);
     let ids = event_ids(&lines);
-    broker.produce(&topics.events, &keyed(&lines), None);
+    // A backlog before the rebalance, and more once it is under way: however fast the worker
+    // drains the first, it has messages to pause on again afterwards.
+    let (before, after) = lines.split_at(120_000);
+    broker.produce(&topics.events, &keyed(before), None);
     let config = config(
         &broker,
         &topics,
@@ -452,6 +455,7 @@ fn partitions_paused_at_a_rebalance_are_fetched_again_when_they_come_back() {
     let mut second = Worker::start(dir.path(), "w2", &config);
     second.wait_ready(LONG);
     wait_for(|| assigned(&second) > 0.0 && assigned(&first) > 0.0, &first);
+    broker.produce(&topics.events, &keyed(after), None);
     // The partitions the first worker kept or got back must go on: it pauses again once a
     // loop is full, which needs messages fetched after the rebalance.
     wait_for(|| paused(&first) > 0.0, &first);
@@ -461,7 +465,7 @@ fn partitions_paused_at_a_rebalance_are_fetched_again_when_they_come_back() {
         .expect("exits after SIGTERM");
     wait_for(|| assigned(&first) == 4.0, &first);
 
-    // Each record is parsed once while reading (120 000 of them).
+    // Each record is parsed once while reading (180 000 of them).
     let seen = std::cell::RefCell::new((0, HashSet::new()));
     let decisions = broker.read(
         &topics.decisions,

@@ -877,6 +877,7 @@ fn a_silent_redis_costs_a_large_read_one_timeout_per_attempt() {
     // And it reads again as soon as Redis answers.
     let mut again = late.plan_early_reads(&keys(window)).unwrap();
     let replies = reader.read(&mut again);
+    let replies = again.decode(replies);
     assert_eq!(late.take_early_reads(again, replies), 1_000);
     assert_eq!(
         late.read(window, &0u32.to_be_bytes(), at).unwrap().applied,
@@ -1637,6 +1638,7 @@ fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() 
     assert_eq!(reads.len(), 3);
     let reader = store.early_reader().unwrap();
     let replies = reader.read(&mut reads);
+    let replies = reads.decode(replies);
     assert!(replies.is_ok(), "{replies:?}");
     // Meanwhile another partition's batch counted `mine` twice and its flush came back.
     store.apply(window, b"mine", at, Delta::Count).unwrap();
@@ -1669,14 +1671,36 @@ fn early_reads_never_take_in_a_window_older_than_what_the_store_counted_since() 
     // Every view dropped while reads are out (Redis lost its data, a rebalance): none is taken.
     let mut reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();
     let replies = reader.read(&mut reads);
+    let replies = reads.decode(replies);
     store.forget_cached();
     assert_eq!(store.take_early_reads(reads, replies), 0);
+    // A hash that does not decode (written by something else) is not taken in: the key is read
+    // again when needed (and that read says why).
+    let mut conn = redis.connection();
+    redis::cmd("HSET")
+        .arg(store.redis_key(window, b"garbled"))
+        .arg("v")
+        .arg("not a version")
+        .exec(&mut conn)
+        .unwrap();
+    let mut reads = store
+        .plan_early_reads(&keys(&[b"garbled", b"fine"]))
+        .unwrap();
+    let replies = reader.read(&mut reads);
+    let replies = reads.decode(replies);
+    assert_eq!(replies.decoded(), 1, "{replies:?}");
+    let early_loads = store.stats().early_loads;
+    assert_eq!(store.take_early_reads(reads, replies), 1);
+    assert_eq!(store.stats().early_loads, early_loads + 1);
+    assert_eq!(value(&mut store, b"fine"), Applied::Counted(0));
     // A read that failed is not taken either; the batch's prefetch reads the key.
     let reads = store.plan_early_reads(&keys(&[b"later"])).unwrap();
     assert_eq!(
         store.take_early_reads(
             reads,
-            Err(vigil::store::StoreError::Unavailable("test".into()))
+            vigil::store::EarlyReplies::failed(vigil::store::StoreError::Unavailable(
+                "test".into()
+            ))
         ),
         0
     );

@@ -2,6 +2,8 @@
 //! load (projection slots, `match` conjunct slots, the constant parts of its records), and the
 //! version that names it.
 
+use std::sync::Arc;
+
 use super::compile::{self, Diagnostic};
 use super::lists;
 use super::model::{Counter, Rule};
@@ -45,7 +47,8 @@ pub struct RuleSet {
     scoring: bool,
     /// Distinct `match` expressions (slots of a [`ScopeMemo`]).
     scope_slots: usize,
-    projection: Projection,
+    /// Shared, so that a worker's partitions decode with it without holding the engine.
+    projection: Arc<Projection>,
     version: String,
     /// The constant parts of its decision records, rendered once.
     record_parts: RecordParts,
@@ -157,7 +160,7 @@ impl RuleSet {
             active_rules,
             read,
             scope_slots,
-            projection,
+            projection: Arc::new(projection),
             version,
             warnings,
         }
@@ -198,9 +201,15 @@ impl RuleSet {
         &self.projection
     }
 
+    /// The projection, to decode with apart from this set (it does not change while the set is
+    /// in force).
+    pub fn shared_projection(&self) -> Arc<Projection> {
+        Arc::clone(&self.projection)
+    }
+
     /// Takes event time from `source` when decoding for this set.
     pub fn set_time_source(&mut self, source: &crate::event::TimeSource) {
-        self.projection.set_time(source);
+        Arc::make_mut(&mut self.projection).set_time(source);
     }
 
     /// Indices (into [`RuleSet::rules`]) of the enabled rules, in order.

@@ -36,6 +36,6 @@ pub use journal::{Journal, JournalError, JournalReply, JournalWrite, JournalWrit
 pub(crate) use keys::push_hex;
 pub use memory::{MemoryStore, DEFAULT_MAX_KEYS};
 pub use redis::{
-    EarlyHoldReads, EarlyReader, EarlyReads, FlushSample, PendingRead, RedisStats, RedisStore,
-    RedisStoreConfig,
+    EarlyHoldReads, EarlyReader, EarlyReads, EarlyReplies, FlushSample, PendingRead, RedisStats,
+    RedisStore, RedisStoreConfig,
 };

@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 
 use super::shared::{stop_loops, PartitionKey, PartitionLoop, Polled, Worker};
-use crate::event::Event;
+use crate::event::{Event, Projection};
 use crate::pipeline::{Engine, Touched};
 use crate::rules::{record, Action, EventSource, SkipReason};
 use crate::sink::{dead_letter_headers, Kind, Ticket};
 use crate::source::{self, Progress, Rejection};
 use crate::store::journal::JournalBatch;
 use crate::store::{
-    AnyStore, CounterStore, Deferred, EarlyHoldReads, EarlyReader, EarlyReads, HoldSpace,
-    InputPosition, Journal, JournalError, PendingRead, StoreError,
+    AnyStore, CounterStore, Deferred, EarlyHoldReads, EarlyReader, EarlyReads, EarlyReplies,
+    HoldSpace, InputPosition, Journal, JournalError, PendingRead, StoreError,
 };
 use crate::telemetry::{
     ActionLabels, CodeLabels, CounterLabels, DirectionLabels, Metrics, ReasonLabels, RuleHitLabels,
@@ -446,12 +446,30 @@ impl Worker {
         stopwatch: &mut Stopwatch,
     ) -> Result<(Judged<'m>, u64), (usize, Failure)> {
         let max_bytes = self.config.worker.max_event_bytes;
+        // Decoded before taking the engine (other partitions judge meanwhile), for the rule set
+        // last seen in force: checked under the engine.
+        let decoded = self.decoding().map(|(generation, projection)| {
+            (
+                generation,
+                decode_messages(&projection, messages, max_bytes),
+            )
+        });
+        stopwatch.lap(Stage::Decode);
         // With Redis, the windows and holds the batch lacks are read before it takes the engine
         // for good: other partitions judge meanwhile.
         let (mut events, generation, mut touched, mut touched_holds, early, early_holds) = {
             let mut engine = self.lock_engine();
             stopwatch.lap(Stage::Lock);
-            let events = decode_batch(&engine, messages, max_bytes, Some(&self.skew_meter()));
+            let skew = self.skew_meter();
+            let events = match decoded {
+                Some((generation, events)) if generation == engine.rules_generation() => {
+                    admit_batch(&engine, messages, events, Some(&skew))
+                }
+                _ => {
+                    self.note_decoding(&engine);
+                    decode_batch(&engine, messages, max_bytes, Some(&skew))
+                }
+            };
             stopwatch.lap(Stage::Decode);
             let shared = self
                 .alignment
@@ -474,7 +492,9 @@ impl Worker {
         let early_holds =
             early_holds.map(|(mut reads, reader)| (reader.start_holds(&mut reads), reads));
         let early = early.map(|(mut reads, reader)| {
+            // Decoded here: the engine then only takes the windows in.
             let replies = reader.read(&mut reads);
+            let replies = reads.decode(replies);
             (reads, replies)
         });
         let early_holds =
@@ -954,23 +974,43 @@ fn decode_batch<'m>(
     limit: usize,
     skew: Option<&SkewMeter<'_>>,
 ) -> Events<'m> {
+    let events = decode_messages(engine.rules().projection(), messages, limit);
+    admit_batch(engine, messages, events, skew)
+}
+
+/// Decodes each message (its time from the record timestamp if so configured) for the rule set
+/// whose projection this is.
+fn decode_messages<'m>(
+    projection: &Projection,
+    messages: &'m [OwnedMessage],
+    limit: usize,
+) -> Events<'m> {
     messages
         .iter()
-        .map(|m| {
-            let record_time = m.timestamp().to_millis();
-            let event = source::decode_message(
-                m.payload(),
-                record_time,
-                limit,
-                engine.rules().projection(),
-            )?;
-            if let Some(skew) = skew {
-                skew.observe(&event, record_time);
-            }
-            engine.admit(&event)?;
-            Ok::<_, Rejection>(event)
-        })
+        .map(|m| source::decode_message(m.payload(), m.timestamp().to_millis(), limit, projection))
         .collect()
+}
+
+/// Meters the decoded events' `ts` against their record timestamps (`skew`: once per batch) and
+/// refuses those too far in the future.
+fn admit_batch<'m>(
+    engine: &Engine<AnyStore>,
+    messages: &[OwnedMessage],
+    mut events: Events<'m>,
+    skew: Option<&SkewMeter<'_>>,
+) -> Events<'m> {
+    for (message, decoded) in messages.iter().zip(&mut events) {
+        let Ok(event) = decoded else {
+            continue;
+        };
+        if let Some(skew) = skew {
+            skew.observe(event, message.timestamp().to_millis());
+        }
+        if let Err(bad) = engine.admit(event) {
+            *decoded = Err(bad.into());
+        }
+    }
+    events
 }
 
 /// Hands the store what the batch will count (the events `judge_batch` evaluates: those that
@@ -1026,7 +1066,7 @@ fn plan_early_reads(
             // Nothing to read them with: given back, the prefetch reads them.
             store.take_early_reads(
                 reads,
-                Err(StoreError::Unavailable("no early reader".into())),
+                EarlyReplies::failed(StoreError::Unavailable("no early reader".into())),
             );
             return None;
         };

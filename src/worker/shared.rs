@@ -14,6 +14,7 @@ use rdkafka::message::OwnedMessage;
 use super::alignment::Alignment;
 use crate::clock::SystemClock;
 use crate::config::Config;
+use crate::event::Projection;
 use crate::pipeline::Engine;
 use crate::rules::RuleSet;
 use crate::shutdown::Shutdown;
@@ -94,6 +95,10 @@ pub(super) struct Worker {
     /// Whether the store's local counts were at their bound after its last tick: read by each
     /// batch without taking the engine ([`Worker::note_saturation`]).
     pub(super) saturated: AtomicBool,
+    /// The projection of the rule set last seen in force, with its generation: a batch is
+    /// decoded with it before taking the engine, and again under the engine if another set is
+    /// in force by then.
+    pub(super) decoding: Mutex<Option<(u64, Arc<Projection>)>>,
 }
 
 impl Worker {
@@ -124,6 +129,7 @@ impl Worker {
                 config.input.partition_idle_timeout,
             ),
             saturated: AtomicBool::new(false),
+            decoding: Mutex::new(None),
             config,
         }
     }
@@ -141,6 +147,28 @@ impl Worker {
 
     pub(super) fn lock_engine(&self) -> MutexGuard<'_, Engine<AnyStore>> {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The projection of the rule set last seen in force, and that set's generation.
+    pub(super) fn decoding(&self) -> Option<(u64, Arc<Projection>)> {
+        self.decoding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Notes the rule set in force (under the engine), for the next batches to decode with.
+    pub(super) fn note_decoding(&self, engine: &Engine<AnyStore>) {
+        let mut decoding = self.decoding.lock().unwrap_or_else(|p| p.into_inner());
+        if decoding
+            .as_ref()
+            .is_none_or(|(generation, _)| *generation != engine.rules_generation())
+        {
+            *decoding = Some((
+                engine.rules_generation(),
+                engine.rules().shared_projection(),
+            ));
+        }
     }
 
     pub(super) fn with_journal<T>(&self, f: impl FnOnce(&mut JournalWriter) -> T) -> Option<T> {

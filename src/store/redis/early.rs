@@ -19,13 +19,14 @@ use std::time::Duration;
 use redis::Value;
 
 use super::holds::EarlyHoldReads;
-use super::view::CacheCheck;
+use super::view::{CacheCheck, Layout};
 use super::RedisStore;
 use crate::clock::MonotonicClock;
-use crate::store::codec;
+use crate::store::codec::{self, Stored};
 use crate::store::counter_store::{StoreError, WindowId};
 use crate::store::keys::{KeyBytes, KeyRef, StoredKey};
 use crate::store::link::{Batch, Link};
+use crate::window::WindowSpec;
 
 /// Windows to read for a batch before it takes the engine.
 pub struct EarlyReads {
@@ -39,9 +40,74 @@ pub struct EarlyReads {
     /// prefetch that follows the take-in: carried here, not left in the store, because another
     /// partition may plan and prefetch in between (a worker releases the engine while it reads).
     cached_at_plan: hashbrown::HashSet<u64, foldhash::fast::RandomState>,
+    /// By key: its window's shape and its section of the hash, to decode the replies with
+    /// ([`EarlyReads::decode`]).
+    shapes: Vec<(WindowSpec, Layout)>,
+}
+
+/// What came back for [`EarlyReads`], decoded: by key, its window as Redis holds it (`None`: its
+/// hash's reply did not decode, and the prefetch reads it again and says why); or why nothing
+/// came back.
+pub struct EarlyReplies(Result<Vec<Option<Stored>>, StoreError>);
+
+impl EarlyReplies {
+    /// Nothing came back.
+    pub fn failed(error: StoreError) -> EarlyReplies {
+        EarlyReplies(Err(error))
+    }
+
+    /// Whether the replies came back (a window whose hash did not decode aside).
+    pub fn is_ok(&self) -> bool {
+        self.0.is_ok()
+    }
+
+    /// How many windows decoded.
+    pub fn decoded(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |windows| windows.iter().flatten().count())
+    }
+}
+
+impl std::fmt::Debug for EarlyReplies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Ok(windows) => write!(f, "{} of {} windows decoded", self.decoded(), windows.len()),
+            Err(e) => write!(f, "failed: {e}"),
+        }
+    }
 }
 
 impl EarlyReads {
+    /// Decodes the replies of the read, window by window. Needs neither the store nor the
+    /// engine: a partition loop decodes them before it takes the engine, so that the engine's
+    /// time per batch is only the take-in.
+    pub fn decode(&self, replies: Result<Vec<Value>, StoreError>) -> EarlyReplies {
+        let replies = match replies {
+            Ok(replies) if self.reply_of.iter().all(|&at| at < replies.len()) => replies,
+            Ok(_) => {
+                return EarlyReplies::failed(StoreError::Protocol(
+                    "fewer replies than reads".into(),
+                ))
+            }
+            Err(e) => return EarlyReplies::failed(e),
+        };
+        let hashes: Vec<Option<Vec<Vec<u8>>>> = replies
+            .into_iter()
+            .map(|reply| codec::flat(reply).ok())
+            .collect();
+        let windows = self
+            .reply_of
+            .iter()
+            .zip(&self.shapes)
+            .map(|(&at, (spec, layout))| {
+                let hash = hashes[at].as_ref()?;
+                codec::decode_section(spec, layout.prefix(), hash).ok()
+            })
+            .collect();
+        EarlyReplies(Ok(windows))
+    }
+
     pub fn len(&self) -> usize {
         self.keys.len()
     }
@@ -255,6 +321,10 @@ impl<C: MonotonicClock> RedisStore<C> {
                 .map(|key| (WindowId(key.window), key.key.as_slice())),
         );
         let batch = self.batch_of("HGETALL", names);
+        let shapes = planned
+            .iter()
+            .map(|key| (self.windows.spec(key.window), self.layout(key.window)))
+            .collect();
         let generation = self.views.cache.watch();
         Some(EarlyReads {
             keys: planned,
@@ -262,16 +332,13 @@ impl<C: MonotonicClock> RedisStore<C> {
             batch,
             generation,
             cached_at_plan: cached,
+            shapes,
         })
     }
 
     /// Takes in what [`EarlyReader::read`] brought back for `reads`: each window whose key still
     /// has no view, or the same view as when the read was planned. Returns how many were taken.
-    pub fn take_early_reads(
-        &mut self,
-        mut reads: EarlyReads,
-        replies: Result<Vec<Value>, StoreError>,
-    ) -> usize {
+    pub fn take_early_reads(&mut self, mut reads: EarlyReads, replies: EarlyReplies) -> usize {
         // What the plan found cached stays true unless every view was dropped since (checked
         // once the take-in is over): the prefetch after it trusts it (alone), whether or not
         // the reads came back.
@@ -284,24 +351,12 @@ impl<C: MonotonicClock> RedisStore<C> {
         taken
     }
 
-    fn take_in_early_reads(
-        &mut self,
-        reads: EarlyReads,
-        replies: Result<Vec<Value>, StoreError>,
-    ) -> usize {
-        let replies = match replies {
-            Ok(replies) if reads.reply_of.iter().all(|&at| at < replies.len()) => replies,
-            _ => {
-                self.views.cache.unwatch();
-                return 0;
-            }
+    fn take_in_early_reads(&mut self, reads: EarlyReads, replies: EarlyReplies) -> usize {
+        let Ok(windows) = replies.0 else {
+            self.views.cache.unwatch();
+            return 0;
         };
-        let mut used = vec![false; replies.len()];
-        // A reply that does not decode is left to the prefetch, which says why.
-        let replies: Vec<Option<Vec<Vec<u8>>>> = replies
-            .into_iter()
-            .map(|reply| codec::flat(reply).ok())
-            .collect();
+        let mut used = vec![false; reads.reply_of.iter().max().map_or(0, |&at| at + 1)];
         // As for any read: what a promoted replica lacks goes back into the views first (which
         // may drop them all: the generation, checked once after it, then tells).
         self.catch_up_failover();
@@ -311,7 +366,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         }
         let mut taken = 0;
         self.views.cache.release();
-        for (key, &at) in reads.keys.into_iter().zip(&reads.reply_of) {
+        for ((key, &at), window) in reads.keys.into_iter().zip(&reads.reply_of).zip(windows) {
             // Another read out may still record (and overflow `touched`, voiding every read).
             if self.views.cache.generation() != reads.generation {
                 break;
@@ -326,11 +381,11 @@ impl<C: MonotonicClock> RedisStore<C> {
             if changed {
                 continue;
             }
-            let Some(hash) = &replies[at] else { continue };
-            if self.take_in_read(key, hash).is_ok() {
-                taken += 1;
-                used[at] = true;
-            }
+            // A reply that does not decode is left to the prefetch, which says why.
+            let Some(window) = window else { continue };
+            self.take_in_stored(key, window);
+            taken += 1;
+            used[at] = true;
         }
         // Only now: what the views recorded since the plan is forgotten once no read is out.
         self.views.cache.forget_if_unwatched();
@@ -362,7 +417,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             Ok(pending) => self.read_ahead = Some((reads, pending)),
             // Nothing read: the prefetch reads it all, as without a read ahead.
             Err(e) => {
-                self.take_early_reads(reads, Err(e));
+                self.take_early_reads(reads, EarlyReplies::failed(e));
             }
         }
     }
@@ -374,7 +429,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         if let Some((reads, _)) = self.read_ahead.take() {
             self.take_early_reads(
                 reads,
-                Err(StoreError::Unavailable("Redis became unavailable".into())),
+                EarlyReplies::failed(StoreError::Unavailable("Redis became unavailable".into())),
             );
         }
     }
@@ -385,7 +440,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         let Some((reads, pending)) = self.read_ahead.take() else {
             return;
         };
-        let replies = pending.wait();
+        let replies = reads.decode(pending.wait());
         self.views.cache.settle(&self.views.dirty);
         self.take_early_reads(reads, replies);
     }

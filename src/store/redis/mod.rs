@@ -66,7 +66,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 pub use config::{FlushSample, RedisStats, RedisStoreConfig};
-pub use early::{EarlyReader, EarlyReads, PendingRead};
+pub use early::{EarlyReader, EarlyReads, EarlyReplies, PendingRead};
 pub use holds::EarlyHoldReads;
 
 use super::counter_store::{

@@ -1304,6 +1304,14 @@ impl Layout {
 }
 
 impl<C: MonotonicClock> RedisStore<C> {
+    /// The layout of `window`'s keys' hashes.
+    pub(super) fn layout(&self, window: u32) -> Layout {
+        self.layouts
+            .get(window as usize)
+            .copied()
+            .unwrap_or(Layout::Own)
+    }
+
     /// The prefix of `window`'s fields in its keys' hashes (empty: each key's hash is its own).
     pub(super) fn section(&self, window: u32) -> &[u8] {
         self.layouts
@@ -1738,11 +1746,19 @@ impl<C: MonotonicClock> RedisStore<C> {
         hash: &[Vec<u8>],
     ) -> Result<Arc<Cached>, StoreError> {
         let spec = self.windows.spec(key.window);
+        let stored = codec::decode_section(&spec, self.section(key.window), hash)?;
+        Ok(self.take_in_stored(key, stored))
+    }
+
+    /// Takes in a window Redis returned for `key`, decoded, as [`RedisStore::take_in_read`]
+    /// does.
+    pub(super) fn take_in_stored(&mut self, key: StoredKey, stored: Stored) -> Arc<Cached> {
+        let spec = self.windows.spec(key.window);
         let Stored {
             state,
             version,
             offsets,
-        } = codec::decode_section(&spec, self.section(key.window), hash)?;
+        } = stored;
         self.views
             .learn(key.window, &offsets, || several_observations(&spec, &state));
         let empty = version == 0 && offsets.is_empty() && state == WindowState::new(spec.aggregate);
@@ -1757,7 +1773,7 @@ impl<C: MonotonicClock> RedisStore<C> {
             })
         };
         self.views.cache.load(key, Arc::clone(&cached));
-        Ok(cached)
+        cached
     }
 
     /// The clean view of a key that is not dirty: cached, else read from Redis; `None` while
