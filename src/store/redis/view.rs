@@ -414,6 +414,7 @@ impl Empties {
             None => {
                 // Used: it moves to the young generation.
                 let (stored, aggregate) = self.old.remove_entry(key)?;
+                self.heap -= stored.key.heap_bytes();
                 self.insert_young(stored, aggregate);
                 aggregate
             }
@@ -2081,7 +2082,26 @@ mod tests {
         assert!(empties.contains(&key(0)) && empties.contains(&key(4)));
         assert!(!empties.contains(&key(1)), "unused and oldest: dropped");
         assert!(Arc::ptr_eq(&empties.get(&key(4)).unwrap(), &empty));
-        // Idle time: kept through one period, dropped after two.
+        // Idle time: kept through one period, dropped after two; a long key's bytes counted
+        // while it is there, however often it moves between generations.
+        let long = StoredKey {
+            window: 0,
+            key: KeyBytes::new(&[7; 100]),
+        };
+        let mut long_keys = Empties::new(1_000, idle, views.empty.clone());
+        long_keys.since = start;
+        long_keys.insert(long.clone(), sum);
+        assert_eq!(long_keys.heap, long.key.heap_bytes());
+        long_keys.expire(start + idle);
+        assert!(
+            long_keys.get(&long).is_some(),
+            "used: back in the young generation"
+        );
+        assert_eq!(long_keys.heap, long.key.heap_bytes());
+        long_keys.insert(long.clone(), sum);
+        assert_eq!(long_keys.heap, long.key.heap_bytes());
+        long_keys.remove(&long);
+        assert_eq!(long_keys.heap, 0);
         let mut idle_keys = Empties::new(1_000, idle, views.empty.clone());
         idle_keys.since = start;
         idle_keys.insert(key(7), sum);
