@@ -41,7 +41,8 @@
 //!   `key_table` lets the engine prefetch an event's keys before counting them), and
 //!   [`store::RedisStore`] (`store/redis/`, split by role: `view` the merged per-key views and
 //!   where keys live (counters over the same dimensions share one hash per key; the windows a
-//!   worker's batch read reach the moka cache after its handover, without the engine),
+//!   worker's batch read reach the moka cache after its handover, without the engine; windows of
+//!   keys Redis holds nothing for are kept beside moka, in a table of their own),
 //!   `holds` hold views, `epochs` data-loss detection, `failover` what no replica confirmed,
 //!   written again after a failover, `reader` the reader thread, `flusher` the write-behind,
 //!   `slices` the write-behind's bookkeeping spread over ticks (building a flush, taking in its
@@ -102,9 +103,9 @@
 //!           ─► rules::decide (allow override, severity, on_store_error) ─► rules::record
 //!
 //! vigil run:  consumer poll ─► partition loop (ordered, batches of at most 1 024 messages;
-//!             waits while ahead of the slowest partition of the group) ─► decode, list the
-//!             windows the batch lacks, read them from Redis with the engine free
-//!             (store::RedisStore::plan_early_reads)
+//!             waits while ahead of the slowest partition of the group) ─► decode (with the
+//!             engine free), list the windows the batch lacks, read and decode them from Redis
+//!             with the engine free (store::RedisStore::plan_early_reads, EarlyReads::decode)
 //!             ─► the same engine, under one lock: while other workers
 //!             count too, the batch's observations on keys spanning partitions are counted
 //!             ahead (Engine::plan_counts ─► store.count_ahead), then count and judge as above,
