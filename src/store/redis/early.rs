@@ -383,7 +383,9 @@ impl<C: MonotonicClock> RedisStore<C> {
             }
             // A reply that does not decode is left to the prefetch, which says why.
             let Some(window) = window else { continue };
-            self.take_in_stored(key, window);
+            // Unchanged since the plan, which found no view of it: it has none now.
+            let cached = self.view_of_stored(&key, window);
+            self.views.cache.load_unheld(key, cached);
             taken += 1;
             used[at] = true;
         }

@@ -795,6 +795,15 @@ impl CleanViews {
         self.loaded.insert(key, cached);
     }
 
+    /// [`CleanViews::load`] for a key known to have no clean view anywhere (an early read's,
+    /// planned when it had none and recorded by none since): nothing beside `loaded` to retire
+    /// or remove, which is three or more lookups in large tables.
+    pub(super) fn load_unheld(&mut self, key: StoredKey, cached: Arc<Cached>) {
+        debug_assert!(!self.held_beside(&key));
+        self.record(&key);
+        self.loaded.insert(key, cached);
+    }
+
     /// Whether enough was read since the last `settle` to settle now, whoever forgets to: the
     /// windows read for one batch stay bounded.
     fn overfull(&self) -> bool {
@@ -1754,6 +1763,14 @@ impl<C: MonotonicClock> RedisStore<C> {
     /// Takes in a window Redis returned for `key`, decoded, as [`RedisStore::take_in_read`]
     /// does.
     pub(super) fn take_in_stored(&mut self, key: StoredKey, stored: Stored) -> Arc<Cached> {
+        let cached = self.view_of_stored(&key, stored);
+        self.views.cache.load(key, Arc::clone(&cached));
+        cached
+    }
+
+    /// The clean view of a window Redis returned for `key`, decoded (the shared empty view if
+    /// Redis held nothing), and what its recorded offsets tell of its counter's locality.
+    pub(super) fn view_of_stored(&mut self, key: &StoredKey, stored: Stored) -> Arc<Cached> {
         let spec = self.windows.spec(key.window);
         let Stored {
             state,
@@ -1773,7 +1790,6 @@ impl<C: MonotonicClock> RedisStore<C> {
                 offsets,
             })
         };
-        self.views.cache.load(key, Arc::clone(&cached));
         cached
     }
 
