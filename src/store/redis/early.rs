@@ -13,6 +13,7 @@
 //! not taken in is read again under the engine by the batch's prefetch, as before; nothing here
 //! decides a value on its own.
 
+use std::hash::BuildHasher;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -385,6 +386,11 @@ impl<C: MonotonicClock> RedisStore<C> {
             let Some(window) = window else { continue };
             // Unchanged since the plan, which found no view of it: it has none now.
             let cached = self.view_of_stored(&key, window);
+            // Noted as the plan's cached keys are: the prefetch that follows, under the same
+            // engine lock, need not look it up again.
+            self.views
+                .cached_at_plan
+                .insert(self.views.plan_hasher.hash_one(&key));
             self.views.cache.load_unheld(key, cached);
             taken += 1;
             used[at] = true;

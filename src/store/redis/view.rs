@@ -1688,17 +1688,20 @@ impl<C: MonotonicClock> RedisStore<C> {
                 window: window.0,
                 key,
             };
+            // Alone, any view will do: a key noted with a clean view needs no read whether or
+            // not it is dirty since, and the small set of notes answers before the large dirty
+            // table is probed (a cache miss each).
+            if let (false, CacheCheck::Trust(cached)) = (self.views.shared, &check) {
+                if cached.contains(&self.views.plan_hasher.hash_one(&lookup)) {
+                    continue;
+                }
+            }
             if self.views.dirty.contains_key(&lookup) || self.views.ahead.contains_key(&lookup) {
                 continue;
             }
             // Alone, any cached view will do, and its hash says whether there is one.
             let fresh = match self.views.shared {
                 false => match &mut check {
-                    CacheCheck::Trust(cached)
-                        if cached.contains(&self.views.plan_hasher.hash_one(&lookup)) =>
-                    {
-                        true
-                    }
                     CacheCheck::Trust(_) => self.views.cache.may_hold(&lookup),
                     CacheCheck::Record(cached) => {
                         let fresh = self.views.cache.may_hold(&lookup);
