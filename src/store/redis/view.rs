@@ -116,12 +116,11 @@ impl Views {
                             }
                         })
                         .build_with_hasher(foldhash::fast::RandomState::default()),
-                    presence: Arc::clone(&presence),
+                    presence,
                     empties: Arc::new(std::sync::Mutex::new(Empties::new(
                         usize::try_from(max_empty_keys).unwrap_or(usize::MAX),
                         time_to_idle,
                         empty.clone(),
-                        Arc::clone(&presence),
                     ))),
                 },
                 loaded: Tallied::default(),
@@ -292,25 +291,22 @@ impl Cache {
     }
 
     fn contains_key<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
-        self.presence.may_hold(key) && (self.empties().contains(key) || self.moka.contains_key(key))
+        self.empties().contains(key) || (self.presence.may_hold(key) && self.moka.contains_key(key))
     }
 
-    /// Whether the cache may hold `key`: `false` means it does not. The set of hashes answers
-    /// for the empty keys too: their table, at ~50 bytes a slot, is mostly out of the caches
-    /// (a probe there was 5 % of a saturated worker's partition threads).
+    /// Whether the cache may hold `key`: `false` means it does not.
     fn may_hold<Q: std::hash::Hash + hashbrown::Equivalent<StoredKey>>(&self, key: &Q) -> bool {
-        self.presence.may_hold(key)
+        self.presence.may_hold(key) || self.empties().contains(key)
     }
 
     fn insert(&self, key: StoredKey, cached: Arc<Cached>) {
         let mut empties = self.empties();
         if let Some(aggregate) = empties.aggregate_of(&cached) {
             // An older, non-empty view of the key must not outlive this one in moka.
-            if self.presence.may_hold(&key) && !empties.contains(&key) {
+            if self.presence.may_hold(&key) {
                 self.presence.forget(&key);
                 self.moka.invalidate(&key);
             }
-            // Its hash noted by the table (after moka's listener forgot the older view's).
             empties.insert(key, aggregate);
             return;
         }
@@ -383,20 +379,13 @@ struct Empties {
     heap: usize,
     /// By aggregate, the view shared by every key here ([`Views::empty_view`]).
     views: [Arc<Cached>; 6],
-    /// The cache's set of hashes, which holds every key's here too.
-    presence: Arc<Presence>,
 }
 
 impl Empties {
     /// The most bytes one key costs here (its slot, and the control byte beside it).
     const SLOT_BYTES: usize = size_of::<(StoredKey, u8)>() + 1;
 
-    fn new(
-        max_keys: usize,
-        time_to_idle: Duration,
-        views: [Arc<Cached>; 6],
-        presence: Arc<Presence>,
-    ) -> Empties {
+    fn new(max_keys: usize, time_to_idle: Duration, views: [Arc<Cached>; 6]) -> Empties {
         Empties {
             young: HashMap::default(),
             old: HashMap::default(),
@@ -405,7 +394,6 @@ impl Empties {
             time_to_idle,
             heap: 0,
             views,
-            presence,
         }
     }
 
@@ -454,7 +442,6 @@ impl Empties {
             self.next_generation(Instant::now());
         }
         self.heap += key.key.heap_bytes();
-        self.presence.note(&key);
         self.young.insert(key, aggregate);
     }
 
@@ -465,7 +452,6 @@ impl Empties {
             .or_else(|| self.old.remove_entry(key))
         {
             self.heap -= stored.key.heap_bytes();
-            self.presence.forget(&stored);
         }
     }
 
@@ -479,13 +465,7 @@ impl Empties {
                 HashMap::with_capacity_and_hasher(capacity, Default::default()),
             ),
         );
-        // Their hashes go too: one probe each of a table mostly in the caches, once a generation.
-        let mut hashes = self.presence.hashes();
-        for key in old.keys() {
-            self.heap -= key.key.heap_bytes();
-            hashes.remove(&self.presence.hasher.hash_one(key));
-        }
-        drop(hashes);
+        self.heap -= old.keys().map(|key| key.key.heap_bytes()).sum::<usize>();
         self.since = now;
     }
 
@@ -2065,10 +2045,7 @@ mod tests {
         cache.run_pending_tasks();
         // Held apart, found as the shared view, counted and charged.
         assert_eq!(cache.moka.entry_count(), 0);
-        assert!(
-            cache.presence.may_hold(&key(1)),
-            "its hash answers for it, as for the keys in moka"
-        );
+        assert!(!cache.presence.may_hold(&key(1)));
         assert!(cache.may_hold(&key(1)) && cache.contains_key(&key(1)));
         assert!(Arc::ptr_eq(&cache.get(&key(1)).unwrap(), &empty));
         assert_eq!(cache.entry_count(), 1);
@@ -2108,8 +2085,7 @@ mod tests {
             key: KeyBytes::new(&i.to_le_bytes()),
         };
         let start = Instant::now();
-        let presence = Arc::new(Presence::default());
-        let mut empties = Empties::new(4, idle, views.empty.clone(), Arc::clone(&presence));
+        let mut empties = Empties::new(4, idle, views.empty.clone());
         empties.since = start;
         let sum = empties.aggregate_of(&empty).unwrap();
         assert_eq!(empties.aggregate_of(&cached()), None);
@@ -2124,25 +2100,14 @@ mod tests {
         empties.insert(key(4), sum);
         assert!(empties.contains(&key(0)) && empties.contains(&key(4)));
         assert!(!empties.contains(&key(1)), "unused and oldest: dropped");
-        // The cache's set of hashes follows: the kept keys' are there, the dropped ones' gone.
-        for i in 0..5 {
-            assert_eq!(
-                presence.may_hold(&key(i)),
-                empties.contains(&key(i)),
-                "key {i}"
-            );
-        }
-        assert_eq!(presence.hashes().len(), empties.len());
         assert!(Arc::ptr_eq(&empties.get(&key(4)).unwrap(), &empty));
-        empties.remove(&key(4));
-        assert!(!presence.may_hold(&key(4)));
         // Idle time: kept through one period, dropped after two; a long key's bytes counted
         // while it is there, however often it moves between generations.
         let long = StoredKey {
             window: 0,
             key: KeyBytes::new(&[7; 100]),
         };
-        let mut long_keys = Empties::new(1_000, idle, views.empty.clone(), Arc::default());
+        let mut long_keys = Empties::new(1_000, idle, views.empty.clone());
         long_keys.since = start;
         long_keys.insert(long.clone(), sum);
         assert_eq!(long_keys.heap, long.key.heap_bytes());
@@ -2156,7 +2121,7 @@ mod tests {
         assert_eq!(long_keys.heap, long.key.heap_bytes());
         long_keys.remove(&long);
         assert_eq!(long_keys.heap, 0);
-        let mut idle_keys = Empties::new(1_000, idle, views.empty.clone(), Arc::default());
+        let mut idle_keys = Empties::new(1_000, idle, views.empty.clone());
         idle_keys.since = start;
         idle_keys.insert(key(7), sum);
         idle_keys.expire(start + idle / 2);
