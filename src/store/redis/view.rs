@@ -34,10 +34,10 @@ pub(super) struct Views {
     /// The lanes this process counted since its views were last forgotten: a key only they
     /// wrote changes in Redis only through this process.
     own_lanes: Vec<u64>,
-    /// Hashes of the keys the last plan of reads ahead found with a clean view (alone only): the
-    /// next prefetch does not look them up in the cache again (each lookup there is a few cache
-    /// misses). A view evicted or dropped in between is read when counted, as any view not
-    /// cached is.
+    /// Hashes of the keys the last plan of reads ahead found with a clean view, and of those its
+    /// early reads took in (alone only): the next prefetch does not look them up again (each
+    /// lookup in the large tables is a cache miss or more). A view evicted or dropped in between
+    /// is read when counted, as any view not cached is.
     pub(super) cached_at_plan: hashbrown::HashSet<u64, foldhash::fast::RandomState>,
     pub(super) plan_hasher: foldhash::fast::RandomState,
     /// By aggregate, the view of a key Redis holds nothing for: shared by every such key (most
