@@ -159,6 +159,21 @@ end
 -- three are the same strings.
 local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, sets_ends, memo = {}, {}, {}, {}, {}, {}, {}, {}
 
+-- A count of arguments (deltas, writes, field/value entries) as a number, or nil unless it is a
+-- whole number of at least 0. The same few counts come back key after key, and tonumber parses
+-- a double each time (its most expensive step here), so each text is converted once per call.
+local counts = {}
+local function count_of(text)
+  if text == nil then return nil end
+  local n = counts[text]
+  if n == nil then
+    n = tonumber(text)
+    if not whole(n) or n < 0 then n = false end
+    counts[text] = n
+  end
+  return n or nil
+end
+
 -- Digits with an optional sign, at most 16 bytes (Lua's doubles hold it exactly): for the values
 -- written into the hash as they come ("v", "h"), whose text must be what the caller decodes.
 local function int_text(s)
@@ -207,15 +222,17 @@ local function invalid()
     local kind, prefix, stride = header.kind, header.prefix, header.stride
     local expected = ARGV[at + 5]
     local expected_number
-    if expected ~= '' and expected ~= '<' then
+    -- "0" (the key held nothing) is the usual version: taken without converting it.
+    if expected == '0' then
+      expected_number = 0
+    elseif expected ~= '' and expected ~= '<' then
       expected_number = tonumber(expected)
       if not whole(expected_number) then return bad('bad version') end
     end
     -- No deltas (writes alone) is the usual case: "0" is taken without converting it.
     local deltas_text = ARGV[at + 6]
-    local deltas, writes = deltas_text == '0' and 0 or tonumber(deltas_text), tonumber(ARGV[at + 7])
-    if not whole(deltas) or not whole(writes) then return bad('bad counts') end
-    if deltas < 0 or writes < 0 or deltas % stride ~= 0 then return bad('bad counts') end
+    local deltas, writes = deltas_text == '0' and 0 or count_of(deltas_text), count_of(ARGV[at + 7])
+    if deltas == nil or writes == nil or deltas % stride ~= 0 then return bad('bad counts') end
     local first = at + 8
     local deltas_end = first + deltas - 1
     local writes_end = deltas_end + writes
@@ -236,8 +253,8 @@ local function invalid()
     end
     if writes > 0 then
       if expected == '<' then return bad('writes with "<"') end
-      local refresh, sets = ARGV[deltas_end + 1], tonumber(ARGV[deltas_end + 2])
-      if (refresh ~= '0' and refresh ~= '1') or not whole(sets) then return bad('bad writes') end
+      local refresh, sets = ARGV[deltas_end + 1], count_of(ARGV[deltas_end + 2])
+      if (refresh ~= '0' and refresh ~= '1') or sets == nil then return bad('bad writes') end
       if sets < 4 or sets % 2 ~= 0 or deltas_end + 2 + sets > writes_end then return bad('bad writes') end
       -- "v" and "h" first, in the section (compared without building the names when alone).
       local v, h = ARGV[deltas_end + 3], ARGV[deltas_end + 5]

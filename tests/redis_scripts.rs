@@ -609,6 +609,52 @@ fn the_script_checks_every_argument_before_its_first_write() {
         let error = refused(&mut conn, "60000", bucket);
         assert!(error.contains("key 2: bad bucket"), "{bucket:?}: {error}");
     }
+    // Counts of arguments must be whole and not negative, and a write needs its entries: each
+    // refused before the first key is written (counts are converted once per text and call, so
+    // the same bad text is refused for a second key as for a first).
+    for (deltas, writes, expected) in [
+        ("-2", "0", "bad counts"),
+        ("1.5", "0", "bad counts"),
+        ("x", "0", "bad counts"),
+        ("1", "0", "bad counts"),
+        ("0", "-1", "bad counts"),
+        ("0", "0.5", "bad counts"),
+        ("0", "1", "bad writes"),
+    ] {
+        let mut inv = script.key("vg:t:first");
+        inv.arg("c")
+            .arg(3)
+            .arg(0)
+            .arg(60_000)
+            .arg(2)
+            .arg("")
+            .arg(2)
+            .arg(0)
+            .arg(5)
+            .arg(1);
+        inv.key("vg:t:second")
+            .arg("c")
+            .arg(3)
+            .arg(0)
+            .arg(60_000)
+            .arg(2)
+            .arg("0")
+            .arg(deltas)
+            .arg(writes);
+        if writes == "1" {
+            inv.arg("1");
+        }
+        let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("key 2: {expected}")),
+            "{deltas:?} {writes:?}: {error}"
+        );
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg("vg:t:first")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(exists, 0, "the first key was not written");
+    }
     let mut inv = script.key("vg:t:first");
     inv.arg("c")
         .arg(3)
