@@ -206,9 +206,9 @@ local function invalid()
         if find(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
       end
       if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
-      local k, cap, ttl = tonumber(k_text), tonumber(cap_text), tonumber(ttl_text)
-      if not whole(k) or k < 1 then return bad('bad bucket count') end
-      if not whole(cap) or cap < 0 or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
+      local k, cap, ttl = count_of(k_text), count_of(cap_text), tonumber(ttl_text)
+      if k == nil or k < 1 then return bad('bad bucket count') end
+      if cap == nil or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
         return bad('bad distinct bound')
       end
       -- Digits as Redis reads them (PEXPIRE gets this text): no sign, exponent or leading zero.
