@@ -2806,3 +2806,54 @@ fn alone_the_store_writes_behind_seldom_and_with_others_at_the_flush_interval() 
     );
     assert!(store.stats().flushes >= 2, "{:?}", store.stats());
 }
+
+/// `vigil bench --redis` as a user runs it on a small workload: every approach's row with its
+/// Redis calls and Redis CPU per event, and vigil against the fastest per-event script in events/s
+/// and in Redis CPU per event.
+#[test]
+fn the_redis_bench_reports_every_row_and_both_ratios() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args([
+            "bench", "--rules", "rules", "--redis", &url, "--events", "3000", "--users", "200",
+        ])
+        .output()
+        .expect("spawn vigil");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "vigil (write-behind)",
+        "per-event zset script",
+        "per-event hash script",
+        "per-event ring",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(row) && l.contains("events/s"))
+            .unwrap_or_else(|| panic!("no {row} row in {stdout}"));
+        let per_event: f64 = line
+            .split("redis cpu ")
+            .nth(1)
+            .and_then(|rest| rest.split('(').nth(1))
+            .and_then(|rest| rest.split(" µs/event)").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no Redis CPU per event in {line:?}"));
+        assert!(per_event >= 0.0, "{line}");
+    }
+    assert!(stdout.contains("vigil / fastest per-event ("), "{stdout}");
+    let ratio: f64 = stdout
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("vigil's redis cpu per event / fastest per-event's: ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no Redis CPU ratio in {stdout}"));
+    // Write-behind sends fewer, larger calls than a script call per event and counter.
+    assert!(ratio > 0.0 && ratio < 1.0, "{ratio}\n{stdout}");
+}

@@ -345,11 +345,12 @@ pub fn run(
     for (name, t) in &results {
         writeln!(
             out,
-            "  {name:<24} {:>9.0} events/s   {:.4} script calls/event   {:.4} redis calls/event   redis cpu {:.1}s   wall {:.1}s",
+            "  {name:<24} {:>9.0} events/s   {:.4} script calls/event   {:.4} redis calls/event   redis cpu {:.1}s ({:.1} µs/event)   wall {:.1}s",
             t.events_per_second(),
             t.script_calls as f64 / t.events.max(1) as f64,
             t.redis_calls as f64 / t.events.max(1) as f64,
             t.redis_cpu_seconds,
+            t.redis_cpu_seconds * 1e6 / t.events.max(1) as f64,
             t.seconds
         )?;
     }
@@ -371,6 +372,15 @@ pub fn run(
             "  vigil / fastest per-event ({name}): {:.2}x",
             vigil_eps / fastest.events_per_second()
         )?;
+        // Redis CPU per event, the other half of the comparison (Redis is what the workers share).
+        let cpu_per_event = |t: &Throughput| t.redis_cpu_seconds / t.events.max(1) as f64;
+        if cpu_per_event(fastest) > 0.0 {
+            writeln!(
+                out,
+                "  vigil's redis cpu per event / fastest per-event's: {:.2}",
+                cpu_per_event(&results[0].1) / cpu_per_event(fastest)
+            )?;
+        }
     }
     Ok(())
 }

@@ -1783,7 +1783,7 @@ impl<C: MonotonicClock> RedisStore<C> {
         self.views
             .learn(key.window, &offsets, || several_observations(&spec, &state));
         let empty = version == 0 && offsets.is_empty() && state == WindowState::new(spec.aggregate);
-        let cached = if empty {
+        if empty {
             self.views.empty_view(spec.aggregate)
         } else {
             Arc::new(Cached {
@@ -1792,8 +1792,7 @@ impl<C: MonotonicClock> RedisStore<C> {
                 refreshed: None,
                 offsets,
             })
-        };
-        cached
+        }
     }
 
     /// The clean view of a key that is not dirty: cached, else read from Redis; `None` while
