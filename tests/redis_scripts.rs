@@ -567,9 +567,9 @@ fn the_script_checks_every_argument_before_its_first_write() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     let script = script();
-    // Two keys: the first well formed, the second with `ttl` and `bucket` as given. When the
-    // second is refused, nothing may be written.
-    let refused = |conn: &mut redis::Connection, ttl: &str, bucket: &str| -> String {
+    // Two keys: the first well formed, the second with the arguments given. When the second is
+    // refused, nothing may be written.
+    let refused_second = |conn: &mut redis::Connection, second: &[&str]| -> String {
         let mut inv = script.key("vg:t:first");
         inv.arg("c")
             .arg(3)
@@ -581,21 +581,18 @@ fn the_script_checks_every_argument_before_its_first_write() {
             .arg(0)
             .arg(5)
             .arg(1);
-        inv.key("vg:t:second")
-            .arg("c")
-            .arg(3)
-            .arg(0)
-            .arg(ttl)
-            .arg(2)
-            .arg("")
-            .arg(2)
-            .arg(0)
-            .arg(bucket)
-            .arg(1);
+        inv.key("vg:t:second");
+        for arg in second {
+            inv.arg(*arg);
+        }
         let error = inv.invoke::<Vec<Reply>>(conn).unwrap_err().to_string();
         let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(conn).unwrap();
         assert_eq!(exists, 0, "the first key was not written");
         error
+    };
+    // The second key with `ttl` and `bucket` as given.
+    let refused = |conn: &mut redis::Connection, ttl: &str, bucket: &str| -> String {
+        refused_second(conn, &["c", "3", "0", ttl, "2", "", "2", "0", bucket, "1"])
     };
     let error = refused(&mut conn, "0", "5");
     assert!(error.contains("key 2: bad TTL"), "{error}");
@@ -621,39 +618,16 @@ fn the_script_checks_every_argument_before_its_first_write() {
         ("0", "0.5", "bad counts"),
         ("0", "1", "bad writes"),
     ] {
-        let mut inv = script.key("vg:t:first");
-        inv.arg("c")
-            .arg(3)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
-            .arg("")
-            .arg(2)
-            .arg(0)
-            .arg(5)
-            .arg(1);
-        inv.key("vg:t:second")
-            .arg("c")
-            .arg(3)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
-            .arg("0")
-            .arg(deltas)
-            .arg(writes);
+        let mut second = vec!["c", "3", "0", "60000", "2", "0", deltas, writes];
         if writes == "1" {
-            inv.arg("1");
+            // One write entry, cut short of its count of field/value entries.
+            second.push("1");
         }
-        let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err().to_string();
+        let error = refused_second(&mut conn, &second);
         assert!(
             error.contains(&format!("key 2: {expected}")),
             "{deltas:?} {writes:?}: {error}"
         );
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg("vg:t:first")
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(exists, 0, "the first key was not written");
     }
     let mut inv = script.key("vg:t:first");
     inv.arg("c")
