@@ -229,9 +229,7 @@ local function invalid()
       expected_number = tonumber(expected)
       if not whole(expected_number) then return bad('bad version') end
     end
-    -- No deltas (writes alone) is the usual case: "0" is taken without converting it.
-    local deltas_text = ARGV[at + 6]
-    local deltas, writes = deltas_text == '0' and 0 or count_of(deltas_text), count_of(ARGV[at + 7])
+    local deltas, writes = count_of(ARGV[at + 6]), count_of(ARGV[at + 7])
     if deltas == nil or writes == nil or deltas % stride ~= 0 then return bad('bad counts') end
     local first = at + 8
     local deltas_end = first + deltas - 1

@@ -60,6 +60,11 @@ impl Throughput {
     pub fn events_per_second(&self) -> f64 {
         self.events as f64 / self.seconds.max(1e-9)
     }
+
+    /// Redis CPU seconds per event (Redis is what the workers share).
+    pub fn redis_cpu_per_event(&self) -> f64 {
+        self.redis_cpu_seconds / self.events.max(1) as f64
+    }
 }
 
 /// Redis CPU seconds so far (user + system), from `INFO cpu`.
@@ -350,7 +355,7 @@ pub fn run(
             t.script_calls as f64 / t.events.max(1) as f64,
             t.redis_calls as f64 / t.events.max(1) as f64,
             t.redis_cpu_seconds,
-            t.redis_cpu_seconds * 1e6 / t.events.max(1) as f64,
+            t.redis_cpu_per_event() * 1e6,
             t.seconds
         )?;
     }
@@ -372,13 +377,12 @@ pub fn run(
             "  vigil / fastest per-event ({name}): {:.2}x",
             vigil_eps / fastest.events_per_second()
         )?;
-        // Redis CPU per event, the other half of the comparison (Redis is what the workers share).
-        let cpu_per_event = |t: &Throughput| t.redis_cpu_seconds / t.events.max(1) as f64;
-        if cpu_per_event(fastest) > 0.0 {
+        // Redis CPU per event, the other half of the comparison.
+        if fastest.redis_cpu_per_event() > 0.0 {
             writeln!(
                 out,
                 "  vigil's redis cpu per event / fastest per-event's: {:.2}",
-                cpu_per_event(&results[0].1) / cpu_per_event(fastest)
+                results[0].1.redis_cpu_per_event() / fastest.redis_cpu_per_event()
             )?;
         }
     }
