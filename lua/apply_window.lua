@@ -10,7 +10,9 @@
 -- KEYS[n]  the n-th window's hash: vg:<counter>:<digest>, or vg:_:<digest> shared by the counters
 --          over the same dimensions (each window a section of it; a key may then come several
 --          times, once per section)
--- ARGV     for each key in order, a header of eight values followed by its deltas and its writes:
+-- ARGV     first the call's shapes: their number, then five values for each (the counters of a
+--          call are few, its keys many, so what is the same for every key of a counter is sent,
+--          and checked, once per call):
 --            aggregate: "c" (count), "s" (sum), "d" (distinct), "x" (max), "n" (min) or "l" (last),
 --            followed by the section's field prefix in a shared hash (at most 16 bytes, ending
 --            in its only "."; none when the hash is the window's own): every field named below
@@ -24,6 +26,8 @@
 --            stride: 2 for (bucket, value) deltas, 4 for (bucket, value, partition, offset);
 --            "partition" is any short name of an ordered input (vigil: the Kafka partition, or a
 --            replayed input)
+--          then for each key in order, a header of four values followed by its deltas and writes:
+--            the key's shape (1 for the first above)
 --            the version the caller's view is based on ("0": the key held nothing), or "" if
 --            it has none, or "<" to have the window as it was before these deltas back (the
 --            caller counts a batch ahead on it; no writes then)
@@ -36,9 +40,9 @@
 --          "<time>:<tag><text>" (tag s, n or b), kept when its time is at least the kept one's
 --          (or that one slid out), so of equal times the later delta wins
 --          writes: "1" to refresh the TTL or "0" (the caller refreshed it less than a window
---          ago, so it is still above its floor); how many field/value entries follow; those
---          entries: "v" and the next version (one more than the caller's, or a random one below
---          2^52 for a new key), "h" and the head, the buckets or values by slot, and
+--          ago, so it is still above its floor); how many field/value entries follow the next
+--          two values; the next version "v" (one more than the caller's, or a random one below
+--          2^52 for a new key) and the head "h"; the entries: the buckets or values by slot, and
 --          "o:<partition>" with the highest offset the writes cover; then the fields to delete.
 --          The caller computes them from its view with its deltas applied. They are used only
 --          if the key is still at the caller's version (that view is then exactly what Redis
@@ -153,11 +157,8 @@ local function names_of(prefix)
   return own
 end
 
--- Each key's header, read once by `invalid` (numbers as numbers): the script runs on these.
--- The keys of one counter share their header's first five values, so a header checked once is
--- kept by its first and fourth values (aggregate and TTL: `memo`) and taken again when the other
--- three are the same strings.
-local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, sets_ends, memo = {}, {}, {}, {}, {}, {}, {}, {}
+-- Each key's shape, read once by `invalid` (numbers as numbers): the script runs on these.
+local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, sets_ends = {}, {}, {}, {}, {}, {}, {}
 
 -- A count of arguments (deltas, writes, field/value entries) as a number, or nil unless it is a
 -- whole number of at least 0. The same few counts come back key after key, and tonumber parses
@@ -180,47 +181,51 @@ local function int_text(s)
   return #s <= 16 and find(s, '^%-?%d+$') ~= nil
 end
 
+-- The shape at ARGV[at..at+4] checked and read, or nil and what is wrong with it.
+local function read_shape(at)
+  local head, k_text, cap_text, ttl_text, stride_text = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local kind, prefix = sub(head, 1, 1), ''
+  if #head > 1 then
+    prefix = sub(head, 2)
+    if #prefix > 16 then return nil, 'section prefix too long' end
+    if find(prefix, '^[^.]+%.$') == nil then return nil, 'bad section prefix' end
+  end
+  if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return nil, 'unknown aggregate' end
+  local k, cap, ttl = count_of(k_text), count_of(cap_text), tonumber(ttl_text)
+  if k == nil or k < 1 then return nil, 'bad bucket count' end
+  if cap == nil or cap > 1000000 or (kind == 'd') ~= (cap > 0) then return nil, 'bad distinct bound' end
+  -- Digits as Redis reads them (PEXPIRE gets this text): no sign, exponent or leading zero.
+  if not whole(ttl) or ttl < 1 or ttl > MAX_TTL or find(ttl_text, '^[1-9]%d*$') == nil then return nil, 'bad TTL' end
+  local stride
+  if stride_text == '2' then stride = 2 elseif stride_text == '4' then stride = 4 else return nil, 'bad stride' end
+  return {kind = kind, prefix = prefix, k = k, cap = cap, ttl = ttl, stride = stride, names = names_of(prefix),
+          ttl_text = ttl_text}
+end
+
 -- Every argument of every key, before anything is written; nil if they are well formed. Each
--- value is converted once (the conversions are most of what this costs) and the headers kept.
+-- value is converted once (the conversions are most of what this costs) and the shapes kept.
 local function invalid()
-  local at = 1
-  local n = 0
   local count = #ARGV
+  local shape_count = count_of(ARGV[1])
+  if shape_count == nil or 1 + 5 * shape_count > count then return 'apply_window: shapes cut short' end
+  local shapes = {}
+  for s = 1, shape_count do
+    local shape, problem = read_shape(2 + 5 * (s - 1))
+    if shape == nil then return 'apply_window: shape ' .. s .. ': ' .. problem end
+    shapes[s] = shape
+  end
+  local at = 2 + 5 * shape_count
+  local n = 0
   -- Not a closure per key: building one for each key costs more than its checks.
   local function bad(what) return 'apply_window: key ' .. n .. ': ' .. what end
   for key = 1, #KEYS do
     n = key
-    if at + 7 > count then return bad('header cut short') end
-    local head, k_text, cap_text, ttl_text, stride_text = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
-    local by_ttl = memo[head]
-    if by_ttl == nil then
-      by_ttl = {}
-      memo[head] = by_ttl
-    end
-    local header = by_ttl[ttl_text]
-    if header == nil or header.k_text ~= k_text or header.cap_text ~= cap_text or header.stride_text ~= stride_text then
-      local kind, prefix = sub(head, 1, 1), ''
-      if #head > 1 then
-        prefix = sub(head, 2)
-        if #prefix > 16 then return bad('section prefix too long') end
-        if find(prefix, '^[^.]+%.$') == nil then return bad('bad section prefix') end
-      end
-      if kind ~= 'c' and kind ~= 's' and kind ~= 'd' and kind ~= 'x' and kind ~= 'n' and kind ~= 'l' then return bad('unknown aggregate') end
-      local k, cap, ttl = count_of(k_text), count_of(cap_text), tonumber(ttl_text)
-      if k == nil or k < 1 then return bad('bad bucket count') end
-      if cap == nil or cap > 1000000 or (kind == 'd') ~= (cap > 0) then
-        return bad('bad distinct bound')
-      end
-      -- Digits as Redis reads them (PEXPIRE gets this text): no sign, exponent or leading zero.
-      if not whole(ttl) or ttl < 1 or ttl > MAX_TTL or find(ttl_text, '^[1-9]%d*$') == nil then return bad('bad TTL') end
-      local stride
-      if stride_text == '2' then stride = 2 elseif stride_text == '4' then stride = 4 else return bad('bad stride') end
-      header = {kind = kind, prefix = prefix, k = k, cap = cap, ttl = ttl, stride = stride, names = names_of(prefix),
-                k_text = k_text, cap_text = cap_text, ttl_text = ttl_text, stride_text = stride_text}
-      by_ttl[ttl_text] = header
-    end
-    local kind, prefix, stride = header.kind, header.prefix, header.stride
-    local expected = ARGV[at + 5]
+    if at + 3 > count then return bad('header cut short') end
+    local shape = count_of(ARGV[at])
+    local header = shape and shapes[shape]
+    if not header then return bad('no such shape') end
+    local kind, stride = header.kind, header.stride
+    local expected = ARGV[at + 1]
     local expected_number
     -- "0" (the key held nothing) is the usual version: taken without converting it.
     if expected == '0' then
@@ -229,9 +234,9 @@ local function invalid()
       expected_number = tonumber(expected)
       if not whole(expected_number) then return bad('bad version') end
     end
-    local deltas, writes = count_of(ARGV[at + 6]), count_of(ARGV[at + 7])
+    local deltas, writes = count_of(ARGV[at + 2]), count_of(ARGV[at + 3])
     if deltas == nil or writes == nil or deltas % stride ~= 0 then return bad('bad counts') end
-    local first = at + 8
+    local first = at + 4
     local deltas_end = first + deltas - 1
     local writes_end = deltas_end + writes
     if writes_end > count then return bad('arguments cut short') end
@@ -253,16 +258,10 @@ local function invalid()
       if expected == '<' then return bad('writes with "<"') end
       local refresh, sets = ARGV[deltas_end + 1], count_of(ARGV[deltas_end + 2])
       if (refresh ~= '0' and refresh ~= '1') or sets == nil then return bad('bad writes') end
-      if sets < 4 or sets % 2 ~= 0 or deltas_end + 2 + sets > writes_end then return bad('bad writes') end
-      -- "v" and "h" first, in the section (compared without building the names when alone).
-      local v, h = ARGV[deltas_end + 3], ARGV[deltas_end + 5]
-      if prefix == '' then
-        if v ~= 'v' or h ~= 'h' then return bad('bad writes') end
-      elseif v ~= header.names.v or h ~= header.names.h then
-        return bad('bad writes')
-      end
-      if not int_text(ARGV[deltas_end + 4]) or not int_text(ARGV[deltas_end + 6]) then return bad('bad writes') end
-      sets_ends[key] = deltas_end + 2 + sets
+      if sets % 2 ~= 0 or deltas_end + 4 + sets > writes_end then return bad('bad writes') end
+      -- The next version and the head go into the hash as they come: the caller decodes them.
+      if not int_text(ARGV[deltas_end + 3]) or not int_text(ARGV[deltas_end + 4]) then return bad('bad writes') end
+      sets_ends[key] = deltas_end + 4 + sets
     end
     headers[key], expecteds[key], expected_numbers[key] = header, expected, expected_number
     firsts[key], lasts[key], writes_lasts[key] = first, deltas_end, writes_end
@@ -390,16 +389,20 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
       local refresh = ARGV[w] == '1'
-      if shared and refresh and sets_end - w <= 1000 then
-        -- The section's expiry goes with its writes (one HSET; unpack() is safe for this many,
-        -- and must come last: vigil never writes "e" itself, a caller that did would win).
-        call('HSET', key, header.names.e, expiry(ttl), unpack(ARGV, w + 2, sets_end))
-      elseif shared and refresh then
-        local sets = {header.names.e, expiry(ttl)}
-        for j = w + 2, sets_end do sets[#sets + 1] = ARGV[j] end
-        write('HSET', key, sets, 1, #sets)
+      local names, v_text, h_text = header.names, ARGV[w + 2], ARGV[w + 3]
+      if sets_end - w <= 1000 then
+        -- One HSET (unpack() is safe for this many, and must come last). The section's expiry
+        -- goes first, with its writes: vigil never writes "e" itself, a caller that did would win.
+        if shared and refresh then
+          call('HSET', key, names.e, expiry(ttl), names.v, v_text, names.h, h_text, unpack(ARGV, w + 4, sets_end))
+        else
+          call('HSET', key, names.v, v_text, names.h, h_text, unpack(ARGV, w + 4, sets_end))
+        end
       else
-        write('HSET', key, ARGV, w + 2, sets_end)
+        local sets = {names.v, v_text, names.h, h_text}
+        if shared and refresh then sets[5], sets[6] = names.e, expiry(ttl) end
+        for j = w + 4, sets_end do sets[#sets + 1] = ARGV[j] end
+        write('HSET', key, sets, 1, #sets)
       end
       if writes_last > sets_end then write('HDEL', key, ARGV, sets_end + 1, writes_last) end
       if refresh then
@@ -408,9 +411,9 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
         -- expired sections.
         if shared and version ~= 0 then prune(key, call('HGETALL', key), prefix) end
       end
-      -- The entries start with "v" and the next version: the reply is that version alone (a
-      -- table per key costs more than the rest of this path).
-      return ARGV[w + 3]
+      -- The reply is the next version alone (a table per key costs more than the rest of this
+      -- path).
+      return v_text
     end
     if version == 0 and expected_number ~= 0 then
       return {'?'}

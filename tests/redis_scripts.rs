@@ -14,6 +14,100 @@ fn script() -> redis::Script {
 
 type Reply = Vec<Vec<u8>>;
 
+/// A window's shape as the script takes it, once per call: the aggregate's letter (and the
+/// section's prefix), the buckets, the distinct bound, the TTL in ms and the deltas' stride.
+type Shape = [String; 5];
+
+/// The usual shape: `kind` over `k` buckets, a minute's TTL, deltas of `stride` values.
+fn shape(kind: &str, k: i64, stride: i64) -> Shape {
+    let cap = if kind.starts_with('d') { 10_000 } else { 0 };
+    [
+        kind.into(),
+        k.to_string(),
+        cap.to_string(),
+        "60000".into(),
+        stride.to_string(),
+    ]
+}
+
+/// A shape given value by value, as the script gets it.
+fn raw_shape(values: [&str; 5]) -> Shape {
+    values.map(String::from)
+}
+
+/// One call of `lua/apply_window.lua` as the script reads it: the call's shapes first, then for
+/// each key its shape's number and the rest of its arguments.
+#[derive(Default)]
+struct Call {
+    keys: Vec<String>,
+    shapes: Vec<Shape>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    /// A key of `shape` (numbered as an earlier key of the same shape); its arguments follow.
+    fn key(&mut self, key: &str, shape: Shape) -> &mut Self {
+        self.keys.push(key.into());
+        let number = match self.shapes.iter().position(|known| *known == shape) {
+            Some(at) => at + 1,
+            None => {
+                self.shapes.push(shape);
+                self.shapes.len()
+            }
+        };
+        self.arg(number)
+    }
+
+    fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    fn args<T: redis::ToRedisArgs>(&mut self, args: &[T]) -> &mut Self {
+        for arg in args {
+            self.arg(arg);
+        }
+        self
+    }
+
+    fn invoke<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut redis::Connection,
+    ) -> redis::RedisResult<T> {
+        let script = script();
+        let mut inv = script.prepare_invoke();
+        for key in &self.keys {
+            inv.key(key);
+        }
+        inv.arg(self.shapes.len());
+        for value in self.shapes.iter().flatten() {
+            inv.arg(value);
+        }
+        for arg in &self.args {
+            inv.arg(arg.as_slice());
+        }
+        inv.invoke(conn)
+    }
+
+    /// The one key's reply, as text.
+    fn reply(&self, conn: &mut redis::Connection) -> redis::RedisResult<Vec<String>> {
+        let mut replies: Vec<Reply> = self.invoke(conn)?;
+        assert_eq!(replies.len(), 1);
+        Ok(replies
+            .pop()
+            .unwrap()
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect())
+    }
+
+    /// The error the call is refused with.
+    fn refusal(&self, conn: &mut redis::Connection) -> String {
+        self.invoke::<Vec<Reply>>(conn).unwrap_err().to_string()
+    }
+}
+
+/// One key's deltas (`args`) merged without a view, answered with its window.
 fn call(
     conn: &mut redis::Connection,
     key: &str,
@@ -22,68 +116,36 @@ fn call(
     stride: i64,
     args: &[&str],
 ) -> Vec<String> {
-    let script = script();
-    let mut inv = script.key(key);
-    inv.arg(kind)
-        .arg(k)
-        .arg(if kind == "d" { 10_000 } else { 0 })
-        .arg(60_000)
-        .arg(stride)
+    Call::default()
+        .key(key, shape(kind, k, stride))
         .arg("")
         .arg(args.len())
-        .arg(0);
-    for a in args {
-        inv.arg(*a);
-    }
-    let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-    assert_eq!(replies.len(), 1);
-    replies
-        .pop()
+        .arg(0)
+        .args(args)
+        .reply(conn)
         .unwrap()
-        .into_iter()
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .collect()
 }
 
 #[test]
 fn one_script_call_serves_many_keys_independently() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let script = script();
-    let mut inv = script.key("vg:t:m1");
-    inv.arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
+    let mut call = Call::default();
+    call.key("vg:t:m1", shape("c", 3, 2))
         .arg("")
         .arg(4)
         .arg(0)
-        .arg(5)
-        .arg(2)
-        .arg(6)
-        .arg(1);
-    inv.key("vg:t:m2")
-        .arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("")
-        .arg(0)
-        .arg(0);
-    inv.key("vg:t:m3")
-        .arg("s")
-        .arg(2)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
+        .args(&[5, 2, 6, 1]);
+    // The same shape as the first key's: sent once.
+    call.key("vg:t:m2", shape("c", 3, 2)).arg("").arg(0).arg(0);
+    call.key("vg:t:m3", shape("s", 2, 2))
         .arg("")
         .arg(2)
         .arg(0)
         .arg(9)
         .arg("1500000");
-    let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
+    assert_eq!(call.shapes.len(), 2);
+    let replies: Vec<Reply> = call.invoke(&mut conn).unwrap();
     let text = |r: &Reply| {
         r.iter()
             .map(|b| String::from_utf8_lossy(b).into_owned())
@@ -228,23 +290,11 @@ fn script_sums_exact_64_bit_micro_units_and_tracks_distinct_latest() {
         .collect();
     assert_eq!(window["b5"], i64::MAX.to_string());
     // Amounts must be integers of at most 19 digits: anything else is refused before a write.
-    let script = script();
-    let mut inv = script.key("vg:t:bad");
-    inv.arg("s")
-        .arg(5)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("")
-        .arg(2)
-        .arg(0)
-        .arg("1")
-        .arg("0.5");
-    assert!(inv
-        .invoke::<Vec<Reply>>(&mut conn)
-        .unwrap_err()
-        .to_string()
-        .contains("bad amount"));
+    let error = Call::default()
+        .key("vg:t:bad", shape("s", 5, 2))
+        .args(&["", "2", "0", "1", "0.5"])
+        .refusal(&mut conn);
+    assert!(error.contains("key 1: bad amount"), "{error}");
 
     let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
     call(&mut conn, "vg:t:d", "d", 3, 2, &["5", a, "4", b, "3", a]);
@@ -265,26 +315,14 @@ fn script_returns_the_window_only_when_another_writer_changed_it() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
     let run = |conn: &mut redis::Connection, expected: &str, args: &[&str]| -> Vec<String> {
-        let script = script();
-        let mut inv = script.key("vg:t:v");
-        inv.arg("c")
-            .arg(10)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
+        Call::default()
+            .key("vg:t:v", shape("c", 10, 2))
             .arg(expected)
             .arg(args.len())
-            .arg(0);
-        for a in args {
-            inv.arg(*a);
-        }
-        let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-        replies
-            .pop()
+            .arg(0)
+            .args(args)
+            .reply(conn)
             .unwrap()
-            .into_iter()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .collect()
     };
     // A caller whose view is "the key holds nothing" (version 0) is current on a new key.
     let out = run(&mut conn, "0", &["5", "1"]);
@@ -324,26 +362,15 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
                deltas: &[&str],
                writes: &[&str]|
      -> Vec<String> {
-        let script = script();
-        let mut inv = script.key("vg:t:w");
-        inv.arg("c")
-            .arg(4)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
+        Call::default()
+            .key("vg:t:w", shape("c", 4, 2))
             .arg(expected)
             .arg(deltas.len())
-            .arg(writes.len());
-        for a in deltas.iter().chain(writes) {
-            inv.arg(*a);
-        }
-        let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-        replies
-            .pop()
+            .arg(writes.len())
+            .args(deltas)
+            .args(writes)
+            .reply(conn)
             .unwrap()
-            .into_iter()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .collect()
     };
     let stored = |conn: &mut redis::Connection| -> BTreeMap<String, String> {
         redis::cmd("HGETALL").arg("vg:t:w").query(conn).unwrap()
@@ -355,12 +382,13 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
             .collect()
     };
     // A new key and a caller whose view is "nothing" (version 0): its writes are taken as they are
-    // (refresh the TTL; v, h, and bucket 10 in slot 2).
+    // (refresh the TTL; one field/value entry after the next version (v) and the head (h):
+    // bucket 10 in slot 2).
     let out = run(
         &mut conn,
         "0",
         &["10", "2"],
-        &["1", "6", "v", "500", "h", "10", "2", "2"],
+        &["1", "2", "500", "10", "2", "2"],
     );
     // Taken as they are: the reply is the version they left, alone.
     assert_eq!(out, ["500"]);
@@ -381,7 +409,7 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
         &mut conn,
         "500",
         &["15", "1"],
-        &["0", "6", "v", "501", "h", "15", "3", "1", "2"],
+        &["0", "2", "501", "15", "3", "1", "2"],
     );
     assert_eq!(out, ["501"]);
     assert_eq!(
@@ -396,7 +424,7 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
         &mut conn,
         "499",
         &["15", "2"],
-        &["0", "6", "v", "500", "h", "15", "3", "99"],
+        &["0", "2", "500", "15", "3", "99"],
     );
     assert_eq!(out, ["15", "0", "0", "502", "*", "b15", "3"]);
     assert_eq!(
@@ -406,12 +434,7 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
     let ttl: i64 = redis::cmd("PTTL").arg("vg:t:w").query(&mut conn).unwrap();
     assert!(ttl > 59_000, "ttl {ttl}");
     // Writes alone (no deltas to merge) for a stale version: nothing is written, "!" comes back.
-    let out = run(
-        &mut conn,
-        "501",
-        &[],
-        &["1", "6", "v", "502", "h", "15", "3", "7"],
-    );
+    let out = run(&mut conn, "501", &[], &["1", "2", "502", "15", "3", "7"]);
     assert_eq!(out, ["!"]);
     assert_eq!(
         stored(&mut conn),
@@ -422,7 +445,7 @@ fn script_takes_the_callers_writes_only_at_the_callers_version() {
         &mut conn,
         "502",
         &[],
-        &["0", "8", "v", "503", "h", "15", "3", "4", "o:2", "41"],
+        &["0", "4", "503", "15", "3", "4", "o:2", "41"],
     );
     assert_eq!(out, ["503"]);
     assert_eq!(
@@ -478,27 +501,15 @@ fn script_skips_deltas_at_or_below_the_recorded_offset() {
 fn counting_ahead_returns_the_window_as_it_was_before_the_deltas() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let script = script();
     let ahead = |conn: &mut redis::Connection, kind: &str, args: &[&str]| -> Vec<String> {
-        let mut inv = script.key("vg:t:ahead");
-        inv.arg(kind)
-            .arg(3)
-            .arg(0)
-            .arg(60_000)
-            .arg(4)
+        Call::default()
+            .key("vg:t:ahead", shape(kind, 3, 4))
             .arg("<")
             .arg(args.len())
-            .arg(0);
-        for a in args {
-            inv.arg(*a);
-        }
-        let mut replies: Vec<Reply> = inv.invoke(conn).unwrap();
-        replies
-            .pop()
+            .arg(0)
+            .args(args)
+            .reply(conn)
             .unwrap()
-            .into_iter()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .collect()
     };
     // A key that held nothing: no head before.
     let out = ahead(&mut conn, "c", &["10", "1", "0", "5", "11", "1", "0", "6"]);
@@ -543,64 +554,78 @@ fn counting_ahead_returns_the_window_as_it_was_before_the_deltas() {
         ("6", "41")
     );
     // Writes with "<" are refused before anything is written.
-    let mut inv = script.key("vg:t:ahead");
-    inv.arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(4)
-        .arg("<")
-        .arg(0)
-        .arg(6)
-        .arg(1)
-        .arg(4)
-        .arg("v")
-        .arg(9)
-        .arg("h")
-        .arg(13);
-    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-    assert!(error.to_string().contains("writes with"), "{error}");
+    let error = Call::default()
+        .key("vg:t:ahead", shape("c", 3, 4))
+        .args(&["<", "0", "4", "1", "0", "9", "13"])
+        .refusal(&mut conn);
+    assert!(error.contains("writes with"), "{error}");
 }
 
 #[test]
 fn the_script_checks_every_argument_before_its_first_write() {
     let redis = RedisServer::start();
     let mut conn = redis.connection();
-    let script = script();
-    // Two keys: the first well formed, the second with the arguments given. When the second is
-    // refused, nothing may be written.
-    let refused_second = |conn: &mut redis::Connection, second: &[&str]| -> String {
-        let mut inv = script.key("vg:t:first");
-        inv.arg("c")
-            .arg(3)
-            .arg(0)
-            .arg(60_000)
-            .arg(2)
-            .arg("")
-            .arg(2)
-            .arg(0)
-            .arg(5)
-            .arg(1);
-        inv.key("vg:t:second");
-        for arg in second {
-            inv.arg(*arg);
-        }
-        let error = inv.invoke::<Vec<Reply>>(conn).unwrap_err().to_string();
-        let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(conn).unwrap();
-        assert_eq!(exists, 0, "the first key was not written");
-        error
-    };
+    // Two keys: the first well formed, the second of `second_shape` with the arguments given.
+    // When the second is refused, nothing may be written.
+    let refused_second =
+        |conn: &mut redis::Connection, second_shape: Shape, second: &[&str]| -> String {
+            let mut call = Call::default();
+            call.key("vg:t:first", shape("c", 3, 2))
+                .args(&["", "2", "0", "5", "1"]);
+            call.key("vg:t:second", second_shape).args(second);
+            let error = call.refusal(conn);
+            let exists: i64 = redis::cmd("EXISTS").arg("vg:t:first").query(conn).unwrap();
+            assert_eq!(exists, 0, "the first key was not written");
+            error
+        };
     // The second key with `ttl` and `bucket` as given.
     let refused = |conn: &mut redis::Connection, ttl: &str, bucket: &str| -> String {
-        refused_second(conn, &["c", "3", "0", ttl, "2", "", "2", "0", bucket, "1"])
+        refused_second(
+            conn,
+            raw_shape(["c", "3", "0", ttl, "2"]),
+            &["", "2", "0", bucket, "1"],
+        )
     };
+    // A shape is checked once per call, before any key: the second key's is the call's second.
     let error = refused(&mut conn, "0", "5");
-    assert!(error.contains("key 2: bad TTL"), "{error}");
+    assert!(error.contains("shape 2: bad TTL"), "{error}");
     // A TTL goes to PEXPIRE as it came: only the digits Redis reads as an integer pass.
     for ttl in ["6e4", "0x10", " 60000", "060000", "60000.0", "+60000"] {
         let error = refused(&mut conn, ttl, "5");
-        assert!(error.contains("key 2: bad TTL"), "{ttl:?}: {error}");
+        assert!(error.contains("shape 2: bad TTL"), "{ttl:?}: {error}");
     }
+    // Every value of a shape, and each key's number of its shape.
+    for (values, expected) in [
+        (["q", "3", "0", "60000", "2"], "shape 2: unknown aggregate"),
+        (["c", "0", "0", "60000", "2"], "shape 2: bad bucket count"),
+        (["c", "3", "5", "60000", "2"], "shape 2: bad distinct bound"),
+        (["d", "3", "0", "60000", "2"], "shape 2: bad distinct bound"),
+        (
+            ["d", "3", "1000001", "60000", "2"],
+            "shape 2: bad distinct bound",
+        ),
+        (["c", "3", "0", "60000", "3"], "shape 2: bad stride"),
+    ] {
+        let error = refused_second(&mut conn, raw_shape(values), &["", "2", "0", "5", "1"]);
+        assert!(error.contains(expected), "{values:?}: {error}");
+    }
+    for number in ["3", "0", "-1", "1.5", "x", ""] {
+        let mut call = Call::default();
+        call.key("vg:t:first", shape("c", 3, 2))
+            .args(&["", "2", "0", "5", "1"]);
+        call.keys.push("vg:t:second".into());
+        call.args(&[number, "", "2", "0", "5", "1"]);
+        let error = call.refusal(&mut conn);
+        assert!(
+            error.contains("key 2: no such shape"),
+            "{number:?}: {error}"
+        );
+    }
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("vg:t:first")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(exists, 0, "the first key was not written");
     // Numbers the script computes with must be integers a double holds exactly.
     for bucket in ["1.5", "x", "", "1e300", "nan", "inf", "9007199254740993"] {
         let error = refused(&mut conn, "60000", bucket);
@@ -618,51 +643,47 @@ fn the_script_checks_every_argument_before_its_first_write() {
         ("0", "0.5", "bad counts"),
         ("0", "1", "bad writes"),
     ] {
-        let mut second = vec!["c", "3", "0", "60000", "2", "0", deltas, writes];
+        let mut second = vec!["0", deltas, writes];
         if writes == "1" {
             // One write entry, cut short of its count of field/value entries.
             second.push("1");
         }
-        let error = refused_second(&mut conn, &second);
+        let error = refused_second(&mut conn, shape("c", 3, 2), &second);
         assert!(
             error.contains(&format!("key 2: {expected}")),
             "{deltas:?} {writes:?}: {error}"
         );
     }
-    let mut inv = script.key("vg:t:first");
-    inv.arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("")
-        .arg(2)
-        .arg(0)
-        .arg(5)
-        .arg("0.5");
-    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-    assert!(
-        error.to_string().contains("key 1: bad increment"),
-        "{error}"
-    );
+    // Writes whose next version or head is not a whole number, or whose entries run past them.
+    for writes in [
+        ["1", "0", "1.5", "7"],
+        ["1", "0", "9", "h"],
+        ["1", "0", "99999999999999999", "7"],
+        ["1", "2", "9", "7"],
+        ["1", "1", "9", "7"],
+        ["2", "0", "9", "7"],
+    ] {
+        let mut second = vec!["0", "0", "4"];
+        second.extend(writes);
+        let error = refused_second(&mut conn, shape("c", 3, 2), &second);
+        assert!(error.contains("key 2: bad writes"), "{writes:?}: {error}");
+    }
+    let error = Call::default()
+        .key("vg:t:first", shape("c", 3, 2))
+        .args(&["", "2", "0", "5", "0.5"])
+        .refusal(&mut conn);
+    assert!(error.contains("key 1: bad increment"), "{error}");
     let exists: i64 = redis::cmd("EXISTS")
         .arg("vg:t:first")
         .query(&mut conn)
         .unwrap();
     assert_eq!(exists, 0, "nothing was written");
     // A key known at a version that is gone: "?" and nothing written.
-    let mut inv = script.key("vg:t:gone");
-    inv.arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("12345")
-        .arg(2)
-        .arg(0)
-        .arg(5)
-        .arg(1);
-    let replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
+    let replies: Vec<Reply> = Call::default()
+        .key("vg:t:gone", shape("c", 3, 2))
+        .args(&["12345", "2", "0", "5", "1"])
+        .invoke(&mut conn)
+        .unwrap();
     assert_eq!(replies, [vec![b"?".to_vec()]]);
     let exists: i64 = redis::cmd("EXISTS")
         .arg("vg:t:gone")
@@ -695,19 +716,11 @@ fn the_script_checks_every_argument_before_its_first_write() {
         .arg("noeviction")
         .query(&mut conn)
         .unwrap();
-    let mut inv = script.key("vg:t:oom");
-    inv.arg("c")
-        .arg(3)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("")
-        .arg(2)
-        .arg(0)
-        .arg(5)
-        .arg(1);
-    let error = inv.invoke::<Vec<Reply>>(&mut conn).unwrap_err();
-    assert!(error.to_string().contains("OOM"), "{error}");
+    let error = Call::default()
+        .key("vg:t:oom", shape("c", 3, 2))
+        .args(&["", "2", "0", "5", "1"])
+        .refusal(&mut conn);
+    assert!(error.contains("OOM"), "{error}");
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
@@ -877,7 +890,6 @@ fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
         seed ^= seed << 17;
         seed % n
     };
-    let script = script();
     let mut capped_somewhere = false;
     for case in 0..60 {
         let cap = 1 + next(6) as u32;
@@ -905,25 +917,21 @@ fn the_script_bounds_distinct_values_exactly_as_the_window_does() {
                 args.push(format!("{value:016}"));
             }
             sent += chunk;
-            let mut inv = script.key(&key);
-            inv.arg("d")
-                .arg(k)
-                .arg(cap)
-                .arg(60_000)
-                .arg(2)
+            let distinct = [
+                "d".to_string(),
+                k.to_string(),
+                cap.to_string(),
+                "60000".into(),
+                "2".into(),
+            ];
+            let reply = Call::default()
+                .key(&key, distinct)
                 .arg("")
                 .arg(args.len())
-                .arg(0);
-            for a in &args {
-                inv.arg(a);
-            }
-            let mut replies: Vec<Reply> = inv.invoke(&mut conn).unwrap();
-            let reply: Vec<String> = replies
-                .pop()
-                .unwrap()
-                .into_iter()
-                .map(|b| String::from_utf8(b).unwrap())
-                .collect();
+                .arg(0)
+                .args(&args)
+                .reply(&mut conn)
+                .unwrap();
             let from_script: BTreeMap<String, i64> = reply[5..]
                 .chunks(2)
                 .map(|p| (p[0].clone(), p[1].parse().unwrap()))
@@ -1125,23 +1133,11 @@ fn script_keeps_a_last_windows_latest_event() {
     // Past the window the kept event slid out: the next one replaces it whatever its time.
     let out = call(&mut conn, "vg:t:l", "l", 60, 2, &["90", "90000:sES"]);
     assert_eq!(last(&out).as_deref(), Some("90:90000:sES"));
-    let script = script();
-    let mut inv = script.key("vg:t:l2");
-    inv.arg("l")
-        .arg(60)
-        .arg(0)
-        .arg(60_000)
-        .arg(2)
-        .arg("")
-        .arg(2)
-        .arg(0)
-        .arg("1")
-        .arg("US");
-    assert!(inv
-        .invoke::<Vec<Reply>>(&mut conn)
-        .unwrap_err()
-        .to_string()
-        .contains("bad last value"));
+    let error = Call::default()
+        .key("vg:t:l2", shape("l", 60, 2))
+        .args(&["", "2", "0", "1", "US"])
+        .refusal(&mut conn);
+    assert!(error.contains("bad last value"), "{error}");
     let exists: bool = redis::cmd("EXISTS")
         .arg("vg:t:l2")
         .query(&mut conn)
@@ -1150,7 +1146,7 @@ fn script_keeps_a_last_windows_latest_event() {
 }
 
 /// Counters over the same dimensions share one hash per key, each window a section of it whose
-/// fields carry the section's prefix (`c` then the prefix in the header's first value): each
+/// fields carry the section's prefix (`c` then the prefix in the shape's first value): each
 /// section counts, slides and answers on its own fields only, its writes are taken at its own
 /// version, and a section never shortens the TTL another one set.
 #[test]
@@ -1166,26 +1162,21 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
                    deltas: &[&str],
                    writes: &[&str]|
      -> Result<Vec<String>, redis::RedisError> {
-        let script = script();
-        let mut inv = script.key(key);
-        inv.arg(format!("c{prefix}"))
-            .arg(3)
-            .arg(0)
-            .arg(ttl)
-            .arg(2)
+        let section_shape = [
+            format!("c{prefix}"),
+            "3".into(),
+            "0".into(),
+            ttl.to_string(),
+            "2".into(),
+        ];
+        Call::default()
+            .key(key, section_shape)
             .arg(version)
             .arg(deltas.len())
-            .arg(writes.len());
-        for arg in deltas.iter().chain(writes) {
-            inv.arg(*arg);
-        }
-        let mut replies: Vec<Reply> = inv.invoke(conn)?;
-        Ok(replies
-            .pop()
-            .unwrap()
-            .into_iter()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .collect())
+            .arg(writes.len())
+            .args(deltas)
+            .args(writes)
+            .reply(conn)
     };
     let window = |out: &[String]| -> BTreeMap<String, String> {
         out[5..]
@@ -1230,8 +1221,8 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
     assert_eq!(fields[&format!("{b}0")], "1", "b's bucket 6 stays");
     // The second section's writes at its version: taken, the first section's fields untouched.
     let next = (b_version.parse::<u64>().unwrap() + 1).to_string();
-    let (v, h, slot1) = (format!("{b}v"), format!("{b}h"), format!("{b}1"));
-    let writes = ["1", "6", &v, &next, &h, "7", &slot1, "4"];
+    let slot1 = format!("{b}1");
+    let writes = ["1", "2", &next, "7", &slot1, "4"];
     let out = section(&mut conn, b, 60_000, &b_version, &["7", "1"], &writes).unwrap();
     assert_eq!(out, [next.as_str()]);
     let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();
@@ -1239,8 +1230,8 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
     assert_eq!(fields[&format!("{a}0")], "1", "a's bucket 9 in slot 0");
     let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
     assert!(ttl > 60_000, "{ttl}");
-    // Writes naming fields outside the section, or a prefix past 16 bytes, are refused whole.
-    let stray = ["1", "4", "v", "1", "h", "7"];
+    // Writes without a whole version, or a prefix past 16 bytes, are refused whole.
+    let stray = ["1", "0", "v", "7"];
     let error = section(&mut conn, b, 60_000, &next, &[], &stray).unwrap_err();
     assert!(error.to_string().contains("bad writes"), "{error}");
     let error = section(&mut conn, &"p".repeat(17), 60_000, "", &["7", "1"], &[]).unwrap_err();
@@ -1304,7 +1295,7 @@ fn sections_of_one_hash_count_apart_and_never_shorten_each_others_ttl() {
         .query(&mut conn)
         .unwrap();
     let next = (version.parse::<u64>().unwrap() + 1).to_string();
-    let writes = ["0", "6", &v, &next, &h, "8", &slot1, "5"];
+    let writes = ["0", "2", &next, "8", &slot1, "5"];
     let out = section(&mut conn, b, 60_000, &version, &["8", "1"], &writes).unwrap();
     assert_eq!(out, ["?"]);
     let fields: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query(&mut conn).unwrap();

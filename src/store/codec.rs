@@ -2,7 +2,7 @@
 //! `lua/apply_window.lua`, the script's replies, and a key's hash read back with HGETALL.
 
 use super::counter_store::{InputPosition, StoreError};
-use super::scripts::ScriptCall;
+use super::scripts::{ScriptCall, Shape};
 use std::sync::Arc;
 
 use crate::window::{Aggregate, Applied, Delta, LastValue, WindowSpec, WindowState};
@@ -483,26 +483,29 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
     let tagged = deltas.iter().all(|o| o.origin.is_some());
     call.key(name.as_bytes());
     // The aggregate's letter, then the section's field prefix (none for a hash of its own).
-    call.field(
-        match key.spec.aggregate {
-            Aggregate::Count => b"c",
-            Aggregate::Sum => b"s",
-            Aggregate::Distinct => b"d",
-            Aggregate::Max => b"x",
-            Aggregate::Min => b"n",
-            Aggregate::Last => b"l",
-        },
-        key.prefix,
-    );
-    call.int(key.spec.buckets);
-    // The script records at most this many distinct values per key, as the view does.
-    call.int(if key.spec.aggregate == Aggregate::Distinct {
-        i64::from(key.spec.max_distinct)
-    } else {
-        0
+    let mut head = smallvec::SmallVec::new();
+    head.push(match key.spec.aggregate {
+        Aggregate::Count => b'c',
+        Aggregate::Sum => b's',
+        Aggregate::Distinct => b'd',
+        Aggregate::Max => b'x',
+        Aggregate::Min => b'n',
+        Aggregate::Last => b'l',
     });
-    call.int(key.ttl_ms);
-    call.int(if tagged { 4 } else { 2 });
+    head.extend_from_slice(key.prefix);
+    let shape = call.shape(Shape {
+        head,
+        buckets: key.spec.buckets,
+        // The script records at most this many distinct values per key, as the view does.
+        max_distinct: if key.spec.aggregate == Aggregate::Distinct {
+            i64::from(key.spec.max_distinct)
+        } else {
+            0
+        },
+        ttl_ms: key.ttl_ms,
+        stride: if tagged { 4 } else { 2 },
+    });
+    call.uint(shape as u64);
     match key.version {
         _ if key.before => call.arg(b"<"),
         Some(version) => call.int(version as i64),
@@ -567,7 +570,7 @@ pub(super) fn add_key(call: &mut ScriptCall, name: &str, key: &KeyFlush<'_>) {
 
 /// Appends what a flush writes if Redis still holds `version` (the fast path of
 /// `lua/apply_window.lua`): whether to refresh the TTL, the count of field/value entries, the
-/// entries — the next version (`v`), the head (`h`), each bucket the deltas touched with its
+/// next version (`v`) and the head (`h`), the entries — each bucket the deltas touched with its
 /// value in the view, or each distinct value with its latest bucket, by slot (every live one for
 /// a full write) — then the slots that slid out since `base_head`. False when that is not known
 /// here (a distinct window whose head moved: the values that slid out are not kept): the script
@@ -583,15 +586,14 @@ fn add_writes(call: &mut ScriptCall, key: &KeyFlush<'_>, version: u64) -> bool {
     let moved = base_head.map_or(0, |base| head - base);
     call.arg(if key.refresh || key.full { b"1" } else { b"0" });
     let sets_count = call.placeholder();
-    let sets_start = call.args();
-    call.field(prefix, b"v");
+    // The next version and the head, then the field/value entries counted by `sets_count`.
     call.int(if version == 0 {
         fresh_version()
     } else {
         version + 1
     } as i64);
-    call.field(prefix, b"h");
     call.int(head);
+    let sets_start = call.args();
     match state {
         WindowState::Last(_) => {
             if let Some((ts, value)) = state.last_best() {

@@ -47,8 +47,34 @@ pub(super) const SOURCES: [&str; 4] = [
 pub(super) struct ScriptCall {
     keys: Vec<u8>,
     key_ends: Vec<usize>,
+    /// What the keys of one counter have in common, sent once per call before the keys' own
+    /// arguments (Redis parses and the script checks each argument: most keys of a call share a
+    /// few shapes).
+    shapes: Vec<Shape>,
     args: Vec<u8>,
     arg_ends: Vec<usize>,
+}
+
+/// A window's shape, as the script's call-wide table holds it.
+#[derive(PartialEq, Eq)]
+pub(super) struct Shape {
+    /// The aggregate's letter, then the section's field prefix (none for a hash of its own).
+    pub(super) head: smallvec::SmallVec<[u8; 20]>,
+    pub(super) buckets: i64,
+    pub(super) max_distinct: i64,
+    pub(super) ttl_ms: i64,
+    pub(super) stride: i64,
+}
+
+impl Shape {
+    const ARGS: usize = 5;
+
+    fn each_arg(&self, mut push: impl FnMut(&[u8])) {
+        push(&self.head);
+        for n in [self.buckets, self.max_distinct, self.ttl_ms, self.stride] {
+            push(itoa::Buffer::new().format(n).as_bytes());
+        }
+    }
 }
 
 /// Width of a count written before what it counts is known (Lua's tonumber reads leading zeros).
@@ -58,6 +84,34 @@ impl ScriptCall {
     pub(super) fn key(&mut self, name: &[u8]) {
         self.keys.extend_from_slice(name);
         self.key_ends.push(self.keys.len());
+    }
+
+    /// The shape's number in the call's table (from 1), added if it is new.
+    pub(super) fn shape(&mut self, shape: Shape) -> usize {
+        match self.shapes.iter().position(|known| *known == shape) {
+            Some(at) => at + 1,
+            None => {
+                self.shapes.push(shape);
+                self.shapes.len()
+            }
+        }
+    }
+
+    /// Every argument in order: the shapes' count, the shapes, then the keys' arguments.
+    fn each_arg(&self, mut push: impl FnMut(&[u8])) {
+        push(itoa::Buffer::new().format(self.shapes.len()).as_bytes());
+        for shape in &self.shapes {
+            shape.each_arg(&mut push);
+        }
+        let mut start = 0;
+        for &end in &self.arg_ends {
+            push(&self.args[start..end]);
+            start = end;
+        }
+    }
+
+    fn arg_count(&self) -> usize {
+        1 + Shape::ARGS * self.shapes.len() + self.arg_ends.len()
     }
 
     pub(super) fn arg(&mut self, bytes: &[u8]) {
@@ -84,7 +138,7 @@ impl ScriptCall {
         self.arg(itoa::Buffer::new().format(n).as_bytes());
     }
 
-    /// How many arguments so far.
+    /// How many of the keys' arguments so far.
     pub(super) fn args(&self) -> usize {
         self.arg_ends.len()
     }
@@ -117,8 +171,11 @@ impl ScriptCall {
     /// Appends the call in RESP, as `cmd()` would encode it.
     pub(super) fn pack_into(&self, out: &mut Vec<u8>) {
         let keys = self.key_ends.len();
-        out.reserve(self.keys.len() + self.args.len() + 16 * (keys + self.arg_ends.len()) + 80);
-        push_array_header(out, 3 + keys + self.arg_ends.len());
+        let args = self.arg_count();
+        out.reserve(
+            self.keys.len() + self.args.len() + 16 * (keys + args) + 40 * self.shapes.len() + 80,
+        );
+        push_array_header(out, 3 + keys + args);
         push_bulk(out, b"EVALSHA");
         push_bulk(out, APPLY_WINDOW.get_hash().as_bytes());
         push_bulk(out, itoa::Buffer::new().format(keys).as_bytes());
@@ -127,11 +184,7 @@ impl ScriptCall {
             push_bulk(out, &self.keys[start..end]);
             start = end;
         }
-        let mut start = 0;
-        for &end in &self.arg_ends {
-            push_bulk(out, &self.args[start..end]);
-            start = end;
-        }
+        self.each_arg(|arg| push_bulk(out, arg));
     }
 
     pub(super) fn cmd(&self) -> redis::Cmd {
@@ -142,11 +195,9 @@ impl ScriptCall {
             cmd.arg(&self.keys[start..end]);
             start = end;
         }
-        let mut start = 0;
-        for &end in &self.arg_ends {
-            cmd.arg(&self.args[start..end]);
-            start = end;
-        }
+        self.each_arg(|arg| {
+            cmd.arg(arg);
+        });
         cmd
     }
 }
@@ -193,7 +244,44 @@ mod tests {
         assert_eq!(args[0], b"EVALSHA");
         assert_eq!(args[1], APPLY_WINDOW.get_hash().as_bytes());
         let rest: Vec<&[u8]> = args[2..].iter().map(Vec::as_slice).collect();
-        assert_eq!(rest, [&b"1"[..], b"vg:r:1", b"0000000002", b"-5", b"0.1"]);
+        assert_eq!(
+            rest,
+            [&b"1"[..], b"vg:r:1", b"0", b"0000000002", b"-5", b"0.1"]
+        );
+    }
+
+    fn shape(head: &[u8], ttl_ms: i64) -> Shape {
+        Shape {
+            head: head.into(),
+            buckets: 6,
+            max_distinct: 0,
+            ttl_ms,
+            stride: 2,
+        }
+    }
+
+    #[test]
+    fn each_shape_is_sent_once_before_the_keys_arguments() {
+        let mut call = ScriptCall::default();
+        call.key(b"vg:_:1");
+        assert_eq!(call.shape(shape(b"ca.", 60_000)), 1);
+        call.arg(b"first");
+        call.key(b"vg:_:1");
+        assert_eq!(call.shape(shape(b"cb.", 60_000)), 2);
+        call.key(b"vg:_:2");
+        assert_eq!(call.shape(shape(b"ca.", 60_000)), 1);
+        assert_eq!(call.shape(shape(b"ca.", 120_000)), 3);
+        call.arg(b"last");
+        let packed = call.cmd().get_packed_command();
+        let text = String::from_utf8_lossy(&packed);
+        let args: Vec<&str> = text.split("\r\n").skip(2).step_by(2).collect();
+        assert_eq!(
+            args[3..],
+            [
+                "vg:_:1", "vg:_:1", "vg:_:2", "3", "ca.", "6", "0", "60000", "2", "cb.", "6", "0",
+                "60000", "2", "ca.", "6", "0", "120000", "2", "first", "last"
+            ]
+        );
     }
 
     #[test]
@@ -201,6 +289,7 @@ mod tests {
         let mut call = ScriptCall::default();
         call.key(b"vg:r:1");
         call.key(b"vg:_:2");
+        call.shape(shape(b"sa.", 1));
         call.arg(b"");
         call.arg(&[0, 13, 10, 255]);
         call.int(i64::MIN);
