@@ -158,7 +158,7 @@ local function names_of(prefix)
 end
 
 -- Each key's shape, read once by `invalid` (numbers as numbers): the script runs on these.
-local headers, expecteds, expected_numbers, firsts, lasts, writes_lasts, sets_ends = {}, {}, {}, {}, {}, {}, {}
+local key_shapes, expecteds, expected_numbers, firsts, lasts, writes_lasts, sets_ends = {}, {}, {}, {}, {}, {}, {}
 
 -- A count of arguments (deltas, writes, field/value entries) as a number, or nil unless it is a
 -- whole number of at least 0. The same few counts come back key after key, and tonumber parses
@@ -221,10 +221,10 @@ local function invalid()
   for key = 1, #KEYS do
     n = key
     if at + 3 > count then return bad('header cut short') end
-    local shape = count_of(ARGV[at])
-    local header = shape and shapes[shape]
-    if not header then return bad('no such shape') end
-    local kind, stride = header.kind, header.stride
+    local number = count_of(ARGV[at])
+    local shape = number and shapes[number]
+    if not shape then return bad('no such shape') end
+    local kind, stride = shape.kind, shape.stride
     local expected = ARGV[at + 1]
     local expected_number
     -- "0" (the key held nothing) is the usual version: taken without converting it.
@@ -263,7 +263,7 @@ local function invalid()
       if not int_text(ARGV[deltas_end + 3]) or not int_text(ARGV[deltas_end + 4]) then return bad('bad writes') end
       sets_ends[key] = deltas_end + 4 + sets
     end
-    headers[key], expecteds[key], expected_numbers[key] = header, expected, expected_number
+    key_shapes[key], expecteds[key], expected_numbers[key] = shape, expected, expected_number
     firsts[key], lasts[key], writes_lasts[key] = first, deltas_end, writes_end
     at = writes_end + 1
   end
@@ -361,8 +361,8 @@ local function prune(key, all, own)
   return stale[own] == true
 end
 
-local function apply(key, header, expected, expected_number, first, last, sets_end, writes_last)
-  local kind, prefix, k, cap, ttl, stride = header.kind, header.prefix, header.k, header.cap, header.ttl, header.stride
+local function apply(key, shape, expected, expected_number, first, last, sets_end, writes_last)
+  local kind, prefix, k, cap, ttl, stride = shape.kind, shape.prefix, shape.k, shape.cap, shape.ttl, shape.stride
   local has_writes = writes_last > last
   local before = expected == '<'
   local shared = prefix ~= ''
@@ -371,7 +371,7 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
     if shared then
       -- A section past its own expiry is gone, as its own hash would be: deleted first, so the
       -- caller is answered as for an expired key (and never told its writes landed on it).
-      local got = call('HMGET', key, header.names.v, header.names.e)
+      local got = call('HMGET', key, shape.names.v, shape.names.e)
       -- The same text is the same number (the conversion is most of what comparing costs).
       version = got[1] == expected and expected_number or tonumber(got[1]) or 0
       if version ~= 0 then
@@ -389,7 +389,7 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
       -- The caller's view is current: its writes are exactly what the key becomes.
       local w = last + 1
       local refresh = ARGV[w] == '1'
-      local names, v_text, h_text = header.names, ARGV[w + 2], ARGV[w + 3]
+      local names, v_text, h_text = shape.names, ARGV[w + 2], ARGV[w + 3]
       if sets_end - w <= 1000 then
         -- One HSET (unpack() is safe for this many, and must come last). The section's expiry
         -- goes first, with its writes: vigil never writes "e" itself, a caller that did would win.
@@ -406,7 +406,7 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
       end
       if writes_last > sets_end then write('HDEL', key, ARGV, sets_end + 1, writes_last) end
       if refresh then
-        expire(key, ttl, header.ttl_text, shared, version ~= 0)
+        expire(key, ttl, shape.ttl_text, shared, version ~= 0)
         -- At most once per window of a key this caller wrote before: drop its siblings'
         -- expired sections.
         if shared and version ~= 0 then prune(key, call('HGETALL', key), prefix) end
@@ -665,7 +665,7 @@ local function apply(key, header, expected, expected_number, first, last, sets_e
   end
   write('HSET', key, sets, 1, #sets)
   write('HDEL', key, dead, 1, #dead)
-  expire(key, ttl, header.ttl_text, shared, existed)
+  expire(key, ttl, shape.ttl_text, shared, existed)
   return out
 end
 
@@ -673,7 +673,7 @@ local problem = invalid()
 if problem then return redis.error_reply(problem) end
 local replies = {}
 for n = 1, #KEYS do
-  replies[n] = apply(KEYS[n], headers[n], expecteds[n], expected_numbers[n], firsts[n], lasts[n], sets_ends[n],
+  replies[n] = apply(KEYS[n], key_shapes[n], expecteds[n], expected_numbers[n], firsts[n], lasts[n], sets_ends[n],
                      writes_lasts[n])
 end
 return replies
