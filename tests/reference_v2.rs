@@ -1027,25 +1027,48 @@ fn an_array_equals_itself_in_the_reference_as_in_the_engine() {
     check(&[], &rules, &input, MemoryStore::new()).unwrap();
 }
 
+/// Runs `property` on `cases` fresh random cases, again (at most four rounds in all) until the
+/// cases together compared more than `enough` hits, listed counter values and held hits. Now and
+/// then a round draws rule sets that hold little (on the Redis test below, 15 held hits in one CI
+/// run of 128 cases against a usual 40–150), which says nothing about the engine; rounds that
+/// never get there mean the generator stopped producing them.
+fn run_until_covered<S: Strategy>(
+    cases: u32,
+    strategy: &S,
+    enough: (usize, usize, usize),
+    property: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) {
+    let covered = || {
+        let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
+        hits > enough.0 && listed > enough.1 && held > enough.2
+    };
+    for _ in 0..4 {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        });
+        runner.run(strategy, &property).unwrap();
+        if covered() {
+            return;
+        }
+    }
+    let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
+    panic!("only {hits} hits ({held} held) and {listed} counter values compared");
+}
+
 #[test]
 fn engine_equals_reference_on_expressions_and_reads() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 384,
-        ..ProptestConfig::default()
-    });
     let strategy = (
         set_strategy(),
         prop::collection::vec(line_strategy(), 1..200),
     );
-    runner
-        .run(&strategy, |((counters, rules), lines)| {
+    run_until_covered(
+        384,
+        &strategy,
+        (5_000, 2_000, 150),
+        |((counters, rules), lines)| {
             check(&counters, &rules, &build_input(&lines), MemoryStore::new())
-        })
-        .unwrap();
-    let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
-    assert!(
-        hits > 5_000 && listed > 2_000 && held > 150,
-        "only {hits} hits ({held} held) and {listed} counter values compared"
+        },
     );
 }
 
@@ -1054,16 +1077,15 @@ fn engine_equals_reference_on_expressions_and_reads() {
 #[test]
 fn engine_with_redis_equals_reference_on_expressions_and_reads() {
     let redis = support::RedisServer::start();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 128,
-        ..ProptestConfig::default()
-    });
     let strategy = (
         set_strategy(),
         prop::collection::vec(line_strategy(), 1..120),
     );
-    runner
-        .run(&strategy, |((counters, rules), lines)| {
+    run_until_covered(
+        128,
+        &strategy,
+        (500, 200, 20),
+        |((counters, rules), lines)| {
             let url = redis.url();
             let mut conn = redis::Client::open(url.as_str())
                 .unwrap()
@@ -1074,11 +1096,6 @@ fn engine_with_redis_equals_reference_on_expressions_and_reads() {
                 vigil::store::RedisStore::connect(&url, vigil::store::RedisStoreConfig::default())
                     .unwrap();
             check(&counters, &rules, &build_input(&lines), store)
-        })
-        .unwrap();
-    let (hits, listed, held) = TOTALS.with(|t| *t.borrow());
-    assert!(
-        hits > 500 && listed > 200 && held > 20,
-        "only {hits} hits ({held} held) and {listed} counter values compared"
+        },
     );
 }
