@@ -613,6 +613,7 @@ fn the_script_checks_every_argument_before_its_first_write() {
         let mut call = Call::default();
         call.key("vg:t:first", shape("c", 3, 2))
             .args(&["", "2", "0", "5", "1"]);
+        // The second key names, in place of its shape's number, one the call's table lacks.
         call.keys.push("vg:t:second".into());
         call.args(&[number, "", "2", "0", "5", "1"]);
         let error = call.refusal(&mut conn);
